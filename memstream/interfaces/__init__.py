@@ -1,0 +1,1 @@
+"""Thin shells over the domain, streams and projections: HTTP API and MCP server."""

@@ -1,0 +1,99 @@
+"""All configuration in one typed object, read from ``MEMSTREAM_*`` environment variables
+(and an optional ``.env`` file). Nothing else in memstream reads the environment.
+
+Secrets (API keys) are ``SecretStr``: they never appear in reprs or logs.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings", "get_settings"]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="MEMSTREAM_", env_file=".env", extra="ignore", frozen=True
+    )
+
+    # --- Kafka -------------------------------------------------------------------
+    bootstrap_servers: str = "127.0.0.1:9092"
+    topic_prefix: str = "memstream."
+    partitions: int = Field(default=3, ge=1, le=1024)
+    replication_factor: int = Field(default=1, ge=1)
+    producer_linger_ms: int = Field(default=5, ge=0)
+    producer_max_batch_bytes: int = Field(default=256 * 1024, ge=1024)
+    producer_max_in_flight: int = Field(default=10_000, ge=1)
+    """Back-pressure bound: at most this many un-acknowledged sends per SDK producer."""
+    max_request_bytes: int = Field(default=1_048_576, ge=1024)
+
+    # --- local broker (`memstream broker`) ----------------------------------------
+    home: Path = Path(".memstream")
+    """Working directory for the local broker's jars, data and logs."""
+    broker_dir: Path | None = None
+    kafka_version: str = "4.1.1"
+    broker_port: int = 9092
+    controller_port: int = 9093
+    broker_heap: str = "512m"
+    broker_start_timeout_s: float = 90.0
+
+    # --- Faust worker ---------------------------------------------------------------
+    app_id: str = "memstream"
+    worker_web_port: int = 6066
+    projector_batch_size: int = Field(default=2000, ge=1)
+    projector_batch_seconds: float = Field(default=0.2, gt=0)
+    table_store: str = "memory://"
+
+    # --- LanceDB --------------------------------------------------------------------
+    lance_dir: Path = Path("data/lance")
+    vector_index_threshold: int = Field(default=100_000, ge=1)
+    optimize_every_s: float = Field(default=10.0, gt=0)
+
+    # --- Embeddings -------------------------------------------------------------------
+    embedder: str = "local"
+    """"local" (offline hashing embedder), "openai" (any OpenAI-compatible endpoint) or
+    "minilm" (all-MiniLM-L6-v2 from the optional ``minilm`` extra)."""
+    embedding_model: str = "text-embedding-3-small"
+    embedding_dim: int = Field(default=384, ge=8, le=8192)
+    embedding_base_url: str | None = None
+    embedding_api_key: SecretStr | None = None
+
+    # --- LLM (extraction, judgment, reflection) ---------------------------------------
+    llm_base_url: str | None = None
+    llm_api_key: SecretStr | None = None
+    llm_model: str = "gpt-4o-mini"
+    llm_timeout_s: float = Field(default=60.0, gt=0)
+    llm_max_retries: int = Field(default=1, ge=0)
+
+    # --- extraction ---------------------------------------------------------------------
+    extract_min_new_turns: int = Field(default=10, ge=1)
+    extract_idle_seconds: float = Field(default=30.0, gt=0)
+    extract_background_turns: int = Field(default=5, ge=0)
+    extract_max_memories: int = Field(default=10, ge=1)
+    dedup_candidates_k: int = Field(default=5, ge=1)
+    prompts_dir: Path | None = None
+
+    # --- reflection ----------------------------------------------------------------------
+    reflection_poll_seconds: float = Field(default=5.0, gt=0)
+    outcome_prices_path: Path | None = None
+    outcome_benchmark_symbol: str = "SPY"
+
+    # --- HTTP API / MCP --------------------------------------------------------------------
+    api_host: str = "127.0.0.1"
+    api_port: int = 8080
+    banks_file: Path | None = None
+    keys_file: Path | None = None
+    read_wait_max_s: float = Field(default=10.0, gt=0)
+
+    @property
+    def resolved_broker_dir(self) -> Path:
+        return self.broker_dir or (self.home / "broker")
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

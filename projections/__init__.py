@@ -1,0 +1,1 @@
+"""LanceDB: table schemas, the projector, positions, hybrid search, replay, analytics."""

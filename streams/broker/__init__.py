@@ -1,0 +1,1 @@
+"""Local Apache Kafka broker from Maven Central jars (`memstream broker`)."""
