@@ -1,11 +1,108 @@
-"""CLI commands: bench."""
+"""CLI commands: ``memstream bench NAME`` runs one benchmark.
+
+Every benchmark prints a readable table while it runs and, as its very last line, one
+JSON object with its named figures, so scripts can take ``tail -n 1``. Benchmark code
+lives in ``memstream.bench.<name>`` and exposes ``run(...) -> dict``; it is imported
+lazily so the CLI starts fast and optional extras stay optional.
+"""
 
 from __future__ import annotations
 
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
 import typer
 
-__all__ = ["register"]
+from memstream.cli._errors import CLIError
+
+__all__ = ["register", "bench_app"]
+
+bench_app = typer.Typer(help="Run a benchmark; the last line printed is one JSON object.", no_args_is_help=True)
+
+
+def _run(name: str, **options: Any) -> None:
+    try:
+        module = importlib.import_module(f"memstream.bench.{name}")
+    except ModuleNotFoundError as exc:
+        raise CLIError(f"benchmark {name!r} is not available: {exc}") from exc
+    result = module.run(**options)
+    typer.echo(json.dumps(result, sort_keys=True, default=str))
+
+
+@bench_app.command("projector")
+def bench_projector(
+    quick: bool = typer.Option(False, "--quick", help="20,000 events instead of 200,000."),
+    events: int = typer.Option(0, help="Override the number of events."),
+) -> None:
+    """Projector throughput against raw aiokafka consume and raw LanceDB add."""
+    _run("projector", quick=quick, events=events or None)
+
+
+@bench_app.command("replay")
+def bench_replay(
+    quick: bool = typer.Option(False, "--quick", help="100,000 events instead of 1,000,000."),
+    events: int = typer.Option(0, help="Override the number of events."),
+) -> None:
+    """Replay throughput against the same raw ceiling."""
+    _run("replay", quick=quick, events=events or None)
+
+
+@bench_app.command("search")
+def bench_search(
+    quick: bool = typer.Option(False, "--quick", help="100,000 memories only."),
+) -> None:
+    """Hybrid search latency against LanceDB vector search alone."""
+    _run("search", quick=quick)
+
+
+@bench_app.command("freshness")
+def bench_freshness(
+    quick: bool = typer.Option(False, "--quick", help="15 s instead of 60 s."),
+    rate: int = typer.Option(1000, help="Events per second to produce."),
+) -> None:
+    """Produce-to-searchable latency at a steady rate."""
+    _run("freshness", quick=quick, rate=rate)
+
+
+@bench_app.command("extractor")
+def bench_extractor(quick: bool = typer.Option(False, "--quick")) -> None:
+    """Extraction pipeline overhead with an instant scripted LLM."""
+    _run("extractor", quick=quick)
+
+
+@bench_app.command("reflection")
+def bench_reflection(quick: bool = typer.Option(False, "--quick")) -> None:
+    """Settling 10,000 pending decisions with an instant scripted LLM."""
+    _run("reflection", quick=quick)
+
+
+@bench_app.command("locomo")
+def bench_locomo(
+    data: Path = typer.Option(..., exists=True, dir_okay=False, help="LoCoMo JSON (read in place, never copied)."),
+    k: str = typer.Option("5,10,20", help="Comma-separated cut-offs."),
+    embedder: str = typer.Option("local", help="local | minilm | openai"),
+) -> None:
+    """Evidence recall on LoCoMo: memstream against vector, BM25 and RRF baselines."""
+    cutoffs = tuple(sorted({int(x) for x in k.split(",") if x.strip()}))
+    _run("locomo", data=data, k=cutoffs, embedder=embedder)
+
+
+@bench_app.command("mem0")
+def bench_mem0(
+    data: Path = typer.Option(..., exists=True, dir_okay=False),
+    embedder: str = typer.Option("local", help="local | minilm"),
+) -> None:
+    """memstream and Mem0 side by side on the same conversations and embedder."""
+    _run("mem0", data=data, embedder=embedder)
+
+
+@bench_app.command("chaos")
+def bench_chaos(quick: bool = typer.Option(False, "--quick")) -> None:
+    """Fault injection: worker kills, broker restarts, bad inputs, a flaky LLM."""
+    _run("chaos", quick=quick)
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the main app."""
+    app.add_typer(bench_app, name="bench")
