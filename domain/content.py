@@ -13,7 +13,12 @@ purpose, because exact dedup must never merge two statements that could mean dif
 things. Near-duplicates are the candidate-recall + judgment step's job.
 
 The hash is the hex SHA-256 of the UTF-8 bytes of the normal form, prefixed with the
-algorithm (``sha256:``) so it can change without ambiguity.
+algorithm (``sha256:``) so it can change without ambiguity. Both functions are total
+(they accept any ``str``; unpaired surrogates, which the event model refuses anyway, are
+hashed through ``surrogatepass`` rather than raising).
+
+Not folded: zero-width characters (U+200B and friends are not whitespace), accents
+(NFKC keeps "café" distinct from "cafe"), quotes and dashes of different shapes.
 """
 
 from __future__ import annotations
@@ -28,6 +33,10 @@ _WS = re.compile(r"\s+", re.UNICODE)
 
 
 def normalize_content(text: str) -> str:
+    """The normal form exact dedup compares: NFKC, case folded, whitespace collapsed.
+
+    Idempotent: ``normalize_content(normalize_content(t)) == normalize_content(t)``.
+    """
     folded = unicodedata.normalize("NFKC", text).casefold()
     # casefold can produce sequences that are not NFKC-stable (e.g. some ligatures);
     # a second NFKC pass makes the function idempotent.
@@ -36,4 +45,7 @@ def normalize_content(text: str) -> str:
 
 
 def content_hash(text: str) -> str:
-    return "sha256:" + hashlib.sha256(normalize_content(text).encode("utf-8")).hexdigest()
+    """``"sha256:" + hex(SHA-256(UTF-8(normalize_content(text))))``: equal exactly when
+    the normal forms are equal."""
+    data = normalize_content(text).encode("utf-8", "surrogatepass")
+    return "sha256:" + hashlib.sha256(data).hexdigest()

@@ -15,9 +15,11 @@ __all__ = ["LogPosition", "PositionedEvent"]
 
 
 class LogPosition(BaseModel):
+    """One record's place in the log: topic, partition, offset."""
+
     model_config = ConfigDict(frozen=True)
 
-    topic: str
+    topic: str = Field(min_length=1)
     partition: int = Field(ge=0)
     offset: int = Field(ge=0)
 
@@ -26,9 +28,12 @@ class LogPosition(BaseModel):
 
     @classmethod
     def parse(cls, text: str) -> "LogPosition":
-        """Inverse of ``str()``: ``topic:partition:offset`` (topic names hold no colon)."""
-        topic, partition, offset = text.rsplit(":", 2)
-        return cls(topic=topic, partition=int(partition), offset=int(offset))
+        """Inverse of ``str()``: ``topic:partition:offset`` (Kafka topic names hold no
+        colon). Raises ``ValueError`` naming the expected form."""
+        parts = text.rsplit(":", 2)
+        if len(parts) != 3 or not parts[0] or not all(p.isascii() and p.isdigit() for p in parts[1:]):
+            raise ValueError(f"log position {text[:80]!r} is not topic:partition:offset")
+        return cls(topic=parts[0], partition=int(parts[1]), offset=int(parts[2]))
 
 
 class PositionedEvent(BaseModel):

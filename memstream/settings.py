@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings", "get_settings"]
@@ -40,6 +41,17 @@ class Settings(BaseSettings):
     controller_port: int = 9093
     broker_heap: str = "512m"
     broker_start_timeout_s: float = 90.0
+    broker_stop_timeout_s: float = Field(default=30.0, gt=0)
+    """How long `memstream broker stop` waits after SIGTERM before it sends SIGKILL."""
+    broker_auto_create_topics: bool = False
+    """Off by default: a producer writing to a mistyped or not-yet-created topic must fail
+    loudly instead of creating it with the broker's defaults (e.g. the events topic with a
+    7-day retention). Faust declares its own internal topics through the admin API."""
+    kafka_cache_dir: Path | None = None
+    """Where Maven puts Kafka's jars (``kafka-<version>/libs``). Defaults to
+    ``~/.cache/memstream`` so every clone and CI run on a machine shares one download."""
+    kafka_fetch_timeout_s: float = Field(default=900.0, gt=0)
+    """Upper bound for the one-time ``mvn dependency:copy-dependencies`` run."""
 
     # --- Faust worker ---------------------------------------------------------------
     app_id: str = "memstream"
@@ -73,6 +85,8 @@ class Settings(BaseSettings):
     extract_min_new_turns: int = Field(default=10, ge=1)
     extract_idle_seconds: float = Field(default=30.0, gt=0)
     extract_background_turns: int = Field(default=5, ge=0)
+    extract_max_new_turns: int = Field(default=10, ge=1)
+    """At most this many new turns go into one extraction (the oldest pending first)."""
     extract_max_memories: int = Field(default=10, ge=1)
     dedup_candidates_k: int = Field(default=5, ge=1)
     prompts_dir: Path | None = None
@@ -89,9 +103,23 @@ class Settings(BaseSettings):
     keys_file: Path | None = None
     read_wait_max_s: float = Field(default=10.0, gt=0)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _bootstrap_follows_local_broker(cls, data: Any) -> Any:
+        """Without an explicit ``bootstrap_servers``, clients talk to the local broker's
+        port, so ``MEMSTREAM_BROKER_PORT=29092`` alone moves broker and clients together."""
+        if isinstance(data, dict) and data.get("bootstrap_servers") in (None, ""):
+            port = data.get("broker_port") or 9092
+            data = {**data, "bootstrap_servers": f"127.0.0.1:{port}"}
+        return data
+
     @property
     def resolved_broker_dir(self) -> Path:
         return self.broker_dir or (self.home / "broker")
+
+    @property
+    def resolved_kafka_cache_dir(self) -> Path:
+        return self.kafka_cache_dir or (Path.home() / ".cache" / "memstream")
 
 
 @lru_cache(maxsize=1)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -27,15 +27,32 @@ def _reachable(bootstrap: str) -> bool:
         return False
 
 
+def _is_local_broker_address(settings: Settings) -> bool:
+    host, _, port = settings.bootstrap_servers.split(",")[0].strip().rpartition(":")
+    return host in ("127.0.0.1", "localhost", "") and port == str(settings.broker_port)
+
+
 @pytest.fixture(scope="session")
-def kafka_bootstrap() -> str:
-    """The bootstrap address of a running broker (started here if none is running)."""
+def kafka_bootstrap() -> Iterator[str]:
+    """The bootstrap address of a running broker (started here if none is running, and
+    then stopped again when the session ends; a broker found running is left alone)."""
     settings = Settings()
+    started = False
     if not _reachable(settings.bootstrap_servers):
+        if not _is_local_broker_address(settings):
+            raise RuntimeError(
+                f"no Kafka broker answers at MEMSTREAM_BOOTSTRAP_SERVERS={settings.bootstrap_servers}, "
+                f"and the local broker would listen on 127.0.0.1:{settings.broker_port}; start that "
+                "broker or unset MEMSTREAM_BOOTSTRAP_SERVERS"
+            )
         from memstream.streams.broker import local
 
-        local.start(settings)
-    return settings.bootstrap_servers
+        started = local.start(settings).started
+    yield settings.bootstrap_servers
+    if started:
+        from memstream.streams.broker import local
+
+        local.stop(settings)
 
 
 @pytest.fixture

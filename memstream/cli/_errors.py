@@ -18,8 +18,11 @@ class CLIError(Exception):
 
 
 def run_cli(app: typer.Typer) -> int:
+    result: object = None
     try:
-        app(standalone_mode=False)
+        # Without standalone mode click *returns* the code of a `typer.Exit(code)`
+        # raised inside a command instead of raising it.
+        result = app(standalone_mode=False)
     except click.exceptions.Exit as exc:
         return int(exc.exit_code or 0)
     except click.ClickException as exc:
@@ -37,4 +40,4 @@ def run_cli(app: typer.Typer) -> int:
         logging.getLogger("memstream").debug("unhandled", exc_info=True)
         err_console.print(f"[red]error:[/red] {type(exc).__name__}: {exc}", highlight=False)
         return 1
-    return 0
+    return result if isinstance(result, int) and not isinstance(result, bool) else 0

@@ -1,11 +1,289 @@
-"""CLI commands: analytics."""
+"""CLI commands over the projection: ``memstream search``, ``memstream sql`` and
+``memstream export``.
+
+They read the LanceDB tables the worker writes (``MEMSTREAM_LANCE_DIR``, or
+``--lance-dir``) and never write to them, so they are safe while the worker runs.
+
+* ``search`` is the hybrid search of ``memstream.projections.search`` inside one
+  memory space (``--team`` is required, ``--user`` defaults to "default"); ``--explain``
+  shows every score part. With an empty text and ``--entity NAME`` it lists what is
+  known about that entity.
+* ``sql`` runs DuckDB over every table's Lance dataset, registered under the table's
+  name (``memories``, ``messages``, ``links``, ``entities``, ``reflections``,
+  ``decisions``, ``positions``); DuckDB scans the datasets directly (no copy to Arrow
+  first), which is what makes analytics over a million rows take well under a second.
+* ``export`` writes every table (or ``--table``) as Parquet or JSON lines, streamed in
+  record batches so memory stays flat.
+"""
 
 from __future__ import annotations
 
-import typer
+import json
+import math
+from datetime import date, datetime, timezone
+from pathlib import Path
+from typing import Annotated, Any
 
-__all__ = ["register"]
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from memstream.cli._errors import CLIError
+from memstream.settings import Settings, get_settings
+
+__all__ = ["register", "search_cmd", "sql_cmd", "export_cmd", "parse_time", "open_store"]
+
+console = Console()
+
+_CONTENT_WIDTH = 400
+
+
+def parse_time(text: str, *, end_of_day: bool = False) -> datetime:
+    """An ISO date or date-time for ``--since`` / ``--until``. A bare date means the
+    start of that day (or its end, for ``--until``); a time without offset is UTC."""
+    value = text.strip()
+    try:
+        if len(value) == 10:
+            d = date.fromisoformat(value)
+            if end_of_day:
+                return datetime(d.year, d.month, d.day, 23, 59, 59, 999_999, tzinfo=timezone.utc)
+            return datetime(d.year, d.month, d.day, tzinfo=timezone.utc)
+        dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise CLIError(f"not an ISO date or time: {text!r} (e.g. 2025-01-31 or 2025-01-31T09:30:00Z)") from None
+    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+
+
+def open_store(settings: Settings, lance_dir: Path | None) -> Any:
+    """The projection's store, refusing to create an empty one where none exists."""
+    from memstream.projections.store import LanceStore, StoreError
+
+    root = lance_dir or settings.lance_dir
+    if not (root / "memories.lance").exists():
+        raise CLIError(f"no projection in {root}: start `memstream worker` (or pass --lance-dir)")
+    try:
+        return LanceStore(root, embedding_dim=settings.embedding_dim, vector_index_threshold=settings.vector_index_threshold)
+    except StoreError as exc:
+        raise CLIError(str(exc)) from None
+
+
+def _fmt_time(value: datetime | None) -> str:
+    if value is None:
+        return ""
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M")
+
+
+def _fmt_num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _shorten(text: str, width: int = _CONTENT_WIDTH) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "\u2026"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+    if isinstance(value, date):
+        return value.isoformat()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (bytes, bytearray)):
+        return value.hex()
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "__dataclass_fields__"):
+        return {k: _jsonable(getattr(value, k)) for k in value.__dataclass_fields__}
+    return value
+
+
+def search_cmd(
+    text: Annotated[str, typer.Argument(help="What to look for (empty with --entity: list the entity).")] = "",
+    team: Annotated[str, typer.Option("--team", help="Team id (required: searches never cross spaces).")] = "",
+    user: Annotated[str, typer.Option("--user", help="User id of the memory space.")] = "default",
+    agent: Annotated[str | None, typer.Option("--agent", help="Only memories written by this agent.")] = None,
+    session: Annotated[str | None, typer.Option("--session", help="Only memories of this session.")] = None,
+    k: Annotated[int, typer.Option("--k", min=1, max=1000, help="How many results.")] = 10,
+    types: Annotated[list[str] | None, typer.Option("--type", help="Memory type (repeatable).")] = None,
+    since: Annotated[str | None, typer.Option("--since", help="From this date/time (ISO, UTC).")] = None,
+    until: Annotated[str | None, typer.Option("--until", help="Until this date/time (ISO, UTC).")] = None,
+    entity: Annotated[str | None, typer.Option("--entity", help="Only memories naming this entity.")] = None,
+    include_superseded: Annotated[
+        bool,
+        typer.Option(
+            "--include-superseded/--current-only",
+            help="Keep superseded and duplicate memories (ranked below their successors) or drop them.",
+        ),
+    ] = True,
+    explain: Annotated[bool, typer.Option("--explain", help="Show every score part.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per result.")] = False,
+    lance_dir: Annotated[Path | None, typer.Option("--lance-dir", help="Projection directory.")] = None,
+) -> None:
+    """Hybrid search (vector + BM25, recency, supersession) inside one memory space."""
+    from memstream.domain.events import MemoryType, Scope
+    from memstream.projections.embedder import EmbedderError, build_embedder
+    from memstream.projections.search import SearchFilters, search
+
+    if not team.strip():
+        raise CLIError("--team is required: a search never runs without a memory space")
+    if not text.strip() and not entity:
+        raise CLIError("give a text to search for, or --entity NAME to list an entity")
+    try:
+        scope = Scope(team_id=team, user_id=user)
+        filters = SearchFilters(
+            memory_types=tuple(MemoryType.parse(t) for t in (types or [])),
+            time_from=parse_time(since) if since else None,
+            time_to=parse_time(until, end_of_day=True) if until else None,
+            session_id=session,
+            agent_id=agent,
+            include_superseded=include_superseded,
+            entity=entity,
+        )
+    except ValueError as exc:
+        raise CLIError(str(exc).splitlines()[0]) from None
+    settings = get_settings()
+    store = open_store(settings, lance_dir)
+    try:
+        embedder = build_embedder(settings)
+        results = search(store, embedder, scope, text, k, filters)
+    except EmbedderError as exc:
+        raise CLIError(str(exc)) from None
+
+    if as_json:
+        for r in results:
+            payload = _jsonable(r)
+            if not explain:
+                payload.pop("parts", None)
+            typer.echo(json.dumps(payload, ensure_ascii=False))
+        return
+    if not results:
+        console.print(f"[dim]nothing found in {team}/{user}[/dim]")
+        return
+    table = Table(title=f"{len(results)} result(s) in {team}/{user}", show_lines=True)
+    table.add_column("#", justify="right", style="dim", no_wrap=True)
+    table.add_column("score", justify="right", no_wrap=True)
+    table.add_column("memory", overflow="fold", ratio=1)
+    table.add_column("id", style="cyan", overflow="fold")
+    for i, r in enumerate(results, 1):
+        status = r.status
+        if r.superseded_by:
+            status = f"[yellow]superseded by {r.superseded_by}[/yellow]"
+        elif r.canonical_id:
+            status = f"[yellow]duplicate of {r.canonical_id}[/yellow]"
+        when = r.timestamp or r.timestamp_start or r.created_at
+        cell = escape(_shorten(r.content)) + f"\n[dim]{r.memory_type} \u00b7 {_fmt_time(when)}[/dim] \u00b7 {status}"
+        if explain:
+            p = r.parts
+            cell += (
+                f"\n[dim]vector {_fmt_num(p.vector)} \u00b7 bm25 {_fmt_num(p.text)} \u00b7 "
+                f"fused {_fmt_num(p.fused)} \u00b7 recency {_fmt_num(p.recency)} \u00b7 "
+                f"supersession {_fmt_num(p.supersession)} \u00b7 entity {_fmt_num(p.entity)}[/dim]"
+            )
+        table.add_row(str(i), f"{r.score:.4f}", cell, r.memory_id)
+    console.print(table)
+
+
+def _connect_duckdb(store: Any) -> Any:
+    import duckdb
+
+    con = duckdb.connect()
+    for name in store.table_names:
+        con.register(name, store.table(name).to_lance())
+    return con
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "[dim]null[/dim]"
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, list) and len(value) > 8 and all(isinstance(v, (int, float)) for v in value):
+        head = ", ".join(f"{v:.3g}" for v in value[:4])
+        return escape(f"[{head}, \u2026 ({len(value)} values)]")
+    return escape(str(value))
+
+
+def sql_cmd(
+    query: Annotated[str, typer.Argument(help="A DuckDB SELECT over the tables, e.g. SELECT memory_type, count(*) FROM memories GROUP BY 1")],
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per row.")] = False,
+    max_rows: Annotated[int, typer.Option("--max-rows", min=1, help="Rows to print in the table view.")] = 1000,
+    lance_dir: Annotated[Path | None, typer.Option("--lance-dir", help="Projection directory.")] = None,
+) -> None:
+    """SQL (DuckDB) over the projection's tables."""
+    import duckdb
+
+    store = open_store(get_settings(), lance_dir)
+    con = _connect_duckdb(store)
+    try:
+        rel = con.sql(query)
+        if rel is None:
+            console.print("[dim]ok[/dim]")
+            return
+        columns = list(rel.columns)
+        rows = rel.fetchall()
+    except duckdb.Error as exc:
+        raise CLIError(f"SQL: {str(exc).splitlines()[0]}") from None
+    if as_json:
+        for row in rows:
+            typer.echo(json.dumps(_jsonable(dict(zip(columns, row))), ensure_ascii=False))
+        return
+    table = Table(title=f"{len(rows)} row(s)")
+    for c in columns:
+        table.add_column(c, overflow="fold")
+    for row in rows[:max_rows]:
+        table.add_row(*(_cell(v) for v in row))
+    console.print(table)
+    if len(rows) > max_rows:
+        console.print(f"[dim]{len(rows) - max_rows} more row(s) not shown (--max-rows, or --json)[/dim]")
+
+
+def export_cmd(
+    directory: Annotated[Path, typer.Argument(help="Where to write one file per table.")],
+    fmt: Annotated[str, typer.Option("--format", help="parquet or jsonl.")] = "parquet",
+    tables: Annotated[list[str] | None, typer.Option("--table", help="Only this table (repeatable).")] = None,
+    lance_dir: Annotated[Path | None, typer.Option("--lance-dir", help="Projection directory.")] = None,
+) -> None:
+    """Write the projection's tables as Parquet or JSON lines."""
+    import pyarrow.parquet as pq
+
+    fmt = fmt.strip().lower()
+    if fmt not in ("parquet", "jsonl"):
+        raise CLIError("--format must be parquet or jsonl")
+    store = open_store(get_settings(), lance_dir)
+    names = list(tables or store.table_names)
+    unknown = [n for n in names if n not in store.table_names]
+    if unknown:
+        raise CLIError(f"unknown table(s) {', '.join(unknown)} (tables: {', '.join(store.table_names)})")
+    directory.mkdir(parents=True, exist_ok=True)
+    summary = Table(title=f"exported to {directory}")
+    summary.add_column("table")
+    summary.add_column("rows", justify="right")
+    summary.add_column("file")
+    for name in names:
+        dataset = store.table(name).to_lance()
+        path = directory / f"{name}.{fmt}"
+        count = 0
+        if fmt == "parquet":
+            with pq.ParquetWriter(path, dataset.schema) as writer:
+                for batch in dataset.to_batches():
+                    writer.write_batch(batch)
+                    count += batch.num_rows
+        else:
+            with path.open("w", encoding="utf-8") as fh:
+                for batch in dataset.to_batches():
+                    for row in batch.to_pylist():
+                        fh.write(json.dumps(_jsonable(row), ensure_ascii=False) + "\n")
+                    count += batch.num_rows
+        summary.add_row(name, str(count), str(path))
+    console.print(summary)
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the main app."""
+    """Add ``search``, ``sql`` and ``export`` to the main app."""
+    app.command("search")(search_cmd)
+    app.command("sql")(sql_cmd)
+    app.command("export")(export_cmd)

@@ -1,11 +1,101 @@
-"""CLI commands: projector."""
+"""CLI commands of the projection side: ``memstream worker`` and ``memstream replay``.
+
+Thin shells: the worker is :func:`memstream.streams.worker.run_worker`, the replay is
+:func:`memstream.projections.replay.replay`; this module only turns options into
+calls and results into readable lines.
+"""
 
 from __future__ import annotations
 
-import typer
+import asyncio
+from typing import Annotated
 
-__all__ = ["register"]
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from memstream.cli._errors import CLIError
+from memstream.settings import get_settings
+
+__all__ = ["register", "worker", "replay"]
+
+_console = Console()
+
+
+def worker(
+    agents: Annotated[
+        str | None,
+        typer.Option(
+            "--agents",
+            help="Comma-separated agents to run (projector, extractor, reflector); default: all available.",
+        ),
+    ] = None,
+    loglevel: Annotated[str, typer.Option("--loglevel", help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Run the stream worker: projects the log into LanceDB (and runs the extractor and
+    reflector when installed). Stops cleanly on Ctrl-C or SIGTERM."""
+    from memstream.streams.worker import WorkerError, run_worker
+
+    names = [a.strip() for a in agents.split(",") if a.strip()] if agents else None
+    try:
+        code = run_worker(get_settings(), agents=names, loglevel=loglevel)
+    except WorkerError as exc:
+        raise CLIError(str(exc)) from None
+    if code:
+        raise typer.Exit(code)
+
+
+def replay(
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Build and compare, keep the live set.")
+    ] = False,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Swap even while a worker runs (restart it right after)."),
+    ] = False,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", min=1, help="Records per projector batch.")
+    ] = 10_000,
+    progress: Annotated[
+        bool, typer.Option("--progress/--no-progress", help="Show the progress bar.")
+    ] = True,
+) -> None:
+    """Rebuild every table from offset 0 into a fresh set, verify it, and swap it in."""
+    from memstream.projections.replay import ReplayError, RichProgress
+    from memstream.projections.replay import replay as run_replay
+
+    settings = get_settings()
+    try:
+        if progress:
+            with RichProgress() as bar:
+                report = asyncio.run(
+                    run_replay(settings, dry_run=dry_run, force=force, batch_size=batch_size, on_progress=bar)
+                )
+        else:
+            report = asyncio.run(
+                run_replay(settings, dry_run=dry_run, force=force, batch_size=batch_size)
+            )
+    except ReplayError as exc:
+        raise CLIError(str(exc)) from None
+    if report.differences:
+        table = Table(title="live vs replay", show_lines=False)
+        table.add_column("table")
+        table.add_column("live rows", justify="right")
+        table.add_column("replay rows", justify="right")
+        table.add_column("content")
+        for d in report.differences:
+            same_count = d.live is not None and d.replay is not None and d.live[0] == d.replay[0]
+            table.add_row(
+                d.table,
+                str(d.live[0]) if d.live else "-",
+                str(d.replay[0]) if d.replay else "-",
+                "differs" if same_count else "counts differ",
+            )
+        _console.print(table)
+    _console.print(report.summary(), highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the main app."""
+    app.command("worker")(worker)
+    app.command("replay")(replay)

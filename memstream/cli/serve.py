@@ -1,11 +1,465 @@
-"""CLI commands: serve."""
+"""CLI commands that serve memory: ``api``, ``mcp``, ``up``, ``keys`` and ``banks``.
+
+``memstream up`` is the one command a new user runs: it makes sure a broker answers
+(starting the local one when the configured address is this machine's and nothing
+listens), creates the topics, writes a first bank and key on a fresh setup, then runs
+the worker (projector, extractor, reflector) and the API server as child processes
+with prefixed, readable logs. Ctrl-C stops the API first (no new writes), then the
+worker (it finishes its batch and stores its position); the broker keeps running
+unless ``--stop-broker`` is given, so the next ``up`` starts in seconds.
+
+Children get the supervisor's settings as ``MEMSTREAM_*`` environment variables
+(:func:`settings_env`), so every process agrees on broker, topics and directories.
+They run in their own process sessions: the terminal's Ctrl-C reaches only the
+supervisor, which stops them in order.
+"""
 
 from __future__ import annotations
 
-import typer
+import asyncio
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Annotated, Any
 
-__all__ = ["register"]
+import typer
+from pydantic import SecretStr
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from memstream.banks import (
+    BankConfigError,
+    UnknownBankError,
+    banks_path,
+    create_key,
+    keys_path,
+    load_registry,
+    revoke_key,
+    write_default_bank,
+)
+from memstream.cli._errors import CLIError
+from memstream.settings import Settings, get_settings
+
+__all__ = ["register", "settings_env", "bootstrap_reachable", "Child", "Supervisor"]
+
+console = Console(stderr=True, highlight=False)
+_LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """``MEMSTREAM_*`` variables that reproduce ``settings`` in a child process."""
+    env: dict[str, str] = {}
+    for name in type(settings).model_fields:
+        value = getattr(settings, name)
+        if value is None:
+            continue
+        if isinstance(value, SecretStr):
+            text = value.get_secret_value()
+        elif isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, Path):
+            text = str(value)
+        else:
+            text = str(value)
+        env[f"MEMSTREAM_{name.upper()}"] = text
+    return env
+
+
+def bootstrap_reachable(bootstrap: str, timeout: float = 1.0) -> bool:
+    """True when any bootstrap address accepts a TCP connection."""
+    for entry in bootstrap.split(","):
+        host, _, port = entry.strip().rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=timeout):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+def _with(settings: Settings, **updates: Any) -> Settings:
+    changes = {k: v for k, v in updates.items() if v is not None}
+    return settings.model_copy(update=changes) if changes else settings
+
+
+def _registry_or_fail(settings: Settings):  # type: ignore[no-untyped-def]
+    try:
+        return load_registry(settings)
+    except BankConfigError as exc:
+        raise CLIError(str(exc)) from None
+
+
+# --- api ---------------------------------------------------------------------------------
+
+
+def _log_config(prefix: str | None = None) -> dict[str, Any]:
+    fmt = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"plain": {"format": fmt}},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr", "formatter": "plain"}},
+        "loggers": {
+            "uvicorn": {"level": "INFO"},
+            "uvicorn.error": {"level": "INFO"},
+            "uvicorn.access": {"level": "INFO"},
+            "aiokafka": {"level": "WARNING"},
+            "mcp": {"level": "WARNING"},
+            "httpx": {"level": "WARNING"},
+        },
+        "root": {"level": "INFO", "handlers": ["stderr"]},
+    }
+
+
+def run_api(settings: Settings) -> None:
+    """Serve the HTTP API (and MCP at /mcp) until SIGINT/SIGTERM."""
+    import uvicorn
+
+    from memstream.interfaces.api import create_api
+
+    _registry_or_fail(settings)
+    app = create_api(settings)
+    uvicorn.run(
+        app,
+        host=settings.api_host,
+        port=settings.api_port,
+        log_config=_log_config(),
+        proxy_headers=False,
+        server_header=False,
+    )
+
+
+# --- mcp -----------------------------------------------------------------------------------
+
+
+def run_mcp_stdio(settings: Settings, bank_name: str) -> None:
+    """Serve one bank's MCP server over stdio. stdout carries the protocol only; every
+    log line goes to stderr."""
+    from memstream.interfaces.mcp_server import build_mcp_server
+
+    registry = _registry_or_fail(settings)
+    try:
+        bank = registry.bank(bank_name)
+    except UnknownBankError as exc:
+        raise CLIError(f"{exc}; declare it in {banks_path(settings)}") from None
+    logging.basicConfig(
+        level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    server = build_mcp_server(bank, settings)
+    server.run("stdio")
+
+
+# --- up ------------------------------------------------------------------------------------
+
+
+_COLORS = ("cyan", "magenta", "green", "yellow")
+
+
+@dataclass
+class Child:
+    """One supervised process whose output is relayed line by line with a prefix."""
+
+    name: str
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    color: str = "cyan"
+    stop_timeout_s: float = 30.0
+    process: subprocess.Popen[bytes] | None = None
+    _pump: threading.Thread | None = field(default=None, repr=False)
+
+    def start(self, out: IO[str]) -> None:
+        self.process = subprocess.Popen(
+            list(self.argv),
+            env=dict(self.env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self._pump = threading.Thread(target=self._relay, args=(out,), name=f"relay-{self.name}", daemon=True)
+        self._pump.start()
+
+    def _relay(self, out: IO[str]) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        sink = Console(file=out, highlight=False, soft_wrap=True)
+        prefix = (f"{self.name:>6} | ", self.color)
+        for raw in iter(self.process.stdout.readline, b""):
+            # Text, not markup: a child's "[...]" must print as is.
+            sink.print(Text.assemble(prefix, raw.decode("utf-8", errors="replace").rstrip("\r\n")))
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def poll(self) -> int | None:
+        return self.process.poll() if self.process else None
+
+    def stop(self) -> int | None:
+        """SIGTERM, wait ``stop_timeout_s``, then SIGKILL. Returns the exit code."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            try:
+                self.process.send_signal(signal.SIGTERM)
+                self.process.wait(self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                console.print(f"{self.name} did not stop in {self.stop_timeout_s:.0f}s; killing it")
+                self.process.kill()
+                self.process.wait()
+        if self._pump is not None:
+            self._pump.join(timeout=2.0)
+        return self.process.returncode
+
+
+class Supervisor:
+    """Starts children in order, relays their logs, stops them in reverse order on
+    SIGINT/SIGTERM or as soon as one of them exits on its own."""
+
+    def __init__(self, children: Sequence[Child], out: IO[str] = sys.stderr) -> None:
+        self.children = list(children)
+        self.out = out
+        self._stop = threading.Event()
+        self.failed: Child | None = None
+
+    def request_stop(self, *_: object) -> None:
+        self._stop.set()
+
+    def run(self, on_started: Any = None) -> int:
+        previous = {s: signal.signal(s, self.request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            for child in self.children:
+                child.start(self.out)
+            if on_started is not None:
+                on_started(self)
+            while not self._stop.wait(0.2):
+                for child in self.children:
+                    if child.poll() is not None:
+                        self.failed = child
+                        self._stop.set()
+                        break
+        finally:
+            for child in reversed(self.children):
+                child.stop()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if self.failed is not None:
+            console.print(f"[red]{self.failed.name} exited with code {self.failed.poll()}; stopped the rest[/]")
+            return 1
+        return 0
+
+
+def _wait_http(url: str, timeout_s: float, alive: Any) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and alive():
+        try:
+            with urllib.request.urlopen(url, timeout=2.0) as resp:  # noqa: S310 - loopback URL we built
+                if resp.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.3)
+    return False
+
+
+def _ensure_broker(settings: Settings) -> None:
+    if bootstrap_reachable(settings.bootstrap_servers):
+        console.print(f"Kafka: using the broker at {settings.bootstrap_servers}")
+        return
+    hosts = {e.strip().rpartition(":")[0] for e in settings.bootstrap_servers.split(",")}
+    ports = {e.strip().rpartition(":")[2] for e in settings.bootstrap_servers.split(",")}
+    if not hosts <= _LOOPBACK or ports != {str(settings.broker_port)}:
+        raise CLIError(
+            f"cannot reach Kafka at {settings.bootstrap_servers}, and it is not this machine's "
+            f"local broker (127.0.0.1:{settings.broker_port}); start that broker or fix MEMSTREAM_BOOTSTRAP_SERVERS"
+        )
+    from memstream.streams.broker import local
+
+    console.print(f"Kafka: starting the local broker on 127.0.0.1:{settings.broker_port} (first start downloads it)")
+    try:
+        status = local.start(settings)
+    except local.BrokerError as exc:
+        raise CLIError(str(exc)) from None
+    console.print(f"Kafka: broker ready (pid {status.pid}, data in {status.data_dir})")
+
+
+def _ensure_topics(settings: Settings) -> None:
+    from memstream.streams.admin import TopicCreationError, ensure_topics
+    from memstream.streams.topics import Topics
+
+    try:
+        result = asyncio.run(ensure_topics(settings.bootstrap_servers, Topics.from_settings(settings)))
+    except TopicCreationError as exc:
+        raise CLIError(str(exc)) from None
+    created = [name for name, state in result.items() if state == "created"]
+    console.print(f"Topics: {len(result)} ready" + (f" ({len(created)} created)" if created else ""))
+
+
+def _ensure_bank(settings: Settings) -> None:
+    path = banks_path(settings)
+    if not path.exists():
+        bank = write_default_bank(settings)
+        raw, record = create_key(settings, bank.name, label="created by memstream up")
+        console.print(f"Banks: created {path} with bank [bold]{bank.name}[/] (team {bank.team_id!r})")
+        console.print(
+            f"API key for bank {bank.name!r} (shown once; only its hash is kept in {keys_path(settings)}):"
+        )
+        print(raw, flush=True)
+        return
+    registry = _registry_or_fail(settings)
+    names = ", ".join(sorted(registry.banks)) or "none"
+    console.print(f"Banks: {names} ({len(registry.keys)} key(s)) from {path}")
+    if not registry.keys:
+        console.print("  no API keys yet: create one with `memstream keys create --bank NAME`")
+
+
+def _fresh_metrics_dir(settings: Settings) -> Path:
+    """prometheus_client's shared directory for the children's counters, emptied so a
+    run starts from zero (files of dead processes would otherwise be summed forever)."""
+    path = (settings.home / "metrics").resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    for stale in path.glob("*.db"):
+        stale.unlink()
+    return path
+
+
+def _ensure_store(settings: Settings) -> None:
+    """Create the LanceDB tables once, here, so the worker (writer) and the API (reader)
+    never race to create them."""
+    from memstream.projections.store import LanceStore
+
+    LanceStore.from_settings(settings)
+    console.print(f"Store: LanceDB tables ready in {settings.lance_dir}")
+
+
+def run_up(settings: Settings, *, stop_broker: bool = False, loglevel: str = "info") -> int:
+    """Broker, topics, banks, then worker + API until Ctrl-C. Returns the exit code."""
+    _ensure_broker(settings)
+    _ensure_topics(settings)
+    _ensure_store(settings)
+    _ensure_bank(settings)
+    env = {
+        **os.environ,
+        **settings_env(settings),
+        "PYTHONUNBUFFERED": "1",
+        "PROMETHEUS_MULTIPROC_DIR": str(_fresh_metrics_dir(settings)),
+    }
+    worker = Child(
+        "worker",
+        [sys.executable, "-m", "memstream.streams.worker", "--loglevel", loglevel],
+        env,
+        color=_COLORS[0],
+        stop_timeout_s=60.0,
+    )
+    api = Child("api", [sys.executable, "-m", "memstream", "api"], env, color=_COLORS[1], stop_timeout_s=20.0)
+    base = f"http://{'127.0.0.1' if settings.api_host in ('0.0.0.0', '::') else settings.api_host}:{settings.api_port}"
+
+    def announce(sup: Supervisor) -> None:
+        if _wait_http(f"{base}/healthz", 120.0, lambda: api.poll() is None and not sup._stop.is_set()):
+            console.print(
+                f"[bold green]memstream is up[/]: API {base} (docs {base}/docs), MCP {base}/mcp, "
+                f"metrics {base}/metrics. Ctrl-C stops the API and the worker"
+                + (" and the broker." if stop_broker else "; the broker keeps running.")
+            )
+
+    code = Supervisor([worker, api]).run(
+        on_started=lambda sup: threading.Thread(target=announce, args=(sup,), daemon=True).start()
+    )
+    if stop_broker:
+        from memstream.streams.broker import local
+
+        if local.stop(settings):
+            console.print("Kafka: local broker stopped")
+    return code
+
+
+# --- registration -----------------------------------------------------------------------------
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the main app."""
+
+    @app.command("api")
+    def api_cmd(
+        host: Annotated[str | None, typer.Option(help="Bind address (MEMSTREAM_API_HOST).")] = None,
+        port: Annotated[int | None, typer.Option(help="Port (MEMSTREAM_API_PORT).")] = None,
+    ) -> None:
+        """Serve the HTTP API, with MCP over streamable HTTP at /mcp."""
+        run_api(_with(get_settings(), api_host=host, api_port=port))
+
+    @app.command("mcp")
+    def mcp_cmd(
+        bank: Annotated[str, typer.Option("--bank", help="The memory bank to serve (from the banks file).")],
+    ) -> None:
+        """Serve one memory bank as an MCP server over stdio (for MCP clients' config)."""
+        run_mcp_stdio(get_settings(), bank)
+
+    @app.command("up")
+    def up_cmd(
+        stop_broker: Annotated[bool, typer.Option("--stop-broker", help="Also stop the local broker on exit.")] = False,
+        host: Annotated[str | None, typer.Option(help="API bind address.")] = None,
+        port: Annotated[int | None, typer.Option(help="API port.")] = None,
+        loglevel: Annotated[str, typer.Option(help="Worker log level.")] = "info",
+    ) -> None:
+        """Run everything one machine needs: broker, topics, worker and API (Ctrl-C stops)."""
+        code = run_up(_with(get_settings(), api_host=host, api_port=port), stop_broker=stop_broker, loglevel=loglevel)
+        if code:
+            raise typer.Exit(code)
+
+    keys = typer.Typer(help="API keys bound to memory banks (only hashes are stored).", no_args_is_help=True)
+    app.add_typer(keys, name="keys")
+
+    @keys.command("create")
+    def keys_create(
+        bank: Annotated[str, typer.Option("--bank", help="The bank the key is bound to.")],
+        label: Annotated[str, typer.Option(help="A note to tell keys apart.")] = "",
+    ) -> None:
+        """Create a key for a bank and print it once (store it now: it cannot be shown again)."""
+        settings = get_settings()
+        try:
+            raw, record = create_key(settings, bank, label=label)
+        except (BankConfigError, UnknownBankError) as exc:
+            raise CLIError(str(exc)) from None
+        console.print(f"key {record.key_id} for bank {bank!r} stored (hash only) in {keys_path(settings)}")
+        print(raw)
+
+    @keys.command("list")
+    def keys_list() -> None:
+        """List keys (their ids and banks; never the keys)."""
+        registry = _registry_or_fail(get_settings())
+        table = Table("key id", "bank", "label", "created")
+        for record in sorted(registry.keys.values(), key=lambda r: (r.bank, r.key_id)):
+            table.add_row(record.key_id, record.bank, record.label, str(record.created_at or ""))
+        Console().print(table)
+
+    @keys.command("revoke")
+    def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key id shown by `keys list`.")]) -> None:
+        """Remove a key from the keys file (a running server stops accepting it)."""
+        try:
+            record = revoke_key(get_settings(), key_id)
+        except BankConfigError as exc:
+            raise CLIError(str(exc)) from None
+        console.print(f"revoked key {record.key_id} (bank {record.bank!r})")
+
+    @app.command("banks")
+    def banks_cmd() -> None:
+        """List the declared memory banks."""
+        settings = get_settings()
+        registry = _registry_or_fail(settings)
+        if not registry.banks:
+            raise CLIError(f"no banks declared in {banks_path(settings)}")
+        table = Table("bank", "team", "user", "agent", "keys", "description")
+        for bank in sorted(registry.banks.values(), key=lambda b: b.name):
+            n = sum(1 for r in registry.keys.values() if r.bank == bank.name)
+            table.add_row(bank.name, bank.team_id, bank.user_id or "*", bank.agent_id or "*", str(n), bank.description)
+        Console().print(table)

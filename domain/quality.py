@@ -1,0 +1,238 @@
+"""The quality gate: which L0 turns are worth showing to the extractor.
+
+Every turn stays in L0 whatever the gate says (the ``messages`` table keeps it as
+evidence); the gate only decides whether a turn may become an L1 memory. Rejecting
+early saves an LLM call on noise and, more importantly, keeps noise and planted
+instructions out of long-term memory, where they would be recalled into future prompts.
+
+The rules, checked in this order (the first that matches names the verdict):
+
+``empty``
+    The turn is empty or only whitespace (any Unicode space, zero-width characters
+    included) once embedded images are removed.
+``base64_image``
+    The turn held only embedded images: ``data:image/...;base64,...`` URIs or bare
+    base64 blobs of at least :data:`BASE64_BLOB_MIN_CHARS` characters. Images are never
+    extracted; when text surrounds them the text passes on with each image replaced by
+    ``[image]`` (see :attr:`GateResult.text`).
+``framework_noise``
+    Text that agent frameworks put into the conversation rather than people:
+    heartbeat and no-reply tokens (``HEARTBEAT_OK``, ``NO_REPLY``), interruption and
+    caveat markers of coding agents, ``<system-reminder>``/``<command-*>``/
+    ``<local-command-stdout>`` wrappers, ``[object Object]``, ``undefined``/``null``/
+    ``None`` alone, and tool-call envelopes. A turn is noise when nothing meaningful is
+    left after removing these markers.
+``slash_command``
+    A client command such as ``/clear`` or ``/model gpt-4o``: the first token is ``/``
+    followed by a word with no further ``/`` (so ``/usr/bin/python is broken`` is a
+    sentence about a path, not a command) and the turn is a single line.
+``question_marks``
+    Only question marks (ASCII, full-width, inverted) and whitespace: "?", "??? ?".
+``symbol_only``
+    No letter and no digit in any script: punctuation, emoji, box drawing ("...",
+    "👍", "!!!"). Nothing in it can be stated as a fact.
+``prompt_injection``
+    The turn tries to instruct the model that will read it later: "ignore all previous
+    instructions", "disregard the above", "you are now DAN", "new system prompt:", chat
+    template control tokens (``<|im_start|>``, ``[INST]``, ``<<SYS>>``) and similar
+    (:data:`INJECTION_PATTERNS`). Such turns are kept as evidence but never become
+    memories, because a memory is pasted into future prompts verbatim.
+
+The gate is pure and deterministic: same text, same verdict.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from enum import StrEnum
+
+__all__ = [
+    "GateRule",
+    "GateResult",
+    "gate",
+    "BASE64_BLOB_MIN_CHARS",
+    "INJECTION_PATTERNS",
+    "NOISE_PATTERNS",
+]
+
+BASE64_BLOB_MIN_CHARS = 200
+"""A run of base64 alphabet this long (no spaces) is an embedded binary, not prose. Real
+words and identifiers never get near it; a 1x1 PNG is already about 90 characters, any
+real image thousands."""
+
+
+class GateRule(StrEnum):
+    """Why a turn was kept out of extraction (``None`` on :class:`GateResult` = it passed)."""
+
+    empty = "empty"
+    base64_image = "base64_image"
+    framework_noise = "framework_noise"
+    slash_command = "slash_command"
+    question_marks = "question_marks"
+    symbol_only = "symbol_only"
+    prompt_injection = "prompt_injection"
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """The verdict for one turn.
+
+    ``text`` is what the extractor may show the model: the turn with embedded images
+    replaced by ``[image]`` (and otherwise unchanged); empty when the turn was rejected.
+    """
+
+    rule: GateRule | None
+    text: str
+    reason: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.rule is None
+
+
+# --- embedded images ---------------------------------------------------------------
+_DATA_URI = re.compile(
+    r"data:image/[A-Za-z0-9.+-]+(?:;[A-Za-z0-9=.+-]+)*;base64,[A-Za-z0-9+/=\s]*[A-Za-z0-9+/=]",
+    re.IGNORECASE,
+)
+# A markdown image wrapper around a data URI leaves "![alt](" and ")" behind; drop those too.
+_MD_IMAGE = re.compile(r"!\[[^\]\n]{0,200}\]\(\s*\[image\]\s*\)")
+_BASE64_BLOB = re.compile(r"(?<![A-Za-z0-9+/])[A-Za-z0-9+/]{%d,}={0,2}" % BASE64_BLOB_MIN_CHARS)
+
+# --- framework noise ---------------------------------------------------------------
+NOISE_PATTERNS: tuple[re.Pattern[str], ...] = (
+    re.compile(r"<system-reminder>.*?(?:</system-reminder>|\Z)", re.DOTALL | re.IGNORECASE),
+    re.compile(r"<(command-name|command-message|command-args|local-command-stdout|"
+               r"local-command-stderr)>.*?(?:</\1>|\Z)", re.DOTALL | re.IGNORECASE),
+    re.compile(r"<(tool_call|tool_result|function_call|function_results)>.*?(?:</\1>|\Z)",
+               re.DOTALL | re.IGNORECASE),
+    re.compile(r"\b(HEARTBEAT_OK|NO_REPLY|NO_RESPONSE)\b"),
+    re.compile(r"\[Request interrupted by user(?: for tool use)?\]", re.IGNORECASE),
+    re.compile(r"Caveat: The messages below were generated by the user while running "
+               r"local commands\..*", re.DOTALL | re.IGNORECASE),
+    re.compile(r"\[object Object\]"),
+    re.compile(r"^\s*(undefined|null|None|NaN)\s*$"),
+)
+"""Markers that agent frameworks inject into conversations. Each is removed; a turn with
+nothing meaningful (no letter or digit) left is ``framework_noise``."""
+
+# --- slash commands ----------------------------------------------------------------
+_SLASH_COMMAND = re.compile(r"^/[A-Za-z][\w-]*(?=\s|$)")
+
+# --- prompt injection --------------------------------------------------------------
+_IGNORE_VERBS = r"(?:ignore|disregard|forget|override|bypass|skip)"
+_PRIOR = r"(?:all\s+|any\s+|the\s+|your\s+|of\s+)*(?:previous|prior|above|earlier|preceding|former|system|original)"
+_RULES = r"(?:instructions?|prompts?|rules?|directions?|guidelines?|context|messages?|constraints?)"
+
+INJECTION_PATTERNS: tuple[re.Pattern[str], ...] = (
+    # "ignore all previous instructions", "disregard the above rules", "forget your prior prompt"
+    re.compile(rf"\b{_IGNORE_VERBS}\s+{_PRIOR}\s+{_RULES}\b", re.IGNORECASE),
+    # "disregard the above", "ignore everything above"
+    re.compile(rf"\b{_IGNORE_VERBS}\s+(?:everything\s+|all\s+)?(?:the\s+)?above\b", re.IGNORECASE),
+    # "forget everything you were told", "forget all your instructions"
+    re.compile(r"\bforget\s+(?:everything|all)\s+(?:you\s+(?:were|have\s+been)\s+told|"
+               r"(?:your|the)\s+(?:instructions|rules))", re.IGNORECASE),
+    # "you are now DAN", "from now on you are an unrestricted AI", "act as an AI without restrictions"
+    re.compile(r"\byou\s+are\s+now\s+(?:in\s+)?(?:DAN|developer\s+mode|jailbroken|unrestricted|"
+               r"an?\s+(?:unrestricted|unfiltered|uncensored))", re.IGNORECASE),
+    re.compile(r"\b(?:act|behave)\s+as\s+(?:an?\s+)?(?:AI|assistant|model)\s+(?:with(?:out)?\s+)"
+               r"(?:no\s+)?(?:restrictions|filters|limits)", re.IGNORECASE),
+    re.compile(r"\benable\s+(?:DAN|developer\s+mode|jailbreak)", re.IGNORECASE),
+    # "new system prompt:", "system prompt override", "### system:" headings
+    re.compile(r"\b(?:new|updated|real|actual)\s+system\s+(?:prompt|instructions?|message)\s*:",
+               re.IGNORECASE),
+    re.compile(r"\bsystem\s+prompt\s+override\b", re.IGNORECASE),
+    re.compile(r"^\s*#{2,}\s*(?:system|instructions?)\s*:?\s*$", re.IGNORECASE | re.MULTILINE),
+    # "reveal/print your system prompt"
+    re.compile(r"\b(?:reveal|print|show|repeat|output|leak)\s+(?:me\s+)?(?:your|the)\s+"
+               r"(?:system\s+prompt|hidden\s+instructions|initial\s+instructions)", re.IGNORECASE),
+    # chat-template control tokens smuggled into user text
+    re.compile(r"<\|(?:im_start|im_end|system|endoftext|start_header_id|eot_id)\|>", re.IGNORECASE),
+    re.compile(r"\[/?INST\]|<</?SYS>>"),
+    # instructions aimed at the memory system itself
+    re.compile(r"\b(?:remember|store|save|memorize)\s+(?:this\s+)?(?:as\s+)?(?:a\s+)?"
+               r"(?:new\s+)?(?:system\s+)?(?:instruction|rule)\s*:\s*(?:always|never|ignore)",
+               re.IGNORECASE),
+)
+"""Phrases and tokens that try to steer the model reading the turn. Deliberately narrow:
+ordinary talk about instructions ("ignore my last message, I meant Tuesday") must
+still pass, so every pattern needs an instruction-hijacking shape."""
+
+_QUESTION_MARKS = frozenset("?？¿⸮")
+
+
+def _has_word_char(text: str) -> bool:
+    """True when some character is a letter or a digit in any script."""
+    return any(unicodedata.category(ch)[0] in ("L", "N") for ch in text)
+
+
+def _strip_invisible(text: str) -> str:
+    """Whitespace plus format characters (zero-width space, joiners, BOM) removed."""
+    return "".join(
+        ch for ch in text if not ch.isspace() and unicodedata.category(ch) != "Cf"
+    )
+
+
+def _replace_images(text: str) -> tuple[str, int]:
+    count = 0
+
+    def sub(_: re.Match[str]) -> str:
+        nonlocal count
+        count += 1
+        return "[image]"
+
+    out = _DATA_URI.sub(sub, text)
+    out = _BASE64_BLOB.sub(sub, out)
+    if count:
+        out = _MD_IMAGE.sub("[image]", out)
+    return out, count
+
+
+def gate(text: str) -> GateResult:
+    """Decide whether one turn may be extracted; see the module docstring for the rules."""
+    if not _strip_invisible(text):
+        return GateResult(GateRule.empty, "", "empty or whitespace only")
+
+    with_images, images = _replace_images(text)
+    denoised, noise = _strip_noise(with_images)
+    if not _has_word_char(denoised.replace("[image]", " ")):
+        if images:
+            return GateResult(GateRule.base64_image, "", f"only embedded images ({images})")
+        if noise:
+            return GateResult(GateRule.framework_noise, "", "framework markers only")
+
+    stripped = denoised.strip()
+    if "\n" not in stripped and _SLASH_COMMAND.match(stripped):
+        first = stripped.split(None, 1)[0]
+        return GateResult(GateRule.slash_command, "", f"client command {first[:40]}")
+
+    visible = _strip_invisible(stripped)
+    if not visible:
+        return GateResult(GateRule.empty, "", "empty or whitespace only")
+    if all(ch in _QUESTION_MARKS for ch in visible):
+        return GateResult(GateRule.question_marks, "", "question marks only")
+    if not _has_word_char(stripped.replace("[image]", " ")):
+        return GateResult(GateRule.symbol_only, "", "no letters or digits")
+
+    # Checked on the turn as written (images aside), markers included: a hijack attempt
+    # hidden inside framework markup is still a hijack attempt.
+    for pattern in INJECTION_PATTERNS:
+        match = pattern.search(with_images)
+        if match:
+            snippet = " ".join(match.group(0).split())[:60]
+            return GateResult(GateRule.prompt_injection, "", f"instruction hijack: {snippet!r}")
+
+    return GateResult(None, stripped)
+
+
+def _strip_noise(text: str) -> tuple[str, int]:
+    """The text without framework markers, and how many were removed."""
+    removed = 0
+    for pattern in NOISE_PATTERNS:
+        text, n = pattern.subn(" ", text)
+        removed += n
+    if removed:
+        text = re.sub(r"[ \t]{2,}", " ", text)
+    return text, removed

@@ -1,0 +1,204 @@
+"""Prometheus metrics: what came in, how far the projection got, what failed.
+
+Two kinds of numbers, on purpose:
+
+* **Process counters** (``prometheus_client`` objects on the default registry): events
+  accepted through this process, LLM calls and failures, search latency. Every
+  memstream process that does such work counts it itself. Under ``memstream up`` the
+  processes share prometheus_client's multiprocess directory, so the API server's
+  ``GET /metrics`` sums them all (the worker's LLM calls included); a process run on
+  its own exports only its own counters.
+* **Log state**, read from durable state at scrape time: the log end offset of every
+  partition (Kafka), the stored position of the projection (LanceDB), their
+  difference (consumer lag per partition) and the number of dead letters. These come
+  from the source of truth, not from counters in another process, so the API server
+  reports the worker's progress correctly even across restarts of either.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+    multiprocess,
+    values,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+__all__ = [
+    "EVENTS_IN",
+    "SEARCH_SECONDS",
+    "LLM_CALLS",
+    "LLM_FAILURES",
+    "CONTENT_TYPE",
+    "LogSnapshot",
+    "LogStateCollector",
+    "record_event_in",
+    "record_llm_call",
+    "llm_call",
+    "time_search",
+    "multiprocess_mode",
+    "render",
+]
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+EVENTS_IN = Counter(
+    "memstream_events_in",
+    "Events accepted by this process and acknowledged by Kafka.",
+    ["type", "interface"],
+)
+SEARCH_SECONDS = Histogram(
+    "memstream_search_seconds",
+    "Latency of hybrid searches served by this process.",
+    ["interface"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+LLM_CALLS = Counter(
+    "memstream_llm_calls",
+    "LLM calls made by this process (extraction, judgment, reflection).",
+    ["purpose"],
+)
+LLM_FAILURES = Counter(
+    "memstream_llm_failures",
+    "LLM calls that failed (transport error, timeout, unusable output).",
+    ["purpose", "reason"],
+)
+
+
+def record_event_in(event_type: str, interface: str) -> None:
+    """Count one event acknowledged by Kafka (after the ack, never before)."""
+    EVENTS_IN.labels(type=event_type, interface=interface).inc()
+
+
+def record_llm_call(purpose: str, ok: bool, reason: str = "error") -> None:
+    """Count one LLM call; a failure is counted as a call too."""
+    LLM_CALLS.labels(purpose=purpose).inc()
+    if not ok:
+        LLM_FAILURES.labels(purpose=purpose, reason=reason).inc()
+
+
+@contextmanager
+def llm_call(purpose: str) -> Iterator[None]:
+    """Count the LLM call made inside the block; an exception counts as a failure
+    (labelled with the exception's class name) and propagates."""
+    try:
+        yield
+    except BaseException as exc:
+        record_llm_call(purpose, ok=False, reason=type(exc).__name__)
+        raise
+    record_llm_call(purpose, ok=True)
+
+
+@contextmanager
+def time_search(interface: str) -> Iterator[None]:
+    """Observe the block's duration in the search latency histogram."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        SEARCH_SECONDS.labels(interface=interface).observe(time.perf_counter() - start)
+
+
+TopicPartition = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class LogSnapshot:
+    """End offsets from Kafka and stored positions from the projection, read together."""
+
+    end_offsets: Mapping[TopicPartition, int] = field(default_factory=dict)
+    positions: Mapping[TopicPartition, int] = field(default_factory=dict)
+    projected_topics: frozenset[str] = frozenset()
+    dead_letter_topic: str | None = None
+    error: str | None = None
+
+    def lag(self) -> dict[TopicPartition, int]:
+        """Records not yet projected, per partition of every projected topic."""
+        out: dict[TopicPartition, int] = {}
+        for (topic, partition), end in self.end_offsets.items():
+            if topic in self.projected_topics:
+                out[(topic, partition)] = max(0, end - self.positions.get((topic, partition), 0))
+        return out
+
+    def dead_letters(self) -> int | None:
+        if self.dead_letter_topic is None:
+            return None
+        ends = [v for (t, _), v in self.end_offsets.items() if t == self.dead_letter_topic]
+        return sum(ends) if ends else None
+
+
+class LogStateCollector(Collector):
+    """Exposes the latest :class:`LogSnapshot` as gauges. The snapshot is refreshed by
+    the ``/metrics`` handler (asynchronously, before rendering), because collectors are
+    called synchronously and must not do network I/O."""
+
+    def __init__(self) -> None:
+        self.snapshot = LogSnapshot()
+
+    def update(self, snapshot: LogSnapshot) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.snapshot
+        end = GaugeMetricFamily(
+            "memstream_log_end_offset", "Log end offset per partition (Kafka).", labels=["topic", "partition"]
+        )
+        for (topic, partition), value in sorted(s.end_offsets.items()):
+            end.add_metric([topic, str(partition)], value)
+        yield end
+        projected = GaugeMetricFamily(
+            "memstream_events_projected",
+            "Records the projection has applied per partition (its stored next offset).",
+            labels=["topic", "partition"],
+        )
+        for (topic, partition), value in sorted(s.positions.items()):
+            projected.add_metric([topic, str(partition)], value)
+        yield projected
+        lag = GaugeMetricFamily(
+            "memstream_consumer_lag",
+            "Records not yet projected per partition (end offset minus stored position).",
+            labels=["topic", "partition"],
+        )
+        for (topic, partition), value in sorted(s.lag().items()):
+            lag.add_metric([topic, str(partition)], value)
+        yield lag
+        dead = s.dead_letters()
+        if dead is not None:
+            yield GaugeMetricFamily(
+                "memstream_dead_letters", "Records in the dead-letter topic.", value=dead
+            )
+        yield GaugeMetricFamily(
+            "memstream_log_state_up",
+            "1 when the last read of end offsets and positions succeeded.",
+            value=0 if s.error else 1,
+        )
+
+
+def multiprocess_mode() -> bool:
+    """True when prometheus_client keeps values in shared files (its
+    ``PROMETHEUS_MULTIPROC_DIR`` was set before it was imported, as ``memstream up``
+    does for the worker and the API), so one process can export every process's
+    counters: the API's ``/metrics`` then includes the worker's LLM calls."""
+    return values.ValueClass is not values.MutexValue
+
+
+def render(*registries: CollectorRegistry) -> bytes:
+    """The text exposition of this process's counters (or, in multiprocess mode, of
+    every process sharing the directory) plus any extra registries."""
+    if multiprocess_mode():
+        base = CollectorRegistry()
+        multiprocess.MultiProcessCollector(base)
+    else:
+        base = REGISTRY
+    return b"".join(generate_latest(r) for r in (base, *registries))

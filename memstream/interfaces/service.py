@@ -1,0 +1,369 @@
+"""The one backend the HTTP API and the MCP server share.
+
+Why a layer of its own: both interfaces must behave the same way — a write returns
+only once Kafka acknowledged it (durable), a read may wait for a log position
+(read-your-writes), searches are timed, every event accepted is counted — and the API
+server hosts MCP sessions too, so one producer and one read-only store serve both.
+
+Reads go to LanceDB through the projection's own functions; every blocking LanceDB
+call runs in a worker thread so the event loop (and the Kafka producer on it) never
+stalls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import date, datetime, timedelta
+from enum import Enum
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+from pydantic import BaseModel
+
+from memstream.domain.events import EventBase, Scope
+from memstream.domain.log import LogPosition
+from memstream.interfaces import metrics
+from memstream.settings import Settings
+from memstream.streams.producer import MemstreamProducer
+from memstream.streams.topics import Topics
+
+__all__ = [
+    "MemoryService",
+    "PositionNotReached",
+    "UnknownTopicError",
+    "to_jsonable",
+    "default_deadline",
+    "search_filters",
+    "search_hit_payload",
+    "memory_payload",
+    "lessons_payload",
+]
+
+log = logging.getLogger("memstream.service")
+
+_POLL_S = 0.05
+
+
+class PositionNotReached(TimeoutError):
+    """The projection did not reach a log position within the wait bound."""
+
+    def __init__(self, requested: LogPosition, reached: int | None, waited_s: float) -> None:
+        super().__init__(
+            f"the projection has not reached {requested} yet "
+            f"(at offset {reached if reached is not None else 'none'} after {waited_s:.1f}s)"
+        )
+        self.requested = requested
+        self.reached = reached
+        self.waited_s = waited_s
+
+
+class UnknownTopicError(ValueError):
+    """A position names a topic outside this deployment's topic catalogue."""
+
+
+class MemoryService:
+    """Producer + read-only store + embedder, started and stopped together.
+
+    ``interface`` labels the metrics this service records ("api", "mcp").
+    """
+
+    def __init__(self, settings: Settings, *, client_id: str = "memstream-api") -> None:
+        self.settings = settings
+        self.topics = Topics.from_settings(settings)
+        self.client_id = client_id
+        self.producer: MemstreamProducer | None = None
+        self.store: Any = None
+        self.embedder: Any = None
+        self._offsets: AIOKafkaConsumer | None = None
+        self._offsets_lock = asyncio.Lock()
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect the producer and open the store read-only (the worker is the writer).
+        The store sees the worker's writes within ``read_consistency_interval``."""
+        from memstream.projections.embedder import build_embedder
+        from memstream.projections.store import LanceStore
+
+        producer = MemstreamProducer(self.settings, client_id=self.client_id)
+        await producer.start()
+        try:
+            self.store = await asyncio.to_thread(
+                LanceStore,
+                self.settings.lance_dir,
+                embedding_dim=self.settings.embedding_dim,
+                read_consistency_interval=timedelta(0),
+            )
+            self.embedder = await asyncio.to_thread(build_embedder, self.settings)
+        except BaseException:
+            await producer.stop()
+            raise
+        self.producer = producer
+
+    async def stop(self) -> None:
+        producer, self.producer = self.producer, None
+        offsets, self._offsets = self._offsets, None
+        try:
+            if producer is not None:
+                await producer.stop()
+        finally:
+            if offsets is not None:
+                await offsets.stop()
+            close = getattr(self.store, "close", None)
+            if callable(close):
+                await asyncio.to_thread(close)
+
+    async def __aenter__(self) -> "MemoryService":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def _producer(self) -> MemstreamProducer:
+        if self.producer is None:
+            raise RuntimeError("the memory service is not started")
+        return self.producer
+
+    # --- writes ----------------------------------------------------------------------
+
+    async def append(self, event: EventBase, *, interface: str) -> LogPosition:
+        """Write one event; returns once Kafka acknowledged it."""
+        position = await self._producer().send(event)
+        metrics.record_event_in(event.type, interface)
+        return position
+
+    async def append_many(self, events: Sequence[EventBase], *, interface: str) -> list[LogPosition]:
+        """Write events in order of the list; returns once all are acknowledged."""
+        positions = await self._producer().send_many(events)
+        for event in events:
+            metrics.record_event_in(event.type, interface)
+        return positions
+
+    # --- read-your-writes --------------------------------------------------------------
+
+    def check_topic(self, position: LogPosition) -> None:
+        known = {spec.name for spec in self.topics.catalogue()}
+        if position.topic not in known:
+            raise UnknownTopicError(
+                f"topic {position.topic!r} is not one of this deployment's topics ({', '.join(sorted(known))})"
+            )
+
+    async def stored_offset(self, topic: str, partition: int) -> int | None:
+        """The projection's stored next offset for a partition (None: nothing yet)."""
+        positions = await asyncio.to_thread(self.store.positions)
+        return positions.get((topic, partition))
+
+    async def wait_for(self, positions: Iterable[LogPosition], timeout_s: float | None = None) -> None:
+        """Return once the projection has applied every given position (its stored next
+        offset is past each), or raise :class:`PositionNotReached` after ``timeout_s``
+        (default ``read_wait_max_s``)."""
+        wanted = list(positions)
+        for p in wanted:
+            self.check_topic(p)
+        if not wanted:
+            return
+        bound = self.settings.read_wait_max_s if timeout_s is None else min(timeout_s, self.settings.read_wait_max_s)
+        start = time.monotonic()
+        while True:
+            stored = await asyncio.to_thread(self.store.positions)
+            missing = [p for p in wanted if stored.get((p.topic, p.partition), 0) <= p.offset]
+            if not missing:
+                return
+            waited = time.monotonic() - start
+            if waited >= bound:
+                first = missing[0]
+                raise PositionNotReached(first, stored.get((first.topic, first.partition)), waited)
+            await asyncio.sleep(min(_POLL_S, max(0.0, bound - waited)))
+
+    # --- reads -------------------------------------------------------------------------
+
+    async def search(
+        self, scope: Scope, query: str, k: int, filters: Any, *, interface: str
+    ) -> list[Any]:
+        from memstream.projections.search import search
+
+        def run() -> list[Any]:
+            with metrics.time_search(interface):
+                return list(search(self.store, self.embedder, scope, query, k, filters))
+
+        return await asyncio.to_thread(run)
+
+    async def get_memory(self, scope: Scope, memory_id: str) -> dict[str, Any] | None:
+        result: dict[str, Any] | None = await asyncio.to_thread(self.store.get_memory, scope, memory_id)
+        return result
+
+    async def lessons(self, scope: Scope, subject: str, budget_tokens: int) -> Any:
+        from memstream.projections.reflections import context_for
+
+        return await asyncio.to_thread(context_for, self.store, scope, subject, budget_tokens)
+
+    # --- health and metrics ----------------------------------------------------------------
+
+    async def _offsets_client(self) -> AIOKafkaConsumer:
+        async with self._offsets_lock:
+            if self._offsets is None:
+                consumer = AIOKafkaConsumer(
+                    bootstrap_servers=self.settings.bootstrap_servers,
+                    client_id=f"{self.client_id}-offsets",
+                    enable_auto_commit=False,
+                    group_id=None,
+                )
+                await consumer.start()
+                self._offsets = consumer
+            return self._offsets
+
+    async def end_offsets(self, topics: Iterable[str]) -> dict[tuple[str, int], int]:
+        """Kafka's log end offset of every partition of ``topics`` (unknown topics skipped)."""
+        consumer = await self._offsets_client()
+        # A fresh metadata snapshot: consumer.partitions_for_topic() only knows topics
+        # the consumer already tracks, and this one subscribes to nothing.
+        cluster = await consumer._client.fetch_all_metadata()
+        names = set(topics) & cluster.topics()
+        parts = [
+            TopicPartition(t, p)
+            for t in sorted(names)
+            for p in sorted(cluster.partitions_for_topic(t) or ())
+        ]
+        if not parts:
+            return {}
+        ends = await consumer.end_offsets(parts)
+        return {(tp.topic, tp.partition): int(off) for tp, off in ends.items()}
+
+    def projected_topics(self, positions: dict[tuple[str, int], int]) -> frozenset[str]:
+        """Topics the projection consumes: the memory log, and whatever it stores positions for."""
+        return frozenset({self.topics.events} | {t for t, _ in positions})
+
+    async def log_snapshot(self, timeout_s: float = 5.0) -> metrics.LogSnapshot:
+        """End offsets and stored positions for the metrics page; never raises."""
+        try:
+            positions = await asyncio.wait_for(asyncio.to_thread(self.store.positions), timeout_s)
+            projected = self.projected_topics(positions)
+            ends = await asyncio.wait_for(
+                self.end_offsets(projected | {self.topics.dead_letter}), timeout_s
+            )
+            return metrics.LogSnapshot(
+                end_offsets=ends,
+                positions=positions,
+                projected_topics=projected,
+                dead_letter_topic=self.topics.dead_letter,
+            )
+        except (KafkaError, OSError, asyncio.TimeoutError, RuntimeError) as exc:
+            log.warning("cannot read log state for metrics: %s", exc)
+            return metrics.LogSnapshot(error=f"{type(exc).__name__}: {exc}")
+
+    async def kafka_reachable(self, timeout_s: float = 3.0) -> bool:
+        try:
+            consumer = await asyncio.wait_for(self._offsets_client(), timeout_s)
+            await asyncio.wait_for(consumer.topics(), timeout_s)
+            return True
+        except (KafkaError, OSError, asyncio.TimeoutError):
+            return False
+
+
+# --- shared request/answer shaping (HTTP and MCP answer alike) -------------------------
+
+_DROP_KEYS = frozenset({"vector", "embedding", "_distance", "_relevance_score", "_score"})
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Plain JSON data from models, dataclasses, enums, datetimes, numpy values and
+    Arrow scalars; vectors are dropped (large, and useless to a reader of the answer)."""
+    if obj is None or isinstance(obj, (str, bool, int, float)):
+        return obj
+    if isinstance(obj, Enum):
+        return obj.value
+    if isinstance(obj, (datetime, date)):
+        return obj.isoformat()
+    if isinstance(obj, uuid.UUID):
+        return str(obj)
+    if isinstance(obj, BaseModel):
+        return to_jsonable(obj.model_dump(mode="json"))
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Mapping):
+        return {str(k): to_jsonable(v) for k, v in obj.items() if str(k) not in _DROP_KEYS}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [to_jsonable(v) for v in obj]
+    item = getattr(obj, "item", None)  # numpy scalars
+    if callable(item):
+        try:
+            return to_jsonable(item())
+        except (TypeError, ValueError):
+            pass
+    tolist = getattr(obj, "tolist", None)  # numpy arrays
+    if callable(tolist):
+        return to_jsonable(tolist())
+    as_py = getattr(obj, "as_py", None)  # pyarrow scalars
+    if callable(as_py):
+        return to_jsonable(as_py())
+    return str(obj)
+
+
+def default_deadline(now: datetime, horizon_days: int) -> datetime:
+    """When a decision with no explicit deadline expires. Horizons count trading days,
+    which span about 7/5 as many calendar days; one more week lets a late outcome arrive
+    before the decision is declared expired."""
+    return now + timedelta(days=math.ceil(horizon_days * 7 / 5) + 7)
+
+
+def memory_payload(found: Mapping[str, Any]) -> dict[str, Any]:
+    """One memory as answered by ``GET /v1/memories/{id}`` and MCP ``get_memory``."""
+    out = to_jsonable(found)
+    assert isinstance(out, dict)
+    return out
+
+
+def lessons_payload(context: Any) -> dict[str, Any]:
+    """A reflection context (text plus the lessons it holds) as JSON."""
+    to_dict = getattr(context, "to_dict", None)
+    out = to_jsonable(to_dict() if callable(to_dict) else context)
+    assert isinstance(out, dict)
+    return out
+
+
+def search_filters(
+    *,
+    memory_types: Sequence[str] = (),
+    session_id: str | None = None,
+    agent_id: str | None = None,
+    time_from: datetime | None = None,
+    time_to: datetime | None = None,
+    include_superseded: bool = True,
+    entity: str | None = None,
+) -> Any:
+    """The projection's :class:`SearchFilters` from request parameters. Raises
+    ``ValueError`` (one line) for a bad value: an unknown memory type, a time without a
+    UTC offset, a range that ends before it starts."""
+    from memstream.domain.events import MemoryType
+    from memstream.projections.search import SearchFilters
+
+    for name, value in (("time_from", time_from), ("time_to", time_to)):
+        if value is not None and value.tzinfo is None:
+            raise ValueError(f"{name} needs a UTC offset, e.g. 2025-01-31T09:30:00Z")
+    return SearchFilters(
+        memory_types=tuple(MemoryType.parse(t) for t in memory_types),
+        time_from=time_from,
+        time_to=time_to,
+        session_id=session_id,
+        agent_id=agent_id,
+        include_superseded=include_superseded,
+        entity=entity or None,
+    )
+
+
+def search_hit_payload(hit: Any, *, explain: bool) -> dict[str, Any]:
+    """One search result as JSON: the memory's fields and its score; the score parts
+    only when ``explain`` is asked for."""
+    out = to_jsonable(hit)
+    assert isinstance(out, dict)
+    if not explain:
+        out.pop("parts", None)
+    return out

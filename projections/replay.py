@@ -1,0 +1,502 @@
+"""Rebuild every view from offset 0 into a fresh table set, verify it, swap it in.
+
+Why: the log is the source of truth and the views are derived, so they can always be
+rebuilt, after a projector bug, a schema change, an embedding model change, or to prove
+that the live set is what the log says (crashes and restarts included).
+
+How (``memstream replay``):
+
+1. snapshot the end offsets of ``<prefix>messages`` and ``<prefix>events``; the
+   replay covers everything below them (events arriving meanwhile are the worker's
+   job after the swap: the new set's positions say where it must resume);
+2. read both topics from their beginning with a plain aiokafka consumer (manual
+   assignment, no consumer group, ``getmany``) and apply every batch through the very
+   same decode + :class:`~memstream.projections.projector.Projector` path as the
+   worker, into ``<lance_dir>.replay-<UTC time>`` next to the live directory. Records
+   that do not decode are counted, not re-published (the worker already dead-lettered
+   them when it met them);
+3. verify the new set is complete: its stored position of every partition equals the
+   snapshot's end offset, and every record read was applied, skipped as already
+   applied, or dead-lettered. The digests (row count and content hashes per table,
+   :meth:`LanceStore.table_digest`) of the new and the live set are compared and every
+   difference is reported: the live set may lag (worker behind) or lead (newer events)
+   and that is information, but a live set that covers exactly the same positions and
+   still differs is a projection bug;
+4. swap: ``<lance_dir>`` -> ``<lance_dir>.old-<time>`` then ``<lance_dir>.replay-<time>``
+   -> ``<lance_dir>`` (two renames on one filesystem; readers that open tables by path,
+   like the HTTP API, see the old set until the first rename and the new one after the
+   second). The projector worker must not run during the swap: it holds open table
+   handles and in-memory state for the old set. The swap therefore refuses while the
+   worker's consumer group has members, unless forced; stop the worker, replay (the
+   live set keeps serving reads during the whole build), then start the worker again.
+
+``--dry-run`` builds and compares but keeps the live set; the rebuilt set stays on
+disk for inspection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+
+from memstream.settings import Settings
+from memstream.streams.projector_agent import (
+    RawRecord,
+    apply_decoded,
+    decode_batch,
+)
+from memstream.streams.topics import Topics
+
+__all__ = [
+    "ReplayError",
+    "ReplayProgress",
+    "ReplayReport",
+    "TableDiff",
+    "replay",
+    "replay_sync",
+    "RichProgress",
+    "live_worker_members",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BATCH = 10_000
+"""Replay batch size: LanceDB upserts get much faster with bigger batches."""
+
+Digest = Mapping[str, tuple[int, str]]
+
+
+class ReplayError(RuntimeError):
+    """The replay could not be built, did not verify, or could not be swapped in."""
+
+
+@dataclass(frozen=True)
+class ReplayProgress:
+    done: int
+    total: int
+    elapsed_s: float
+
+    @property
+    def rate(self) -> float:
+        return self.done / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class TableDiff:
+    table: str
+    live: tuple[int, str] | None
+    replay: tuple[int, str] | None
+
+
+@dataclass
+class ReplayReport:
+    live_dir: Path
+    replay_dir: Path
+    old_dir: Path | None = None
+    swapped: bool = False
+    dry_run: bool = False
+    records: int = 0
+    expected_records: int = 0
+    applied: int = 0
+    skipped: int = 0
+    dead_decode: int = 0
+    dead_project: int = 0
+    end_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    positions: dict[tuple[str, int], int] = field(default_factory=dict)
+    replay_digest: dict[str, tuple[int, str]] = field(default_factory=dict)
+    live_digest: dict[str, tuple[int, str]] | None = None
+    live_positions: dict[tuple[str, int], int] | None = None
+    elapsed_s: float = 0.0
+
+    @property
+    def differences(self) -> list[TableDiff]:
+        """Tables whose row count or digest differ between live and replay."""
+        if self.live_digest is None:
+            return []
+        tables = sorted(set(self.live_digest) | set(self.replay_digest))
+        return [
+            TableDiff(t, self.live_digest.get(t), self.replay_digest.get(t))
+            for t in tables
+            if self.live_digest.get(t) != self.replay_digest.get(t)
+        ]
+
+    @property
+    def live_matches(self) -> bool | None:
+        """True when the live set equals the replay, None when there is no live set."""
+        return None if self.live_digest is None else not self.differences
+
+    @property
+    def rate(self) -> float:
+        return self.records / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def summary(self) -> str:
+        """One line for people."""
+        if self.live_digest is None:
+            compare = "no live set to compare"
+        elif not self.differences:
+            compare = "live set identical"
+        else:
+            parts = []
+            for d in self.differences:
+                live = d.live[0] if d.live else "-"
+                new = d.replay[0] if d.replay else "-"
+                parts.append(f"{d.table} {live}->{new}")
+            compare = "differs from live: " + ", ".join(parts)
+        dead = self.dead_decode + self.dead_project
+        action = (
+            f"swapped in (old set kept at {self.old_dir})"
+            if self.swapped
+            else f"dry run, kept at {self.replay_dir}"
+        )
+        return (
+            f"replayed {self.records} records in {self.elapsed_s:.1f}s ({self.rate:.0f}/s): "
+            f"{self.applied} applied, {dead} dead letters; verified; {compare}; {action}"
+        )
+
+
+class RichProgress:
+    """A rich progress bar (records/s, time left from the end offsets) as a callback."""
+
+    def __init__(self, description: str = "replay") -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TaskProgressColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TaskProgressColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]:>8.0f} events/s"),
+            TimeElapsedColumn(),
+            TextColumn("left"),
+            TimeRemainingColumn(),
+            transient=False,
+        )
+        self._task = self._progress.add_task(description, total=None, rate=0.0)
+
+    def __enter__(self) -> "RichProgress":
+        self._progress.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._progress.stop()
+
+    def __call__(self, p: ReplayProgress) -> None:
+        self._progress.update(self._task, completed=p.done, total=max(p.total, 1), rate=p.rate)
+
+
+def _utc_stamp(now: datetime) -> str:
+    return now.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%S") + f"{now.microsecond // 1000:03d}Z"
+
+
+async def live_worker_members(settings: Settings) -> int | None:
+    """How many members the worker's consumer group has (None if Kafka cannot say)."""
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=settings.bootstrap_servers, client_id="memstream-replay-admin"
+    )
+    try:
+        await admin.start()
+        responses = await admin.describe_consumer_groups([settings.app_id])
+    except KafkaError as exc:
+        log.warning("cannot describe consumer group %s: %s", settings.app_id, exc)
+        return None
+    finally:
+        await admin.close()
+    members = 0
+    for response in responses:
+        for group in response.to_object().get("groups", []):
+            if group.get("error_code", 0) == 0:
+                members += len(group.get("members", []))
+    return members
+
+
+def _open_store(path: Path, settings: Settings) -> Any:
+    from memstream.projections.store import LanceStore
+
+    return LanceStore.from_settings(settings, path)
+
+
+def _open_projector(store: Any, settings: Settings) -> Any:
+    from memstream.projections.embedder import build_embedder
+    from memstream.projections.projector import Projector
+
+    return Projector(store, build_embedder(settings))
+
+
+async def _partitions(settings: Settings, topic_names: Sequence[str]) -> list[TopicPartition]:
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=settings.bootstrap_servers, client_id="memstream-replay-admin"
+    )
+    try:
+        await admin.start()
+        described = await admin.describe_topics(list(topic_names))
+    except KafkaError as exc:
+        raise ReplayError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from exc
+    finally:
+        await admin.close()
+    found = {d["topic"]: d for d in described}
+    partitions: list[TopicPartition] = []
+    for name in topic_names:
+        entry = found.get(name)
+        if entry is None or entry.get("error_code", 0) != 0 or not entry.get("partitions"):
+            raise ReplayError(f"topic {name} does not exist (create it with `memstream topics create`)")
+        ids = sorted(p["partition"] for p in entry["partitions"])
+        partitions.extend(TopicPartition(name, p) for p in ids)
+    return partitions
+
+
+async def _consume_into(
+    consumer: AIOKafkaConsumer,
+    partitions: list[TopicPartition],
+    ends: Mapping[TopicPartition, int],
+    projector: Any,
+    store: Any,
+    report: ReplayReport,
+    batch_size: int,
+    on_progress: Callable[[ReplayProgress], None] | None,
+    expected: int,
+) -> None:
+    loop = asyncio.get_running_loop()
+    writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-replay")
+    pending: asyncio.Future[Any] | None = None
+    started = time.monotonic()
+    remaining = {tp for tp in partitions if ends[tp] > 0}
+    for tp in partitions:
+        if tp not in remaining:
+            consumer.pause(tp)
+
+    def work(records: list[RawRecord]) -> tuple[int, int, int, int, int]:
+        decoded = decode_batch(records)
+        result = apply_decoded(projector, store, decoded)
+        return len(records), result.applied, result.skipped, len(decoded.dead), len(result.failed)
+
+    async def settle() -> None:
+        nonlocal pending
+        if pending is None:
+            return
+        n, applied, skipped, dead_decode, dead_project = await pending
+        pending = None
+        report.records += n
+        report.applied += applied
+        report.skipped += skipped
+        report.dead_decode += dead_decode
+        report.dead_project += dead_project
+        if on_progress is not None:
+            on_progress(ReplayProgress(report.records, expected, time.monotonic() - started))
+
+    try:
+        if on_progress is not None:
+            on_progress(ReplayProgress(0, expected, 0.0))
+        while remaining:
+            polled = await consumer.getmany(timeout_ms=500, max_records=batch_size)
+            records: list[RawRecord] = []
+            for tp, recs in polled.items():
+                end = ends[tp]
+                for r in recs:
+                    if r.offset >= end:
+                        break
+                    records.append(
+                        RawRecord(
+                            topic=r.topic,
+                            partition=r.partition,
+                            offset=r.offset,
+                            key=r.key,
+                            value=r.value,
+                            headers=tuple((k, bytes(v) if v is not None else b"") for k, v in r.headers),
+                        )
+                    )
+            for tp in list(remaining):
+                if await consumer.position(tp) >= ends[tp]:
+                    remaining.discard(tp)
+                    consumer.pause(tp)
+            await settle()
+            if records:
+                pending = asyncio.ensure_future(loop.run_in_executor(writer, work, records))
+        await settle()
+    finally:
+        if pending is not None:
+            await asyncio.gather(pending, return_exceptions=True)
+        writer.shutdown(wait=True)
+    report.elapsed_s = time.monotonic() - started
+
+
+def _verify(report: ReplayReport) -> None:
+    problems = []
+    for key, end in sorted(report.end_offsets.items()):
+        got = report.positions.get(key, 0)
+        if end > 0 and got != end:
+            problems.append(f"{key[0]}:{key[1]} position {got} != end offset {end}")
+    accounted = report.applied + report.skipped + report.dead_decode + report.dead_project
+    if accounted != report.records:
+        problems.append(
+            f"{report.records} records read but {accounted} accounted for "
+            f"(applied {report.applied}, skipped {report.skipped}, dead {report.dead_decode + report.dead_project})"
+        )
+    if report.records < report.expected_records:
+        # Offsets may hold transaction markers (never delivered), so fewer records than
+        # offsets is fine as long as every position reached its end (checked above).
+        log.info(
+            "%d records for %d offsets (transaction markers take offsets)",
+            report.records,
+            report.expected_records,
+        )
+    if problems:
+        raise ReplayError(
+            f"replay in {report.replay_dir} is incomplete, not swapped: " + "; ".join(problems[:5])
+        )
+
+
+def _swap(report: ReplayReport, stamp: str) -> None:
+    live, new = report.live_dir, report.replay_dir
+    old = live.with_name(f"{live.name}.old-{stamp}")
+    if live.exists():
+        live.rename(old)
+        try:
+            new.rename(live)
+        except OSError:
+            old.rename(live)  # put the live set back: never leave no set at all
+            raise
+        report.old_dir = old
+    else:
+        new.rename(live)
+    report.swapped = True
+
+
+async def replay(
+    settings: Settings,
+    *,
+    dry_run: bool = False,
+    force: bool = False,
+    batch_size: int = DEFAULT_BATCH,
+    on_progress: Callable[[ReplayProgress], None] | None = None,
+    now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+) -> ReplayReport:
+    """Rebuild, verify and (unless ``dry_run``) swap in the views. See the module doc.
+
+    ``force`` swaps even while the worker's consumer group has members (the worker
+    must then be restarted at once). Raises :class:`ReplayError` with one readable line.
+    """
+    if batch_size < 1:
+        raise ReplayError("batch size must be at least 1")
+    topics = Topics.from_settings(settings)
+    live_dir = Path(settings.lance_dir)
+    stamp = _utc_stamp(now())
+    replay_dir = live_dir.with_name(f"{live_dir.name}.replay-{stamp}")
+    if replay_dir.exists():
+        raise ReplayError(f"{replay_dir} already exists")
+    report = ReplayReport(live_dir=live_dir, replay_dir=replay_dir, dry_run=dry_run)
+
+    if not dry_run and not force:
+        members = await live_worker_members(settings)
+        if members:
+            raise ReplayError(
+                f"the worker (consumer group {settings.app_id}) is running with {members} member(s); "
+                "stop it first, use --dry-run, or --force and restart it right after the swap"
+            )
+
+    partitions = await _partitions(settings, (topics.messages, topics.events))
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.bootstrap_servers,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        client_id="memstream-replay",
+        max_partition_fetch_bytes=4 * 1024 * 1024,
+        fetch_max_bytes=64 * 1024 * 1024,
+    )
+    try:
+        await consumer.start()
+    except KafkaError as exc:
+        raise ReplayError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from exc
+    loop = asyncio.get_running_loop()
+    try:
+        consumer.assign(partitions)
+        begins = await consumer.beginning_offsets(partitions)
+        ends = await consumer.end_offsets(partitions)
+        report.end_offsets = {(tp.topic, tp.partition): ends[tp] for tp in partitions}
+        report.expected_records = sum(ends[tp] - begins[tp] for tp in partitions)
+        for tp in partitions:
+            consumer.seek(tp, begins[tp])
+
+        replay_dir.parent.mkdir(parents=True, exist_ok=True)
+        store = await loop.run_in_executor(None, _open_store, replay_dir, settings)
+        projector = await loop.run_in_executor(None, _open_projector, store, settings)
+        await _consume_into(
+            consumer,
+            partitions,
+            ends,
+            projector,
+            store,
+            report,
+            batch_size,
+            on_progress,
+            report.expected_records,
+        )
+    finally:
+        await consumer.stop()
+
+    def finish() -> None:
+        store.optimize()
+        store.ensure_indexes()
+        report.positions = {k: int(v) for k, v in store.positions().items()}
+        report.replay_digest = dict(store.table_digest())
+        if live_dir.exists():
+            live = _open_store(live_dir, settings)
+            report.live_digest = dict(live.table_digest())
+            report.live_positions = {k: int(v) for k, v in live.positions().items()}
+
+    await loop.run_in_executor(None, finish)
+    _verify(report)
+    if report.differences and report.live_positions is not None:
+        same_coverage = all(
+            report.live_positions.get(k, 0) == end for k, end in report.end_offsets.items()
+        )
+        if same_coverage:
+            log.warning(
+                "the live set covers exactly the replayed offsets yet differs in %s: "
+                "the live projection diverged from the log",
+                ", ".join(d.table for d in report.differences),
+            )
+
+    if not dry_run:
+        if not force:
+            members = await live_worker_members(settings)
+            if members:
+                raise ReplayError(
+                    f"a worker joined consumer group {settings.app_id} during the replay; "
+                    f"not swapped (the rebuilt set is kept at {replay_dir})"
+                )
+        try:
+            _swap(report, stamp)
+        except OSError as exc:
+            raise ReplayError(f"swap failed, live set unchanged: {exc}") from exc
+    return report
+
+
+def replay_sync(settings: Settings, **kwargs: Any) -> ReplayReport:
+    """:func:`replay` for synchronous callers (the CLI)."""
+    return asyncio.run(replay(settings, **kwargs))

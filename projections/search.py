@@ -1,0 +1,543 @@
+"""Hybrid search over the memories table, inside one memory space, always.
+
+:func:`search` is memstream's ranking; :func:`vector_search`, :func:`text_search` and
+:func:`rrf_search` are the simple baselines on the same tables (the benchmarks compare
+against them, and the extractor uses the first two for candidate recall).
+
+Isolation is a precondition, not a filter applied afterwards: every query to LanceDB
+carries ``team_id = ... AND user_id = ...`` as a *prefilter* (applied before the
+nearest-neighbour or BM25 top-k is taken, so another tenant's rows can neither be
+returned nor crowd out this tenant's results). A call without a scope, or with an
+empty team or user, raises :class:`ScopeRequiredError`; it is never widened. Values are
+quoted with ``memstream.projections.store.quote`` (identifiers cannot hold quotes, but
+entity names and free text can). The agent in ``scope`` does not narrow the search:
+agents of one user share the user's memory space; ``SearchFilters.agent_id`` narrows.
+
+How :func:`search` ranks (the constants and formulas live in
+``memstream.domain.ranking``):
+
+1. up to ``candidates`` (default ``max(50, 5k)``) memories by vector similarity
+   (cosine, exact below the vector index threshold) and as many by BM25 over
+   ``content`` (LanceDB's FTS index; rows written since the last optimize are scanned
+   flat, so they are found too), both under the same prefilter;
+2. weighted reciprocal rank fusion of the two lists (``fused``);
+3. a superseded or duplicate candidate pulls in the memory that replaced it (when it
+   passes the filters), which inherits the candidate's fusion score if its own is
+   lower: a query that matches an old fact finds the new one;
+4. recency, supersession penalty and entity boost multiply the fused score; then every
+   superseded or duplicate memory is capped just below its successor;
+5. the optional ``reranker`` sees every candidate in that order and returns the list to
+   cut at ``k``.
+
+An empty query lists instead of searching: the memories that pass the filters (e.g.
+everything known about ``--entity NAME``), newest first, at most
+``BROWSE_LIMIT`` of them scored by recency and supersession only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from lancedb.query import ColumnOrdering, MatchQuery
+
+from memstream.domain.content import normalize_content
+from memstream.domain.events import MemoryType, Scope
+from memstream.domain.ranking import (
+    RankingWeights,
+    entity_boost,
+    entity_idf,
+    final_score,
+    normalised_rrf,
+    order_after_successors,
+    query_mentions,
+    recency_score,
+    supersession_factor,
+)
+from memstream.projections.embedder import Embedder
+from memstream.projections.schema import MEMORIES, scoped_key
+from memstream.projections.store import (
+    VECTOR_REFINE_FACTOR,
+    LanceStore,
+    ScopeRequiredError,
+    chunked,
+    in_list,
+    quote,
+    require_scope,
+    space_where,
+)
+
+__all__ = [
+    "SearchFilters",
+    "ScoreParts",
+    "SearchResult",
+    "ScopeRequiredError",
+    "Reranker",
+    "RESULT_COLUMNS",
+    "BROWSE_LIMIT",
+    "build_where",
+    "search",
+    "vector_search",
+    "text_search",
+    "rrf_search",
+]
+
+RESULT_COLUMNS: tuple[str, ...] = (
+    "pk",
+    "memory_id",
+    "team_id",
+    "user_id",
+    "agent_id",
+    "session_id",
+    "content",
+    "content_hash",
+    "memory_type",
+    "priority",
+    "scene",
+    "timestamp",
+    "timestamp_start",
+    "timestamp_end",
+    "source_message_ids",
+    "entities",
+    "entity_keys",
+    "created_at",
+    "superseded_by",
+    "canonical_id",
+    "status",
+)
+BROWSE_LIMIT = 1_000
+_SUCCESSOR_HOPS = 3
+
+
+@dataclass(frozen=True)
+class SearchFilters:
+    """Narrow a search inside its memory space.
+
+    ``time_from`` / ``time_to`` (inclusive, timezone-aware) keep a memory when its point
+    time is in range, or its activity interval (``timestamp_start`` .. ``timestamp_end``,
+    an open end taken as the other end) overlaps the range; a memory with neither is
+    judged by ``created_at``. ``include_superseded=False`` drops superseded memories
+    and duplicates (their rows stay; they are only not returned). ``entity`` keeps the
+    memories that name the entity (normalised name)."""
+
+    memory_types: tuple[MemoryType, ...] = ()
+    time_from: datetime | None = None
+    time_to: datetime | None = None
+    session_id: str | None = None
+    agent_id: str | None = None
+    include_superseded: bool = True
+    entity: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("time_from", "time_to"):
+            value = getattr(self, name)
+            if value is not None and value.tzinfo is None:
+                raise ValueError(f"{name} must be timezone-aware")
+        if self.time_from and self.time_to and self.time_to < self.time_from:
+            raise ValueError("time_to is before time_from")
+
+
+@dataclass(frozen=True)
+class ScoreParts:
+    """Why a result ranks where it does. ``vector``: cosine similarity (None when the
+    vector search did not retrieve it); ``text``: BM25 score (None when full text did
+    not); ``fused``: normalised weighted RRF; ``recency``: ``0.5 ** (age/half-life)``;
+    ``supersession``: penalty factor (1.0 when current); ``entity``: the entity boost;
+    ``final``: the score after the successor cap (before any reranker)."""
+
+    vector: float | None
+    text: float | None
+    fused: float
+    recency: float
+    supersession: float
+    entity: float
+    final: float
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    memory_id: str
+    content: str
+    memory_type: str
+    priority: int
+    source_message_ids: tuple[str, ...]
+    team_id: str
+    user_id: str
+    agent_id: str
+    session_id: str | None
+    timestamp: datetime | None
+    timestamp_start: datetime | None
+    timestamp_end: datetime | None
+    created_at: datetime
+    superseded_by: str | None
+    canonical_id: str | None
+    status: str
+    entities: tuple[tuple[str, str], ...]
+    scene: str | None
+    content_hash: str
+    score: float
+    parts: ScoreParts
+
+
+Reranker = Callable[[str, list[SearchResult]], list[SearchResult]]
+
+
+# ------------------------------------------------------------------------------ filters
+def _ts(value: datetime) -> str:
+    return "TIMESTAMP " + quote(value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
+
+
+def _time_where(lo: datetime | None, hi: datetime | None) -> str | None:
+    if lo is None and hi is None:
+        return None
+
+    def bounds(col: str) -> list[str]:
+        out = []
+        if lo is not None:
+            out.append(f"{col} >= {_ts(lo)}")
+        if hi is not None:
+            out.append(f"{col} <= {_ts(hi)}")
+        return out
+
+    point = " AND ".join(["timestamp IS NOT NULL", *bounds("timestamp")])
+    interval_parts = ["(timestamp_start IS NOT NULL OR timestamp_end IS NOT NULL)"]
+    if hi is not None:
+        interval_parts.append(f"COALESCE(timestamp_start, timestamp_end) <= {_ts(hi)}")
+    if lo is not None:
+        interval_parts.append(f"COALESCE(timestamp_end, timestamp_start) >= {_ts(lo)}")
+    interval = " AND ".join(interval_parts)
+    fallback = " AND ".join(
+        ["timestamp IS NULL", "timestamp_start IS NULL", "timestamp_end IS NULL", *bounds("created_at")]
+    )
+    return f"(({point}) OR ({interval}) OR ({fallback}))"
+
+
+def build_where(scope: Scope | None, filters: SearchFilters | None = None) -> str:
+    """The LanceDB prefilter for a scoped search: the space first, then the filters."""
+    parts = [space_where(scope)]
+    f = filters or SearchFilters()
+    if f.memory_types:
+        parts.append(in_list("memory_type", [MemoryType(t).value for t in f.memory_types]))
+    if f.session_id is not None:
+        parts.append(f"session_id = {quote(f.session_id)}")
+    if f.agent_id is not None:
+        parts.append(f"agent_id = {quote(f.agent_id)}")
+    if not f.include_superseded:
+        parts.append("superseded_by IS NULL AND canonical_id IS NULL")
+    if f.entity is not None:
+        key = normalize_content(f.entity)
+        if not key:
+            raise ValueError("entity filter is empty")
+        parts.append(f"array_has(entity_keys, {quote(key)})")
+    tw = _time_where(f.time_from, f.time_to)
+    if tw:
+        parts.append(tw)
+    return " AND ".join(parts)
+
+
+# ------------------------------------------------------------------------------ retrieval
+def _vector_rows(
+    store: LanceStore, vector: Sequence[float], where: str, limit: int
+) -> list[dict[str, Any]]:
+    q = (
+        store.table(MEMORIES)
+        .search(list(vector), vector_column_name="vector")
+        .distance_type("cosine")
+        .where(where, prefilter=True)
+        .select([*RESULT_COLUMNS, "_distance"])
+        .limit(limit)
+    )
+    if store.has_vector_index():
+        q = q.refine_factor(VECTOR_REFINE_FACTOR)
+    return q.to_arrow().to_pylist()
+
+
+def _text_rows(store: LanceStore, query: str, where: str, limit: int) -> list[dict[str, Any]]:
+    if not query.strip():
+        return []
+    q = (
+        store.table(MEMORIES)
+        .search(MatchQuery(query, "content"), query_type="fts")
+        .where(where, prefilter=True)
+        .select([*RESULT_COLUMNS, "_score"])
+        .limit(limit)
+    )
+    return q.to_arrow().to_pylist()
+
+
+def _query_vector(embedder: Embedder, store: LanceStore, query: str) -> list[float]:
+    if embedder.dim != store.embedding_dim:
+        raise ValueError(
+            f"the embedder makes {embedder.dim}-dimension vectors; the store holds {store.embedding_dim}"
+        )
+    return list(embedder.embed([query])[0])
+
+
+def _result(row: Mapping[str, Any], score: float, parts: ScoreParts) -> SearchResult:
+    return SearchResult(
+        memory_id=row["memory_id"],
+        content=row["content"],
+        memory_type=row["memory_type"],
+        priority=int(row["priority"]),
+        source_message_ids=tuple(row.get("source_message_ids") or ()),
+        team_id=row["team_id"],
+        user_id=row["user_id"],
+        agent_id=row["agent_id"],
+        session_id=row.get("session_id"),
+        timestamp=row.get("timestamp"),
+        timestamp_start=row.get("timestamp_start"),
+        timestamp_end=row.get("timestamp_end"),
+        created_at=row["created_at"],
+        superseded_by=row.get("superseded_by"),
+        canonical_id=row.get("canonical_id"),
+        status=row.get("status") or "active",
+        entities=tuple((e["name"], e["kind"]) for e in (row.get("entities") or ())),
+        scene=row.get("scene"),
+        content_hash=row["content_hash"],
+        score=score,
+        parts=parts,
+    )
+
+
+def _default_candidates(k: int) -> int:
+    return max(50, 5 * k)
+
+
+def _check_k(k: int) -> None:
+    if k < 1:
+        raise ValueError("k must be at least 1")
+
+
+# ------------------------------------------------------------------------------ baselines
+def vector_search(
+    store: LanceStore,
+    embedder: Embedder,
+    scope: Scope | None,
+    query: str,
+    k: int = 10,
+    filters: SearchFilters | None = None,
+    *,
+    vector: Sequence[float] | None = None,
+) -> list[SearchResult]:
+    """Nearest neighbours by cosine similarity alone (the baseline; also the
+    extractor's candidate recall, which passes its already computed ``vector``).
+    ``score`` = ``parts.vector`` = ``parts.fused`` = ``parts.final`` = similarity."""
+    where = build_where(scope, filters)
+    _check_k(k)
+    vec = list(vector) if vector is not None else _query_vector(embedder, store, query)
+    out = []
+    for row in _vector_rows(store, vec, where, k):
+        sim = 1.0 - float(row["_distance"])
+        out.append(_result(row, sim, ScoreParts(sim, None, sim, 1.0, 1.0, 0.0, sim)))
+    return out
+
+
+def text_search(
+    store: LanceStore,
+    embedder: Embedder | None,
+    scope: Scope | None,
+    query: str,
+    k: int = 10,
+    filters: SearchFilters | None = None,
+) -> list[SearchResult]:
+    """BM25 full text alone (the baseline). ``score`` = ``parts.text`` = BM25."""
+    where = build_where(scope, filters)
+    _check_k(k)
+    out = []
+    for row in _text_rows(store, query, where, k):
+        bm25 = float(row["_score"])
+        out.append(_result(row, bm25, ScoreParts(None, bm25, bm25, 1.0, 1.0, 0.0, bm25)))
+    return out
+
+
+def rrf_search(
+    store: LanceStore,
+    embedder: Embedder,
+    scope: Scope | None,
+    query: str,
+    k: int = 10,
+    filters: SearchFilters | None = None,
+    *,
+    rrf_k: int = 60,
+    candidates: int | None = None,
+) -> list[SearchResult]:
+    """Plain reciprocal rank fusion (equal weights, ``rrf_k`` = 60) of the vector and
+    BM25 lists: the baseline without recency, supersession or entity handling."""
+    where = build_where(scope, filters)
+    _check_k(k)
+    n = candidates or _default_candidates(k)
+    vrows = _vector_rows(store, _query_vector(embedder, store, query), where, n)
+    trows = _text_rows(store, query, where, n)
+    rows: dict[str, dict[str, Any]] = {}
+    for r in [*vrows, *trows]:
+        rows.setdefault(r["pk"], r)
+    vsim = {r["pk"]: 1.0 - float(r["_distance"]) for r in vrows}
+    tscore = {r["pk"]: float(r["_score"]) for r in trows}
+    fused = normalised_rrf(
+        {"vector": [r["pk"] for r in vrows], "text": [r["pk"] for r in trows]},
+        {"vector": 1.0, "text": 1.0},
+        rrf_k,
+    )
+    order = sorted(fused, key=lambda pk: (-fused[pk], rows[pk]["memory_id"]))[:k]
+    return [
+        _result(
+            rows[pk],
+            fused[pk],
+            ScoreParts(vsim.get(pk), tscore.get(pk), fused[pk], 1.0, 1.0, 0.0, fused[pk]),
+        )
+        for pk in order
+    ]
+
+
+# ------------------------------------------------------------------------------ hybrid
+def _anchor_time(row: Mapping[str, Any]) -> datetime:
+    for col in ("timestamp", "timestamp_end", "timestamp_start", "created_at"):
+        value = row.get(col)
+        if value is not None:
+            return value  # type: ignore[no-any-return]
+    raise ValueError("memory row without any time")
+
+
+def _successor_of(row: Mapping[str, Any]) -> str | None:
+    return row.get("superseded_by") or row.get("canonical_id")
+
+
+def _pull_successors(
+    store: LanceStore,
+    scope: Scope,
+    where: str,
+    rows: dict[str, dict[str, Any]],
+    fused: dict[str, float],
+) -> None:
+    """Bring the successors of superseded / duplicate candidates into the candidate
+    set (when they pass the filters), following up to ``_SUCCESSOR_HOPS`` links; a
+    successor inherits its predecessor's fused score when that is higher than its own."""
+    s = require_scope(scope)
+    frontier = list(rows)
+    for _ in range(_SUCCESSOR_HOPS):
+        wanted: dict[str, str] = {}  # successor pk -> predecessor pk
+        for pk in frontier:
+            nxt = _successor_of(rows[pk])
+            if nxt:
+                spk = scoped_key(s.team_id, s.user_id, nxt)
+                if spk not in wanted or fused.get(pk, 0.0) > fused.get(wanted[spk], 0.0):
+                    wanted[spk] = pk
+        if not wanted:
+            return
+        missing = [pk for pk in wanted if pk not in rows]
+        for chunk in chunked(missing):
+            for r in store.rows(MEMORIES, f"{where} AND {in_list('pk', chunk)}", RESULT_COLUMNS).to_pylist():
+                rows[r["pk"]] = r
+        frontier = []
+        for spk, pred in wanted.items():
+            if spk not in rows:
+                continue
+            inherited = fused.get(pred, 0.0)
+            if inherited > fused.get(spk, 0.0):
+                fused[spk] = inherited
+                frontier.append(spk)
+            elif spk in missing:
+                frontier.append(spk)
+
+
+def search(
+    store: LanceStore,
+    embedder: Embedder,
+    scope: Scope | None,
+    query: str,
+    k: int = 10,
+    filters: SearchFilters | None = None,
+    *,
+    now: datetime | None = None,
+    reranker: Reranker | None = None,
+    weights: RankingWeights | None = None,
+    candidates: int | None = None,
+) -> list[SearchResult]:
+    """memstream's hybrid search in the scope's memory space (see the module
+    docstring). Raises :class:`ScopeRequiredError` without a scope."""
+    scope = require_scope(scope)
+    where = build_where(scope, filters)
+    _check_k(k)
+    w = weights or RankingWeights()
+    now = now or datetime.now(timezone.utc)
+    n = candidates or _default_candidates(k)
+
+    rows: dict[str, dict[str, Any]] = {}
+    vsim: dict[str, float] = {}
+    tscore: dict[str, float] = {}
+    if query.strip():
+        vrows = _vector_rows(store, _query_vector(embedder, store, query), where, n)
+        trows = _text_rows(store, query, where, n)
+        for r in vrows:
+            rows.setdefault(r["pk"], r)
+            vsim[r["pk"]] = 1.0 - float(r["_distance"])
+        for r in trows:
+            rows.setdefault(r["pk"], r)
+            tscore[r["pk"]] = float(r["_score"])
+        fused = normalised_rrf(
+            {"vector": [r["pk"] for r in vrows], "text": [r["pk"] for r in trows]},
+            {"vector": w.vector_weight, "text": w.text_weight},
+            w.rrf_k,
+        )
+    else:
+        listing = (
+            store.table(MEMORIES)
+            .search()
+            .where(where)
+            .select(list(RESULT_COLUMNS))
+            .order_by([ColumnOrdering(column_name="created_at", ascending=False)])
+            .limit(BROWSE_LIMIT)
+            .to_arrow()
+            .to_pylist()
+        )
+        rows = {r["pk"]: r for r in listing}
+        fused = {pk: 1.0 for pk in rows}
+    if not rows:
+        return []
+
+    if not filters or filters.include_superseded:
+        _pull_successors(store, scope, where, rows, fused)
+
+    # entity boost: entities of the candidates that the query names, damped by IDF
+    boosts: dict[str, float] = {}
+    if query.strip():
+        names = {e["name"] for r in rows.values() for e in (r.get("entities") or ())}
+        mentioned = query_mentions(query, names)
+        if mentioned:
+            keys = {normalize_content(m) for m in mentioned}
+            df = store.entity_frequencies(scope, keys)
+            total = store.count_memories(scope)
+            idf = {key: entity_idf(df.get(key, 1), total) for key in keys}
+            for pk, r in rows.items():
+                hits = [idf[key] for key in (r.get("entity_keys") or ()) if key in idf]
+                if hits:
+                    boosts[pk] = entity_boost(hits, w.entity_weight)
+
+    raw: dict[str, float] = {}
+    pieces: dict[str, tuple[float, float, float, float]] = {}
+    for pk, r in rows.items():
+        f = fused.get(pk, 0.0)
+        age = (now - _anchor_time(r)).total_seconds()
+        rec = recency_score(age, w.half_life_s)
+        sup = supersession_factor(bool(r.get("superseded_by")), bool(r.get("canonical_id")), w)
+        ent = boosts.get(pk, 0.0)
+        pieces[pk] = (f, rec, sup, ent)
+        raw[pk] = final_score(f, rec, sup, ent, w)
+    successor = {}
+    for pk, r in rows.items():
+        nxt = _successor_of(r)
+        if nxt:
+            successor[pk] = scoped_key(r["team_id"], r["user_id"], nxt)
+    final = order_after_successors(raw, successor)
+
+    order = sorted(rows, key=lambda pk: (-final[pk], rows[pk]["memory_id"]))
+    results = []
+    for pk in order:
+        f, rec, sup, ent = pieces[pk]
+        parts = ScoreParts(vsim.get(pk), tscore.get(pk), f, rec, sup, ent, final[pk])
+        results.append(_result(rows[pk], final[pk], parts))
+    if reranker is not None:
+        results = list(reranker(query, results))
+    return results[:k]

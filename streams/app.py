@@ -1,0 +1,243 @@
+"""The Faust application that runs memstream's stream processors (``memstream worker``).
+
+Why a subclass of :class:`faust.App` rather than a plain one: the projections keep
+their own log positions (``positions`` table, written in the same cycle as the rows
+they cover), and those positions, not Kafka's committed offsets, say where a worker
+must resume. Faust 0.15 has no hook for that: after every partition assignment its
+table-recovery service calls ``Consumer.perform_seek()``, which seeks every assigned
+partition to the *committed* offset, and it does so *after* the
+``app.on_partitions_assigned`` signal has fired (so a seek made in that signal is
+overwritten). The one reliable place is therefore ``perform_seek`` itself: the
+consumer here lets Faust seek to the committed offsets first, then moves every
+partition that has a registered :data:`PositionLoader` to the stored position
+(offset 0 when nothing is stored yet, so a fresh table set is rebuilt from the
+start), and tells Faust's ack bookkeeping about the new start so Kafka commits keep
+following. Kafka commits stay a hint for tools (lag monitors); they are never trusted.
+
+Which agents run: the projector always can; the extractor and the reflector register
+themselves through ``register_extractor`` / ``register_reflector`` from their own
+modules, imported here only if they are installed in this tree (see
+:data:`OPTIONAL_AGENTS`), so this app works before and without them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import socket
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import faust
+from faust.transport.drivers import aiokafka as aiokafka_driver
+from faust.types import TP
+
+from memstream.settings import Settings
+from memstream.streams.topics import Topics
+
+__all__ = [
+    "AGENT_NAMES",
+    "OPTIONAL_AGENTS",
+    "PositionLoader",
+    "MemstreamApp",
+    "FAUST_LOGGER",
+    "build_app",
+    "broker_urls",
+    "group_instance_id",
+]
+
+log = logging.getLogger(__name__)
+
+PositionLoader = Callable[[], Awaitable[Mapping[tuple[str, int], int]]]
+"""Returns the stored next offset per ``(topic, partition)`` of the view it guards."""
+
+AGENT_NAMES: tuple[str, ...] = ("projector", "extractor", "reflector")
+"""Every agent a worker can run, in registration order."""
+
+
+@dataclass(frozen=True)
+class _OptionalAgent:
+    module: str
+    function: str
+
+
+OPTIONAL_AGENTS: dict[str, _OptionalAgent] = {
+    # ---- extension point: agents owned by their own modules -------------------------
+    # Each module exposes ``register_<name>(app, settings, topics)``; it is imported
+    # only when present, so the worker runs with whatever agents this tree provides.
+    "extractor": _OptionalAgent("memstream.streams.extractor_agent", "register_extractor"),
+    "reflector": _OptionalAgent("memstream.streams.reflector_agent", "register_reflector"),
+}
+
+
+def broker_urls(bootstrap_servers: str) -> list[str]:
+    """``"h1:9092,h2:9092"`` -> ``["kafka://h1:9092", "kafka://h2:9092"]`` (Faust's form)."""
+    hosts = [h.strip() for h in bootstrap_servers.split(",") if h.strip()]
+    if not hosts:
+        raise ValueError("bootstrap_servers is empty")
+    return [h if "://" in h else f"kafka://{h}" for h in hosts]
+
+
+FAUST_LOGGER = "memstream.faust"
+"""Logger of the Faust services defined here (their start/stop chatter stays with
+Faust's own, which the worker shows from WARNING up unless debugging)."""
+
+
+class _PositionedConsumer(aiokafka_driver.Consumer):
+    """Faust's aiokafka consumer, resuming registered topics from stored positions."""
+
+    logger = logging.getLogger(FAUST_LOGGER)
+
+    async def perform_seek(self) -> None:
+        await super().perform_seek()
+        app = cast("MemstreamApp", self.app)
+        targets = await app.stored_offsets(self.assignment())
+        if not targets:
+            return
+        committed = dict(self._committed_offset)
+        await self.seek_wait(targets)
+        moved = {}
+        for tp, offset in targets.items():
+            # Faust ignores acks below its idea of the committed offset and will not
+            # commit past a "gap" at the head: start its bookkeeping where we start.
+            self._committed_offset[tp] = offset if offset else None
+            before = committed.get(tp)
+            if (before or 0) != offset:
+                moved[f"{tp.topic}:{tp.partition}"] = f"{before}->{offset}"
+        log.info(
+            "assigned %d partitions; resuming from stored positions (%d differ from Kafka's commits%s)",
+            len(targets),
+            len(moved),
+            f": {moved}" if moved and len(moved) <= 12 else "",
+        )
+
+
+class _PositionedTransport(aiokafka_driver.Transport):
+    Consumer = _PositionedConsumer
+
+
+class MemstreamApp(faust.App):
+    """A :class:`faust.App` whose consumer resumes from stored view positions."""
+
+    logger = logging.getLogger(FAUST_LOGGER)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._position_loaders: list[tuple[frozenset[str], PositionLoader]] = []
+
+    async def on_first_start(self) -> None:
+        # Faust creates its data directory without parents.
+        self.conf.datadir.parent.mkdir(parents=True, exist_ok=True)
+        await super().on_first_start()
+
+    async def on_started(self) -> None:
+        await super().on_started()
+        log.info("worker %s started; agents: %s", self.conf.id, ", ".join(sorted(self.agents)))
+
+    def _new_transport(self) -> Any:
+        return _PositionedTransport(self.conf.broker_consumer, self)
+
+    def register_positions(self, topics: Iterable[str], loader: PositionLoader) -> None:
+        """Resume ``topics`` from ``loader()``'s positions after every assignment.
+
+        A topic may belong to one loader only: two views resuming one partition from
+        two places would make the seek depend on registration order.
+        """
+        names = frozenset(topics)
+        for owned, _ in self._position_loaders:
+            if owned & names:
+                raise ValueError(f"topics already have a position loader: {sorted(owned & names)}")
+        self._position_loaders.append((names, loader))
+
+    @property
+    def positioned_topics(self) -> frozenset[str]:
+        return frozenset().union(*(names for names, _ in self._position_loaders))
+
+    async def stored_offsets(self, assignment: Iterable[TP]) -> dict[TP, int]:
+        """Where each assigned partition of a registered topic must resume."""
+        assigned = list(assignment)
+        result: dict[TP, int] = {}
+        for names, loader in self._position_loaders:
+            mine = [tp for tp in assigned if tp.topic in names]
+            if not mine:
+                continue
+            stored = await loader()
+            for tp in mine:
+                result[tp] = int(stored.get((tp.topic, tp.partition), 0))
+        return result
+
+
+def group_instance_id(settings: Settings) -> str:
+    """The worker's static consumer-group member id: app id and host name."""
+    return f"{settings.app_id}@{socket.gethostname()}"
+
+
+def _load_optional(name: str) -> Callable[[MemstreamApp, Settings, Topics], Any] | None:
+    spec = OPTIONAL_AGENTS[name]
+    try:
+        module = importlib.import_module(spec.module)
+    except ModuleNotFoundError as exc:
+        if exc.name != spec.module:
+            raise  # the module exists but one of *its* imports is missing: surface it
+        return None
+    return cast(Callable[[MemstreamApp, Settings, Topics], Any], getattr(module, spec.function))
+
+
+def build_app(
+    settings: Settings,
+    *,
+    agents: Sequence[str] | None = None,
+    loop: asyncio.AbstractEventLoop | None = None,
+) -> MemstreamApp:
+    """The configured Faust app with its agents registered.
+
+    ``agents`` picks which agents to run (default: every one available in this
+    tree); naming an agent whose module is absent is an error, never a silent skip.
+    Faust's own web server stays off (it needs aiohttp, which memstream does not
+    ship); health and metrics are served by memstream's HTTP API.
+    """
+    requested = list(agents) if agents is not None else list(AGENT_NAMES)
+    unknown = [a for a in requested if a not in AGENT_NAMES]
+    if unknown:
+        raise ValueError(f"unknown agent(s) {', '.join(unknown)} (known: {', '.join(AGENT_NAMES)})")
+
+    topics = Topics.from_settings(settings)
+    app = MemstreamApp(
+        settings.app_id,
+        broker=broker_urls(settings.bootstrap_servers),
+        store=settings.table_store,
+        datadir=str(settings.home / "faust"),
+        topic_partitions=settings.partitions,
+        topic_replication_factor=settings.replication_factor,
+        # The log is the source of truth: a new consumer group starts at the beginning.
+        consumer_auto_offset_reset="earliest",
+        # Static membership: a worker restarted on the same host (after a crash, a
+        # deploy, a SIGKILL) takes its partitions back at once instead of waiting out
+        # the dead member's session (60 s); a second worker of the same app on the
+        # same host fences the first rather than splitting the log between them.
+        consumer_group_instance_id=group_instance_id(settings),
+        producer_acks=-1,
+        web_enabled=False,
+        loop=loop,
+    )
+
+    if "projector" in requested:
+        from memstream.streams.projector_agent import register_projector
+
+        register_projector(app, settings, topics)
+
+    for name in ("extractor", "reflector"):
+        if name not in requested:
+            continue
+        register = _load_optional(name)
+        if register is None:
+            if agents is not None:
+                raise ValueError(
+                    f"agent {name!r} is not available: module {OPTIONAL_AGENTS[name].module} is missing"
+                )
+            log.info("agent %s not installed in this tree; running without it", name)
+            continue
+        register(app, settings, topics)
+    return app

@@ -1,0 +1,623 @@
+"""The producer SDK: how agent fleets write events to memstream.
+
+Why a wrapper around aiokafka rather than "use any Kafka client": the log is the source
+of truth, so every write must be *durable* (idempotent producer, ``acks=all``, the call
+returns only once the broker has the record), must use the one wire format
+(:mod:`memstream.streams.serializer`) and key (the memory space, so one space stays
+ordered), and a fast agent fleet must not be able to buffer without limit: at most
+``settings.producer_max_in_flight`` sends are un-acknowledged at any time, and further
+sends wait (back-pressure) instead of growing memory.
+
+Two front doors share one implementation:
+
+* :class:`MemstreamProducer` for asyncio code (``async with MemstreamProducer() as p``),
+* :class:`SyncProducer` for everything else; it runs the async producer on an event
+  loop in a background thread and blocks the caller until each call completes.
+
+Retries and duplicates: a failed call may still have written some of its events (the
+broker acknowledged them before the failure). Sending them again is safe: every event
+carries a unique ``event_id`` and every reader applies an event at most once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+from aiokafka import AIOKafkaProducer
+
+from memstream.domain.events import (
+    CURRENT_SCHEMA_VERSIONS,
+    DecisionRecorded,
+    EventBase,
+    MemoryAdded,
+    MessageObserved,
+    OutcomeObserved,
+    Scope,
+    parse_event,
+)
+from memstream.domain.log import LogPosition
+from memstream.settings import Settings, get_settings
+from memstream.streams.serializer import EncodedRecord, encode_event
+from memstream.streams.topics import Topics, topic_for
+
+__all__ = [
+    "MemstreamProducer",
+    "SyncProducer",
+    "Sent",
+    "ProduceError",
+    "ProducerClosedError",
+    "NotSentError",
+    "create_kafka_producer",
+]
+
+log = logging.getLogger(__name__)
+
+E = TypeVar("E", bound=EventBase)
+T = TypeVar("T")
+
+
+class ProduceError(RuntimeError):
+    """Some events of a batch were not acknowledged.
+
+    ``results`` has one entry per event, in input order: the :class:`LogPosition` of an
+    acknowledged event or the exception that failed it. Events with a position are in
+    the log; resending the others (or all) is safe, readers deduplicate by event id.
+    """
+
+    def __init__(self, results: list[LogPosition | BaseException]) -> None:
+        failures = [r for r in results if isinstance(r, BaseException)]
+        first = failures[0] if failures else None
+        super().__init__(
+            f"{len(failures)} of {len(results)} events were not acknowledged"
+            + (f"; first error: {type(first).__name__}: {first}" if first else "")
+        )
+        self.results = results
+
+
+class NotSentError(RuntimeError):
+    """In :attr:`ProduceError.results`: this event was never handed to Kafka."""
+
+
+class ProducerClosedError(RuntimeError):
+    """The producer was used before ``start()`` or after ``stop()``."""
+
+
+@dataclass(frozen=True)
+class Sent(Generic[E]):
+    """An event the broker acknowledged, and where it landed (for read-your-writes:
+    a view that reached ``position`` holds the event)."""
+
+    event: E
+    position: LogPosition
+
+
+def create_kafka_producer(
+    settings: Settings,
+    *,
+    bootstrap_servers: str | None = None,
+    client_id: str = "memstream-sdk",
+    compression_type: str | None = None,
+    transactional_id: str | None = None,
+) -> AIOKafkaProducer:
+    """The one aiokafka producer configuration memstream writes with.
+
+    Idempotent with ``acks="all"``: a record is acknowledged only once every in-sync
+    replica has it, and broker-side retries never duplicate or reorder a partition.
+    ``linger_ms`` / ``max_batch_size`` trade a few milliseconds for throughput.
+    Compression is off unless asked for (aiokafka refuses a codec whose library is
+    missing, e.g. ``lz4`` without the ``lz4`` package).
+    """
+    kwargs: dict[str, Any] = {}
+    if transactional_id is not None:
+        kwargs["transactional_id"] = transactional_id
+    return AIOKafkaProducer(
+        bootstrap_servers=bootstrap_servers or settings.bootstrap_servers,
+        client_id=client_id,
+        enable_idempotence=True,
+        acks="all",
+        linger_ms=settings.producer_linger_ms,
+        max_batch_size=settings.producer_max_batch_bytes,
+        max_request_size=settings.max_request_bytes,
+        compression_type=compression_type,
+        **kwargs,
+    )
+
+
+def _scope_input(scope: Scope | Mapping[str, Any]) -> Scope | dict[str, Any]:
+    """A Scope, or a plain mapping that validation turns into one (with the same
+    one-line errors as any other field)."""
+    return scope if isinstance(scope, Scope) else dict(scope)
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class MemstreamProducer:
+    """Asynchronous, durable, back-pressured event producer.
+
+    >>> async with MemstreamProducer() as producer:          # doctest: +SKIP
+    ...     sent = await producer.add_memory({"team_id": "acme", "user_id": "ana"},
+    ...                                      "Ana prefers short answers", memory_type="persona")
+    ...     print(sent.position)
+
+    Each event goes to ``topic`` if given, else to its default topic
+    (:func:`memstream.streams.topics.topic_for`); its record key is its memory space.
+    """
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        bootstrap_servers: str | None = None,
+        topics: Topics | None = None,
+        client_id: str = "memstream-sdk",
+        compression_type: str | None = None,
+    ) -> None:
+        self.settings = settings or get_settings()
+        self.bootstrap_servers = bootstrap_servers or self.settings.bootstrap_servers
+        self.topics = topics or Topics.from_settings(self.settings)
+        self.client_id = client_id
+        self._compression_type = compression_type
+        self._producer: AIOKafkaProducer | None = None
+        self._in_flight: asyncio.Semaphore | None = None
+        self._pending: set[asyncio.Future[LogPosition]] = set()
+        self._closed = False
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    @property
+    def started(self) -> bool:
+        return self._producer is not None
+
+    async def start(self) -> None:
+        """Connect to the cluster. Raises aiokafka's ``KafkaConnectionError`` if unreachable."""
+        if self._producer is not None:
+            return
+        if self._closed:
+            raise ProducerClosedError("this producer was stopped; create a new one")
+        producer = create_kafka_producer(
+            self.settings,
+            bootstrap_servers=self.bootstrap_servers,
+            client_id=self.client_id,
+            compression_type=self._compression_type,
+        )
+        try:
+            await producer.start()
+        except BaseException:
+            await producer.stop()
+            raise
+        self._in_flight = asyncio.Semaphore(self.settings.producer_max_in_flight)
+        self._producer = producer
+        log.debug("producer %s connected to %s", self.client_id, self.bootstrap_servers)
+
+    async def flush(self) -> None:
+        """Wait until every event sent so far is acknowledged (or failed)."""
+        producer = self._require()
+        await producer.flush()
+        if self._pending:
+            await asyncio.gather(*list(self._pending), return_exceptions=True)
+
+    async def stop(self) -> None:
+        """Flush, then disconnect. Idempotent."""
+        producer, self._producer = self._producer, None
+        self._closed = True
+        if producer is None:
+            return
+        try:
+            await producer.flush()
+            if self._pending:
+                await asyncio.gather(*list(self._pending), return_exceptions=True)
+        finally:
+            await producer.stop()
+
+    async def __aenter__(self) -> "MemstreamProducer":
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    def _require(self) -> AIOKafkaProducer:
+        if self._producer is None:
+            raise ProducerClosedError(
+                "producer is not started: use `async with MemstreamProducer()` or await start()"
+            )
+        return self._producer
+
+    # --- sending ---------------------------------------------------------------------
+
+    def topic_of(self, event: EventBase, topic: str | None = None) -> str:
+        """The topic ``event`` goes to: ``topic`` if given, else its default topic."""
+        return topic or topic_for(event, self.topics)
+
+    async def send_encoded(self, topic: str, record: EncodedRecord) -> asyncio.Future[LogPosition]:
+        """Enqueue an already encoded record; the returned future resolves on the ack.
+
+        Blocks (back-pressure) while ``producer_max_in_flight`` sends are
+        un-acknowledged. Use :meth:`send_nowait` unless you hold raw records.
+        """
+        producer = self._require()
+        assert self._in_flight is not None
+        await self._in_flight.acquire()
+        try:
+            kafka_future = await producer.send(
+                topic, value=record.value, key=record.key, headers=record.headers
+            )
+        except BaseException:
+            self._in_flight.release()
+            raise
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[LogPosition] = loop.create_future()
+        self._pending.add(result)
+        semaphore = self._in_flight
+
+        def _done(fut: asyncio.Future[Any]) -> None:
+            semaphore.release()
+            self._pending.discard(result)
+            if result.done():  # cancelled by the caller: the record is still sent
+                return
+            if fut.cancelled():
+                result.cancel()
+            elif (exc := fut.exception()) is not None:
+                result.set_exception(exc)
+            else:
+                md = fut.result()
+                result.set_result(LogPosition(topic=md.topic, partition=md.partition, offset=md.offset))
+
+        kafka_future.add_done_callback(_done)
+        return result
+
+    async def send_nowait(
+        self, event: EventBase, *, topic: str | None = None
+    ) -> asyncio.Future[LogPosition]:
+        """Enqueue ``event`` and return at once with a future of its position.
+
+        Raises :class:`~memstream.streams.serializer.EncodeError` at once for an event
+        that cannot be encoded; a broker failure surfaces through the future.
+        """
+        record = encode_event(event)
+        return await self.send_encoded(self.topic_of(event, topic), record)
+
+    async def send(self, event: EventBase, *, topic: str | None = None) -> LogPosition:
+        """Send ``event`` and wait until the broker acknowledged it (durable)."""
+        future = await self.send_nowait(event, topic=topic)
+        return await future
+
+    async def send_many(
+        self, events: Iterable[EventBase], *, topic: str | None = None
+    ) -> list[LogPosition]:
+        """Send many events concurrently; return their positions in input order.
+
+        Every event is encoded before any is sent, so an unencodable event sends
+        nothing. Sends are pipelined (batched by the client) under the in-flight bound.
+        Raises :class:`ProduceError` (with per-event results) if any send failed; if the
+        client refuses one record outright (e.g. over ``max_request_bytes``), the
+        events after it are not sent (:class:`NotSentError`).
+        """
+        batch = [(self.topic_of(e, topic), encode_event(e)) for e in events]
+        futures: list[asyncio.Future[LogPosition]] = []
+        try:
+            for target, record in batch:
+                futures.append(await self.send_encoded(target, record))
+        except Exception as exc:
+            # The client refused this record (e.g. too large): stop here, so no later
+            # event of the batch lands after a gap in its memory space's order.
+            settled: list[LogPosition | BaseException] = list(
+                await asyncio.gather(*futures, return_exceptions=True)
+            )
+            settled.append(exc)
+            skipped = NotSentError("not sent: an earlier event of the batch was refused")
+            settled.extend([skipped] * (len(batch) - len(settled)))
+            raise ProduceError(settled) from exc
+        results = list(await asyncio.gather(*futures, return_exceptions=True))
+        if any(isinstance(r, BaseException) for r in results):
+            raise ProduceError(results)
+        return results  # type: ignore[return-value]
+
+    # --- conveniences ------------------------------------------------------------------
+
+    def _build(self, cls: type[E], scope: Scope | Mapping[str, Any], fields: dict[str, Any]) -> E:
+        etype = cls.model_fields["type"].default
+        raw = {
+            "type": etype,
+            "schema_version": CURRENT_SCHEMA_VERSIONS[etype],
+            "scope": _scope_input(scope),
+            "producer": self.client_id,
+            # None means "not given": the model's default applies.
+            **{k: v for k, v in fields.items() if v is not None},
+        }
+        event = parse_event(raw)
+        assert isinstance(event, cls)
+        return event
+
+    async def _send_built(self, event: E, topic: str | None) -> Sent[E]:
+        return Sent(event=event, position=await self.send(event, topic=topic))
+
+    async def add_memory(
+        self,
+        scope: Scope | Mapping[str, Any],
+        content: str,
+        *,
+        memory_id: str | None = None,
+        topic: str | None = None,
+        **fields: Any,
+    ) -> Sent[MemoryAdded]:
+        """Write one memory (``MemoryAdded``); ``fields`` are any of its other fields
+        (``memory_type``, ``priority``, ``scene``, ``entities``, ``metadata``, ...).
+        Raises :class:`~memstream.domain.events.EventValidationError` for bad input."""
+        event = self._build(
+            MemoryAdded, scope, {"memory_id": memory_id or _new_id(), "content": content, **fields}
+        )
+        return await self._send_built(event, topic)
+
+    async def observe_message(
+        self,
+        scope: Scope | Mapping[str, Any],
+        message_id: str,
+        content: str,
+        *,
+        role: str = "user",
+        speaker: str | None = None,
+        session_id: str | None = None,
+        topic: str | None = None,
+        **fields: Any,
+    ) -> Sent[MessageObserved]:
+        """Write one conversation turn (``MessageObserved``) for the extractor."""
+        event = self._build(
+            MessageObserved,
+            scope,
+            {
+                "message_id": message_id,
+                "content": content,
+                "role": role,
+                "speaker": speaker,
+                "session_id": session_id,
+                **fields,
+            },
+        )
+        return await self._send_built(event, topic)
+
+    async def record_decision(
+        self,
+        scope: Scope | Mapping[str, Any],
+        decision_id: str,
+        subject: str,
+        rating: str,
+        decision_text: str,
+        deadline: datetime,
+        *,
+        horizon_days: int = 5,
+        topic: str | None = None,
+        **fields: Any,
+    ) -> Sent[DecisionRecorded]:
+        """Write a pending decision (``DecisionRecorded``) that waits for its outcome."""
+        event = self._build(
+            DecisionRecorded,
+            scope,
+            {
+                "decision_id": decision_id,
+                "subject": subject,
+                "rating": rating,
+                "decision_text": decision_text,
+                "deadline": deadline,
+                "horizon_days": horizon_days,
+                **fields,
+            },
+        )
+        return await self._send_built(event, topic)
+
+    async def observe_outcome(
+        self,
+        scope: Scope | Mapping[str, Any],
+        outcome_id: str,
+        subject: str,
+        raw_return: float,
+        horizon_days: int,
+        *,
+        decision_id: str | None = None,
+        benchmark_return: float | None = None,
+        topic: str | None = None,
+        **fields: Any,
+    ) -> Sent[OutcomeObserved]:
+        """Write an observed outcome (``OutcomeObserved``); settles matching decisions."""
+        event = self._build(
+            OutcomeObserved,
+            scope,
+            {
+                "outcome_id": outcome_id,
+                "subject": subject,
+                "raw_return": raw_return,
+                "horizon_days": horizon_days,
+                "decision_id": decision_id,
+                "benchmark_return": benchmark_return,
+                **fields,
+            },
+        )
+        return await self._send_built(event, topic)
+
+
+class SyncProducer:
+    """The same API as :class:`MemstreamProducer`, blocking, for code without asyncio.
+
+    An event loop runs in one background (daemon) thread and owns the aiokafka client;
+    every call is handed to it and the caller waits for the result. Thread-safe: many
+    threads may share one ``SyncProducer``. Use as a context manager or call
+    :meth:`close` (which flushes).
+    """
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        bootstrap_servers: str | None = None,
+        topics: Topics | None = None,
+        client_id: str = "memstream-sdk",
+        compression_type: str | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        self._args = dict(
+            settings=settings,
+            bootstrap_servers=bootstrap_servers,
+            topics=topics,
+            client_id=client_id,
+            compression_type=compression_type,
+        )
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._producer: MemstreamProducer | None = None
+        self._closed = False
+
+    def start(self) -> None:
+        """Start the loop thread and connect (called by the first use if not before)."""
+        with self._lock:
+            if self._producer is not None:
+                return
+            if self._closed:
+                raise ProducerClosedError("this producer was closed; create a new one")
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(
+                target=loop.run_forever, name="memstream-sync-producer", daemon=True
+            )
+            thread.start()
+
+            async def _create() -> MemstreamProducer:
+                producer = MemstreamProducer(**self._args)  # type: ignore[arg-type]
+                await producer.start()
+                return producer
+
+            try:
+                self._producer = asyncio.run_coroutine_threadsafe(_create(), loop).result()
+            except BaseException:
+                loop.call_soon_threadsafe(loop.stop)
+                thread.join()
+                loop.close()
+                raise
+            self._loop, self._thread = loop, thread
+
+    def _call(self, make: Callable[[MemstreamProducer], Coroutine[Any, Any, T]]) -> T:
+        if self._producer is None:
+            self.start()
+        assert self._producer is not None and self._loop is not None
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("SyncProducer cannot be called from its own loop thread")
+        future = asyncio.run_coroutine_threadsafe(make(self._producer), self._loop)
+        return future.result(self._timeout_s)
+
+    @property
+    def producer(self) -> MemstreamProducer:
+        """The underlying async producer (lives on the background loop)."""
+        if self._producer is None:
+            self.start()
+        assert self._producer is not None
+        return self._producer
+
+    def send(self, event: EventBase, *, topic: str | None = None) -> LogPosition:
+        return self._call(lambda p: p.send(event, topic=topic))
+
+    def send_many(self, events: Iterable[EventBase], *, topic: str | None = None) -> list[LogPosition]:
+        items = list(events)
+        return self._call(lambda p: p.send_many(items, topic=topic))
+
+    def send_nowait(
+        self, event: EventBase, *, topic: str | None = None
+    ) -> concurrent.futures.Future[LogPosition]:
+        """Enqueue ``event``; blocks only while too many sends are in flight."""
+        result: concurrent.futures.Future[LogPosition] = concurrent.futures.Future()
+
+        async def _enqueue(p: MemstreamProducer) -> None:
+            inner = await p.send_nowait(event, topic=topic)
+
+            def _relay(fut: asyncio.Future[LogPosition]) -> None:
+                if fut.cancelled():
+                    result.cancel()
+                elif (exc := fut.exception()) is not None:
+                    result.set_exception(exc)
+                else:
+                    result.set_result(fut.result())
+
+            inner.add_done_callback(_relay)
+
+        self._call(_enqueue)
+        return result
+
+    def flush(self) -> None:
+        self._call(lambda p: p.flush())
+
+    def add_memory(self, scope: Scope | Mapping[str, Any], content: str, **fields: Any) -> Sent[MemoryAdded]:
+        return self._call(lambda p: p.add_memory(scope, content, **fields))
+
+    def observe_message(
+        self, scope: Scope | Mapping[str, Any], message_id: str, content: str, **fields: Any
+    ) -> Sent[MessageObserved]:
+        return self._call(lambda p: p.observe_message(scope, message_id, content, **fields))
+
+    def record_decision(
+        self,
+        scope: Scope | Mapping[str, Any],
+        decision_id: str,
+        subject: str,
+        rating: str,
+        decision_text: str,
+        deadline: datetime,
+        **fields: Any,
+    ) -> Sent[DecisionRecorded]:
+        return self._call(
+            lambda p: p.record_decision(scope, decision_id, subject, rating, decision_text, deadline, **fields)
+        )
+
+    def observe_outcome(
+        self,
+        scope: Scope | Mapping[str, Any],
+        outcome_id: str,
+        subject: str,
+        raw_return: float,
+        horizon_days: int,
+        **fields: Any,
+    ) -> Sent[OutcomeObserved]:
+        return self._call(
+            lambda p: p.observe_outcome(scope, outcome_id, subject, raw_return, horizon_days, **fields)
+        )
+
+    def close(self) -> None:
+        """Flush every pending send, disconnect and stop the loop thread. Idempotent."""
+        with self._lock:
+            self._closed = True
+            producer, loop, thread = self._producer, self._loop, self._thread
+            self._producer = self._loop = self._thread = None
+        if producer is None or loop is None or thread is None:
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(producer.stop(), loop).result(self._timeout_s)
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+            loop.close()
+
+    def __enter__(self) -> "SyncProducer":
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

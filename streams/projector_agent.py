@@ -1,0 +1,409 @@
+"""The projector agent: Kafka records -> LanceDB views, in batches, resumable, never stuck.
+
+It consumes ``<prefix>events`` and ``<prefix>messages`` as raw bytes (Faust's
+``value_serializer="raw"``; decoding is the serializer's job, so a bad record becomes
+a dead letter instead of a Faust deserialisation crash) with
+``stream.take_events(size, within=seconds)``: ``take_events`` (not ``take``) because
+each record's topic, partition, offset, key and headers are needed.
+
+Per batch (:meth:`ProjectorRuntime.process`):
+
+1. decode every record (off the event loop); records that are not valid events are
+   published to the dead-letter topic (stage ``decode``) and acknowledged by the
+   broker *before* anything is written, so a crash can duplicate a dead letter but
+   never lose one;
+2. :meth:`Projector.apply` writes the rows and the positions in one call, in a
+   single dedicated writer thread (LanceDB writes never block the loop and never
+   overlap with the periodic optimise);
+3. events the projector could not apply become dead letters (stage ``project``).
+
+Failures (LanceDB I/O, broker unavailable) are retried with back-off, the same
+batch again, until they succeed or the worker stops: ``take_events`` acknowledges the
+batch in a ``finally`` whatever happens, so giving up on a batch would let Kafka's
+commit move past it. That is also why the worker resumes from the *stored*
+positions (see :mod:`memstream.streams.app`), never from Kafka's commits alone.
+
+The optimise/index maintenance (``settings.optimize_every_s``) runs from this one
+place, on the same writer thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+from mode import Service
+
+from memstream.domain.log import PositionedEvent
+from memstream.settings import Settings
+from memstream.streams.consumer import decode_or_dead_letter
+from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher
+from memstream.streams.topics import Topics
+
+if TYPE_CHECKING:
+    from memstream.streams.app import MemstreamApp
+
+__all__ = [
+    "RawRecord",
+    "DecodedBatch",
+    "BatchOutcome",
+    "ProjectorRuntime",
+    "decode_batch",
+    "apply_decoded",
+    "project_dead_letters",
+    "register_projector",
+]
+
+log = logging.getLogger(__name__)
+
+_MAX_BACKOFF_S = 30.0
+_PROGRESS_EVERY_S = 10.0
+
+
+@dataclass(frozen=True)
+class RawRecord:
+    """A record as read from Kafka, before decoding (the same for Faust and aiokafka)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+@dataclass(frozen=True)
+class DecodedBatch:
+    events: list[PositionedEvent]
+    dead: list[DeadLetter]
+    next_offsets: dict[tuple[str, int], int]
+    """Per partition, the offset after the batch's last record (dead letters included)."""
+
+
+@dataclass
+class BatchOutcome:
+    records: int = 0
+    applied: int = 0
+    skipped: int = 0
+    dead_decode: list[DeadLetter] = field(default_factory=list)
+    dead_project: list[DeadLetter] = field(default_factory=list)
+
+
+class _ApplyResult(Protocol):
+    applied: int
+    skipped: int
+    failed: list[tuple[PositionedEvent, str]]
+
+
+class _Projector(Protocol):
+    def apply(self, batch: Sequence[PositionedEvent]) -> Any: ...
+
+
+def decode_batch(records: Sequence[RawRecord]) -> DecodedBatch:
+    """Decode records (pure CPU work: call it off the event loop for big batches)."""
+    events: list[PositionedEvent] = []
+    dead: list[DeadLetter] = []
+    next_offsets: dict[tuple[str, int], int] = {}
+    for rec in records:
+        item = decode_or_dead_letter(
+            rec.topic, rec.partition, rec.offset, rec.key, rec.value, rec.headers
+        )
+        if isinstance(item, DeadLetter):
+            dead.append(item)
+        else:
+            events.append(item)
+        key = (rec.topic, rec.partition)
+        next_offsets[key] = max(next_offsets.get(key, 0), rec.offset + 1)
+    return DecodedBatch(events=events, dead=dead, next_offsets=next_offsets)
+
+
+def apply_decoded(projector: _Projector, store: Any, decoded: DecodedBatch) -> _ApplyResult:
+    """Apply a decoded batch and make the stored positions cover *all* its records.
+
+    ``Projector.apply`` stores positions for the events it was given; records that
+    became dead letters are not events, so when a partition's batch ends with dead
+    letters (or holds nothing else) its position is moved past them here. Without
+    this a restart would dead-letter them again, and a replay could never verify that
+    its positions reached the end offsets. Blocking: call it in the writer thread.
+    """
+    result = projector.apply(decoded.events)
+    covered: dict[tuple[str, int], int] = {}
+    for item in decoded.events:
+        key = (item.position.topic, item.position.partition)
+        covered[key] = max(covered.get(key, 0), item.position.offset + 1)
+    tail = {k: v for k, v in decoded.next_offsets.items() if v > covered.get(k, 0)}
+    if tail:
+        stored = store.positions()
+        forward = {k: v for k, v in tail.items() if v > stored.get(k, 0)}
+        if forward:
+            store.save_positions(forward)
+    return cast(_ApplyResult, result)
+
+
+def project_dead_letters(
+    failed: Sequence[tuple[PositionedEvent, str]], records: Sequence[RawRecord]
+) -> list[DeadLetter]:
+    """Dead letters (stage ``project``) for events the projector refused, carrying the
+    original record bytes."""
+    by_position = {(r.topic, r.partition, r.offset): r for r in records}
+    out: list[DeadLetter] = []
+    for item, reason in failed:
+        pos = item.position
+        rec = by_position.get((pos.topic, pos.partition, pos.offset))
+        out.append(
+            DeadLetter(
+                reason=reason,
+                source_topic=pos.topic,
+                source_partition=pos.partition,
+                source_offset=pos.offset,
+                original_value=rec.value if rec else None,
+                original_key=rec.key if rec else None,
+                original_headers=rec.headers if rec else (),
+                stage="project",
+            )
+        )
+    return out
+
+
+class ProjectorRuntime:
+    """Everything the projector agent needs, owned in one place: the LanceDB store,
+    the projector, the writer thread, the dead-letter publisher, progress counters."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        topics: Topics,
+        *,
+        store: Any | None = None,
+        projector: _Projector | None = None,
+        dead_letters: DeadLetterPublisher | None = None,
+    ) -> None:
+        self.settings = settings
+        self.topics = topics
+        self.source_topics: tuple[str, ...] = (topics.events, topics.messages)
+        self._store = store
+        self._projector = projector
+        self._dead_letters = dead_letters or DeadLetterPublisher(
+            topics.dead_letter,
+            settings=settings,
+            client_id=f"{settings.app_id}-projector-dlq",
+        )
+        self._open_lock = threading.Lock()
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-lance")
+        self.totals = BatchOutcome()
+        self._window_records = 0
+        self._window_started = time.monotonic()
+
+    # --- lazily opened resources (opening LanceDB is I/O: keep it off import time) ---
+
+    # (Both are first touched from worker threads: the lock keeps it to one instance.)
+
+    @property
+    def store(self) -> Any:
+        with self._open_lock:
+            if self._store is None:
+                from memstream.projections.store import LanceStore
+
+                self._store = LanceStore.from_settings(self.settings)
+            return self._store
+
+    @property
+    def projector(self) -> _Projector:
+        store = self.store
+        with self._open_lock:
+            if self._projector is None:
+                from memstream.projections.embedder import build_embedder
+                from memstream.projections.projector import Projector
+
+                self._projector = Projector(store, build_embedder(self.settings))
+            return self._projector
+
+    async def _in_writer(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)
+
+    async def open(self) -> None:
+        """Open the store and the projector (in the writer thread) and the publisher."""
+        await self._in_writer(lambda: self.projector)
+        await self._dead_letters.start()
+
+    async def close(self) -> None:
+        """Stop the publisher; wait for a write in flight to finish (never cut it off)."""
+        try:
+            await self._dead_letters.stop()
+        finally:
+            await asyncio.get_running_loop().run_in_executor(None, self._writer.shutdown, True)
+
+    # --- positions ---------------------------------------------------------------------
+
+    async def positions(self) -> Mapping[tuple[str, int], int]:
+        """The stored next offsets (read on the default pool: reads never wait for a
+        write in progress; a slightly older answer only means re-reading a few records
+        the projector then skips)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, lambda: dict(self.store.positions()))
+
+    # --- the batch -----------------------------------------------------------------------
+
+    def _apply(self, decoded: DecodedBatch) -> _ApplyResult:
+        return apply_decoded(self.projector, self.store, decoded)
+
+    async def process(self, records: Sequence[RawRecord]) -> BatchOutcome:
+        """One attempt at one batch (see the module docstring for the order)."""
+        loop = asyncio.get_running_loop()
+        decoded = await loop.run_in_executor(None, decode_batch, records)
+        if decoded.dead:
+            await self._dead_letters.publish_many(decoded.dead)
+        result = await self._in_writer(self._apply, decoded)
+        dead_project = project_dead_letters(result.failed, records)
+        if dead_project:
+            await self._dead_letters.publish_many(dead_project)
+        return BatchOutcome(
+            records=len(records),
+            applied=result.applied,
+            skipped=result.skipped,
+            dead_decode=decoded.dead,
+            dead_project=dead_project,
+        )
+
+    async def process_until_done(self, records: Sequence[RawRecord]) -> BatchOutcome:
+        """Retry :meth:`process` with back-off until it succeeds (or the task is
+        cancelled because the worker stops: the stored positions then say where the
+        next run starts)."""
+        attempt = 0
+        while True:
+            try:
+                outcome = await self.process(records)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the projector must never stop
+                attempt += 1
+                delay = min(_MAX_BACKOFF_S, 0.5 * 2 ** min(attempt - 1, 6))
+                first, last = records[0], records[-1]
+                log.error(
+                    "projecting %d records (%s:%d:%d .. %s:%d:%d) failed (attempt %d), retrying in %.1fs: %s: %s",
+                    len(records),
+                    first.topic,
+                    first.partition,
+                    first.offset,
+                    last.topic,
+                    last.partition,
+                    last.offset,
+                    attempt,
+                    delay,
+                    type(exc).__name__,
+                    exc,
+                    exc_info=attempt == 1,
+                )
+                await asyncio.sleep(delay)
+                continue
+            self._count(outcome)
+            return outcome
+
+    def _count(self, outcome: BatchOutcome) -> None:
+        t = self.totals
+        t.records += outcome.records
+        t.applied += outcome.applied
+        t.skipped += outcome.skipped
+        t.dead_decode.extend(outcome.dead_decode[-100:])
+        t.dead_project.extend(outcome.dead_project[-100:])
+        del t.dead_decode[:-100], t.dead_project[:-100]
+        self._window_records += outcome.records
+        now = time.monotonic()
+        elapsed = now - self._window_started
+        if elapsed >= _PROGRESS_EVERY_S:
+            log.info(
+                "projected %d records in %.0fs (%.0f/s); total %d, applied %d, already applied %d",
+                self._window_records,
+                elapsed,
+                self._window_records / elapsed,
+                t.records,
+                t.applied,
+                t.skipped,
+            )
+            self._window_records, self._window_started = 0, now
+
+    async def maintain(self) -> None:
+        """Compact fragments and keep indexes current (one writer, never concurrent
+        with a batch)."""
+
+        def run() -> None:
+            self.store.optimize()
+            self.store.ensure_indexes()
+
+        started = time.monotonic()
+        try:
+            await self._in_writer(run)
+        except Exception as exc:  # noqa: BLE001 - maintenance failing must not stop projection
+            log.warning("LanceDB maintenance failed (will retry next time): %s: %s", type(exc).__name__, exc)
+            return
+        log.debug("LanceDB maintenance took %.2fs", time.monotonic() - started)
+
+
+class _RuntimeService(Service):
+    """Opens the runtime when the app starts and closes it when the app stops."""
+
+    logger = logging.getLogger("memstream.faust")
+
+    def __init__(self, runtime: ProjectorRuntime) -> None:
+        super().__init__()
+        self.runtime = runtime
+
+    async def on_start(self) -> None:
+        await self.runtime.open()
+
+    async def on_stop(self) -> None:
+        await self.runtime.close()
+
+
+def register_projector(
+    app: "MemstreamApp",
+    settings: Settings,
+    topics: Topics,
+    *,
+    runtime: ProjectorRuntime | None = None,
+) -> ProjectorRuntime:
+    """Add the projector agent, its resume positions and its maintenance timer to ``app``."""
+    rt = runtime or ProjectorRuntime(settings, topics)
+    source = app.topic(
+        *rt.source_topics,
+        key_serializer="raw",
+        value_serializer="raw",
+        # Deliver records without a value too: a tombstone is not an event, so it must
+        # reach the decoder and become a dead letter, not vanish inside Faust.
+        allow_empty=True,
+    )
+    app.register_positions(rt.source_topics, rt.positions)
+    app.service(_RuntimeService(rt))
+
+    async def projector(stream: Any) -> None:
+        async for events in stream.take_events(
+            settings.projector_batch_size, within=settings.projector_batch_seconds
+        ):
+            records = [
+                RawRecord(
+                    topic=ev.message.topic,
+                    partition=ev.message.partition,
+                    offset=ev.message.offset,
+                    key=ev.message.key,
+                    value=ev.message.value,
+                    headers=tuple(
+                        (k, bytes(v) if v is not None else b"") for k, v in (ev.message.headers or ())
+                    ),
+                )
+                for ev in events
+            ]
+            await rt.process_until_done(records)
+
+    app.agent(source, name="memstream.projector")(projector)
+
+    async def maintenance() -> None:
+        await rt.maintain()
+
+    app.timer(settings.optimize_every_s, name="memstream.lance-maintenance")(maintenance)
+    return rt

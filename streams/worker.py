@@ -1,0 +1,154 @@
+"""Run the memstream Faust worker in this process (``memstream worker``,
+``python -m memstream.streams.worker``).
+
+Why not ``faust -A ... worker``: the app is built from :class:`Settings` at run time
+(topic prefix, app id, LanceDB directory), the topics must exist before Faust
+subscribes (the broker may refuse to auto-create them, and auto-created topics would
+get the broker's retention instead of "forever"), and a worker must stop cleanly on
+SIGINT and SIGTERM: Faust's :class:`faust.Worker` installs those handlers, stops the
+agents (the batch being written finishes first), flushes the producer, and exits 0.
+A SIGKILL loses nothing either: the projector resumes from its stored positions.
+
+One projector worker per LanceDB directory: the projector's tables hold every
+partition, so a second worker sharing the consumer group would only see part of the
+log. Scale reads with more API processes, not more projector workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+import faust
+
+from memstream.settings import Settings
+from memstream.streams.admin import TopicCreationError, ensure_topics
+from memstream.streams.app import AGENT_NAMES, FAUST_LOGGER, build_app
+from memstream.streams.topics import Topics
+
+__all__ = ["WorkerError", "logging_config", "run_worker", "main"]
+
+log = logging.getLogger("memstream.streams.worker")
+
+LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+
+
+class WorkerError(RuntimeError):
+    """The worker could not start or stopped because of an error (one readable line)."""
+
+
+class _TransientCoordinatorNoise(logging.Filter):
+    """Drop aiokafka's "coordinator not available" errors: every fresh consumer group
+    meets them while the broker elects a coordinator, and aiokafka retries them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("aiokafka.consumer.group_coordinator"):
+            return "CoordinatorNotAvailable" not in record.getMessage()
+        return True
+
+
+def logging_config(level: int) -> dict[str, object]:
+    """One readable line per record on stderr; aiokafka only from WARNING up."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "filters": {"transient": {"()": _TransientCoordinatorNoise}},
+        "formatters": {"memstream": {"format": LOG_FORMAT}},
+        "handlers": {
+            "stderr": {
+                "class": "logging.StreamHandler",
+                "stream": "ext://sys.stderr",
+                "formatter": "memstream",
+                "filters": ["transient"],
+            }
+        },
+        "loggers": {
+            name: {"level": max(level, logging.WARNING)}
+            for name in ("aiokafka", "faust", "mode", FAUST_LOGGER)
+        },
+        "root": {"level": level, "handlers": ["stderr"]},
+    }
+
+
+def run_worker(
+    settings: Settings,
+    *,
+    agents: Sequence[str] | None = None,
+    loglevel: str = "info",
+) -> int:
+    """Create the topics, then run the worker until SIGINT/SIGTERM. Returns the exit code.
+
+    Blocks the calling thread, which must be the main thread (signal handlers).
+    """
+    level = logging.getLevelName(loglevel.upper())
+    if not isinstance(level, int):
+        raise WorkerError(f"unknown log level {loglevel!r}")
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    topics = Topics.from_settings(settings)
+    try:
+        loop.run_until_complete(ensure_topics(settings.bootstrap_servers, topics))
+    except TopicCreationError as exc:
+        loop.close()
+        raise WorkerError(str(exc)) from exc
+
+    try:
+        app = build_app(settings, agents=agents, loop=loop)
+    except ValueError as exc:
+        loop.close()
+        raise WorkerError(str(exc)) from exc
+
+    async def announce() -> None:
+        log.info(
+            "memstream worker: app %s, broker %s, topics %s*, lance %s",
+            settings.app_id,
+            settings.bootstrap_servers,
+            settings.topic_prefix,
+            settings.lance_dir,
+        )
+
+    app.task(announce)
+    worker = faust.Worker(
+        app,
+        loop=loop,
+        loglevel=level,
+        logging_config=logging_config(level),
+        redirect_stdouts=False,
+        quiet=True,
+    )
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    except Exception as exc:  # noqa: BLE001 - report the crash as one line + exit 1
+        log.debug("worker crashed", exc_info=True)
+        raise WorkerError(f"worker crashed: {type(exc).__name__}: {exc}") from exc
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m memstream.streams.worker [--agents projector,...] [--loglevel info]``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m memstream.streams.worker",
+        description="Run the memstream Faust worker (settings from MEMSTREAM_* variables).",
+    )
+    parser.add_argument(
+        "--agents",
+        default=None,
+        help=f"comma-separated subset of {','.join(AGENT_NAMES)} (default: all available)",
+    )
+    parser.add_argument("--loglevel", default="info")
+    args = parser.parse_args(argv)
+    agents = [a.strip() for a in args.agents.split(",") if a.strip()] if args.agents else None
+    try:
+        return run_worker(Settings(), agents=agents, loglevel=args.loglevel)
+    except WorkerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""One running memstream for the interface tests: real broker, real worker, real API.
+
+Session-scoped because a Faust worker and a uvicorn server take seconds to start;
+tests stay independent by using their own bank (memory space) each. The worker and
+the API run as subprocesses with the settings passed as ``MEMSTREAM_*`` variables,
+exactly as ``memstream up`` runs them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from iface_stack import BANKS, Stack, free_port, start_process, stop_process
+
+from memstream.banks import create_key
+from memstream.cli.serve import settings_env
+from memstream.settings import Settings
+from memstream.streams.admin import ensure_topics
+from memstream.streams.topics import Topics
+
+
+@pytest.fixture(scope="session")
+def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    root = tmp_path_factory.mktemp("interfaces")
+    (root / "banks.toml").write_text(BANKS, encoding="utf-8")
+    port = free_port()
+    settings = Settings(
+        bootstrap_servers=kafka_bootstrap,
+        topic_prefix=f"t{uuid.uuid4().hex[:10]}.",
+        partitions=3,
+        lance_dir=root / "lance",
+        home=root / "home",
+        app_id=f"app-{uuid.uuid4().hex[:8]}",
+        banks_file=root / "banks.toml",
+        keys_file=root / "keys.toml",
+        api_host="127.0.0.1",
+        api_port=port,
+        read_wait_max_s=20.0,
+        embedder="local",
+        projector_batch_seconds=0.05,
+        reflection_poll_seconds=0.5,
+    )
+    asyncio.run(ensure_topics(kafka_bootstrap, Topics.from_settings(settings)))
+    from memstream.projections.store import LanceStore
+
+    LanceStore.from_settings(settings)  # create the tables before two processes open them
+    keys = {name: create_key(settings, name)[0] for name in ("alice", "acme", "bot", "globex", "carol", "dave", "erin")}
+    env = {**os.environ, **settings_env(settings), "PYTHONUNBUFFERED": "1"}
+    logs = root / "logs"
+    logs.mkdir()
+    s = Stack(settings=settings, env=env, base_url=f"http://127.0.0.1:{port}", keys=keys, logs=logs)
+    start_process(s, "worker", [sys.executable, "-m", "memstream.streams.worker"])
+    start_process(s, "api", [sys.executable, "-m", "memstream", "api"])
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if s.processes["api"].poll() is not None:
+                pytest.fail(f"the API server exited:\n{s.log_tail('api')}")
+            try:
+                if httpx.get(f"{s.base_url}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"the API server did not become healthy:\n{s.log_tail('api')}")
+            time.sleep(0.3)
+        yield s
+    finally:
+        codes = {name: stop_process(p) for name, p in reversed(list(s.processes.items()))}
+        # Both stop cleanly on SIGTERM (uvicorn and Faust handle it).
+        assert codes == {"api": 0, "worker": 0}, (codes, s.log_tail("api"), s.log_tail("worker"))

@@ -1,0 +1,97 @@
+"""The running memstream the interface tests share (see ``conftest.py``): its
+settings, keys, URL and child processes."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from memstream.settings import Settings
+from memstream.streams.topics import Topics
+
+BANKS = """
+[banks.alice]
+team_id = "acme"
+user_id = "alice"
+description = "Alice's travel and food preferences."
+
+[banks.acme]
+team_id = "acme"
+description = "Team-wide knowledge of ACME."
+
+[banks.bot]
+team_id = "acme"
+agent_id = "bot"
+description = "What the ACME bot remembers."
+
+[banks.globex]
+team_id = "globex"
+user_id = "bob"
+description = "Bob's notes at Globex."
+
+[banks.carol]
+team_id = "mcpteam"
+user_id = "carol"
+description = "Carol's preferences as a traveller and investor."
+memory_template = "{content} (noted {now:%Y-%m-%d} UTC)"
+
+[banks.dave]
+team_id = "mcpteam"
+user_id = "dave"
+description = "Dave's preferences."
+
+[banks.erin]
+team_id = "mcpteam"
+user_id = "erin"
+description = "Erin's preferences, reached over stdio."
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    env: dict[str, str]
+    base_url: str
+    keys: dict[str, str]
+    logs: Path
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def topics(self) -> Topics:
+        return Topics.from_settings(self.settings)
+
+    def headers(self, bank: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.keys[bank]}"}
+
+    def log_tail(self, name: str, lines: int = 40) -> str:
+        path = self.logs / f"{name}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+
+def start_process(stack: Stack, name: str, argv: list[str]) -> None:
+    """Start a child with the stack's environment, its output in ``logs/<name>.log``."""
+    out = open(stack.logs / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+    stack.processes[name] = subprocess.Popen(
+        argv, env=stack.env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+    )
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return int(proc.returncode)
+
+

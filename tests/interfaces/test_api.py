@@ -1,0 +1,272 @@
+"""The HTTP API on a real uvicorn server (loopback, random port) with real Kafka, a real
+worker projecting into LanceDB, and tenant-bound keys."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from memstream.domain.log import LogPosition
+from memstream.interfaces.api import openapi_spec
+from memstream.settings import Settings
+
+from iface_stack import Stack
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+async def client(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=60) as c:
+        yield c
+
+
+async def end_offsets(stack: Stack) -> dict[tuple[str, int], int]:
+    """Every partition's end offset across the deployment's topics."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=stack.settings.bootstrap_servers, group_id=None)
+    await consumer.start()
+    try:
+        parts = [
+            TopicPartition(spec.name, p)
+            for spec in stack.topics.catalogue()
+            for p in range(spec.partitions)
+        ]
+        return {(tp.topic, tp.partition): o for tp, o in (await consumer.end_offsets(parts)).items()}
+    finally:
+        await consumer.stop()
+
+
+def assert_error(resp: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "details"}, body
+    assert body["error"]["code"] == code, body
+    assert body["error"]["message"]
+    return body["error"]
+
+
+async def test_write_then_read_your_write(stack: Stack, client: httpx.AsyncClient) -> None:
+    marker = uuid.uuid4().hex[:8]
+    resp = await client.post(
+        "/v1/memories",
+        headers=stack.headers("alice"),
+        json={"content": f"Alice prefers window seats on flight {marker}", "memory_type": "preference", "priority": 80},
+    )
+    assert resp.status_code == 202, resp.text
+    accepted = resp.json()
+    position = LogPosition.parse(accepted["position"])
+    assert position.topic == stack.topics.events
+    uuid.UUID(accepted["event_id"])
+
+    # The read waits until the projection has applied the write, then finds it.
+    resp = await client.get(
+        "/v1/search",
+        headers=stack.headers("alice"),
+        params={"q": f"window seats {marker}", "k": 5, "min_position": accepted["position"], "explain": True},
+    )
+    assert resp.status_code == 200, resp.text
+    results = resp.json()["results"]
+    assert results and results[0]["memory_id"] == accepted["memory_id"]
+    assert results[0]["memory_type"] == "persona"  # legacy name mapped
+    assert "parts" in results[0] and "vector" not in results[0]
+
+    resp = await client.get(
+        f"/v1/memories/{accepted['memory_id']}",
+        headers={"X-API-Key": stack.keys["alice"]},
+        params={"min_position": accepted["position"]},
+    )
+    assert resp.status_code == 200, resp.text
+    memory = resp.json()
+    assert memory["content"].endswith(marker) and memory["user_id"] == "alice"
+    assert {"history", "links_out", "links_in", "provenance"} <= set(memory)
+    assert memory["provenance"]["method"] == "api"
+
+
+async def test_position_not_reached_is_a_clear_error(stack: Stack, client: httpx.AsyncClient) -> None:
+    far = f"{stack.topics.events}:0:999999999"
+    resp = await client.get(
+        "/v1/search", headers=stack.headers("alice"), params={"q": "x", "min_position": far}
+    )
+    err = assert_error(resp, 409, "position_not_reached")
+    assert err["details"]["requested"] == far and resp.headers["retry-after"] == "1"
+    assert_error(
+        await client.get("/v1/search", headers=stack.headers("alice"), params={"q": "x", "min_position": "nonsense"}),
+        422,
+        "validation_error",
+    )
+    assert_error(
+        await client.get("/v1/search", headers=stack.headers("alice"), params={"q": "x", "min_position": "other.topic:0:1"}),
+        422,
+        "validation_error",
+    )
+
+
+async def test_auth_401_and_403_never_cross_tenants(stack: Stack, client: httpx.AsyncClient) -> None:
+    before = await end_offsets(stack)
+    body = {"content": "should never be written"}
+    assert_error(await client.post("/v1/memories", json=body), 401, "unauthorized")
+    assert_error(
+        await client.post("/v1/memories", json=body, headers={"Authorization": "Bearer msk_not-a-key"}), 401, "unauthorized"
+    )
+    assert_error(await client.get("/v1/search", params={"q": "x"}, headers={"X-API-Key": "nope"}), 401, "unauthorized")
+
+    # Team A's key (acme) cannot write or read team B (globex).
+    foreign = {"type": "MemoryAdded", "memory_id": "m1", "content": body["content"], "scope": {"team_id": "globex", "user_id": "bob"}}
+    err = assert_error(await client.post("/v1/events", json=foreign, headers=stack.headers("acme")), 403, "forbidden")
+    assert err["details"]["bank"] == "acme"
+    assert_error(
+        await client.post("/v1/memories", json={**body, "scope": {"team_id": "globex"}}, headers=stack.headers("acme")),
+        403,
+        "forbidden",
+    )
+    assert_error(
+        await client.get("/v1/search", params={"q": "x", "team_id": "globex"}, headers=stack.headers("acme")), 403, "forbidden"
+    )
+    # A user-pinned key cannot reach another user of its own team; an agent-pinned one, another agent.
+    assert_error(
+        await client.get("/v1/search", params={"q": "x", "user_id": "bob"}, headers=stack.headers("alice")), 403, "forbidden"
+    )
+    assert_error(
+        await client.post("/v1/memories", json={**body, "scope": {"agent_id": "other"}}, headers=stack.headers("bot")),
+        403,
+        "forbidden",
+    )
+    assert await end_offsets(stack) == before  # nothing was written
+
+    # Bob's memory is invisible to ACME's team-wide key, even by id.
+    resp = await client.post("/v1/memories", json={"content": "Bob's secret plan"}, headers=stack.headers("globex"))
+    assert resp.status_code == 202
+    written = resp.json()
+    own = await client.get(
+        f"/v1/memories/{written['memory_id']}", headers=stack.headers("globex"), params={"min_position": written["position"]}
+    )
+    assert own.status_code == 200
+    assert_error(
+        await client.get(f"/v1/memories/{written['memory_id']}", headers=stack.headers("acme"), params={"user_id": "bob"}),
+        404,
+        "not_found",
+    )
+    found = await client.get(
+        "/v1/search", headers=stack.headers("acme"), params={"q": "Bob's secret plan", "user_id": "bob"}
+    )
+    assert found.status_code == 200 and found.json()["results"] == []
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "code", "fragment"),
+    [
+        ("/v1/memories", {"content": "   "}, "invalid_event", "content"),
+        ("/v1/memories", {"content": "x", "memory_type": "gossip"}, "invalid_event", "memory type"),
+        ("/v1/memories", {"content": "x", "priority": 101}, "validation_error", "priority"),
+        ("/v1/memories", {"content": "x", "colour": "red"}, "validation_error", "colour"),
+        ("/v1/memories", {"content": "x", "timestamp": "2025-01-01T10:00:00"}, "invalid_event", "UTC offset"),
+        ("/v1/memories", {"content": "x", "memory_id": "has space"}, "invalid_event", "memory_id"),
+        ("/v1/events", {"type": "Gossip", "content": "x"}, "invalid_event", "unknown event type"),
+        ("/v1/events", {"type": "MemoryAdded", "content": "x"}, "invalid_event", "memory_id"),
+        ("/v1/events", [1, 2], "invalid_event", "JSON object"),
+        ("/v1/messages", {"messages": []}, "validation_error", "messages"),
+        ("/v1/messages", {"messages": [{"content": "ok"}, {"content": ""}]}, "invalid_event", "messages.1"),
+        ("/v1/decisions", {"subject": "ACME", "rating": "maybe", "decision_text": "x"}, "invalid_event", "rating"),
+    ],
+)
+async def test_invalid_bodies_are_422_and_write_nothing(
+    stack: Stack, client: httpx.AsyncClient, path: str, body: Any, code: str, fragment: str
+) -> None:
+    before = await end_offsets(stack)
+    resp = await client.post(path, json=body, headers=stack.headers("acme"))
+    err = assert_error(resp, 422, code)
+    assert fragment.lower() in json.dumps(err).lower(), err
+    assert await end_offsets(stack) == before
+
+
+async def test_non_json_body(stack: Stack, client: httpx.AsyncClient) -> None:
+    resp = await client.post(
+        "/v1/events", content=b"{not json", headers={**stack.headers("acme"), "content-type": "application/json"}
+    )
+    assert_error(resp, 422, "validation_error")
+
+
+async def test_events_messages_and_decisions(stack: Stack, client: httpx.AsyncClient) -> None:
+    h = stack.headers("acme")
+    resp = await client.post(
+        "/v1/events",
+        headers=h,
+        json={
+            "type": "MemoryAdded",
+            "schema_version": 2,
+            "memory_id": f"ev-{uuid.uuid4().hex[:6]}",
+            "content": "The ACME office moved to Lyon",
+            "scope": {"team_id": "acme", "user_id": "ops"},
+        },
+    )
+    assert resp.status_code == 202, resp.text
+    assert LogPosition.parse(resp.json()["position"]).topic == stack.topics.events
+
+    resp = await client.post(
+        "/v1/messages",
+        headers=h,
+        json={"session_id": "s1", "messages": [{"role": "user", "content": "I moved to Lyon"}, {"role": "assistant", "content": "Noted!"}]},
+    )
+    assert resp.status_code == 202, resp.text
+    turns = resp.json()
+    positions = [LogPosition.parse(e["position"]) for e in turns["events"]]
+    assert {p.topic for p in positions} == {stack.topics.messages}
+    assert len({p.partition for p in positions}) == 1 and positions[0].offset < positions[1].offset
+    assert turns["position"] == turns["events"][-1]["position"]
+
+    resp = await client.post(
+        "/v1/decisions",
+        headers=h,
+        json={"subject": "ACME", "rating": "Buy", "decision_text": "Strong quarter ahead.", "horizon_days": 5},
+    )
+    assert resp.status_code == 202, resp.text
+    decision = resp.json()
+    assert LogPosition.parse(decision["position"]).topic == stack.topics.pending_reflections
+    assert decision["decision_id"] and decision["deadline"]
+
+    lessons = await client.get("/v1/lessons", headers=h, params={"subject": "ACME", "budget": 400})
+    assert lessons.status_code == 200, lessons.text
+    body = lessons.json()
+    assert body["subject"] == "ACME" and body["budget_tokens"] == 400 and "text" in body
+
+
+async def test_health_metrics_and_unknown_routes(stack: Stack, client: httpx.AsyncClient) -> None:
+    health = await client.get("/healthz")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    # Make sure at least one event was counted by this server, then scrape.
+    written = await client.post("/v1/memories", headers=stack.headers("acme"), json={"content": "metrics probe"})
+    assert written.status_code == 202
+    searched = await client.get("/v1/search", headers=stack.headers("acme"), params={"q": "probe"})
+    assert searched.status_code == 200
+    text = (await client.get("/metrics")).text
+    assert 'memstream_events_in_total{interface="api",type="MemoryAdded"}' in text
+    events = stack.topics.events
+    assert f'memstream_log_end_offset{{partition="0",topic="{events}"}}' in text
+    assert f'memstream_consumer_lag{{partition="0",topic="{events}"}}' in text
+    assert "memstream_events_projected{" in text
+    assert "memstream_dead_letters" in text
+    assert "memstream_log_state_up 1.0" in text
+    assert "memstream_search_seconds_bucket" in text
+    assert_error(await client.get("/v1/nothing-here"), 404, "not_found")
+
+
+def test_openapi_spec_is_committed_and_current() -> None:
+    committed = json.loads((REPO / "docs" / "openapi.json").read_text(encoding="utf-8"))
+    assert committed == json.loads(json.dumps(openapi_spec(Settings()))), (
+        "docs/openapi.json is stale: run `python -m memstream.interfaces.api --openapi > docs/openapi.json`"
+    )
+
+
+async def test_served_spec_matches(stack: Stack, client: httpx.AsyncClient) -> None:
+    served = (await client.get("/openapi.json")).json()
+    assert served["paths"].keys() == openapi_spec(Settings())["paths"].keys()
+    assert {"HTTPBearer", "APIKeyHeader"} <= set(served["components"]["securitySchemes"])

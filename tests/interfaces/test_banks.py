@@ -1,0 +1,196 @@
+"""Memory banks and API keys: parsing, access rules, hashing-only storage, reloads."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from memstream.banks import (
+    KEY_PREFIX,
+    AccessScope,
+    Bank,
+    BankConfigError,
+    RegistrySource,
+    UnknownBankError,
+    create_key,
+    hash_key,
+    keys_path,
+    load_registry,
+    revoke_key,
+    write_default_bank,
+)
+from memstream.domain.events import Scope
+from memstream.settings import Settings
+
+BANKS_TOML = """
+[banks.support]
+team_id = "acme"
+user_id = "alice"
+description = "Alice's support preferences."
+memory_template = "{content} (noted {now:%Y-%m-%d %H:%M} UTC)"
+
+[banks.team]
+team_id = "acme"
+description = "Team-wide knowledge."
+api_key_sha256 = ["HASH"]
+
+[banks.other]
+team_id = "globex"
+agent_id = "bot"
+description = "Another tenant."
+"""
+
+
+def _settings(tmp_path: Path, text: str, suffix: str = ".toml") -> Settings:
+    banks = tmp_path / f"banks{suffix}"
+    banks.write_text(text, encoding="utf-8")
+    return Settings(home=tmp_path / "home", banks_file=banks, keys_file=tmp_path / "keys.toml")
+
+
+def test_toml_banks_and_keys_from_both_files(tmp_path: Path) -> None:
+    team_key = "msk_team-key-for-tests"
+    settings = _settings(tmp_path, BANKS_TOML.replace("HASH", hash_key(team_key)))
+    registry = load_registry(settings)
+    assert sorted(registry.banks) == ["other", "support", "team"]
+    assert registry.authenticate(team_key).bank.name == "team"  # type: ignore[union-attr]
+
+    raw, record = create_key(settings, "support", label="laptop")
+    assert raw.startswith(KEY_PREFIX) and len(raw) > 40
+    stored = keys_path(settings).read_text()
+    assert raw not in stored and hash_key(raw) in stored  # only the hash is kept
+    assert oct(keys_path(settings).stat().st_mode & 0o777) == "0o600"
+
+    registry = load_registry(settings)
+    principal = registry.authenticate(raw)
+    assert principal is not None and principal.bank.name == "support" and principal.key_id == record.key_id
+    assert registry.authenticate(raw + "x") is None
+    assert registry.authenticate("") is None and registry.authenticate(None) is None
+
+
+def test_yaml_banks(tmp_path: Path) -> None:
+    settings = _settings(
+        tmp_path,
+        "banks:\n  notes:\n    team_id: t1\n    description: Notes about projects.\n",
+        suffix=".yaml",
+    )
+    bank = load_registry(settings).bank("notes")
+    assert bank.scope == Scope(team_id="t1", user_id="default", agent_id="default")
+    with pytest.raises(UnknownBankError, match="unknown bank 'nope'"):
+        load_registry(settings).bank("nope")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[banks.a]\nteam_id = 'x'\n", "description"),
+        ("[banks.a]\nteam_id = 'bad team'\ndescription = 'd'\n", "team_id"),
+        ("[banks.a]\nteam_id = 'x'\ndescription = 'd'\nmemory_template = 'no content'\n", "{content}"),
+        ("[banks.a]\nteam_id = 'x'\ndescription = 'd'\nmemory_template = '{content.__class__}'\n", "not allowed"),
+        ("[banks.a]\nteam_id = 'x'\ndescription = 'd'\napi_key_sha256 = ['msk_plain_key']\n", "64 hex"),
+        ("[banks.a]\nteam_id = 'x'\ndescription = 'd'\ncolour = 'red'\n", "colour"),
+        ("[bank.a]\nteam_id = 'x'\n", "unknown top-level"),
+        ("[banks.a\n", "not valid"),
+    ],
+)
+def test_bad_bank_files_are_reported(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(BankConfigError) as info:
+        load_registry(_settings(tmp_path, text))
+    assert message in str(info.value)
+
+
+def test_key_bound_to_undeclared_bank_is_an_error(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, "[banks.a]\nteam_id = 'x'\ndescription = 'd'\n")
+    keys_path(settings).write_text(f'[[keys]]\nsha256 = "{hash_key("k")}"\nbank = "gone"\n')
+    with pytest.raises(BankConfigError, match="bank 'gone'"):
+        load_registry(settings)
+
+
+def test_access_scope_rules() -> None:
+    team = AccessScope(team_id="acme")
+    alice = AccessScope(team_id="acme", user_id="alice")
+    bot = AccessScope(team_id="acme", agent_id="bot")
+    assert team.allows(Scope(team_id="acme", user_id="anyone"))
+    assert not team.allows(Scope(team_id="globex"))
+    assert alice.allows(Scope(team_id="acme", user_id="alice", agent_id="x"))
+    assert not alice.allows(Scope(team_id="acme", user_id="bob"))
+    assert bot.allows(Scope(team_id="acme", user_id="u", agent_id="bot"))
+    assert not bot.allows(Scope(team_id="acme", user_id="u", agent_id="other"))
+    assert alice.resolve() == Scope(team_id="acme", user_id="alice")
+    assert team.resolve("bob") == Scope(team_id="acme", user_id="bob")
+    with pytest.raises(PermissionError):
+        alice.resolve("bob")
+    with pytest.raises(PermissionError):
+        bot.resolve(agent_id="other")
+
+
+def test_memory_template_renders_current_time() -> None:
+    bank = Bank(
+        name="b",
+        team_id="t",
+        description="d",
+        memory_template="[{date}] {content} (noted {now:%H:%M} UTC in {bank})",
+    )
+    when = datetime(2025, 3, 4, 5, 6, tzinfo=timezone.utc)
+    assert bank.render_memory("Likes tea", when) == "[2025-03-04] Likes tea (noted 05:06 UTC in b)"
+    assert Bank(name="b", team_id="t", description="d").render_memory("x", when) == "x"
+
+
+def test_registry_source_reloads_on_change_and_keeps_last_good(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, "[banks.a]\nteam_id = 'x'\ndescription = 'd'\n")
+    source = RegistrySource(settings)
+    assert source.current().keys == {}
+    raw, record = create_key(settings, "a")
+    assert source.current().authenticate(raw) is not None  # picked up without restart
+    revoke_key(settings, record.key_id)
+    assert source.current().authenticate(raw) is None
+    # A broken edit keeps the last good registry in force and records the error.
+    assert settings.banks_file is not None
+    settings.banks_file.write_text("[banks.a\n")
+    os.utime(settings.banks_file, ns=(1, 1))
+    assert "a" in source.current().banks
+    assert source.last_error and "not valid" in source.last_error
+
+
+def test_revoke_needs_an_unambiguous_id(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, "[banks.a]\nteam_id = 'x'\ndescription = 'd'\n")
+    with pytest.raises(BankConfigError, match="at least 6"):
+        revoke_key(settings, "ab")
+    with pytest.raises(BankConfigError, match="no key"):
+        revoke_key(settings, "abcdef")
+
+
+def test_default_bank_is_written_once(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path / "home")
+    bank = write_default_bank(settings)
+    assert load_registry(settings).bank("default") == bank
+    with pytest.raises(BankConfigError, match="already exists"):
+        write_default_bank(settings)
+
+
+def test_cli_keys_create_prints_the_key_once_and_stores_its_hash(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, "[banks.a]\nteam_id = 'x'\ndescription = 'd'\n")
+    env = {
+        **os.environ,
+        "MEMSTREAM_BANKS_FILE": str(settings.banks_file),
+        "MEMSTREAM_KEYS_FILE": str(settings.keys_file),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "memstream", "keys", "create", "--bank", "a", "--label", "ci"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    key = done.stdout.strip()
+    assert key.startswith(KEY_PREFIX)
+    assert load_registry(settings).authenticate(key) is not None
+    assert key not in keys_path(settings).read_text()
+
+    unknown = subprocess.run(
+        [sys.executable, "-m", "memstream", "keys", "create", "--bank", "nope"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert unknown.returncode == 1 and "unknown bank 'nope'" in unknown.stderr
