@@ -24,13 +24,19 @@ with the one-line reason :class:`EventValidationError` carries:
   Nothing is silently stripped: an event is stored exactly as sent or refused, so its
   content hash is the producer's. Unpaired UTF-16 surrogates are refused everywhere
   (they cannot be encoded as UTF-8);
-* numbers are JSON numbers, not strings or booleans; floats are finite; ``priority`` is
-  0..100;
+* numbers are JSON numbers, not strings or booleans (an integral float such as ``50.0``
+  is accepted for an integer); floats are finite; ``priority`` is 0..100;
 * memory types are the seven of :class:`MemoryType`, case-insensitive, with the legacy
   names mapped (``preference`` -> ``persona``, ``episode`` -> ``episodic``,
   ``instruct`` -> ``instruction``);
 * embeddings are base64 of exactly ``dim`` little-endian float32 values, all finite;
-* ``metadata`` is a JSON object (no NaN or infinities, no non-JSON values).
+* ``metadata`` is a JSON object (no NaN or infinities, no non-JSON values; Python
+  tuples are stored as lists, as JSON will read them back).
+
+Producers build events with the constructors (``event_id`` and times default to fresh
+values); readers of the log call ``parse_event(raw, require_envelope=True)`` so that a
+record without its own ``event_id`` or ``occurred_at`` is refused instead of being given
+a different one on every replay.
 """
 
 from __future__ import annotations
@@ -139,7 +145,11 @@ def _bad_character(value: str, multiline: bool) -> str | None:
     code = ord(match.group())
     if 0xD800 <= code <= 0xDFFF:
         return f"holds an unpaired surrogate U+{code:04X} at position {match.start()} (not valid Unicode)"
-    allowed = "only tab, newline and carriage return are allowed" if multiline else "one-line field"
+    allowed = (
+        "only tab, newline and carriage return are allowed"
+        if multiline
+        else "a one-line field allows no control characters"
+    )
     return f"holds control character U+{code:04X} at position {match.start()} ({allowed})"
 
 
@@ -196,6 +206,7 @@ class _SchemaExtra:
         return js
 
 
+# Field types of the models (text fields: limit, one-line or not, blank allowed or not).
 MessageText = Annotated[str, _Text(MAX_MESSAGE_CHARS)]
 MemoryText = Annotated[str, _Text(MAX_MEMORY_CHARS)]
 OptionalMemoryText = Annotated[str, _Text(MAX_MEMORY_CHARS, required=False)]
@@ -205,6 +216,7 @@ Name = Annotated[str, _Text(200, multiline=False)]
 Label = Annotated[str, _Text(200, multiline=False, required=False)]
 Ref = Annotated[str, _Text(512, multiline=False)]
 ShortText = Annotated[str, _Text(512, multiline=False, required=False)]
+
 
 def _number_input(value: Any) -> Any:
     """Numbers must arrive as numbers: ``"50"`` or ``true`` for a priority is a producer
@@ -269,8 +281,26 @@ def _check_json_tree(value: dict[str, JsonValue]) -> dict[str, JsonValue]:
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_MAX_TUPLE_DEPTH = 64
 
-JsonObject = Annotated[dict[str, JsonValue], AfterValidator(_check_json_tree)]
+
+def _tuples_to_lists(value: Any, depth: int = 0) -> Any:
+    """Python callers may build metadata with tuples; JSON reads them back as arrays, so
+    they are stored as lists from the start (an event equals its own round trip)."""
+    if depth > _MAX_TUPLE_DEPTH:
+        return value  # far deeper than any sane metadata; validation reports it
+    if isinstance(value, tuple):
+        return [_tuples_to_lists(v, depth + 1) for v in value]
+    if isinstance(value, list) and any(isinstance(v, (tuple, list, dict)) for v in value):
+        return [_tuples_to_lists(v, depth + 1) for v in value]
+    if isinstance(value, dict) and any(isinstance(v, (tuple, list, dict)) for v in value.values()):
+        return {k: _tuples_to_lists(v, depth + 1) for k, v in value.items()}
+    return value
+
+
+JsonObject = Annotated[
+    dict[str, JsonValue], AfterValidator(_check_json_tree), BeforeValidator(_tuples_to_lists)
+]
 """A JSON object: string keys, JSON values, finite numbers."""
 
 

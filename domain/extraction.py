@@ -92,6 +92,8 @@ __all__ = [
     "heuristic_drafts",
     "heuristic_entities",
     "record_items",
+    "clean_text",
+    "BuiltEvents",
 ]
 
 MAX_TURN_CHARS_IN_PROMPT = 4_000
@@ -350,6 +352,15 @@ class ExtractionParse:
     scenes: int
 
 
+_UNSAFE_CHARS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """Model text made storable: C0 control characters other than tab, newline and
+    carriage return, and unpaired surrogates, removed (events refuse both); trimmed."""
+    return _UNSAFE_CHARS.sub("", text).strip()
+
+
 def _as_list(value: Any) -> list[Any]:
     if value is None:
         return []
@@ -422,7 +433,7 @@ def _entities(value: Any) -> tuple[Entity, ...]:
             continue
         if not isinstance(name, str):
             continue
-        name = " ".join(name.split())[:200]
+        name = " ".join(clean_text(name).split())[:200]
         if not name or name.casefold() in seen:
             continue
         try:
@@ -479,9 +490,11 @@ def _draft(
     content = raw.get("content", raw.get("memory", raw.get("text")))
     if isinstance(content, (int, float)) and not isinstance(content, bool):
         content = str(content)
-    if not isinstance(content, str) or not content.strip():
+    if not isinstance(content, str):
         return None, DraftIssue("no_content", "memory without content")
-    content = content.strip()
+    content = clean_text(content)
+    if not content:
+        return None, DraftIssue("no_content", "memory without content")
     if len(content) > MAX_MEMORY_CHARS:
         content = content[: MAX_MEMORY_CHARS - 1].rstrip() + "…"
         notes.append("content_cut")
@@ -538,7 +551,8 @@ def _draft(
         notes.append("interval_reversed")
         start, end = end, start
 
-    scene = title.strip()[:500] if isinstance(title, str) and title.strip() else None
+    scene = clean_text(title)[:500].strip() if isinstance(title, str) else None
+    scene = scene or None
     draft = MemoryDraft(
         content=content,
         memory_type=memory_type,
@@ -620,7 +634,10 @@ def resolve_time(value: Any, reference: datetime) -> datetime | None:
     if parsed is not None:
         if parsed.tzinfo is None:
             parsed = parsed.replace(tzinfo=timezone.utc)
-        return parsed.astimezone(timezone.utc)
+        try:
+            return parsed.astimezone(timezone.utc)
+        except (OverflowError, ValueError):
+            return None  # e.g. year 1 at +05:00 leaves the representable range
     match = re.fullmatch(r"(\d{4})-(\d{1,2})", text)
     if match:
         try:
@@ -1073,6 +1090,15 @@ def _provenance(
     )
 
 
+@dataclass(frozen=True)
+class BuiltEvents:
+    """The events of one run and the drafts that could not become events (each with
+    the reason), so one malformed memory never sinks the others."""
+
+    events: tuple[EventBase, ...]
+    rejected: tuple[dict[str, Any], ...] = ()
+
+
 def build_events(
     *,
     scope: Scope,
@@ -1086,7 +1112,7 @@ def build_events(
     batch_record: Sequence[dict[str, Any]],
     recorded_at: datetime,
     correlation_id: str | None = None,
-) -> list[EventBase]:
+) -> BuiltEvents:
     """The ADD-only events for one run, in a stable order (each memory, then its links).
 
     ``batch_record`` (exact duplicates, gate rejections, parser issues) and every
@@ -1096,24 +1122,6 @@ def build_events(
     if len(embeddings) != len(drafts):
         raise ValueError("one embedding slot per draft is required")
     ids = [memory_id_for(scope, d.content_hash) for d in drafts]
-    added = [
-        ids[i]
-        for i in range(len(drafts))
-        if decisions.get(i, Decision(i, Action.store)).action in (Action.store, Action.update)
-    ]
-    dropped = [
-        {"memory_id": ids[i], "content": drafts[i].content[:200], **decisions[i].as_dict()}
-        for i in range(len(drafts))
-        if i in decisions and decisions[i].action is Action.drop
-    ]
-    shared_record = [dict(r) for r in batch_record] + dropped
-    judge_info = judgment.as_dict() if judgment is not None else None
-    status_parts = [extraction.status] if extraction.status != "ok" else []
-    if judgment is not None and judgment.status != "ok":
-        status_parts.append(f"judgment_{judgment.status}")
-    status = "+".join(status_parts) or "ok"
-    note_parts = [n for n in (extraction.note, judgment.note if judgment else None) if n]
-    note = "; ".join(note_parts)[:2000] or None
     envelope: dict[str, Any] = {
         "scope": scope,
         "session_id": session_id,
@@ -1122,57 +1130,84 @@ def build_events(
         "recorded_at": recorded_at,
     }
 
+    def decision_of(i: int) -> Decision:
+        return decisions.get(i) or Decision(i, Action.store)
+
+    # Pass 1: which memories can be events at all (validated without provenance).
+    rejected: list[dict[str, Any]] = []
+    valid: set[int] = set()
+    for i, draft in enumerate(drafts):
+        if decision_of(i).action is not Action.store and decision_of(i).action is not Action.update:
+            valid.add(i)
+            continue
+        try:
+            _memory_event(envelope, ids[i], draft, embeddings[i], None)
+        except ValueError as exc:
+            reason = " ".join(str(exc).split())[:300]
+            rejected.append({"issue": "invalid_memory", "detail": reason, "content": draft.content[:200]})
+            continue
+        valid.add(i)
+
+    added = [
+        ids[i] for i in sorted(valid) if decision_of(i).action in (Action.store, Action.update)
+    ]
+    dropped = [
+        {"memory_id": ids[i], "content": drafts[i].content[:200], **decision_of(i).as_dict()}
+        for i in sorted(valid)
+        if decision_of(i).action is Action.drop
+    ]
+    shared_record = [dict(r) for r in batch_record] + rejected + dropped
+    judge_info = judgment.as_dict() if judgment is not None else None
+    status_parts = [extraction.status] if extraction.status != "ok" else []
+    if judgment is not None and judgment.status != "ok":
+        status_parts.append(f"judgment_{judgment.status}")
+    status = "+".join(status_parts) or "ok"
+    note_parts = [n for n in (extraction.note, judgment.note if judgment else None) if n]
+    note = "; ".join(note_parts)[:2000] or None
+
     events: list[EventBase] = []
     for i, draft in enumerate(drafts):
-        decision = decisions.get(i, Decision(i, Action.store))
-        if decision.action is Action.drop:
+        decision = decision_of(i)
+        if i not in valid or decision.action is Action.drop:
             continue
-        mine = {"memory_id": ids[i], "stage": "judgment", **decision.as_dict()}
+        mine: dict[str, Any] = {"memory_id": ids[i], "stage": "judgment", **decision.as_dict()}
         if judge_info is not None and decision.decided_by == "llm":
             mine["judgment"] = judge_info
-        record = [mine] + shared_record
-        if decision.notes or draft.notes:
+        if draft.notes:
             mine["draft_notes"] = list(draft.notes)
-        link_stage = judgment if (judgment is not None and decision.decided_by == "llm") else StageReport("rule")
+        record = [mine] + shared_record
+        by_llm = judgment is not None and decision.decided_by == "llm"
         link_prov = _provenance(
-            link_stage,
+            judgment if by_llm and judgment is not None else StageReport("rule"),
             input_refs=draft.source_message_ids,
             output_refs=added,
             decisions=record,
             status=status,
             note=note,
         )
-        if decision.action is Action.merge and decision.target:
-            events.append(
-                MemoryLinked(
-                    **envelope,
-                    occurred_at=draft.occurred_at,
-                    link_id=link_id_for(ids[i], decision.target, LinkRelation.duplicates),
-                    from_memory_id=ids[i],
-                    to_memory_id=decision.target,
-                    relation=LinkRelation.duplicates,
-                    decided_by=decision.decided_by,
-                    reason=decision.reason or "same statement as an existing memory",
-                    provenance=link_prov,
+        if decision.action is Action.merge:
+            if decision.target and decision.target != ids[i]:
+                events.append(
+                    MemoryLinked(
+                        **envelope,
+                        occurred_at=draft.occurred_at,
+                        link_id=link_id_for(ids[i], decision.target, LinkRelation.duplicates),
+                        from_memory_id=ids[i],
+                        to_memory_id=decision.target,
+                        relation=LinkRelation.duplicates,
+                        decided_by=decision.decided_by,
+                        reason=decision.reason or "same statement as an existing memory",
+                        provenance=link_prov,
+                    )
                 )
-            )
             continue
         events.append(
-            MemoryAdded(
-                **envelope,
-                occurred_at=draft.occurred_at,
-                memory_id=ids[i],
-                content=draft.content,
-                memory_type=draft.memory_type,
-                priority=draft.priority,
-                scene=draft.scene,
-                source_message_ids=draft.source_message_ids,
-                timestamp=draft.timestamp,
-                timestamp_start=draft.timestamp_start,
-                timestamp_end=draft.timestamp_end,
-                entities=draft.entities,
-                embedding=embeddings[i],
-                provenance=_provenance(
+            _memory_event(
+                envelope,
+                ids[i],
+                draft,
+                embeddings[i],
+                _provenance(
                     extraction,
                     input_refs=input_refs,
                     output_refs=added,
@@ -1202,7 +1237,32 @@ def build_events(
                     provenance=link_prov,
                 )
             )
-    return events
+    return BuiltEvents(tuple(events), tuple(rejected))
+
+
+def _memory_event(
+    envelope: Mapping[str, Any],
+    memory_id: str,
+    draft: MemoryDraft,
+    embedding: EmbeddingPayload | None,
+    provenance: Provenance | None,
+) -> MemoryAdded:
+    return MemoryAdded(
+        **envelope,
+        occurred_at=draft.occurred_at,
+        memory_id=memory_id,
+        content=draft.content,
+        memory_type=draft.memory_type,
+        priority=draft.priority,
+        scene=draft.scene,
+        source_message_ids=draft.source_message_ids,
+        timestamp=draft.timestamp,
+        timestamp_start=draft.timestamp_start,
+        timestamp_end=draft.timestamp_end,
+        entities=draft.entities,
+        embedding=embedding,
+        provenance=provenance,
+    )
 
 
 # --------------------------------------------------------------------------------------

@@ -94,7 +94,9 @@ class GateResult:
 
 # --- embedded images ---------------------------------------------------------------
 _DATA_URI = re.compile(
-    r"data:image/[A-Za-z0-9.+-]+(?:;[A-Za-z0-9=.+-]+)*;base64,[A-Za-z0-9+/=\s]*[A-Za-z0-9+/=]",
+    # the payload may be wrapped in lines (MIME style), each line a long base64 run
+    r"data:image/[A-Za-z0-9.+-]+(?:;[A-Za-z0-9=.+-]+)*;base64,[A-Za-z0-9+/=]+"
+    r"(?:\r?\n[A-Za-z0-9+/=]{20,})*",
     re.IGNORECASE,
 )
 # A markdown image wrapper around a data URI leaves "![alt](" and ")" behind; drop those too.

@@ -36,7 +36,8 @@ Otherwise a lenient parser reads the text with these repairs, each named in
                       final element that was being written when the text ended is
                       dropped from its array (a half-written memory is never kept), and
                       every open container is closed. With no enclosing array, the
-                      object being written drops its unfinished member.
+                      object being written drops its unfinished member. A truncated
+                      value with nothing complete in it is an error, not ``{}``.
 
 The value is located at the first ``{`` or the first ``[`` (whichever parses to the
 longer span). Nesting deeper than :data:`MAX_DEPTH` is refused.
@@ -137,6 +138,9 @@ def repair_json(text: str) -> Repaired:
             value = parser.parse()
         except (_Syntax, _Truncated) as exc:
             errors.append(str(exc) or "truncated before any value")
+            continue
+        if not value and "truncated" in parser.repairs:
+            errors.append("the text ends before any complete member or element")
             continue
         span = parser.pos - start
         if best is None or span > best[0]:
@@ -414,7 +418,7 @@ class _Parser:
             if (
                 text[rest] in _VALUE_END
                 or text[rest : rest + 2] in ("//", "/*")
-                or (rest > end and text[rest] in "\"'")
+                or (rest > end and (text[rest] in "\"'{[-" or text[rest].isdigit()))
             ):
                 self.pos = end
                 literal = match.group(0)

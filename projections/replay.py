@@ -26,9 +26,12 @@ How (``memstream replay``):
    -> ``<lance_dir>`` (two renames on one filesystem; readers that open tables by path,
    like the HTTP API, see the old set until the first rename and the new one after the
    second). The projector worker must not run during the swap: it holds open table
-   handles and in-memory state for the old set. The swap therefore refuses while the
-   worker's consumer group has members, unless forced; stop the worker, replay (the
-   live set keeps serving reads during the whole build), then start the worker again.
+   handles for the old set. So a replay that will swap takes the directory's lock
+   (``<lance_dir>.lock``, the one every worker holds while it runs) before it starts:
+   it refuses at once while a worker runs, and no worker can start until the swap is
+   done. Stop the worker, replay (the live set keeps serving reads during the whole
+   build), then start the worker again: it resumes from the new set's positions.
+   ``--force`` skips the lock (restart the worker right after).
 
 ``--dry-run`` builds and compares but keeps the live set; the rebuilt set stays on
 disk for inspection.
@@ -53,6 +56,8 @@ from aiokafka.errors import KafkaError
 
 from memstream.settings import Settings
 from memstream.streams.projector_agent import (
+    LanceDirBusyError,
+    LanceDirLock,
     RawRecord,
     apply_decoded,
     decode_batch,
@@ -67,7 +72,6 @@ __all__ = [
     "replay",
     "replay_sync",
     "RichProgress",
-    "live_worker_members",
 ]
 
 log = logging.getLogger(__name__)
@@ -211,27 +215,6 @@ class RichProgress:
 
 def _utc_stamp(now: datetime) -> str:
     return now.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%S") + f"{now.microsecond // 1000:03d}Z"
-
-
-async def live_worker_members(settings: Settings) -> int | None:
-    """How many members the worker's consumer group has (None if Kafka cannot say)."""
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=settings.bootstrap_servers, client_id="memstream-replay-admin"
-    )
-    try:
-        await admin.start()
-        responses = await admin.describe_consumer_groups([settings.app_id])
-    except KafkaError as exc:
-        log.warning("cannot describe consumer group %s: %s", settings.app_id, exc)
-        return None
-    finally:
-        await admin.close()
-    members = 0
-    for response in responses:
-        for group in response.to_object().get("groups", []):
-            if group.get("error_code", 0) == 0:
-                members += len(group.get("members", []))
-    return members
 
 
 def _open_store(path: Path, settings: Settings) -> Any:
@@ -397,12 +380,14 @@ async def replay(
 ) -> ReplayReport:
     """Rebuild, verify and (unless ``dry_run``) swap in the views. See the module doc.
 
-    ``force`` swaps even while the worker's consumer group has members (the worker
-    must then be restarted at once). Raises :class:`ReplayError` with one readable line.
+    Unless ``dry_run``, the directory's :class:`LanceDirLock` is held from start to
+    swap: a running worker makes the replay refuse at once (before any work), and no
+    worker can start until the swap is done. ``force`` skips the lock (the worker
+    must then be restarted right after the swap). Raises :class:`ReplayError` with
+    one readable line.
     """
     if batch_size < 1:
         raise ReplayError("batch size must be at least 1")
-    topics = Topics.from_settings(settings)
     live_dir = Path(settings.lance_dir)
     stamp = _utc_stamp(now())
     replay_dir = live_dir.with_name(f"{live_dir.name}.replay-{stamp}")
@@ -410,13 +395,39 @@ async def replay(
         raise ReplayError(f"{replay_dir} already exists")
     report = ReplayReport(live_dir=live_dir, replay_dir=replay_dir, dry_run=dry_run)
 
+    lock = LanceDirLock(live_dir)
     if not dry_run and not force:
-        members = await live_worker_members(settings)
-        if members:
+        try:
+            lock.acquire("memstream replay")
+        except LanceDirBusyError as exc:
             raise ReplayError(
-                f"the worker (consumer group {settings.app_id}) is running with {members} member(s); "
-                "stop it first, use --dry-run, or --force and restart it right after the swap"
-            )
+                f"{exc}: stop the worker first (the live set keeps serving reads meanwhile), "
+                "or use --dry-run"
+            ) from None
+    try:
+        return await _replay(
+            settings,
+            report,
+            dry_run=dry_run,
+            batch_size=batch_size,
+            on_progress=on_progress,
+            stamp=stamp,
+        )
+    finally:
+        lock.release()
+
+
+async def _replay(
+    settings: Settings,
+    report: ReplayReport,
+    *,
+    dry_run: bool,
+    batch_size: int,
+    on_progress: Callable[[ReplayProgress], None] | None,
+    stamp: str,
+) -> ReplayReport:
+    topics = Topics.from_settings(settings)
+    live_dir, replay_dir = report.live_dir, report.replay_dir
 
     partitions = await _partitions(settings, (topics.messages, topics.events))
     consumer = AIOKafkaConsumer(
@@ -483,13 +494,7 @@ async def replay(
             )
 
     if not dry_run:
-        if not force:
-            members = await live_worker_members(settings)
-            if members:
-                raise ReplayError(
-                    f"a worker joined consumer group {settings.app_id} during the replay; "
-                    f"not swapped (the rebuilt set is kept at {replay_dir})"
-                )
+        # With the lock held (unless forced) no worker can have started meanwhile.
         try:
             _swap(report, stamp)
         except OSError as exc:

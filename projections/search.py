@@ -116,9 +116,9 @@ class SearchFilters:
     """Narrow a search inside its memory space.
 
     ``time_from`` / ``time_to`` (inclusive, timezone-aware) keep a memory when its point
-    time is in range, or its activity interval (``timestamp_start`` .. ``timestamp_end``,
-    an open end taken as the other end) overlaps the range; a memory with neither is
-    judged by ``created_at``. ``include_superseded=False`` drops superseded memories
+    time is in range, or its activity interval (``timestamp_start`` .. ``timestamp_end``;
+    a missing end means still going on, a missing start means since ever) overlaps the
+    range; a memory with neither is judged by ``created_at``. ``include_superseded=False`` drops superseded memories
     and duplicates (their rows stay; they are only not returned). ``entity`` keeps the
     memories that name the entity (normalised name)."""
 
@@ -204,9 +204,9 @@ def _time_where(lo: datetime | None, hi: datetime | None) -> str | None:
     point = " AND ".join(["timestamp IS NOT NULL", *bounds("timestamp")])
     interval_parts = ["(timestamp_start IS NOT NULL OR timestamp_end IS NOT NULL)"]
     if hi is not None:
-        interval_parts.append(f"COALESCE(timestamp_start, timestamp_end) <= {_ts(hi)}")
+        interval_parts.append(f"(timestamp_start IS NULL OR timestamp_start <= {_ts(hi)})")
     if lo is not None:
-        interval_parts.append(f"COALESCE(timestamp_end, timestamp_start) >= {_ts(lo)}")
+        interval_parts.append(f"(timestamp_end IS NULL OR timestamp_end >= {_ts(lo)})")
     interval = " AND ".join(interval_parts)
     fallback = " AND ".join(
         ["timestamp IS NULL", "timestamp_start IS NULL", "timestamp_end IS NULL", *bounds("created_at")]

@@ -127,7 +127,7 @@ def dead_letter_record(dl: DeadLetter) -> EncodedRecord:
         (HEADER_DLQ_NULL_KEY, b"true" if null_key else b"false"),
     ]
     key = b"" if null_key else dl.original_key
-    return EncodedRecord(key=key, value=dl.original_value, headers=headers)  # type: ignore[arg-type]
+    return EncodedRecord(key=key, value=dl.original_value, headers=headers)  # type: ignore[arg-type,unused-ignore]
 
 
 def is_dead_letter(headers: Sequence[tuple[str, bytes | None]] | None) -> bool:

@@ -327,7 +327,7 @@ class MemstreamProducer:
         results = list(await asyncio.gather(*futures, return_exceptions=True))
         if any(isinstance(r, BaseException) for r in results):
             raise ProduceError(results)
-        return results  # type: ignore[return-value]
+        return [r for r in results if isinstance(r, LogPosition)]
 
     # --- conveniences ------------------------------------------------------------------
 

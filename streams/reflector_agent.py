@@ -270,6 +270,7 @@ def register_reflector(
         for settled in core.settled(partition, skip=runner.in_flight):
             runner.submit(settled)
         core.sweep(partition, moment)
+        handle.bump("ticks")
 
     async def handle_work(value: Any, partition: int) -> None:
         kind = value.get("kind") if isinstance(value, dict) else None

@@ -110,7 +110,8 @@ def record_key(scope: Scope) -> bytes:
     take the scope from the body, never by splitting the key. The agent is left out on
     purpose: every agent of a user writes into the same ordered space.
     """
-    return scope.space.encode("utf-8")
+    space: str = scope.space
+    return space.encode("utf-8")
 
 
 def event_headers(event: EventBase) -> list[tuple[str, bytes]]:

@@ -11,7 +11,11 @@ A SIGKILL loses nothing either: the projector resumes from its stored positions.
 
 One projector worker per LanceDB directory: the projector's tables hold every
 partition, so a second worker sharing the consumer group would only see part of the
-log. Scale reads with more API processes, not more projector workers.
+log. The worker takes the directory's lock (``<lance_dir>.lock``, see
+:class:`~memstream.streams.projector_agent.LanceDirLock`) and refuses to start when
+another worker or a replay's swap holds it. Scale reads with more API processes, not
+more projector workers. Workers running other agent sets (``--agents extractor``)
+should use their own ``MEMSTREAM_APP_ID``: one Faust app, one set of agents.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import faust
 from memstream.settings import Settings
 from memstream.streams.admin import TopicCreationError, ensure_topics
 from memstream.streams.app import AGENT_NAMES, FAUST_LOGGER, build_app
+from memstream.streams.projector_agent import LanceDirBusyError, LanceDirLock
 from memstream.streams.topics import Topics
 
 __all__ = ["WorkerError", "logging_config", "run_worker", "main"]
@@ -95,9 +100,18 @@ def run_worker(
         loop.close()
         raise WorkerError(str(exc)) from exc
 
+    lock = LanceDirLock(settings.lance_dir)
+    if agents is None or "projector" in agents:
+        try:
+            lock.acquire(f"memstream worker {settings.app_id}")
+        except LanceDirBusyError as exc:
+            loop.close()
+            raise WorkerError(f"cannot project: {exc}") from exc
+
     try:
         app = build_app(settings, agents=agents, loop=loop)
     except ValueError as exc:
+        lock.release()
         loop.close()
         raise WorkerError(str(exc)) from exc
 
@@ -126,6 +140,8 @@ def run_worker(
     except Exception as exc:  # noqa: BLE001 - report the crash as one line + exit 1
         log.debug("worker crashed", exc_info=True)
         raise WorkerError(f"worker crashed: {type(exc).__name__}: {exc}") from exc
+    finally:
+        lock.release()
     return 0
 
 

@@ -67,11 +67,13 @@ def start() -> None:
             f"[green]started[/green] Kafka {status.version} at {status.bootstrap_servers} "
             f"(pid {status.pid}, data {status.data_dir})",
             highlight=False,
+            soft_wrap=True,
         )
     else:
         console.print(
             f"already running: Kafka {status.version} at {status.bootstrap_servers} (pid {status.pid})",
             highlight=False,
+            soft_wrap=True,
         )
 
 
@@ -88,7 +90,7 @@ def stop() -> None:
     else:
         status = local.status(settings)
         note = f" ({status.detail})" if status.state == "external" else ""
-        console.print(f"not running{note}", highlight=False)
+        console.print(f"not running{note}", highlight=False, soft_wrap=True)
 
 
 @broker_app.command("status")

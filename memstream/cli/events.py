@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
+import threading
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
@@ -64,17 +66,62 @@ def _report(line: str) -> None:
     sys.stderr.flush()
 
 
-async def _read_line(stream: IO[bytes], blocking_ok: bool) -> bytes | None:
-    """One line from ``stream`` (None at the end). A pipe is read in a thread so the
-    producer's network I/O keeps running while stdin is idle."""
-    if blocking_ok:
-        raw = stream.readline()
-    else:
-        raw = await asyncio.get_running_loop().run_in_executor(None, stream.readline)
-    return raw if raw else None
+class _LineSource:
+    """Lines of a file, or of a pipe read by a daemon thread.
+
+    A pipe (stdin) can stay silent for a long time; reading it on the event loop would
+    stall the producer's network I/O, and reading it in the default executor would make
+    Ctrl-C wait for the next line at exit. A daemon thread feeding a queue does neither.
+    """
+
+    def __init__(self, stream: IO[bytes], *, blocking_ok: bool) -> None:
+        self._stream = stream
+        self._blocking_ok = blocking_ok
+        self._queue: asyncio.Queue[bytes | None] | None = None
+
+    def _start_reader(self) -> asyncio.Queue[bytes | None]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=10_000)
+
+        def deliver(item: bytes | None) -> bool:
+            try:
+                asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
+            except RuntimeError:  # the loop is gone: the command ended (error or Ctrl-C)
+                return False
+            return True
+
+        def pump() -> None:
+            # Raw reads on the descriptor: a daemon thread blocked inside a buffered
+            # reader holds its lock, and interpreter shutdown (Ctrl-C) then aborts.
+            fd = self._stream.fileno()
+            pending = b""
+            try:
+                while chunk := os.read(fd, 1 << 16):
+                    pending += chunk
+                    *lines, pending = pending.split(b"\n")
+                    for line in lines:
+                        if not deliver(line + b"\n"):
+                            return
+            except OSError:  # stdin closed under us: treat as the end
+                pass
+            if pending and not deliver(pending):
+                return
+            deliver(None)
+
+        threading.Thread(target=pump, name="memstream-produce-stdin", daemon=True).start()
+        return queue
+
+    async def next(self) -> bytes | None:
+        """The next raw line, or None at the end."""
+        if self._blocking_ok:
+            raw = self._stream.readline()
+            return raw if raw else None
+        if self._queue is None:
+            self._queue = self._start_reader()
+        return await self._queue.get()
 
 
-async def _produce(stream: IO[bytes], blocking_ok: bool, topic: str | None, settings: Settings) -> int:
+async def _produce(source: _LineSource, topic: str | None, settings: Settings) -> int:
     topics = Topics.from_settings(settings)
     target = resolve_topic(topic, topics) if topic else None
     producer: MemstreamProducer | None = None
@@ -85,7 +132,7 @@ async def _produce(stream: IO[bytes], blocking_ok: bool, topic: str | None, sett
     line_no = 0
     checked: set[str] = set()
     try:
-        while (raw := await _read_line(stream, blocking_ok)) is not None:
+        while (raw := await source.next()) is not None:
             line_no += 1
             line = raw.rstrip(b"\r\n")
             if not line.strip():
@@ -93,7 +140,7 @@ async def _produce(stream: IO[bytes], blocking_ok: bool, topic: str | None, sett
             try:
                 # A new event: missing ids and times are filled in here, once.
                 event = decode_record(line, require_envelope=False)
-                encode_event(event)  # refuse here what the producer would refuse
+                record = encode_event(event)
             except (DecodeError, EncodeError) as exc:
                 rejected += 1
                 _report(f"line {line_no}: {exc.reason}")
@@ -110,7 +157,7 @@ async def _produce(stream: IO[bytes], blocking_ok: bool, topic: str | None, sett
                 # metadata until the request timeout (the broker does not auto-create).
                 await _partitions(destination, settings, hint="; create the topics with `memstream topics create`")
                 checked.add(destination)
-            pending.append((line_no, await producer.send_nowait(event, topic=destination)))
+            pending.append((line_no, await producer.send_encoded(destination, record)))
             if len(pending) >= 1000:
                 failed += await _settle(pending, sent)
                 pending = []
@@ -158,7 +205,7 @@ def produce(
     settings = get_settings()
     if file == "-":
         stream: IO[bytes] = sys.stdin.buffer
-        code = asyncio.run(_produce(stream, stream.seekable(), topic, settings))
+        code = asyncio.run(_produce(_LineSource(stream, blocking_ok=stream.seekable()), topic, settings))
     else:
         path = Path(file)
         try:
@@ -166,7 +213,7 @@ def produce(
         except OSError as exc:
             raise CLIError(f"cannot read {file}: {exc.strerror or exc}") from None
         with handle:
-            code = asyncio.run(_produce(handle, True, topic, settings))
+            code = asyncio.run(_produce(_LineSource(handle, blocking_ok=True), topic, settings))
     if code:
         raise typer.Exit(code)
 

@@ -262,9 +262,9 @@ async def _append(service: MemoryService, event: EventBase) -> Accepted:
     return Accepted(event_id=str(event.event_id), position=str(position))
 
 
-async def _wait(service: MemoryService, positions: list[LogPosition]) -> None:
+async def _wait(service: MemoryService, positions: list[LogPosition], wait_s: float | None) -> None:
     try:
-        await service.wait_for(positions)
+        await service.wait_for(positions, wait_s)
     except UnknownTopicError as exc:
         raise ApiError(422, "validation_error", f"min_position: {exc}") from None
     except PositionNotReached as exc:
@@ -330,6 +330,10 @@ MinPosition = Annotated[
         description="Wait until the projection has applied this log position "
         "(topic:partition:offset from a write); repeatable.",
     ),
+]
+WaitS = Annotated[
+    float | None,
+    Query(ge=0, description="Longest wait for min_position, in seconds (capped by the server's read_wait_max_s)."),
 ]
 
 
@@ -537,6 +541,7 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
         include_superseded: Annotated[bool, Query(description="False drops superseded memories and duplicates.")] = True,
         explain: Annotated[bool, Query(description="Include the score parts of every result.")] = False,
         min_position: MinPosition = [],  # noqa: B006
+        wait_s: WaitS = None,
     ) -> SearchOut:
         scope = _resolve(principal, ScopeIn(team_id=team_id, user_id=user_id))
         agent = agent_id or principal.access.agent_id
@@ -555,7 +560,7 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
         except ValueError as exc:
             raise ApiError(422, "validation_error", str(exc)) from None
         service = _service(request)
-        await _wait(service, _positions(min_position))
+        await _wait(service, _positions(min_position), wait_s)
         hits = await service.search(scope, q, k, filters, interface="api")
         return SearchOut(
             results=[search_hit_payload(h, explain=explain) for h in hits],
@@ -572,10 +577,11 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
         user_id: Annotated[str | None, Query()] = None,
         team_id: Annotated[str | None, Query()] = None,
         min_position: MinPosition = [],  # noqa: B006
+        wait_s: WaitS = None,
     ) -> dict[str, Any]:
         scope = _resolve(principal, ScopeIn(team_id=team_id, user_id=user_id))
         service = _service(request)
-        await _wait(service, _positions(min_position))
+        await _wait(service, _positions(min_position), wait_s)
         found = await service.get_memory(scope, memory_id)
         if found is None:
             raise ApiError(404, "not_found", f"no memory {memory_id!r} in {scope.team_id}/{scope.user_id}")
@@ -594,10 +600,11 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
         user_id: Annotated[str | None, Query()] = None,
         team_id: Annotated[str | None, Query()] = None,
         min_position: MinPosition = [],  # noqa: B006
+        wait_s: WaitS = None,
     ) -> dict[str, Any]:
         scope = _resolve(principal, ScopeIn(team_id=team_id, user_id=user_id))
         service = _service(request)
-        await _wait(service, _positions(min_position))
+        await _wait(service, _positions(min_position), wait_s)
         return lessons_payload(await service.lessons(scope, subject, budget))
 
     # --- operations ---------------------------------------------------------------------------

@@ -187,6 +187,17 @@ def test_numbers_accept_integral_floats_and_ints_for_floats() -> None:
     assert outcome.raw_return == 1.0  # type: ignore[attr-defined]
 
 
+def test_metadata_tuples_are_stored_as_json_arrays() -> None:
+    event = MemoryAdded(
+        scope=Scope(team_id="acme"), memory_id="m", content="c",
+        metadata={"tags": ("a", ("b", {"c": (1,)}))},
+        provenance={"decisions": ({"ids": ("x", "y")},)},  # type: ignore[arg-type]
+    )
+    assert event.metadata == {"tags": ["a", ["b", {"c": [1]}]]}
+    assert event.provenance is not None and event.provenance.decisions[0] == {"ids": ["x", "y"]}
+    assert parse_event(json.loads(event.model_dump_json())) == event
+
+
 def test_unknown_entity_kinds_become_other() -> None:
     event = parse_event(with_("MemoryAdded", entities=[{"name": "Kafka", "kind": "software"}]))
     assert event.entities[0].kind == "other"  # type: ignore[attr-defined]

@@ -74,5 +74,8 @@ def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         yield s
     finally:
         codes = {name: stop_process(p) for name, p in reversed(list(s.processes.items()))}
-        # Both stop cleanly on SIGTERM (uvicorn and Faust handle it).
-        assert codes == {"api": 0, "worker": 0}, (codes, s.log_tail("api"), s.log_tail("worker"))
+        # Both stop cleanly on SIGTERM: Faust exits 0; uvicorn finishes its shutdown
+        # (lifespan: producer flushed, MCP sessions closed), then re-raises the signal.
+        assert codes["worker"] == 0, s.log_tail("worker")
+        assert codes["api"] in (0, -15), s.log_tail("api")
+        assert "Application shutdown complete" in s.log_tail("api", 400), s.log_tail("api")

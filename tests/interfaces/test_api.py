@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,19 +30,25 @@ async def client(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
-async def end_offsets(stack: Stack) -> dict[tuple[str, int], int]:
-    """Every partition's end offset across the deployment's topics."""
+@pytest.fixture(scope="session")
+async def offsets_consumer(stack: Stack) -> AsyncIterator[AIOKafkaConsumer]:
     consumer = AIOKafkaConsumer(bootstrap_servers=stack.settings.bootstrap_servers, group_id=None)
     await consumer.start()
-    try:
-        parts = [
-            TopicPartition(spec.name, p)
-            for spec in stack.topics.catalogue()
-            for p in range(spec.partitions)
-        ]
-        return {(tp.topic, tp.partition): o for tp, o in (await consumer.end_offsets(parts)).items()}
-    finally:
-        await consumer.stop()
+    yield consumer
+    await consumer.stop()
+
+
+@pytest.fixture
+def end_offsets(stack: Stack, offsets_consumer: AIOKafkaConsumer) -> Callable[[], Awaitable[dict[tuple[str, int], int]]]:
+    """Every partition's end offset across the deployment's topics (to prove that a
+    rejected request wrote nothing anywhere)."""
+    parts = [TopicPartition(spec.name, p) for spec in stack.topics.catalogue() for p in range(spec.partitions)]
+
+    async def read() -> dict[tuple[str, int], int]:
+        ends = await offsets_consumer.end_offsets(parts)
+        return {(tp.topic, tp.partition): o for tp, o in ends.items()}
+
+    return read
 
 
 def assert_error(resp: httpx.Response, status: int, code: str) -> dict[str, Any]:
@@ -94,10 +100,11 @@ async def test_write_then_read_your_write(stack: Stack, client: httpx.AsyncClien
 async def test_position_not_reached_is_a_clear_error(stack: Stack, client: httpx.AsyncClient) -> None:
     far = f"{stack.topics.events}:0:999999999"
     resp = await client.get(
-        "/v1/search", headers=stack.headers("alice"), params={"q": "x", "min_position": far}
+        "/v1/search", headers=stack.headers("alice"), params={"q": "x", "min_position": far, "wait_s": 0.5}
     )
     err = assert_error(resp, 409, "position_not_reached")
     assert err["details"]["requested"] == far and resp.headers["retry-after"] == "1"
+    assert 0.5 <= err["details"]["waited_s"] < stack.settings.read_wait_max_s
     assert_error(
         await client.get("/v1/search", headers=stack.headers("alice"), params={"q": "x", "min_position": "nonsense"}),
         422,
@@ -110,8 +117,8 @@ async def test_position_not_reached_is_a_clear_error(stack: Stack, client: httpx
     )
 
 
-async def test_auth_401_and_403_never_cross_tenants(stack: Stack, client: httpx.AsyncClient) -> None:
-    before = await end_offsets(stack)
+async def test_auth_401_and_403_never_cross_tenants(stack: Stack, client: httpx.AsyncClient, end_offsets: Any) -> None:
+    before = await end_offsets()
     body = {"content": "should never be written"}
     assert_error(await client.post("/v1/memories", json=body), 401, "unauthorized")
     assert_error(
@@ -140,7 +147,7 @@ async def test_auth_401_and_403_never_cross_tenants(stack: Stack, client: httpx.
         403,
         "forbidden",
     )
-    assert await end_offsets(stack) == before  # nothing was written
+    assert await end_offsets() == before  # nothing was written
 
     # Bob's memory is invisible to ACME's team-wide key, even by id.
     resp = await client.post("/v1/memories", json={"content": "Bob's secret plan"}, headers=stack.headers("globex"))
@@ -179,13 +186,13 @@ async def test_auth_401_and_403_never_cross_tenants(stack: Stack, client: httpx.
     ],
 )
 async def test_invalid_bodies_are_422_and_write_nothing(
-    stack: Stack, client: httpx.AsyncClient, path: str, body: Any, code: str, fragment: str
+    stack: Stack, client: httpx.AsyncClient, end_offsets: Any, path: str, body: Any, code: str, fragment: str
 ) -> None:
-    before = await end_offsets(stack)
+    before = await end_offsets()
     resp = await client.post(path, json=body, headers=stack.headers("acme"))
     err = assert_error(resp, 422, code)
     assert fragment.lower() in json.dumps(err).lower(), err
-    assert await end_offsets(stack) == before
+    assert await end_offsets() == before
 
 
 async def test_non_json_body(stack: Stack, client: httpx.AsyncClient) -> None:

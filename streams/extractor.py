@@ -1,0 +1,770 @@
+"""The extraction pipeline with its I/O: turns in, ADD-only events out.
+
+:class:`Extractor` runs one window (a session's new turns plus a few earlier ones as
+background) through the steps of :mod:`memstream.domain.extraction`:
+
+1. quality gate, window numbering;
+2. ONE LLM call for scenes and memories (retried once), JSON repair, per-memory
+   validation; or, with no LLM configured, the documented heuristic;
+3. exact dedup by content hash within the batch and across the whole memory space
+   (``LanceStore.find_hashes``);
+4. ONE embedding call for the remaining memories;
+5. candidate recall per memory, inside the memory's own space: the top
+   ``dedup_candidates_k`` current memories by vector (with the vector just computed,
+   no second embedding call), else by full text, else none;
+6. ONE batched LLM judgment for every memory that has candidates (skipped when none
+   has); if it fails after its retry, every memory is stored;
+7. the events, each with its provenance, sent with the producer.
+
+Failure rules: if the extraction call fails (timeout, HTTP error, an answer that stays
+unparsable after repair, after its retry), or the memory space cannot be read, or the
+events cannot be produced, the outcome is ``failed`` and lists every new turn as
+*kept*: the caller (:class:`TurnBuffer`) keeps them for the next run, so a turn is
+never lost and never silently skipped. Memory and link ids are content-derived, so a
+run repeated after a partial failure re-sends the same ids.
+
+:class:`TurnBuffer` is the scheduling half of the extractor agent without Kafka or
+Faust: turns grouped per session, the trigger rules (enough new turns, or idle), the
+turns kept after a failure (with back-off), and the offsets that are safe to commit
+(never past a turn that has not been extracted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, Protocol
+
+from memstream.domain.events import (
+    EmbeddingPayload,
+    EventBase,
+    MemoryAdded,
+    MemoryLinked,
+    MessageObserved,
+    Scope,
+    utcnow,
+)
+from memstream.domain.extraction import (
+    EXTRACTION_SCHEMA,
+    JUDGMENT_SCHEMA,
+    Action,
+    Candidate,
+    Decision,
+    DraftIssue,
+    ExtractionParse,
+    MemoryDraft,
+    StageReport,
+    Window,
+    build_events,
+    build_window,
+    dedupe_batch,
+    heuristic_drafts,
+    parse_extraction,
+    parse_judgment,
+    plan_judgment,
+    record_items,
+    render_judgment,
+    render_turns,
+    split_known,
+    store_all,
+)
+from memstream.domain.log import LogPosition
+from memstream.domain.prompts import PromptError, PromptLibrary
+from memstream.domain.repair import Repaired, repair_json
+from memstream.llm import ChatModel, LLMError, call_with_retry
+from memstream.settings import Settings
+
+__all__ = [
+    "EventSink",
+    "CandidateRecall",
+    "ExtractionOutcome",
+    "Extractor",
+    "store_recall",
+    "SessionKey",
+    "WindowJob",
+    "TurnBuffer",
+    "RECENT_IDS",
+]
+
+log = logging.getLogger(__name__)
+
+
+class EventSink(Protocol):
+    """Where events go (``MemstreamProducer`` in production)."""
+
+    async def send_many(self, events: Sequence[EventBase]) -> list[LogPosition]: ...
+
+
+class _Embedder(Protocol):
+    model_id: str
+    dim: int
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]: ...
+
+
+CandidateRecall = Callable[[Scope, str, "Sequence[float] | None", int], list[Candidate]]
+"""``(scope, content, vector or None, k) -> candidates``; synchronous (run off the loop)."""
+
+
+def store_recall(store: Any, embedder: Any) -> CandidateRecall:
+    """Candidate recall from the LanceDB projection: the top ``k`` *current* memories of
+    the scope's memory space by vector similarity when a vector is given, else (no
+    vector, the vector search failed or found nothing) by BM25 full text, else none."""
+    from memstream.projections.search import SearchFilters, text_search, vector_search
+
+    current = SearchFilters(include_superseded=False)
+
+    def recall(scope: Scope, content: str, vector: Sequence[float] | None, k: int) -> list[Candidate]:
+        results: list[Any] = []
+        if vector is not None:
+            try:
+                results = vector_search(store, embedder, scope, content, k, current, vector=vector)
+            except Exception as exc:  # noqa: BLE001 - recall degrades, never fails a run
+                log.warning("vector recall failed, using full text: %s", exc)
+                results = []
+        if not results:
+            try:
+                results = text_search(store, embedder, scope, content, k, current)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("full-text recall failed, judging without candidates: %s", exc)
+                results = []
+        return [
+            Candidate(
+                memory_id=r.memory_id,
+                content=r.content,
+                memory_type=r.memory_type,
+                score=r.score,
+                when=r.timestamp or r.created_at,
+            )
+            for r in results[:k]
+        ]
+
+    return recall
+
+
+@dataclass(frozen=True)
+class ExtractionOutcome:
+    """What one run did.
+
+    ``status``: ``extracted`` (events sent, possibly none because everything was a
+    duplicate or dropped), ``nothing`` (no new turn passed the quality gate), or
+    ``failed`` (nothing sent; ``kept`` lists the turns to retry). ``consumed`` lists the
+    new turns this run is done with (all of them unless it failed).
+    """
+
+    status: Literal["extracted", "nothing", "failed"]
+    method: Literal["llm", "heuristic"]
+    consumed: tuple[str, ...] = ()
+    kept: tuple[str, ...] = ()
+    events: tuple[EventBase, ...] = ()
+    positions: tuple[LogPosition, ...] = ()
+    failure: str | None = None
+    record: tuple[Mapping[str, Any], ...] = ()
+    decisions: tuple[Mapping[str, Any], ...] = ()
+    llm_calls: int = 0
+    embed_calls: int = 0
+    correlation_id: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status != "failed"
+
+    @property
+    def memories(self) -> tuple[MemoryAdded, ...]:
+        return tuple(e for e in self.events if isinstance(e, MemoryAdded))
+
+    @property
+    def links(self) -> tuple[MemoryLinked, ...]:
+        return tuple(e for e in self.events if isinstance(e, MemoryLinked))
+
+
+class _CountingEmbedder:
+    """Counts the provider calls made on behalf of one run."""
+
+    def __init__(self, inner: _Embedder) -> None:
+        self.inner = inner
+        self.model_id = inner.model_id
+        self.dim = inner.dim
+        self.calls = 0
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        self.calls += 1
+        return self.inner.embed(texts)
+
+
+class Extractor:
+    """One extraction run per :meth:`run_window` call (see the module docstring).
+
+    ``llm`` is ``None`` for the no-LLM heuristic; ``embedder`` ``None`` means events
+    carry no embedding (the projector embeds) and recall is by full text; ``store``
+    ``None`` means an empty memory space (no dedup against history, no candidates);
+    ``recall`` overrides the candidate recall (default: :func:`store_recall`).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        llm: ChatModel | None,
+        embedder: _Embedder | None,
+        store: Any | None,
+        producer: EventSink,
+        *,
+        prompts: PromptLibrary | None = None,
+        recall: CandidateRecall | None = None,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.settings = settings
+        self.llm = llm
+        self.embedder = embedder
+        self.store = store
+        self.producer = producer
+        self.prompts = prompts or PromptLibrary(settings.prompts_dir)
+        self.clock = clock
+        if recall is not None:
+            self._recall: CandidateRecall | None = recall
+        elif store is not None:
+            self._recall = store_recall(store, embedder)
+        else:
+            self._recall = None
+
+    @property
+    def method(self) -> Literal["llm", "heuristic"]:
+        return "llm" if self.llm is not None else "heuristic"
+
+    async def run_window(
+        self,
+        scope: Scope,
+        session_id: str | None,
+        turns: Sequence[MessageObserved],
+        background: Sequence[MessageObserved] = (),
+    ) -> ExtractionOutcome:
+        """Extract memories from ``turns`` (new) with ``background`` as context."""
+        run_id = "x-" + uuid.uuid4().hex
+        window = build_window(
+            scope,
+            session_id,
+            turns,
+            background,
+            max_background=self.settings.extract_background_turns,
+        )
+        base = {"method": self.method, "correlation_id": run_id}
+        gate_record = tuple(record_items(window, (), ()))
+        if not window.new_turns:
+            log.debug("extraction %s: no qualifying turn among %d", run_id, len(window.new_message_ids))
+            return ExtractionOutcome(
+                "nothing", consumed=window.new_message_ids, record=gate_record, **base  # type: ignore[arg-type]
+            )
+
+        def failed(reason: str, llm_calls: int = 0, embed_calls: int = 0) -> ExtractionOutcome:
+            log.warning(
+                "extraction %s failed for %s session %s (%d turns kept): %s",
+                run_id, scope.space, session_id, len(window.new_message_ids), reason,
+            )
+            return ExtractionOutcome(
+                "failed",
+                kept=window.new_message_ids,
+                failure=reason,
+                record=gate_record,
+                llm_calls=llm_calls,
+                embed_calls=embed_calls,
+                **base,  # type: ignore[arg-type]
+            )
+
+        # -- 1. drafts ------------------------------------------------------------------
+        llm_calls = 0
+        if self.llm is None:
+            drafts = heuristic_drafts(window)
+            issues: list[DraftIssue] = []
+            extraction = StageReport(
+                "heuristic",
+                note="no LLM configured: one episodic memory per qualifying turn",
+            )
+        else:
+            try:
+                prompt = self.prompts.get("extraction", scope)
+                background_text, new_text = render_turns(window)
+                system, user = prompt.render(
+                    {
+                        "background": background_text,
+                        "turns": new_text,
+                        "max_memories": self.settings.extract_max_memories,
+                    }
+                )
+            except PromptError as exc:
+                return failed(f"prompt: {exc}")
+            max_memories = self.settings.extract_max_memories
+
+            def parse(text: str) -> tuple[Repaired, ExtractionParse]:
+                repaired = repair_json(text)
+                return repaired, parse_extraction(repaired.value, window, max_memories=max_memories)
+
+            try:
+                call = await call_with_retry(
+                    self.llm,
+                    system,
+                    user,
+                    parse=parse,
+                    schema=EXTRACTION_SCHEMA,
+                    schema_name="memstream_extraction",
+                    retries=self.settings.llm_max_retries,
+                )
+            except LLMError as exc:
+                return failed(
+                    f"extraction call: {exc.kind} after {exc.attempts} attempt(s): "
+                    + " | ".join(exc.errors),
+                    llm_calls=exc.attempts,
+                )
+            llm_calls += call.attempts
+            repaired, parsed = call.value
+            drafts = list(parsed.drafts)
+            issues = list(parsed.issues)
+            notes = []
+            if repaired.repairs:
+                notes.append("json repaired: " + ", ".join(repaired.repairs))
+            if call.errors:
+                notes.append("retried after: " + " | ".join(call.errors))
+            extraction = StageReport(
+                "llm",
+                status="repaired" if repaired.repairs else "ok",
+                **prompt.ref(),
+                model=call.result.model,
+                latency_ms=call.latency_ms,
+                token_usage=dict(call.usage),
+                note="; ".join(notes) or None,
+            )
+
+        # -- 2. exact dedup ---------------------------------------------------------------
+        drafts, batch_dups = dedupe_batch(drafts)
+        issues.extend(batch_dups)
+        known: Mapping[str, str] = {}
+        if drafts and self.store is not None:
+            try:
+                known = await asyncio.to_thread(
+                    self.store.find_hashes, scope, [d.content_hash for d in drafts]
+                )
+            except Exception as exc:  # noqa: BLE001 - the store is unreadable: retry later
+                return failed(f"memory space unreadable: {type(exc).__name__}: {exc}", llm_calls)
+        new, duplicates = split_known(drafts, known)
+
+        # -- 3. one embedding call ----------------------------------------------------------
+        embedder = _CountingEmbedder(self.embedder) if self.embedder is not None else None
+        vectors: list[list[float] | None] = [None] * len(new)
+        embed_note: str | None = None
+        if new and embedder is not None:
+            try:
+                got = await asyncio.to_thread(embedder.embed, [d.content for d in new])
+                if len(got) != len(new):
+                    raise ValueError(f"{len(got)} vectors for {len(new)} texts")
+                vectors = [list(v) for v in got]
+            except Exception as exc:  # noqa: BLE001 - events go without vectors
+                embed_note = f"embedding failed ({type(exc).__name__}: {exc}); the projector embeds"
+                log.warning("extraction %s: %s", run_id, embed_note)
+        payloads: list[EmbeddingPayload | None] = []
+        for vec in vectors:
+            if vec is None or embedder is None:
+                payloads.append(None)
+                continue
+            try:
+                payloads.append(EmbeddingPayload.from_vector(embedder.model_id, vec))
+            except ValueError:
+                payloads.append(None)
+
+        # -- 4. candidate recall + 5. one judgment ------------------------------------------------
+        judgment: StageReport | None = None
+        if self.llm is not None and new and self._recall is not None:
+            k = self.settings.dedup_candidates_k
+            recall = self._recall
+            candidates = await asyncio.to_thread(
+                lambda: [recall(scope, d.content, vectors[i], k) for i, d in enumerate(new)]
+            )
+            decisions, judgment, calls = await self._judge(scope, new, candidates)
+            llm_calls += calls
+        else:
+            reason = "heuristic: no judgment" if self.llm is None else "no similar memories to judge against"
+            decisions = store_all(len(new), reason)
+        if embed_note:
+            extraction = _with_note(extraction, embed_note)
+
+        # -- 6. events ---------------------------------------------------------------------
+        record = record_items(window, issues, duplicates)
+        try:
+            built = build_events(
+                scope=scope,
+                session_id=session_id,
+                drafts=new,
+                decisions=decisions,
+                embeddings=payloads,
+                extraction=extraction,
+                judgment=judgment,
+                input_refs=window.input_refs,
+                batch_record=record,
+                recorded_at=self.clock(),
+                correlation_id=run_id,
+            )
+        except ValueError as exc:
+            return failed(f"events could not be built: {exc}", llm_calls, embedder.calls if embedder else 0)
+        events = list(built.events)
+        record = record + list(built.rejected)
+        positions: list[LogPosition] = []
+        if events:
+            try:
+                positions = list(await self.producer.send_many(events))
+            except Exception as exc:  # noqa: BLE001 - the broker is unavailable: retry later
+                return failed(
+                    f"events not produced: {type(exc).__name__}: {exc}",
+                    llm_calls,
+                    embedder.calls if embedder else 0,
+                )
+        decision_dicts = tuple(
+            {"memory": new[i].content[:200], **decisions[i].as_dict()} for i in sorted(decisions)
+        )
+        log.info(
+            "extraction %s (%s) %s session %s: %d turns -> %d memories, %d links, %d duplicates, %d dropped",
+            run_id, self.method, scope.space, session_id, len(window.new_message_ids),
+            sum(isinstance(e, MemoryAdded) for e in events),
+            sum(isinstance(e, MemoryLinked) for e in events),
+            len(duplicates) + len(batch_dups),
+            sum(d.action is Action.drop for d in decisions.values()),
+        )
+        return ExtractionOutcome(
+            "extracted",
+            consumed=window.new_message_ids,
+            events=tuple(events),
+            positions=tuple(positions),
+            record=tuple(record),
+            decisions=decision_dicts,
+            llm_calls=llm_calls,
+            embed_calls=embedder.calls if embedder else 0,
+            **base,  # type: ignore[arg-type]
+        )
+
+    async def _judge(
+        self, scope: Scope, drafts: Sequence[MemoryDraft], candidates: Sequence[Sequence[Candidate]]
+    ) -> tuple[dict[int, Decision], StageReport | None, int]:
+        """One batched judgment; every failure path stores all drafts."""
+        assert self.llm is not None
+        plan = plan_judgment(drafts, candidates)
+        if plan.empty:
+            return store_all(len(drafts), "no similar memories to judge against"), None, 0
+        try:
+            prompt = self.prompts.get("judgment", scope)
+            system, user = prompt.render({"items": render_judgment(plan, drafts)})
+        except PromptError as exc:
+            reason = f"judgment prompt unusable ({exc}): stored all"
+            return store_all(len(drafts), reason, candidates=candidates), StageReport(
+                "llm", status="failed", note=reason
+            ), 0
+
+        def parse(text: str) -> tuple[Repaired, dict[int, Decision]]:
+            repaired = repair_json(text)
+            return repaired, parse_judgment(repaired.value, plan, len(drafts))
+
+        try:
+            call = await call_with_retry(
+                self.llm,
+                system,
+                user,
+                parse=parse,
+                schema=JUDGMENT_SCHEMA,
+                schema_name="memstream_judgment",
+                retries=self.settings.llm_max_retries,
+            )
+        except LLMError as exc:
+            reason = f"judgment failed ({exc.kind} after {exc.attempts} attempt(s)): stored all"
+            log.warning("%s: %s", reason, " | ".join(exc.errors))
+            stage = StageReport(
+                "llm",
+                status="failed",
+                **prompt.ref(),
+                model=self.llm.model,
+                latency_ms=exc.latency_ms,
+                token_usage=dict(exc.usage),
+                note=reason + ": " + " | ".join(exc.errors),
+            )
+            return store_all(len(drafts), reason, candidates=candidates), stage, exc.attempts
+        repaired, decisions = call.value
+        notes = []
+        if repaired.repairs:
+            notes.append("json repaired: " + ", ".join(repaired.repairs))
+        if call.errors:
+            notes.append("retried after: " + " | ".join(call.errors))
+        stage = StageReport(
+            "llm",
+            status="repaired" if repaired.repairs else "ok",
+            **prompt.ref(),
+            model=call.result.model,
+            latency_ms=call.latency_ms,
+            token_usage=dict(call.usage),
+            note="; ".join(notes) or None,
+        )
+        return decisions, stage, call.attempts
+
+
+def _with_note(stage: StageReport, note: str) -> StageReport:
+    from dataclasses import replace
+
+    joined = f"{stage.note}; {note}" if stage.note else note
+    return replace(stage, note=joined)
+
+
+# ==========================================================================================
+# Scheduling: sessions, triggers, kept turns, safe offsets
+# ==========================================================================================
+
+RECENT_IDS = 1_000
+"""Turn ids remembered per session after extraction, to drop a turn sent twice."""
+
+SessionKey = tuple[str, str, str, str]
+"""``(team_id, user_id, agent_id, session_id or "")``: one conversation."""
+
+
+@dataclass
+class _Pending:
+    message: MessageObserved
+    position: LogPosition
+    arrived: float
+
+
+@dataclass
+class _Session:
+    key: SessionKey
+    scope: Scope
+    session_id: str | None
+    pending: list[_Pending] = field(default_factory=list)
+    history: deque[MessageObserved] = field(default_factory=deque)
+    last_seen: float = 0.0
+    in_flight: bool = False
+    failures: int = 0
+    retry_at: float = 0.0
+    last_failure: str | None = None
+    pending_ids: set[str] = field(default_factory=set)
+    recent_ids: dict[str, None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WindowJob:
+    """One scheduled extraction: the session, its new turns (with their log positions)
+    and the background turns. ``generation`` ties it to the partition assignment it was
+    made under (a job of a revoked partition is not completed into the buffer)."""
+
+    key: SessionKey
+    scope: Scope
+    session_id: str | None
+    turns: tuple[MessageObserved, ...]
+    positions: tuple[LogPosition, ...]
+    background: tuple[MessageObserved, ...]
+    generation: int
+    trigger: Literal["turns", "idle", "flush"]
+
+
+class TurnBuffer:
+    """Turns waiting for extraction, per session, with the trigger rules.
+
+    A session is due when it has ``min_new`` pending turns, or when it has any and no
+    new turn arrived for ``idle_seconds``. A job takes at most ``max_new`` of the oldest
+    pending turns plus up to ``max_background`` of the session's latest extracted turns.
+    One job per session at a time. After a failed job its turns stay pending and the
+    session waits ``backoff(failures)`` seconds before it is due again.
+
+    :meth:`safe_offsets` gives, per partition, the offset Kafka may commit: the lowest
+    offset of any pending (or in-flight) turn, or one past the last record seen when
+    nothing is pending. A restart therefore re-reads every turn not yet extracted.
+    ``clock`` is monotonic seconds (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        *,
+        min_new: int,
+        idle_seconds: float,
+        max_new: int,
+        max_background: int,
+        clock: Callable[[], float] = time.monotonic,
+        backoff: Callable[[int], float] | None = None,
+    ) -> None:
+        if min_new < 1 or max_new < 1:
+            raise ValueError("min_new and max_new must be at least 1")
+        self.min_new = min(min_new, max_new)
+        self.idle_seconds = idle_seconds
+        self.max_new = max_new
+        self.max_background = max_background
+        self.clock = clock
+        self.backoff = backoff or (lambda failures: float(min(60.0, 2.0 ** min(failures, 6))))
+        self.forget_after = max(3600.0, 10 * idle_seconds)
+        """A session with nothing pending and no turn for this long is forgotten."""
+        self.generation = 0
+        self._sessions: dict[SessionKey, _Session] = {}
+        self._seen: dict[tuple[str, int], int] = {}
+
+    # -- input -----------------------------------------------------------------------------
+    @staticmethod
+    def key_of(message: MessageObserved) -> SessionKey:
+        s = message.scope
+        return (s.team_id, s.user_id, s.agent_id, message.session_id or "")
+
+    def observe(self, position: LogPosition) -> None:
+        """Note a record that carries no turn (a dead letter, another event type)."""
+        tp = (position.topic, position.partition)
+        self._seen[tp] = max(self._seen.get(tp, 0), position.offset + 1)
+
+    def add(self, message: MessageObserved, position: LogPosition) -> bool:
+        """Buffer one turn; ``False`` when this turn id is already pending or was among
+        the session's last :data:`RECENT_IDS` extracted turns (a producer retry sent it
+        twice), in which case it is only observed."""
+        self.observe(position)
+        key = self.key_of(message)
+        session = self._sessions.get(key)
+        if session is None:
+            session = _Session(
+                key,
+                message.scope,
+                message.session_id,
+                history=deque(maxlen=max(self.max_background, 1)),
+            )
+            self._sessions[key] = session
+        mid = message.message_id
+        if mid in session.pending_ids or mid in session.recent_ids:
+            return False
+        now = self.clock()
+        session.pending.append(_Pending(message, position, now))
+        session.pending_ids.add(mid)
+        session.last_seen = now
+        return True
+
+    # -- scheduling --------------------------------------------------------------------------
+    @property
+    def pending_count(self) -> int:
+        return sum(len(s.pending) for s in self._sessions.values())
+
+    def sessions(self) -> int:
+        return len(self._sessions)
+
+    def due(self, *, flush: bool = False, limit: int | None = None) -> list[WindowJob]:
+        """Jobs for the sessions that should extract now (marks them in flight), at most
+        ``limit`` of them, the longest-waiting first. ``flush`` makes every session with
+        pending turns due (shutdown, tests)."""
+        now = self.clock()
+        jobs: list[WindowJob] = []
+        if limit is not None and limit <= 0:
+            return jobs
+        order = sorted(
+            self._sessions.items(),
+            key=lambda kv: kv[1].pending[0].arrived if kv[1].pending else 0.0,
+        )
+        for key, session in order:
+            if limit is not None and len(jobs) >= limit:
+                break
+            if not session.pending and not session.in_flight:
+                if now - session.last_seen >= self.forget_after:
+                    del self._sessions[key]  # a finished conversation: free its history
+                continue
+            if session.in_flight:
+                continue
+            if not flush and now < session.retry_at:
+                continue
+            trigger: Literal["turns", "idle", "flush"]
+            if len(session.pending) >= self.min_new:
+                trigger = "turns"
+            elif now - session.last_seen >= self.idle_seconds:
+                trigger = "idle"
+            elif flush:
+                trigger = "flush"
+            else:
+                continue
+            take = session.pending[: self.max_new]
+            background = tuple(session.history)[-self.max_background :] if self.max_background else ()
+            session.in_flight = True
+            jobs.append(
+                WindowJob(
+                    key=session.key,
+                    scope=session.scope,
+                    session_id=session.session_id,
+                    turns=tuple(p.message for p in take),
+                    positions=tuple(p.position for p in take),
+                    background=background,
+                    generation=self.generation,
+                    trigger=trigger,
+                )
+            )
+        return jobs
+
+    def complete(self, job: WindowJob, outcome: ExtractionOutcome) -> None:
+        """Apply a finished job: consumed turns leave the buffer (and become background),
+        kept turns stay pending; a failure schedules the session's retry."""
+        session = self._sessions.get(job.key)
+        if job.generation != self.generation or session is None:
+            return  # the partition was revoked meanwhile: the new owner re-reads the turns
+        session.in_flight = False
+        if not outcome.ok:
+            session.failures += 1
+            session.last_failure = outcome.failure
+            session.retry_at = self.clock() + self.backoff(session.failures)
+            return
+        session.failures = 0
+        session.last_failure = None
+        session.retry_at = 0.0
+        done = set(outcome.consumed)
+        remaining: list[_Pending] = []
+        for p in session.pending:
+            mid = p.message.message_id
+            if mid in done:
+                session.history.append(p.message)
+                session.pending_ids.discard(mid)
+                session.recent_ids[mid] = None
+                if len(session.recent_ids) > RECENT_IDS:
+                    session.recent_ids.pop(next(iter(session.recent_ids)))
+            else:
+                remaining.append(p)
+        session.pending = remaining
+        # A session's pending list may receive turns while its job runs: those stay.
+
+    def release(self, job: WindowJob) -> None:
+        """A job that never ran (cancelled): its session may be scheduled again."""
+        session = self._sessions.get(job.key)
+        if session is not None and job.generation == self.generation:
+            session.in_flight = False
+
+    def failing_sessions(self) -> dict[SessionKey, tuple[int, str | None]]:
+        """Sessions whose last run failed: ``key -> (failures, last reason)``."""
+        return {k: (s.failures, s.last_failure) for k, s in self._sessions.items() if s.failures}
+
+    # -- offsets ----------------------------------------------------------------------------
+    def safe_offsets(self) -> dict[tuple[str, int], int]:
+        """``(topic, partition) -> offset`` Kafka may commit (see the class docstring)."""
+        lowest: dict[tuple[str, int], int] = {}
+        for session in self._sessions.values():
+            for p in session.pending:
+                tp = (p.position.topic, p.position.partition)
+                if tp not in lowest or p.position.offset < lowest[tp]:
+                    lowest[tp] = p.position.offset
+        out = dict(self._seen)
+        out.update(lowest)
+        return out
+
+    def drop_partitions(self, partitions: Sequence[tuple[str, int]]) -> int:
+        """Forget everything read from these partitions (revoked: their turns will be
+        re-read from the committed offset by whoever owns them next). Returns how many
+        pending turns were dropped. In-flight jobs become stale (see :meth:`complete`)."""
+        gone = set(partitions)
+        if not gone:
+            return 0
+        self.generation += 1
+        dropped = 0
+        for key in list(self._sessions):
+            session = self._sessions[key]
+            keep = [p for p in session.pending if (p.position.topic, p.position.partition) not in gone]
+            dropped += len(session.pending) - len(keep)
+            session.pending = keep
+            session.pending_ids = {p.message.message_id for p in keep}
+            session.in_flight = False
+            if not session.pending and not session.history:
+                del self._sessions[key]
+        for tp in gone:
+            self._seen.pop(tp, None)
+        return dropped

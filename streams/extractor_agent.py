@@ -1,0 +1,422 @@
+"""The extractor in the worker: ``memstream.messages`` in, memories on ``memstream.events``.
+
+Why a service with its own Kafka consumer rather than a Faust stream agent: the
+extractor holds turns for a while (until a session has enough new turns or falls idle,
+and for longer while the LLM is down), and a held turn must survive a crash. In the
+worker's shared Faust consumer that is not possible: the projector reads the same
+topic and the app resumes it from the *projector's* stored positions, so Kafka's
+commit cannot say "not yet extracted"; and Faust waits for every unacknowledged event
+before a rebalance (``stream_wait_empty``), so held turns would stall the whole worker.
+
+So the :class:`ExtractorRunner` reads ``messages`` with its own consumer group
+(``<app_id>.extractor``) and commits by hand, per partition, only up to the oldest turn
+that is not extracted yet (:meth:`TurnBuffer.safe_offsets`). A crash or restart re-reads
+exactly the turns whose memories were not produced; a repeated extraction produces the
+same memory and link ids, which the projection absorbs. Turns whose extraction failed
+stay in the buffer and are retried with back-off; while more than
+:data:`MAX_PENDING_TURNS` wait, reading pauses (back-pressure) instead of growing memory.
+
+On a rebalance (aiokafka's eager protocol revokes every partition), the safe offsets are
+committed and the buffer forgets the revoked partitions: the next owner reads those
+turns again from the commit. Background turns of a session are kept in memory only, so
+the first window after a restart has less context; nothing is lost.
+
+Records that are not valid events are skipped here and counted: the projector, reading
+the same topic, publishes them to the dead-letter topic. Other event types on the
+messages topic are not turns and are skipped too.
+
+``register_extractor(app, settings, topics)`` adds the runner to the Faust worker as a
+service (started and stopped with it). LLM, embedding and LanceDB work happen off the
+event loop (async HTTP client, executor threads), so the worker's timers are never
+starved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError, RebalanceInProgressError
+from mode import Service
+
+from memstream.domain.events import MessageObserved
+from memstream.domain.log import LogPosition
+from memstream.llm import ChatModel, build_llm
+from memstream.settings import Settings
+from memstream.streams.consumer import decode_or_dead_letter
+from memstream.streams.deadletter import DeadLetter
+from memstream.streams.extractor import (
+    EventSink,
+    ExtractionOutcome,
+    Extractor,
+    TurnBuffer,
+    WindowJob,
+)
+from memstream.streams.topics import Topics
+
+__all__ = [
+    "MAX_PENDING_TURNS",
+    "MAX_CONCURRENT_EXTRACTIONS",
+    "ExtractorStats",
+    "ExtractorRunner",
+    "ExtractorService",
+    "register_extractor",
+    "consumer_group",
+]
+
+log = logging.getLogger(__name__)
+
+MAX_PENDING_TURNS = 20_000
+"""Above this many buffered turns the consumer pauses; it resumes below half."""
+MAX_CONCURRENT_EXTRACTIONS = 4
+"""Extractions (LLM round trips) in flight at once, across sessions."""
+_POLL_MS = 200
+_COMMIT_EVERY_S = 1.0
+_STOP_GRACE_S = 5.0
+
+
+def consumer_group(settings: Settings) -> str:
+    """The extractor's own consumer group (its commits mean "extracted up to here")."""
+    return f"{settings.app_id}.extractor"
+
+
+@dataclass
+class ExtractorStats:
+    """Counters for logs, tests and the bench."""
+
+    turns_read: int = 0
+    records_skipped: int = 0
+    extractions: int = 0
+    extractions_failed: int = 0
+    extractions_nothing: int = 0
+    events_sent: int = 0
+    memories_added: int = 0
+    llm_calls: int = 0
+    embed_calls: int = 0
+    recent: deque[ExtractionOutcome] = field(default_factory=lambda: deque(maxlen=256))
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, runner: "ExtractorRunner") -> None:
+        self.runner = runner
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        await self.runner._on_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        log.info("extractor assigned %d partition(s) of %s", len(assigned), self.runner.topics.messages)
+
+
+class ExtractorRunner:
+    """Consume turns, schedule windows, run the :class:`Extractor`, commit safely.
+
+    Components default to what ``settings`` configures (:func:`memstream.llm.build_llm`,
+    ``build_embedder``, ``LanceStore.from_settings``, a ``MemstreamProducer``); tests and
+    the bench may pass their own. The LanceDB store is opened on first use, in a thread.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        topics: Topics,
+        *,
+        llm: ChatModel | None | str = "settings",
+        embedder: Any | None = None,
+        store: Any | None = None,
+        producer: EventSink | None = None,
+        clock: Callable[[], float] | None = None,
+        concurrency: int = MAX_CONCURRENT_EXTRACTIONS,
+    ) -> None:
+        self.settings = settings
+        self.topics = topics
+        self._llm_arg = llm
+        self._embedder = embedder
+        self._store = store
+        self._producer = producer
+        self._owns_producer = producer is None
+        self._owns_llm = llm == "settings"
+        self.concurrency = max(1, concurrency)
+        buffer_kwargs: dict[str, Any] = {}
+        if clock is not None:
+            buffer_kwargs["clock"] = clock
+        self.buffer = TurnBuffer(
+            min_new=settings.extract_min_new_turns,
+            idle_seconds=settings.extract_idle_seconds,
+            max_new=settings.extract_max_new_turns,
+            max_background=settings.extract_background_turns,
+            **buffer_kwargs,
+        )
+        self.stats = ExtractorStats()
+        self.extractor: Extractor | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._jobs: dict[asyncio.Task[None], WindowJob] = {}
+        self._committed: dict[tuple[str, int], int] = {}
+        self._last_commit = 0.0
+        self._paused = False
+        self._stopping = False
+        self._loop_task: asyncio.Task[None] | None = None
+        self._store_lock = asyncio.Lock()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Build the components, connect, and start consuming in a background task."""
+        settings = self.settings
+        llm: ChatModel | None
+        if self._llm_arg == "settings":
+            llm = build_llm(settings)
+        else:
+            llm = self._llm_arg  # type: ignore[assignment]
+        self._llm = llm
+        if self._embedder is None:
+            from memstream.projections.embedder import build_embedder
+
+            self._embedder = await asyncio.to_thread(build_embedder, settings)
+        if self._producer is None:
+            from memstream.streams.producer import MemstreamProducer
+
+            producer = MemstreamProducer(settings, topics=self.topics, client_id="memstream-extractor")
+            await producer.start()
+            self._producer = producer
+        self.extractor = Extractor(settings, llm, self._embedder, None, self._producer)
+        if self._store is not None:
+            self._attach_store(self._store)
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=settings.bootstrap_servers,
+            group_id=consumer_group(settings),
+            client_id="memstream-extractor",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            key_deserializer=None,
+            value_deserializer=None,
+        )
+        self._consumer.subscribe([self.topics.messages], listener=_Listener(self))
+        await self._consumer.start()
+        self._loop_task = asyncio.create_task(self._run(), name="memstream-extractor")
+        log.info(
+            "extractor started (%s) on %s as group %s",
+            "LLM " + getattr(llm, "model", "?") if llm is not None else "heuristic, no LLM configured",
+            self.topics.messages,
+            consumer_group(settings),
+        )
+
+    def _attach_store(self, store: Any) -> None:
+        from memstream.streams.extractor import store_recall
+
+        assert self.extractor is not None
+        self._store = store
+        self.extractor.store = store
+        self.extractor._recall = store_recall(store, self._embedder)
+
+    async def _ensure_store(self) -> None:
+        if self.extractor is None or self.extractor.store is not None:
+            return
+        async with self._store_lock:
+            if self.extractor.store is not None:
+                return
+            from memstream.projections.store import LanceStore
+
+            store = await asyncio.to_thread(
+                LanceStore.from_settings, self.settings, read_consistency_interval=timedelta(0)
+            )
+            self._attach_store(store)
+
+    async def stop(self) -> None:
+        """Stop reading, let running extractions finish briefly, commit, disconnect."""
+        self._stopping = True
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+            self._loop_task = None
+        if self._jobs:
+            done, pending = await asyncio.wait(list(self._jobs), timeout=_STOP_GRACE_S)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        if self._consumer is not None:
+            await self._commit(force=True)
+            await self._consumer.stop()
+            self._consumer = None
+        if self._owns_producer and self._producer is not None:
+            await self._producer.stop()  # type: ignore[attr-defined]
+            self._producer = None
+        llm = getattr(self, "_llm", None)
+        if self._owns_llm and llm is not None and hasattr(llm, "close"):
+            await llm.close()
+
+    # -- the loop ----------------------------------------------------------------------------
+    async def _run(self) -> None:
+        assert self._consumer is not None
+        consumer = self._consumer
+        while not self._stopping:
+            try:
+                polled = await consumer.getmany(timeout_ms=_POLL_MS, max_records=500)
+            except (KafkaError, IllegalStateError) as exc:
+                log.warning("extractor poll failed (retrying): %s", exc)
+                await asyncio.sleep(1.0)
+                continue
+            for records in polled.values():
+                for r in records:
+                    self._ingest(r.topic, r.partition, r.offset, r.key, r.value, r.headers)
+            self._backpressure()
+            self._schedule()
+            await self._commit()
+
+    def _ingest(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[tuple[str, bytes]] | None,
+    ) -> None:
+        item = decode_or_dead_letter(topic, partition, offset, key, value, headers)
+        position = LogPosition(topic=topic, partition=partition, offset=offset)
+        if isinstance(item, DeadLetter):
+            self.stats.records_skipped += 1
+            log.warning("extractor skipped an invalid record at %s: %s", position, item.reason)
+            self.buffer.observe(position)
+            return
+        event = item.event
+        if not isinstance(event, MessageObserved):
+            self.stats.records_skipped += 1
+            self.buffer.observe(position)
+            return
+        if self.buffer.add(event, position):
+            self.stats.turns_read += 1
+
+    def _backpressure(self) -> None:
+        assert self._consumer is not None
+        pending = self.buffer.pending_count
+        assigned = self._consumer.assignment()
+        if not self._paused and pending > MAX_PENDING_TURNS and assigned:
+            self._consumer.pause(*assigned)
+            self._paused = True
+            log.warning("extractor paused reading: %d turns wait for extraction", pending)
+        elif self._paused and pending <= MAX_PENDING_TURNS // 2:
+            self._consumer.resume(*assigned)
+            self._paused = False
+            log.info("extractor resumed reading (%d turns pending)", pending)
+
+    def _schedule(self, *, flush: bool = False) -> list[asyncio.Task[None]]:
+        room = self.concurrency - len(self._jobs)
+        started: list[asyncio.Task[None]] = []
+        for job in self.buffer.due(flush=flush, limit=room):
+            task = asyncio.create_task(self._execute(job), name=f"extract:{job.key}")
+            self._jobs[task] = job
+            task.add_done_callback(self._jobs.pop)
+            started.append(task)
+        return started
+
+    async def _execute(self, job: WindowJob) -> None:
+        assert self.extractor is not None
+        try:
+            await self._ensure_store()
+            outcome = await self.extractor.run_window(job.scope, job.session_id, job.turns, job.background)
+        except asyncio.CancelledError:
+            self.buffer.release(job)
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug must not lose the turns
+            log.exception("extraction of %s crashed; its turns are kept", job.key)
+            outcome = ExtractionOutcome(
+                "failed",
+                self.extractor.method,
+                kept=tuple(m.message_id for m in job.turns),
+                failure=f"unexpected {type(exc).__name__}: {exc}",
+            )
+        self.buffer.complete(job, outcome)
+        s = self.stats
+        s.extractions += 1
+        s.llm_calls += outcome.llm_calls
+        s.embed_calls += outcome.embed_calls
+        if outcome.status == "failed":
+            s.extractions_failed += 1
+        elif outcome.status == "nothing":
+            s.extractions_nothing += 1
+        s.events_sent += len(outcome.positions)
+        s.memories_added += len(outcome.memories)
+        s.recent.append(outcome)
+
+    async def _commit(self, *, force: bool = False) -> None:
+        consumer = self._consumer
+        if consumer is None:
+            return
+        loop = asyncio.get_running_loop()
+        if not force and loop.time() - self._last_commit < _COMMIT_EVERY_S:
+            return
+        self._last_commit = loop.time()
+        assigned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+        offsets = {
+            TopicPartition(t, p): off
+            for (t, p), off in self.buffer.safe_offsets().items()
+            if (t, p) in assigned and self._committed.get((t, p)) != off
+        }
+        if not offsets:
+            return
+        try:
+            await consumer.commit(offsets)
+        except (CommitFailedError, RebalanceInProgressError, IllegalStateError, KafkaError) as exc:
+            log.info("extractor commit deferred: %s", exc)
+            return
+        for tp, off in offsets.items():
+            self._committed[(tp.topic, tp.partition)] = off
+
+    async def _on_revoked(self, revoked: list[TopicPartition]) -> None:
+        if self._consumer is not None and revoked:
+            await self._commit(force=True)
+        gone = [(tp.topic, tp.partition) for tp in revoked]
+        dropped = self.buffer.drop_partitions(gone)
+        for key in gone:
+            self._committed.pop(key, None)
+        if dropped:
+            log.info("extractor released %d pending turns of %d revoked partition(s)", dropped, len(gone))
+
+    # -- helpers for tests and tools -------------------------------------------------------
+    async def drain(self, timeout: float = 30.0) -> None:
+        """Extract every pending turn now (ignoring the triggers) and wait for it; turns
+        whose extraction fails stay pending. Used at shutdown by tools and in tests."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            failed_before = self.stats.extractions_failed
+            started = self._schedule(flush=True)
+            if not self._jobs:
+                return
+            await asyncio.wait(list(self._jobs), timeout=max(0.0, deadline - loop.time()))
+            if started and self.stats.extractions_failed - failed_before >= len(started):
+                return  # every extraction of this round failed: the turns stay pending
+        raise TimeoutError(f"extractions still running after {timeout:g} s")
+
+    def committed(self) -> dict[tuple[str, int], int]:
+        """The offsets this runner last committed."""
+        return dict(self._committed)
+
+
+class ExtractorService(Service):
+    """Runs an :class:`ExtractorRunner` for the lifetime of the Faust worker."""
+
+    logger = logging.getLogger("memstream.faust")
+
+    def __init__(self, runner: ExtractorRunner) -> None:
+        super().__init__()
+        self.runner = runner
+
+    async def on_start(self) -> None:
+        await self.runner.start()
+
+    async def on_stop(self) -> None:
+        await self.runner.stop()
+
+
+def register_extractor(app: Any, settings: Settings, topics: Topics) -> ExtractorRunner:
+    """Add the extractor to the Faust ``app`` (called by ``build_app``)."""
+    runner = ExtractorRunner(settings, topics)
+    app.service(ExtractorService(runner))
+    return runner

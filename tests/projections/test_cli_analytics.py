@@ -1,0 +1,122 @@
+"""``memstream search``, ``sql`` and ``export`` over a real projection on disk."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import typer
+from projection_helpers import DIM, link, memory, positioned
+from typer.testing import CliRunner
+
+from memstream.cli import analytics
+from memstream.cli._errors import CLIError
+from memstream.domain.events import Scope
+from memstream.projections.embedder import LocalEmbedder
+from memstream.projections.projector import Projector
+from memstream.projections.store import LanceStore
+from memstream.settings import get_settings
+
+ALICE = Scope(team_id="acme", user_id="alice")
+
+
+@pytest.fixture
+def lance_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    root = tmp_path / "lance"
+    monkeypatch.setenv("MEMSTREAM_EMBEDDING_DIM", str(DIM))
+    monkeypatch.setenv("MEMSTREAM_LANCE_DIR", str(root))
+    get_settings.cache_clear()
+    store = LanceStore(root, embedding_dim=DIM)
+    Projector(store, LocalEmbedder(DIM)).apply(
+        positioned(
+            [
+                memory(ALICE, "old", "Alice likes cheese pizza", entities=[("Alice", "person")], memory_type="persona"),
+                memory(ALICE, "new", "Alice now prefers pepperoni pizza", entities=[("Alice", "person")]),
+                link(ALICE, "new", "old", "supersedes"),
+                memory(Scope(team_id="other", user_id="alice"), "x", "Secret pizza of another team"),
+            ]
+        )
+    )
+    yield root
+    get_settings.cache_clear()
+
+
+@pytest.fixture
+def cli() -> typer.Typer:
+    app = typer.Typer()
+    analytics.register(app)
+    return app
+
+
+def _run(cli: typer.Typer, *args: str) -> str:
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_search_prints_results_of_the_space_only(cli: typer.Typer, lance_dir: Path) -> None:
+    out = _run(cli, "search", "pizza", "--team", "acme", "--user", "alice")
+    assert "Alice now prefers pepperoni pizza" in out and "superseded by new" in out
+    assert "Secret" not in out
+    assert out.index("pepperoni") < out.index("cheese")
+    explained = _run(cli, "search", "pizza", "--team", "acme", "--user", "alice", "--explain")
+    assert "supersession 0.500" in explained and "bm25" in explained
+
+
+def test_search_json_filters_and_entity_listing(cli: typer.Typer, lance_dir: Path) -> None:
+    rows = [json.loads(line) for line in _run(cli, "search", "pizza", "--team", "acme", "--user", "alice", "--json", "--explain").splitlines()]
+    assert [r["memory_id"] for r in rows] == ["new", "old"]
+    assert rows[1]["parts"]["supersession"] == 0.5
+    current = _run(cli, "search", "pizza", "--team", "acme", "--user", "alice", "--current-only", "--json")
+    assert [json.loads(line)["memory_id"] for line in current.splitlines()] == ["new"]
+    persona = _run(cli, "search", "pizza", "--team", "acme", "--user", "alice", "--type", "preference", "--json")
+    assert [json.loads(line)["memory_id"] for line in persona.splitlines()] == ["old"]
+    listing = _run(cli, "search", "--entity", "alice", "--team", "acme", "--user", "alice", "--json")
+    assert {json.loads(line)["memory_id"] for line in listing.splitlines()} == {"new", "old"}
+    window = _run(cli, "search", "pizza", "--team", "acme", "--user", "alice", "--since", "2030-01-01", "--json")
+    assert window.strip() == ""
+
+
+def test_search_refuses_without_team(cli: typer.Typer, lance_dir: Path) -> None:
+    with pytest.raises(CLIError, match="--team is required"):
+        CliRunner().invoke(cli, ["search", "pizza"], catch_exceptions=False)
+    with pytest.raises(CLIError, match="unknown memory type"):
+        CliRunner().invoke(cli, ["search", "pizza", "--team", "acme", "--type", "gossip"], catch_exceptions=False)
+
+
+def test_sql_over_the_tables(cli: typer.Typer, lance_dir: Path) -> None:
+    out = _run(cli, "sql", "SELECT memory_type, count(*) AS n FROM memories GROUP BY 1 ORDER BY 1", "--json")
+    assert [json.loads(line) for line in out.splitlines()] == [
+        {"memory_type": "episodic", "n": 2},
+        {"memory_type": "persona", "n": 1},
+    ]
+    joined = _run(
+        cli, "sql",
+        "SELECT m.memory_id, l.relation FROM memories m JOIN links l ON l.to_pk = m.pk ORDER BY 1", "--json",
+    )
+    assert [json.loads(line) for line in joined.splitlines()] == [{"memory_id": "old", "relation": "supersedes"}]
+    table = _run(cli, "sql", "SELECT memory_id, superseded_by FROM memories ORDER BY memory_id")
+    assert "null" in table and "old" in table
+    with pytest.raises(CLIError, match="SQL"):
+        CliRunner().invoke(cli, ["sql", "SELEKT 1"], catch_exceptions=False)
+
+
+def test_export_parquet_and_jsonl(cli: typer.Typer, lance_dir: Path, tmp_path: Path) -> None:
+    _run(cli, "export", str(tmp_path / "pq"))
+    assert pq.read_table(tmp_path / "pq" / "memories.parquet").num_rows == 3
+    assert pq.read_table(tmp_path / "pq" / "links.parquet").num_rows == 1
+    _run(cli, "export", "--format", "jsonl", "--table", "memories", str(tmp_path / "js"))
+    lines = (tmp_path / "js" / "memories.jsonl").read_text().splitlines()
+    assert len(lines) == 3
+    row = json.loads(lines[0])
+    assert len(row["vector"]) == DIM and row["created_at"].endswith("Z")
+    assert sorted(p.name for p in (tmp_path / "js").iterdir()) == ["memories.jsonl"]
+
+
+def test_commands_refuse_a_missing_projection(cli: typer.Typer, tmp_path: Path) -> None:
+    with pytest.raises(CLIError, match="no projection"):
+        CliRunner().invoke(cli, ["sql", "SELECT 1", "--lance-dir", str(tmp_path / "nothing")], catch_exceptions=False)
+    assert not (tmp_path / "nothing").exists()

@@ -1,0 +1,148 @@
+"""LanceStore on disk: positions, schema checks, hash lookups, indexes, maintenance and
+the replay digest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from projection_helpers import DIM, EVENTS_TOPIC, link, memory, positioned
+
+from memstream.domain.content import content_hash
+from memstream.domain.events import Scope
+from memstream.projections.embedder import LocalEmbedder
+from memstream.projections.projector import Projector
+from memstream.projections.schema import MEMORIES, TABLE_NAMES
+from memstream.projections.search import text_search, vector_search
+from memstream.projections.store import LanceStore, ScopeRequiredError, StoreError, quote, space_where
+
+ALICE = Scope(team_id="acme", user_id="alice")
+BOB = Scope(team_id="acme", user_id="bob")
+EVE = Scope(team_id="evil", user_id="alice")
+
+
+def test_tables_exist_and_reopen(tmp_path: Path) -> None:
+    root = tmp_path / "lance"
+    LanceStore(root, embedding_dim=DIM)
+    again = LanceStore(root, embedding_dim=DIM)
+    assert sorted(p.name for p in root.iterdir()) == sorted(f"{t}.lance" for t in TABLE_NAMES)
+    assert all(again.count(t) == 0 for t in TABLE_NAMES)
+    with pytest.raises(StoreError, match="32-dimension"):
+        LanceStore(root, embedding_dim=DIM * 2)
+
+
+def test_positions_round_trip_and_survive_reopen(tmp_path: Path) -> None:
+    store = LanceStore(tmp_path / "lance", embedding_dim=DIM)
+    assert store.positions() == {}
+    store.save_positions({("a.events", 0): 5, ("a.events", 2): 9, ("a.messages", 1): 3})
+    store.save_positions({("a.events", 0): 6})
+    reopened = LanceStore(tmp_path / "lance", embedding_dim=DIM)
+    assert reopened.positions() == {("a.events", 0): 6, ("a.events", 2): 9, ("a.messages", 1): 3}
+
+
+def test_find_hashes_is_scoped_and_exact_across_the_space(store: LanceStore) -> None:
+    projector = Projector(store, LocalEmbedder(DIM))
+    texts = [f"fact number {i}" for i in range(1_200)]  # more than one IN-list chunk
+    projector.apply(positioned([memory(ALICE, f"a{i}", t) for i, t in enumerate(texts)]))
+    projector.apply(positioned([memory(BOB, "b0", texts[0]), memory(EVE, "e0", "only eve")], start=1_200))
+    wanted = [content_hash(t) for t in texts] + [content_hash("only eve"), content_hash("never stored")]
+    found = store.find_hashes(ALICE, wanted)
+    assert len(found) == 1_200
+    assert found[content_hash("fact number 1199")] == "a1199"
+    # normalised content: case and whitespace do not matter
+    assert store.find_hashes(ALICE, [content_hash("  FACT   number 7 ")]) == {content_hash("fact number 7"): "a7"}
+    assert store.find_hashes(BOB, wanted) == {content_hash(texts[0]): "b0"}
+    assert store.find_hashes(Scope(team_id="evil", user_id="bob"), wanted) == {}
+
+
+def test_find_hashes_prefers_the_current_memory(store: LanceStore) -> None:
+    projector = Projector(store, LocalEmbedder(DIM))
+    projector.apply(
+        positioned(
+            [
+                memory(ALICE, "first", "same words"),
+                memory(ALICE, "second", "same words"),
+                link(ALICE, "first", "second", "duplicates"),
+            ]
+        )
+    )
+    assert store.find_hashes(ALICE, [content_hash("same words")]) == {content_hash("same words"): "second"}
+
+
+def test_scope_is_required_for_lookups(store: LanceStore) -> None:
+    with pytest.raises(ScopeRequiredError):
+        store.find_hashes(None, ["x"])  # type: ignore[arg-type]
+    with pytest.raises(ScopeRequiredError):
+        store.get_memory(None, "x")  # type: ignore[arg-type]
+    assert space_where(ALICE) == "team_id = 'acme' AND user_id = 'alice'"
+    assert quote("o'brien") == "'o''brien'"
+    with pytest.raises(ValueError):
+        quote("nul\x00byte")
+
+
+def test_full_text_finds_rows_written_after_the_index(store: LanceStore) -> None:
+    emb = LocalEmbedder(DIM)
+    projector = Projector(store, emb)
+    projector.apply(positioned([memory(ALICE, "early", "the lighthouse keeper rowed home")]))
+    store.optimize()  # folds the first row into the FTS index
+    projector.apply(positioned([memory(ALICE, "late", "a lighthouse on the northern cape")], start=1))
+    fts = next(i for i in store.table(MEMORIES).list_indices() if i.columns == ["content"])
+    assert fts.num_unindexed_rows >= 1
+    assert {r.memory_id for r in text_search(store, emb, ALICE, "lighthouse")} == {"early", "late"}
+    store.optimize()
+    fts = next(i for i in store.table(MEMORIES).list_indices() if i.columns == ["content"])
+    assert fts.num_unindexed_rows == 0
+    assert {r.memory_id for r in text_search(store, emb, ALICE, "lighthouse")} == {"early", "late"}
+
+
+def test_optimize_compacts_small_writes(store: LanceStore) -> None:
+    projector = Projector(store, LocalEmbedder(DIM))
+    for i in range(6):
+        projector.apply(positioned([memory(ALICE, f"m{i}", f"small write {i}")], start=i))
+    before = len(store.table(MEMORIES).to_lance().get_fragments())
+    store.optimize()
+    after = len(store.table(MEMORIES).to_lance().get_fragments())
+    assert before >= 6 and after == 1
+    assert store.count(MEMORIES) == 6
+
+
+def test_vector_index_is_built_at_the_threshold(tmp_path: Path) -> None:
+    store = LanceStore(tmp_path / "lance", embedding_dim=DIM, vector_index_threshold=300, scalar_index_threshold=10**9)
+    emb = LocalEmbedder(DIM)
+    projector = Projector(store, emb)
+    words = ["river", "mountain", "desert", "forest", "ocean", "valley", "island", "canyon"]
+    events = [memory(ALICE, f"m{i}", f"{words[i % 8]} trip number {i} with {words[(i * 3) % 8]}") for i in range(299)]
+    projector.apply(positioned(events))
+    assert store.ensure_indexes() == {}
+    assert not store.has_vector_index()
+    projector.apply(positioned([memory(ALICE, "target", "glacier expedition with sled dogs")], start=299))
+    assert store.ensure_indexes() == {MEMORIES: ["vector:IVF_PQ"]}
+    assert store.has_vector_index()
+    assert store.ensure_indexes() == {}  # idempotent
+    hits = vector_search(store, emb, ALICE, "glacier expedition with sled dogs", k=3)
+    assert hits[0].memory_id == "target"
+    assert all((h.team_id, h.user_id) == ("acme", "alice") for h in hits)
+
+
+def test_digest_depends_on_content_not_on_batching(tmp_path: Path) -> None:
+    events = [memory(ALICE, f"m{i}", f"fact {i}") for i in range(20)] + [link(ALICE, "m1", "m0", "supersedes")]
+    digests = []
+    for name, cut in (("a", 21), ("b", 7), ("c", 1)):
+        store = LanceStore(tmp_path / name, embedding_dim=DIM)
+        projector = Projector(store, LocalEmbedder(DIM))
+        batch = positioned(events)
+        for i in range(0, len(batch), cut):
+            projector.apply(batch[i : i + cut])
+        digests.append(store.table_digest())
+    assert digests[0] == digests[1] == digests[2]
+    assert digests[0][MEMORIES][0] == 20
+
+    other = LanceStore(tmp_path / "d", embedding_dim=DIM)
+    changed = list(events)
+    changed[5] = memory(ALICE, "m5", "a different fact")
+    Projector(other, LocalEmbedder(DIM)).apply(positioned(changed))
+    d = other.table_digest()
+    assert d[MEMORIES] != digests[0][MEMORIES]
+    assert d["links"] == digests[0]["links"]  # the very same link event
+    assert d["positions"] == digests[0]["positions"]
+    assert store.positions() == {(EVENTS_TOPIC, 0): 21}

@@ -1,0 +1,406 @@
+"""The Faust worker end to end: a real broker, a real LanceDB directory, the worker as
+a separate process (``python -m memstream.streams.worker``), exactly as deployed.
+
+What must hold:
+
+* events produced on Kafka become searchable; a record that is not an event is
+  dead-lettered with its reason and the worker goes on; SIGINT stops it cleanly;
+* SIGKILL at arbitrary moments under load loses and duplicates nothing: after the last
+  restart the tables equal a full replay of the log (same rows, same content hashes),
+  and the replay swaps in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+import lancedb
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from memstream.domain.events import MemoryAdded, MemoryLinked, MessageObserved, Scope
+from memstream.projections.embedder import build_embedder
+from memstream.projections.replay import replay
+from memstream.projections.search import search
+from memstream.projections.store import LanceStore
+from memstream.settings import Settings
+from memstream.projections.schema import scoped_key
+from memstream.streams.deadletter import parse_dead_letter
+from memstream.streams.producer import MemstreamProducer
+from memstream.streams.topics import Topics
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+CATCH_UP_TIMEOUT_S = 90.0
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+class WorkerProcess:
+    """``python -m memstream.streams.worker`` for one settings object, started and
+    stopped (or killed) on demand; its log goes to a file for post-mortems."""
+
+    def __init__(self, settings: Settings, workdir: Path) -> None:
+        self.settings = settings
+        self.workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def env(self) -> dict[str, str]:
+        s = self.settings
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSTREAM_")}
+        env.update(
+            MEMSTREAM_BOOTSTRAP_SERVERS=s.bootstrap_servers,
+            MEMSTREAM_TOPIC_PREFIX=s.topic_prefix,
+            MEMSTREAM_PARTITIONS=str(s.partitions),
+            MEMSTREAM_APP_ID=s.app_id,
+            MEMSTREAM_LANCE_DIR=str(s.lance_dir),
+            MEMSTREAM_HOME=str(s.home),
+            MEMSTREAM_PROJECTOR_BATCH_SIZE=str(s.projector_batch_size),
+            MEMSTREAM_PROJECTOR_BATCH_SECONDS=str(s.projector_batch_seconds),
+            MEMSTREAM_OPTIMIZE_EVERY_S=str(s.optimize_every_s),
+            MEMSTREAM_EMBEDDER=s.embedder,
+            MEMSTREAM_EMBEDDING_DIM=str(s.embedding_dim),
+        )
+        return env
+
+    def start(self) -> None:
+        assert self.proc is None or self.proc.poll() is not None
+        self.starts += 1
+        log = open(self.workdir / f"worker-{self.starts}.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "memstream.streams.worker", "--agents", "projector"],
+            cwd=self.workdir,  # no stray .env file is read
+            env=self.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+
+    def log_text(self) -> str:
+        return (self.workdir / f"worker-{self.starts}.log").read_text(errors="replace")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()  # SIGKILL: no cleanup of any kind
+        self.proc.wait(timeout=30)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"worker did not stop on {sig!r}:\n{self.log_text()[-3000:]}") from None
+
+    def assert_alive(self) -> None:
+        assert self.proc is not None
+        code = self.proc.poll()
+        assert code is None, f"worker exited with {code}:\n{self.log_text()[-3000:]}"
+
+    def ensure_dead(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def read_positions(lance_dir: Path) -> dict[tuple[str, int], int]:
+    """The worker's stored positions, read without opening a (writing) LanceStore."""
+    try:
+        table = lancedb.connect(str(lance_dir)).open_table("positions").to_arrow()
+    except (ValueError, FileNotFoundError):
+        return {}
+    return {
+        (t, int(p)): int(o)
+        for t, p, o in zip(
+            table.column("topic").to_pylist(),
+            table.column("partition").to_pylist(),
+            table.column("next_offset").to_pylist(),
+        )
+    }
+
+
+async def end_offsets(settings: Settings, topic_names: list[str]) -> dict[tuple[str, int], int]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers)
+    await consumer.start()
+    try:
+        tps = [
+            TopicPartition(name, p)
+            for name in topic_names
+            for p in range(settings.partitions)
+        ]
+        ends = await consumer.end_offsets(tps)
+    finally:
+        await consumer.stop()
+    return {(tp.topic, tp.partition): off for tp, off in ends.items()}
+
+
+async def wait_caught_up(worker: WorkerProcess, topics: Topics) -> dict[tuple[str, int], int]:
+    """Until the stored positions reach the topics' end offsets."""
+    ends = await end_offsets(worker.settings, [topics.events, topics.messages])
+    deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
+    while True:
+        worker.assert_alive()
+        positions = read_positions(worker.settings.lance_dir)
+        if all(positions.get(k, 0) >= v for k, v in ends.items()):
+            return positions
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"worker did not catch up: positions {positions}, ends {ends}\n{worker.log_text()[-3000:]}"
+            )
+        await asyncio.sleep(0.3)
+
+
+async def wait_progress(worker: WorkerProcess, beyond: int) -> int:
+    """Until the worker has stored positions summing past ``beyond``; returns the sum."""
+    deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
+    while True:
+        worker.assert_alive()
+        total = sum(read_positions(worker.settings.lance_dir).values())
+        if total > beyond:
+            return total
+        if time.monotonic() > deadline:
+            raise AssertionError(f"worker made no progress past {beyond}:\n{worker.log_text()[-3000:]}")
+        await asyncio.sleep(0.1)
+
+
+async def send_raw(settings: Settings, topic: str, records: list[tuple[bytes | None, bytes | None]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    await producer.start()
+    try:
+        for key, value in records:
+            await producer.send_and_wait(topic, value=value, key=key)
+    finally:
+        await producer.stop()
+
+
+async def read_dead_letters(settings: Settings, topic: str) -> list:
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=settings.bootstrap_servers, auto_offset_reset="earliest"
+    )
+    await consumer.start()
+    out = []
+    try:
+        while True:
+            polled = await consumer.getmany(timeout_ms=1500)
+            if not polled:
+                return out
+            for records in polled.values():
+                out.extend(parse_dead_letter(r.key, r.value, r.headers) for r in records)
+    finally:
+        await consumer.stop()
+
+
+@pytest.fixture
+def make_worker(tmp_path: Path):  # type: ignore[no-untyped-def]
+    workers: list[WorkerProcess] = []
+
+    def make(settings: Settings) -> WorkerProcess:
+        w = WorkerProcess(settings, tmp_path)
+        workers.append(w)
+        return w
+
+    yield make
+    for w in workers:
+        w.ensure_dead()
+
+
+# --- tests -----------------------------------------------------------------------------
+
+
+async def test_events_become_searchable_bad_records_are_dead_lettered(
+    fresh_topics: Topics, settings_for, make_worker  # type: ignore[no-untyped-def]
+) -> None:
+    settings = settings_for(fresh_topics, projector_batch_size=200, projector_batch_seconds=0.1)
+    worker = make_worker(settings)
+    worker.start()
+
+    alice = Scope(team_id="acme", user_id="alice")
+    bob = Scope(team_id="acme", user_id="bob")
+    async with MemstreamProducer(settings) as producer:
+        await producer.send_many(
+            [
+                MessageObserved(scope=alice, message_id="m1", content="I moved to Lisbon last spring"),
+                MemoryAdded(
+                    scope=alice,
+                    memory_id="a-city",
+                    content="Alice lives in Lisbon",
+                    source_message_ids=("m1",),
+                ),
+                MemoryAdded(scope=alice, memory_id="a-pet", content="Alice has a cat called Miso"),
+                MemoryAdded(scope=bob, memory_id="b-city", content="Bob lives in Lisbon too"),
+            ]
+        )
+        # Poison between good records: not JSON, an invalid event, a tombstone.
+        await send_raw(
+            settings,
+            fresh_topics.events,
+            [
+                (b"acme/alice", b"\xff\xfe not json"),
+                (b"acme/alice", b'{"type": "MemoryAdded", "scope": {"team_id": "acme"}}'),
+                (b"acme/alice", None),
+            ],
+        )
+        await producer.send(
+            MemoryAdded(scope=alice, memory_id="a-food", content="Alice is vegetarian")
+        )
+
+    await wait_caught_up(worker, fresh_topics)
+    assert worker.stop(signal.SIGINT) == 0, worker.log_text()[-3000:]
+
+    store = LanceStore.from_settings(settings)
+    embedder = build_embedder(settings)
+    hits = search(store, embedder, alice, "where does Alice live", k=3)
+    assert hits and hits[0].memory_id == "a-city"
+    assert {h.memory_id for h in hits} <= {"a-city", "a-pet", "a-food"}  # never Bob's
+    # The worker went on after the poison: the memory after it is there.
+    assert [h.memory_id for h in search(store, embedder, alice, "vegetarian", k=1)] == ["a-food"]
+    assert store.get_messages(alice, ["m1"])[0]["content"] == "I moved to Lisbon last spring"
+
+    dead = await read_dead_letters(settings, fresh_topics.dead_letter)
+    by_value = {d.original_value: d for d in dead}
+    assert b"\xff\xfe not json" in by_value
+    assert None in by_value
+    assert all(d.stage == "decode" and d.source_topic == fresh_topics.events for d in dead)
+    assert "not UTF-8" in by_value[b"\xff\xfe not json"].reason
+    assert len({d.source_offset for d in dead}) == 3
+
+
+async def _produce_load(
+    settings: Settings,
+    topics: Topics,
+    expected: dict[str, set[str]],
+    bad_sent: list[tuple[int, int]],
+    enough: asyncio.Event,
+    *,
+    min_memories: int = 1000,
+    max_memories: int = 2000,
+) -> None:
+    """Messages, memories (some re-added: same id, new event), supersede links and
+    a few poison records, in small bursts so the worker sees a live stream; at least
+    ``min_memories``, then on until ``enough`` is set (or ``max_memories``)."""
+    rng = random.Random(7)
+    scopes = [Scope(team_id=f"t{i % 3}", user_id=f"u{i}") for i in range(6)]
+    raw = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    await raw.start()
+    try:
+        async with MemstreamProducer(settings) as producer:
+            made: dict[str, list[str]] = {}
+            burst: list = []
+            for i in range(max_memories):
+                if i >= min_memories and enough.is_set():
+                    break
+                scope = scopes[i % len(scopes)]
+                mid = f"mem-{i}"
+                msg = f"msg-{i}"
+                burst.append(MessageObserved(scope=scope, message_id=msg, content=f"turn {i}: note {uuid.uuid4().hex[:6]}"))
+                burst.append(
+                    MemoryAdded(
+                        scope=scope,
+                        memory_id=mid,
+                        content=f"fact {i} about {scope.user_id}: {rng.choice(['tea', 'coffee', 'chess', 'jazz'])}",
+                        source_message_ids=(msg,),
+                    )
+                )
+                expected["memories"].add(scoped_key(scope.team_id, scope.user_id, mid))
+                expected["messages"].add(scoped_key(scope.team_id, scope.user_id, msg))
+                earlier = made.setdefault(scope.space, [])
+                if earlier and rng.random() < 0.1:
+                    burst.append(
+                        MemoryLinked(
+                            scope=scope,
+                            from_memory_id=mid,
+                            to_memory_id=rng.choice(earlier),
+                            relation="supersedes",
+                        )
+                    )
+                if earlier and rng.random() < 0.05:  # the same memory id added again
+                    burst.append(
+                        MemoryAdded(scope=scope, memory_id=rng.choice(earlier), content=f"revised fact {i}")
+                    )
+                earlier.append(mid)
+                if len(burst) >= 150:
+                    await producer.send_many(burst)
+                    burst = []
+                    if rng.random() < 0.3:
+                        md = await raw.send_and_wait(topics.events, value=b"{broken", key=b"t0/u0")
+                        bad_sent.append((md.partition, md.offset))
+                    await asyncio.sleep(0.4)
+            if burst:
+                await producer.send_many(burst)
+            md = await raw.send_and_wait(topics.events, value=b"[]", key=b"t0/u0")
+            bad_sent.append((md.partition, md.offset))
+    finally:
+        await raw.stop()
+
+
+async def test_sigkill_under_load_equals_a_full_replay(
+    fresh_topics: Topics, settings_for, make_worker  # type: ignore[no-untyped-def]
+) -> None:
+    settings = settings_for(
+        fresh_topics,
+        projector_batch_size=300,
+        projector_batch_seconds=0.1,
+        optimize_every_s=4.0,  # maintenance runs (and may get killed) too
+    )
+    worker = make_worker(settings)
+    expected: dict[str, set[str]] = {"memories": set(), "messages": set()}
+    bad: list[tuple[int, int]] = []
+    kills_done = asyncio.Event()
+    load = asyncio.create_task(_produce_load(settings, fresh_topics, expected, bad, kills_done))
+
+    rng = random.Random(11)
+    progress = 0
+    behind_at_kill = []
+    worker.start()
+    while len(behind_at_kill) < 3:
+        # Kill only after the worker stored new positions: mid-stream, mid-write.
+        await wait_progress(worker, progress)
+        await asyncio.sleep(rng.uniform(0.0, 0.6))
+        worker.kill()
+        progress = sum(read_positions(settings.lance_dir).values())
+        ends = await end_offsets(settings, [fresh_topics.events, fresh_topics.messages])
+        behind_at_kill.append(sum(ends.values()) - progress)
+        worker.start()
+    kills_done.set()
+    await load
+    # Each kill hit a worker with records still to project (a backlog or a live stream).
+    assert all(backlog > 0 for backlog in behind_at_kill), behind_at_kill
+
+    await wait_caught_up(worker, fresh_topics)
+    assert worker.stop(signal.SIGTERM) == 0, worker.log_text()[-3000:]
+
+    live = LanceStore.from_settings(settings)
+    memories = live.rows("memories", None, ["pk"]).column("pk").to_pylist()
+    messages = live.rows("messages", None, ["pk"]).column("pk").to_pylist()
+    assert len(memories) == len(set(memories)), "duplicate memory rows"
+    assert set(memories) == expected["memories"], "missing or extra memories"
+    assert len(messages) == len(set(messages)) and set(messages) == expected["messages"]
+    live_digest = live.table_digest()
+    del live
+
+    report = await replay(settings)  # the worker is stopped: it swaps in
+    assert report.dead_decode == len(bad)
+    assert report.positions == {k: v for k, v in report.end_offsets.items() if v > 0}
+    assert report.live_digest == live_digest
+    assert report.replay_digest == live_digest, report.differences
+    assert report.live_matches is True and report.swapped
+    assert report.old_dir is not None and report.old_dir.exists()
+    assert LanceStore.from_settings(settings).table_digest() == live_digest
+
+    # Every poison record was dead-lettered (a kill may have duplicated some; none lost).
+    dead = await read_dead_letters(settings, fresh_topics.dead_letter)
+    assert {(d.source_partition, d.source_offset) for d in dead} == set(bad)
+    assert all(d.stage == "decode" and d.source_topic == fresh_topics.events for d in dead)
