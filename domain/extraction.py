@@ -1290,7 +1290,7 @@ _WORD = re.compile(r"[^\W\d_][\w'’.-]*", re.UNICODE)
 
 def heuristic_entities(text: str, speaker: str | None) -> tuple[Entity, ...]:
     """Entities without a model: the speaker (a ``person``), then every run of up to four
-    capitalised words separated by single spaces (kind ``other``: the heuristic cannot
+    capitalised words of two or more letters separated by single spaces (kind ``other``: the heuristic cannot
     tell a person from a place). Stopwords (:data:`_STOPWORDS`: pronouns, sentence
     starters, greetings, weekdays, months) are never part of a name; punctuation
     attached to a word ("Paris.", "Bob's") ends the name there. Case-insensitively
@@ -1319,7 +1319,7 @@ def heuristic_entities(text: str, speaker: str | None) -> tuple[Entity, ...]:
         bare = word.rstrip(".'’-")
         if bare.endswith(("'s", "’s")):
             bare = bare[:-2]
-        is_name = bool(bare) and bare[0].isupper() and bare.casefold() not in _STOPWORDS
+        is_name = len(bare) >= 2 and bare[0].isupper() and bare.casefold() not in _STOPWORDS
         gap = text[last_end : match.start()] if last_end >= 0 else ""
         if run and (not is_name or gap != " " or len(run) >= 4):
             flush()

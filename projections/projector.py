@@ -106,8 +106,14 @@ def _pos_key(pe: PositionedEvent) -> tuple[str, int, int]:
     return (p.topic, p.partition, p.offset)
 
 
+_ENCODER = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
 def _json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+    """Canonical JSON (sorted keys), so equal metadata always stores equal text."""
+    if not value:
+        return "{}" if isinstance(value, dict) else _ENCODER.encode(value)
+    return _ENCODER.encode(value)
 
 
 def _provenance(model: Any) -> str | None:
@@ -498,9 +504,13 @@ class Projector:
             return
         out = [rows[pk] for pk in changed]
         matrix = np.stack([vectors[pk] for pk in changed]).astype(np.float32, copy=False)
-        self.store.upsert(MEMORIES, _table(MEMORIES, dim, out, matrix))
+        _, updated = self.store.upsert(MEMORIES, _table(MEMORIES, dim, out, matrix))
 
         new = [pk for pk in changed if pk in plan.memories]
+        # Memories re-added under an existing id may leave entity rows that their new
+        # version no longer names; when every memory of the batch was an insert there
+        # can be none (entity rows are only written after their memory row).
+        readded = updated > sum(1 for pk in changed if pk in existing)
         if new:
             ent_rows = []
             for pk in new:
@@ -524,7 +534,11 @@ class Projector:
                             "event_id": m["event_id"],
                         }
                     )
-            self.store.replace_rows(ENTITIES, _table(ENTITIES, dim, ent_rows), "memory_pk", new)
+            ents = _table(ENTITIES, dim, ent_rows)
+            if readded:
+                self.store.replace_rows(ENTITIES, ents, "memory_pk", new)
+            else:
+                self.store.upsert(ENTITIES, ents)
 
 
 def _table(name: str, dim: int, rows: list[dict[str, Any]], vectors: np.ndarray | None = None) -> pa.Table:

@@ -232,23 +232,23 @@ class LanceStore:
                 return True
         return False
 
-    def upsert(self, name: str, rows: pa.Table) -> int:
+    def upsert(self, name: str, rows: pa.Table) -> tuple[int, int]:
         """Insert or replace whole rows by ``pk`` (``merge_insert``). The rows must have
         unique keys (LanceDB rejects "ambiguous merge inserts"); callers dedupe first.
-        Returns the number of rows written."""
+        Returns (rows inserted, rows updated)."""
         if rows.num_rows == 0:
-            return 0
+            return 0, 0
         keys = rows.column("pk")
         if pc.count_distinct(keys).as_py() != rows.num_rows:
             raise ValueError(f"upsert into {name}: duplicate keys in one batch")
-        (
+        result = (
             self.table(name)
             .merge_insert("pk")
             .when_matched_update_all()
             .when_not_matched_insert_all()
             .execute(rows)
         )
-        return rows.num_rows
+        return int(result.num_inserted_rows), int(result.num_updated_rows)
 
     def replace_rows(self, name: str, rows: pa.Table, owner_column: str, owners: Sequence[str]) -> None:
         """Upsert ``rows`` and delete the rows of the same ``owners`` that ``rows`` no

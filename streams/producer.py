@@ -99,6 +99,10 @@ class Sent(Generic[E]):
     event: E
     position: LogPosition
 
+    def __str__(self) -> str:
+        """``topic:partition:offset``, what a log line about a write wants to show."""
+        return str(self.position)
+
 
 def create_kafka_producer(
     settings: Settings,
@@ -405,7 +409,18 @@ class MemstreamProducer:
         topic: str | None = None,
         **fields: Any,
     ) -> Sent[DecisionRecorded]:
-        """Write a pending decision (``DecisionRecorded``) that waits for its outcome."""
+        """Write a pending decision (``DecisionRecorded``) that waits for its outcome.
+
+        ``rating`` is read leniently ("Strong Buy", "Rating: Overweight", "neutral"; see
+        :func:`memstream.domain.reflection.parse_rating`); the event carries the exact
+        5-level value."""
+        from memstream.domain.events import EventValidationError
+        from memstream.domain.reflection import RatingParseError, parse_rating
+
+        try:
+            rating = parse_rating(rating).value
+        except RatingParseError as exc:
+            raise EventValidationError(f"rating: {exc.reason}") from None
         event = self._build(
             DecisionRecorded,
             scope,

@@ -3,9 +3,12 @@ module only assembles them and turns errors into one clear line."""
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 
 import typer
+from rich.logging import RichHandler
 
 from memstream.cli import (
     analytics,
@@ -33,5 +36,21 @@ for module in (broker, events, projector, analytics, extract, reflect, serve, be
     module.register(app)
 
 
+def _configure_logging() -> None:
+    """Readable logs on stderr. Library chatter (aiokafka's reconnect warnings, faust's
+    banners) stays at WARNING unless MEMSTREAM_LOG_LEVEL asks for more; long-running
+    commands (worker, up) raise their own level to INFO."""
+    level = os.environ.get("MEMSTREAM_LOG_LEVEL", "WARNING").upper()
+    logging.basicConfig(
+        level=level,
+        format="%(name)s: %(message)s",
+        handlers=[RichHandler(show_path=False, rich_tracebacks=False, markup=False)],
+    )
+    if level != "DEBUG":
+        for noisy in ("aiokafka", "kafka", "faust", "mode"):
+            logging.getLogger(noisy).setLevel(max(logging.getLevelName(level), logging.ERROR))
+
+
 def main() -> None:
+    _configure_logging()
     sys.exit(run_cli(app))

@@ -208,6 +208,9 @@ def build_mcp_server(
         scene: Annotated[str | None, Field(max_length=500, description="Optional context or topic.")] = None,
     ) -> AddMemoryResult:
         service = state.require()
+        if not content.strip():
+            # Checked before the template: a template would make blank content look full.
+            raise ToolError("invalid input, nothing was saved: content is empty")
         stored = bank.render_memory(content, now())
         raw = {
             "type": "MemoryAdded",

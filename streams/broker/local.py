@@ -19,7 +19,8 @@ Layout under ``settings.resolved_broker_dir`` (data survives ``stop``)::
 
 ``start``, ``stop`` and ``status`` are plain synchronous functions, safe to call from
 the CLI, from pytest fixtures and from several processes at once (a file lock per broker
-directory and per jar cache serialises them).
+directory and per jar cache serialises them). POSIX only (Linux, macOS): it relies on
+``flock``, signals and sessions.
 """
 
 from __future__ import annotations
@@ -71,9 +72,9 @@ _POLL_S = 0.25
 _TAIL_LINES = 40
 _NODE_ID = 1
 
-# Popen handles of brokers launched by this process. Keeping them lets ``stop`` reap its
-# own child (a terminated child stays a zombie, and "alive" to os.kill, until reaped) and
-# keeps Python from warning that a still-running subprocess was garbage-collected.
+# Popen handles of brokers launched by this process (a test session, `memstream up`).
+# A terminated child stays a zombie, still "alive" to os.kill, until its parent reaps it:
+# keeping the handle lets ``status`` and ``stop`` reap it and read its exit code.
 _children: dict[int, subprocess.Popen[bytes]] = {}
 
 
@@ -387,7 +388,7 @@ class _Reader:
         return text
 
 
-def probe_metadata(port: int, host: str = "127.0.0.1", timeout: float = 3.0) -> MetadataProbe | None:
+def probe_metadata(port: int, host: str = "127.0.0.1", timeout: float = 2.0) -> MetadataProbe | None:
     """Ask the broker at ``host:port`` for cluster metadata (no topics) and return its
     answer, or ``None`` if nothing there answers like Kafka.
 

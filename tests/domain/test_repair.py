@@ -160,13 +160,13 @@ json_values = st.recursive(
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(),
     lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=8), children, max_size=5),
-    max_leaves=25,
+    max_leaves=12,
 )
 
 _JSONISH = st.sampled_from(list('{}[]",:\'\\/*` \n\ttrufalsenul0123456789.-+eEabcxyzTFN#`'))
 
 
-@settings(max_examples=400)
+@settings(max_examples=200)
 @given(json_values, st.sampled_from([None, 0, 2]))
 def test_valid_json_round_trips_unchanged(value: Any, indent: int | None) -> None:
     text = json.dumps(value, indent=indent, ensure_ascii=False)
@@ -175,7 +175,7 @@ def test_valid_json_round_trips_unchanged(value: Any, indent: int | None) -> Non
     assert result.repairs == ()
 
 
-@settings(max_examples=300)
+@settings(max_examples=100)
 @given(json_values.filter(lambda v: isinstance(v, (dict, list))))
 def test_fenced_valid_json_round_trips(value: Any) -> None:
     assert repair_json(f"```json\n{json.dumps(value)}\n```").value == value
@@ -191,7 +191,7 @@ def test_never_raises_anything_but_its_error(text: str) -> None:
     json.dumps(result.value)  # whatever comes back is plain JSON data
 
 
-@settings(max_examples=400)
+@settings(max_examples=200)
 @given(json_values.filter(lambda v: isinstance(v, (dict, list))), st.data())
 def test_any_prefix_of_valid_json_is_handled(value: Any, data: st.DataObject) -> None:
     text = json.dumps(value)

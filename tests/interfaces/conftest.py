@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from iface_stack import BANKS, Stack, free_port, start_process, stop_process
+from tests.interfaces.iface_stack import BANKS, Stack, free_port, start_process, stop_process
 
 from memstream.banks import create_key
 from memstream.cli.serve import settings_env

@@ -17,7 +17,7 @@ from memstream.domain.log import LogPosition
 from memstream.interfaces.api import openapi_spec
 from memstream.settings import Settings
 
-from iface_stack import Stack
+from tests.interfaces.iface_stack import Stack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import httpx2
 import pytest
-from iface_stack import Stack
+from tests.interfaces.iface_stack import Stack
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 

@@ -181,6 +181,7 @@ def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
         MEMSTREAM_CONTROLLER_PORT=str(settings.controller_port),
         MEMSTREAM_BROKER_HEAP=settings.broker_heap,
         MEMSTREAM_TOPIC_PREFIX=settings.topic_prefix,
+        MEMSTREAM_PARTITIONS=str(settings.partitions),
         MEMSTREAM_KAFKA_CACHE_DIR=str(settings.resolved_kafka_cache_dir),
         COLUMNS="200",
     )
@@ -206,7 +207,7 @@ def test_cli_status_exits_3_when_stopped(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_second_broker_starts_once_serves_stops_and_keeps_its_data(tmp_path: Path) -> None:
-    settings = _settings(tmp_path)
+    settings = _settings(tmp_path, topic_prefix="brokertest.", partitions=2)
     paths = local.BrokerPaths.from_settings(settings)
     try:
         first = local.start(settings)
@@ -219,26 +220,37 @@ def test_second_broker_starts_once_serves_stops_and_keeps_its_data(tmp_path: Pat
         again = local.start(settings)
         assert again.state == "running" and not again.started
         assert again.pid == first.pid
-
         current = local.status(settings)
         assert (current.state, current.pid, current.cluster_id) == ("running", first.pid, first.cluster_id)
 
-        topics = Topics(prefix="brokertest.", partitions=2, replication_factor=1)
-        created = asyncio.run(ensure_topics(settings.bootstrap_servers, topics))
-        assert set(created.values()) == {"created"}
-        described = asyncio.run(_describe(settings.bootstrap_servers, topics.events))
-        assert described["error_code"] == 0 and len(described["partitions"]) == 2
+        # The CLI drives the same broker: start is a no-op, status says running.
+        cli_start = _cli(settings, "broker", "start")
+        assert cli_start.returncode == 0, cli_start.stderr
+        assert "already running" in cli_start.stdout and str(first.pid) in cli_start.stdout
+        cli_status = _cli(settings, "broker", "status")
+        assert cli_status.returncode == 0 and "running" in cli_status.stdout
 
-        assert local.stop(settings) is True
+        created = _cli(settings, "topics", "create")
+        assert created.returncode == 0, created.stderr
+        assert "brokertest.events" in created.stdout and "created" in created.stdout
+        repeated = _cli(settings, "topics", "create")
+        assert repeated.returncode == 0 and "exists" in repeated.stdout and "created" not in repeated.stdout
+        described = asyncio.run(_describe(settings.bootstrap_servers, "brokertest.events"))
+        assert described["error_code"] == 0 and len(described["partitions"]) == 2  # type: ignore[arg-type]
+
+        cli_stop = _cli(settings, "broker", "stop")
+        assert cli_stop.returncode == 0 and "stopped" in cli_stop.stdout
         stopped = local.status(settings)
         assert stopped.state == "stopped" and stopped.pid is None
         assert not paths.pid_file.exists()
         assert local.stop(settings) is False
+        assert _cli(settings, "broker", "status").returncode == 3
 
         restarted = local.start(settings)
         assert restarted.started and restarted.cluster_id == first.cluster_id
-        again_created = asyncio.run(ensure_topics(settings.bootstrap_servers, topics))
-        assert set(again_created.values()) == {"exists"}  # the data survived the stop
+        topics = Topics.from_settings(settings)
+        after = asyncio.run(ensure_topics(settings.bootstrap_servers, topics))
+        assert set(after.values()) == {"exists"}  # the data survived the stop
     finally:
         local.stop(settings)
 
@@ -251,30 +263,6 @@ async def _describe(bootstrap: str, topic: str) -> dict[str, object]:
         return dict(described)
     finally:
         await admin.close()
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_cli_drives_the_broker_and_creates_topics(tmp_path: Path) -> None:
-    settings = _settings(tmp_path, topic_prefix="clitest.")
-    try:
-        started = _cli(settings, "broker", "start")
-        assert started.returncode == 0, started.stderr
-        assert "started" in started.stdout
-
-        assert _cli(settings, "broker", "status").returncode == 0
-
-        first = _cli(settings, "topics", "create")
-        assert first.returncode == 0, first.stderr
-        assert "clitest.events" in first.stdout and "created" in first.stdout
-        second = _cli(settings, "topics", "create")
-        assert second.returncode == 0 and "exists" in second.stdout and "created" not in second.stdout
-
-        stopped = _cli(settings, "broker", "stop")
-        assert stopped.returncode == 0 and "stopped" in stopped.stdout
-        assert _cli(settings, "broker", "status").returncode == 3
-    finally:
-        local.stop(settings)
 
 
 @pytest.mark.slow

@@ -162,6 +162,7 @@ async def test_default_topics_and_conveniences(kafka_bootstrap: str, fresh_topic
     assert memory.position.topic == fresh_topics.events
     assert memory.event.memory_type == "persona" and memory.event.priority == 90
     assert memory.event.producer == "trader-7"
+    assert str(memory) == f"{fresh_topics.events}:{memory.position.partition}:{memory.position.offset}"
     assert turn.position.topic == fresh_topics.messages and turn.event.session_id == "s1"
     assert decision.position.topic == fresh_topics.pending_reflections
     assert outcome.position.topic == fresh_topics.outcomes and outcome.event.decision_id == "d-1"

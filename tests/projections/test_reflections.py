@@ -1,0 +1,118 @@
+"""Injection: ``context_for`` over reflections projected into a real LanceDB store."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from projection_helpers import T0, positioned
+
+from memstream.domain.events import MemoryReflected, Provenance, Rating, Scope
+from memstream.domain.reflection import estimate_tokens, reflection_id_for
+from memstream.projections.projector import Projector
+from memstream.projections.reflections import context_for, list_reflections
+from memstream.projections.store import LanceStore, ScopeRequiredError
+
+ANA = Scope(team_id="acme", user_id="ana", agent_id="trader")
+ANA_RISK = Scope(team_id="acme", user_id="ana", agent_id="risk")
+BOB = Scope(team_id="acme", user_id="bob")
+GLOBEX = Scope(team_id="globex", user_id="ana")
+
+
+def reflected(scope: Scope, n: int, subject: str, *, day: int | None = None) -> MemoryReflected:
+    did = f"d-{subject}-{n}"
+    return MemoryReflected(
+        scope=scope,
+        occurred_at=T0 + timedelta(days=day if day is not None else n),
+        reflection_id=reflection_id_for(scope, did),
+        decision_id=did,
+        outcome_id=f"o-{subject}-{n}",
+        subject=subject,
+        rating=Rating.buy,
+        decision_text=f"Decision {n} on {subject}: the thesis for {scope.team_id}.",
+        raw_return=0.01 * n,
+        alpha=0.002 * n,
+        correct=True,
+        content=f"Reflection {n} on {subject} in {scope.team_id}/{scope.user_id}. Lesson: keep {n}.",
+        lesson=f"keep {n}.",
+        templated=True,
+        provenance=Provenance(method="template"),
+    )
+
+
+@pytest.fixture
+def loaded(store: LanceStore, projector: Projector) -> LanceStore:
+    events = (
+        [reflected(ANA, n, "AAPL") for n in range(1, 8)]
+        + [reflected(ANA_RISK, 8, "AAPL")]
+        # 15 other-subject reflections, oldest first, so the newest are the last rows
+        + [reflected(ANA, n, f"X{n:02d}", day=20 + n) for n in range(15)]
+        + [reflected(GLOBEX, n, "AAPL", day=100 + n) for n in range(3)]
+        + [reflected(BOB, n, "AAPL", day=100 + n) for n in range(3)]
+    )
+    result = projector.apply(positioned(events))
+    assert not result.failed
+    assert store.count("reflections") == len(events)
+    return store
+
+
+def test_context_has_five_same_subject_and_three_others_newest_first(loaded: LanceStore) -> None:
+    ctx = context_for(loaded, ANA, "AAPL", 5_000)
+    assert [r.decision_id for r in ctx.same_subject] == [f"d-AAPL-{n}" for n in (8, 7, 6, 5, 4)]
+    assert [r.subject for r in ctx.other_subjects] == ["X14", "X13", "X12"]
+    text = ctx.text
+    assert text.index("Reflection 8 on AAPL") < text.index("Reflection 4 on AAPL") < text.index("Reflection 14 on X14")
+    assert "Decision: Decision 7 on AAPL" in text  # same subject: decision, outcome, reflection
+    assert "alpha +1.4%" in text and "return +7.0%" in text
+    assert "Decision 14 on X14" not in text  # other subjects: the reflection only
+    assert "globex" not in text and "acme/bob" not in text  # never another space
+    assert ctx.token_estimate == estimate_tokens(text) <= 5_000
+
+
+def test_context_respects_a_small_budget(loaded: LanceStore) -> None:
+    full = context_for(loaded, ANA, "AAPL", 5_000)
+    small = context_for(loaded, ANA, "AAPL", full.token_estimate // 3)
+    assert 0 < small.token_estimate <= full.token_estimate // 3
+    assert small.omitted > 0
+    assert list(small.same_subject) == list(full.same_subject)[: len(small.same_subject)]
+
+
+def test_context_can_be_narrowed_to_one_agent(loaded: LanceStore) -> None:
+    ctx = context_for(loaded, ANA_RISK, "AAPL", 5_000, same_agent=True)
+    assert [r.decision_id for r in ctx.same_subject] == ["d-AAPL-8"]
+    assert ctx.other_subjects == ()
+
+
+def test_other_tenants_and_users_are_isolated(loaded: LanceStore) -> None:
+    ctx = context_for(loaded, GLOBEX, "AAPL", 5_000)
+    assert [r.decision_id for r in ctx.same_subject] == ["d-AAPL-2", "d-AAPL-1", "d-AAPL-0"]
+    assert all("globex" in r.content for r in ctx.same_subject)
+    assert ctx.other_subjects == ()
+
+
+def test_a_scope_is_required(loaded: LanceStore) -> None:
+    with pytest.raises(ScopeRequiredError):
+        context_for(loaded, None, "AAPL", 500)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        context_for(loaded, ANA, " ", 500)
+
+
+def test_empty_store_gives_empty_context(store: LanceStore) -> None:
+    ctx = context_for(store, ANA, "AAPL", 500)
+    assert ctx.empty and ctx.text == "" and ctx.token_estimate == 0
+
+
+def test_a_reprojected_reflection_appears_once(store: LanceStore, projector: Projector) -> None:
+    event = reflected(ANA, 1, "AAPL")
+    projector.apply(positioned([event]))
+    projector.apply(positioned([event], start=10))  # the same event emitted again
+    ctx = context_for(store, ANA, "AAPL", 1_000)
+    assert len(ctx.same_subject) == 1
+
+
+def test_list_reflections_newest_first(loaded: LanceStore) -> None:
+    rows = list_reflections(loaded, ANA, limit=4)
+    assert [r.subject for r in rows] == ["X14", "X13", "X12", "X11"]
+    aapl = list_reflections(loaded, ANA, subject="AAPL", limit=50)
+    assert [r.decision_id for r in aapl] == [f"d-AAPL-{n}" for n in range(8, 0, -1)]
+    assert all(r.templated for r in aapl)
