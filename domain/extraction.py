@@ -389,7 +389,9 @@ def _memory_records(value: Any) -> list[tuple[str | None, list[Any], list[Any]]]
                 + ")"
             )
     elif isinstance(value, list):
-        if all(isinstance(v, dict) and "memories" in v for v in value) and value:
+        if value and not any(isinstance(v, dict) for v in value):
+            raise ExtractionFormatError("answer is a list without a single object")
+        if value and all(isinstance(v, dict) and "memories" in v for v in value):
             scenes = value
         else:
             scenes = [{"title": None, "message_ids": [], "memories": value}]
@@ -402,6 +404,8 @@ def _memory_records(value: Any) -> list[tuple[str | None, list[Any], list[Any]]]
         title = scene.get("title") if isinstance(scene.get("title"), str) else None
         ids = _as_list(scene.get("message_ids"))
         out.append((title, ids, _as_list(scene.get("memories"))))
+    if scenes and not out:
+        raise ExtractionFormatError("no scene in the answer is an object")
     return out
 
 

@@ -64,6 +64,7 @@ __all__ = [
     "load_registry",
     "create_key",
     "revoke_key",
+    "add_bank",
     "write_default_bank",
 ]
 
@@ -493,6 +494,31 @@ def revoke_key(settings: Settings, key_id: str) -> KeyRecord:
         raise BankConfigError(f"key id {key_id!r} is ambiguous; give more characters")
     _write_keys(keys_path(settings), [r for r in records if r is not matches[0]])
     return matches[0]
+
+
+def add_bank(settings: Settings, bank: Bank) -> Path:
+    """Append ``bank`` to the banks file (created when absent). TOML only: a YAML file
+    is the operator's own, edit it by hand. Refuses a name that is already declared."""
+    path = banks_path(settings)
+    if path.suffix.lower() in (".yaml", ".yml"):
+        raise BankConfigError(f"{path} is YAML: add the bank there by hand")
+    existing = load_registry(settings).banks if path.exists() else {}
+    if bank.name in existing:
+        raise BankConfigError(f"bank {bank.name!r} is already declared in {path}")
+    lines = [f"[banks.{_toml_str(bank.name)}]", f"team_id = {_toml_str(bank.team_id)}"]
+    for name in ("user_id", "agent_id"):
+        value = getattr(bank, name)
+        if value is not None:
+            lines.append(f"{name} = {_toml_str(value)}")
+    lines.append(f"description = {_toml_str(bank.description)}")
+    if bank.memory_template is not None:
+        lines.append(f"memory_template = {_toml_str(bank.memory_template)}")
+    if bank.default_memory_type != MemoryType.episodic:
+        lines.append(f"default_memory_type = {_toml_str(bank.default_memory_type.value)}")
+    previous = path.read_text(encoding="utf-8") if path.exists() else "# Memory banks (see `memstream banks add`).\n"
+    _atomic_write(path, previous.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n")
+    load_registry(settings)  # the file must still parse
+    return path
 
 
 def write_default_bank(settings: Settings, *, name: str = "default", team_id: str = "default") -> Bank:

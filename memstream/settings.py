@@ -102,6 +102,8 @@ class Settings(BaseSettings):
     banks_file: Path | None = None
     keys_file: Path | None = None
     read_wait_max_s: float = Field(default=10.0, gt=0)
+    api_max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    """Largest HTTP request body the API reads (413 above it)."""
 
     @model_validator(mode="before")
     @classmethod

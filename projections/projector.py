@@ -40,7 +40,7 @@ the deadline, kept as a row rather than deleted); ``OutcomeObserved`` has no vie
 
 from __future__ import annotations
 
-import base64
+import binascii
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -257,7 +257,7 @@ class Projector:
                     f"embedding of model {emb.model!r} has dimension {emb.dim}; "
                     f"the memories table holds {self.store.embedding_dim}"
                 )
-            vector = np.frombuffer(base64.b64decode(emb.data), dtype="<f4").astype(np.float32)
+            vector = np.frombuffer(binascii.a2b_base64(emb.data), dtype="<f4").astype(np.float32)
         team, user = e.scope.team_id, e.scope.user_id
         pk = scoped_key(team, user, e.memory_id)
         entities: list[dict[str, str]] = []
@@ -542,16 +542,16 @@ class Projector:
 
 
 def _table(name: str, dim: int, rows: list[dict[str, Any]], vectors: np.ndarray | None = None) -> pa.Table:
-    """Rows (dicts) as an Arrow table of exactly the table's schema; the vector column
-    is built from a float32 matrix in one piece instead of per-row Python lists."""
+    """Rows (dicts) as an Arrow table of exactly the table's schema (Arrow's own
+    converter; keys outside the schema are ignored). The vector column is built from a
+    float32 matrix in one piece instead of per-row Python lists."""
     schema = schema_for(name, dim)
-    arrays = []
-    for f in schema:
-        if f.name == "vector":
-            if vectors is None or vectors.shape != (len(rows), dim):
-                raise ValueError("vector matrix does not match the rows")
-            flat = pa.array(vectors.reshape(-1), type=pa.float32())
-            arrays.append(pa.FixedSizeListArray.from_arrays(flat, dim))
-        else:
-            arrays.append(pa.array([r.get(f.name) for r in rows], type=f.type))
-    return pa.Table.from_arrays(arrays, schema=schema)
+    if "vector" not in schema.names:
+        return pa.Table.from_pylist(rows, schema=schema)
+    if vectors is None or vectors.shape != (len(rows), dim):
+        raise ValueError("vector matrix does not match the rows")
+    at = schema.get_field_index("vector")
+    rest = schema.remove(at)
+    base = pa.Table.from_pylist(rows, schema=rest)
+    column = pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1), type=pa.float32()), dim)
+    return base.add_column(at, schema.field(at), column)

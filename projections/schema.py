@@ -18,6 +18,8 @@ JSON strings, so DuckDB and every Arrow consumer read them without a nested sche
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import pyarrow as pa
 
 __all__ = [
@@ -259,7 +261,9 @@ def positions_schema() -> pa.Schema:
     )
 
 
+@lru_cache(maxsize=64)
 def schema_for(table: str, dim: int) -> pa.Schema:
+    """The schema of one table (memories depends on the embedding dimension)."""
     builders = {
         MEMORIES: lambda: memories_schema(dim),
         MESSAGES: messages_schema,

@@ -56,7 +56,9 @@ class _TransientCoordinatorNoise(logging.Filter):
 
 
 def logging_config(level: int) -> dict[str, object]:
-    """One readable line per record on stderr; aiokafka only from WARNING up."""
+    """One readable line per record on stderr; Faust, mode and aiokafka only from
+    WARNING up unless ``level`` is DEBUG."""
+    libraries = level if level <= logging.DEBUG else max(level, logging.WARNING)
     return {
         "version": 1,
         "disable_existing_loggers": False,
@@ -71,7 +73,7 @@ def logging_config(level: int) -> dict[str, object]:
             }
         },
         "loggers": {
-            name: {"level": max(level, logging.WARNING)}
+            name: {"level": libraries}
             for name in ("aiokafka", "faust", "mode", FAUST_LOGGER)
         },
         "root": {"level": level, "handlers": ["stderr"]},

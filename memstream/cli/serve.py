@@ -33,13 +33,15 @@ from pathlib import Path
 from typing import IO, Annotated, Any
 
 import typer
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from memstream.banks import (
+    Bank,
     BankConfigError,
+    add_bank,
     UnknownBankError,
     banks_path,
     create_key,
@@ -51,9 +53,9 @@ from memstream.banks import (
 from memstream.cli._errors import CLIError
 from memstream.settings import Settings, get_settings
 
-__all__ = ["register", "settings_env", "bootstrap_reachable", "Child", "Supervisor"]
+__all__ = ["register", "settings_env", "child_env", "bootstrap_reachable", "run_api", "run_mcp_stdio", "run_up", "Child", "Supervisor"]
 
-console = Console(stderr=True, highlight=False)
+console = Console(stderr=True, highlight=False, soft_wrap=True)
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
 
@@ -74,6 +76,14 @@ def settings_env(settings: Settings) -> dict[str, str]:
             text = str(value)
         env[f"MEMSTREAM_{name.upper()}"] = text
     return env
+
+
+def child_env(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for a child process that must use exactly ``settings``: the
+    parent's environment without its own ``MEMSTREAM_*`` variables, plus
+    :func:`settings_env` (so a setting left unset here is unset there too)."""
+    inherited = {k: v for k, v in (os.environ if base is None else base).items() if not k.upper().startswith("MEMSTREAM_")}
+    return {**inherited, **settings_env(settings)}
 
 
 def bootstrap_reachable(bootstrap: str, timeout: float = 1.0) -> bool:
@@ -250,7 +260,11 @@ class Supervisor:
                         break
         finally:
             for child in reversed(self.children):
-                child.stop()
+                if child.process is None:
+                    continue
+                console.print(f"stopping {child.name} (pid {child.pid})")
+                code = child.stop()
+                console.print(f"{child.name} stopped" + (f" (exit code {code})" if code not in (0, -signal.SIGTERM) else ""))
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         if self.failed is not None:
@@ -349,8 +363,7 @@ def run_up(settings: Settings, *, stop_broker: bool = False, loglevel: str = "in
     _ensure_store(settings)
     _ensure_bank(settings)
     env = {
-        **os.environ,
-        **settings_env(settings),
+        **child_env(settings),
         "PYTHONUNBUFFERED": "1",
         "PROMETHEUS_MULTIPROC_DIR": str(_fresh_metrics_dir(settings)),
     }
@@ -451,8 +464,11 @@ def register(app: typer.Typer) -> None:
             raise CLIError(str(exc)) from None
         console.print(f"revoked key {record.key_id} (bank {record.bank!r})")
 
-    @app.command("banks")
-    def banks_cmd() -> None:
+    banks = typer.Typer(help="Memory banks: named memory spaces that keys and MCP servers bind to.", no_args_is_help=True)
+    app.add_typer(banks, name="banks")
+
+    @banks.command("list")
+    def banks_list() -> None:
         """List the declared memory banks."""
         settings = get_settings()
         registry = _registry_or_fail(settings)
@@ -463,3 +479,24 @@ def register(app: typer.Typer) -> None:
             n = sum(1 for r in registry.keys.values() if r.bank == bank.name)
             table.add_row(bank.name, bank.team_id, bank.user_id or "*", bank.agent_id or "*", str(n), bank.description)
         Console().print(table)
+
+    @banks.command("add")
+    def banks_add(
+        name: Annotated[str, typer.Argument(help="The bank's name.")],
+        team: Annotated[str, typer.Option("--team", help="Team id (tenant).")],
+        description: Annotated[str, typer.Option("--description", help="What belongs in this bank (the model reads it).")],
+        user: Annotated[str | None, typer.Option("--user", help="Pin one user (else the whole team).")] = None,
+        agent: Annotated[str | None, typer.Option("--agent", help="Pin one agent.")] = None,
+        template: Annotated[str | None, typer.Option("--template", help="MCP memory template, e.g. '{content} (noted {now:%Y-%m-%d})'.")] = None,
+    ) -> None:
+        """Declare a bank in the banks file (then: `memstream keys create --bank NAME`)."""
+        settings = get_settings()
+        try:
+            bank = Bank(name=name, team_id=team, user_id=user, agent_id=agent, description=description, memory_template=template)
+        except ValidationError as exc:
+            raise CLIError(f"invalid bank: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}") from None
+        try:
+            path = add_bank(settings, bank)
+        except BankConfigError as exc:
+            raise CLIError(str(exc)) from None
+        console.print(f"bank {name!r} ({bank.access.describe()}) added to {path}")

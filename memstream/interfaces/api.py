@@ -369,6 +369,65 @@ class _McpEndpoint:
         await server.session_manager.handle_request(scope, receive, send)
 
 
+class _BodyTooLarge(Exception):
+    pass
+
+
+class _BodyLimit:
+    """Refuse request bodies over ``max_bytes`` with a 413 in the one error shape, before
+    they are read into memory (by ``Content-Length``) or as soon as a streamed body
+    passes the limit."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def _refuse(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
+        response = JSONResponse(
+            error_body("payload_too_large", f"request body is larger than {self.max_bytes} bytes"),
+            status_code=413,
+        )
+        await response(scope, receive, send)
+
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                try:
+                    too_large = int(value) > self.max_bytes
+                except ValueError:
+                    too_large = False
+                if too_large:
+                    await self._refuse(scope, receive, send)
+                    return
+        seen = 0
+        started = False
+
+        async def counted() -> Any:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _BodyTooLarge
+            return message
+
+        async def tracked(message: Any) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counted, tracked)
+        except _BodyTooLarge:
+            if started:
+                raise
+            await self._refuse(scope, receive, send)
+
+
 # --- the app ----------------------------------------------------------------------------------
 
 _EVENT_SCHEMA: dict[str, Any] = TypeAdapter(Event).json_schema(ref_template="#/components/schemas/{model}")
@@ -419,6 +478,7 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
     app.state.service = None
     app.state.mcp_servers = {}
     install_error_handlers(app)
+    app.add_middleware(_BodyLimit, max_bytes=settings.api_max_body_bytes)
     app.router.routes.append(Route("/mcp", endpoint=_McpEndpoint(app), methods=["GET", "POST", "DELETE"], include_in_schema=False))
 
     # --- writes ---------------------------------------------------------------------------

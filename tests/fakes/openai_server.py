@@ -20,7 +20,7 @@ scripted the same way through ``server.embeddings``.
 
 Usage (as a pytest fixture in the test module)::
 
-    from fakes.openai_server import FakeOpenAI  # tests/ is on sys.path under pytest
+    from tests.fakes.openai_server import FakeOpenAI  # the repo root is on pytest's pythonpath
 
     @pytest.fixture
     def fake_llm():

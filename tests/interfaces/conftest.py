@@ -9,7 +9,6 @@ exactly as ``memstream up`` runs them.
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import time
 import uuid
@@ -20,7 +19,7 @@ import pytest
 from tests.interfaces.iface_stack import BANKS, Stack, free_port, start_process, stop_process
 
 from memstream.banks import create_key
-from memstream.cli.serve import settings_env
+from memstream.cli.serve import child_env
 from memstream.settings import Settings
 from memstream.streams.admin import ensure_topics
 from memstream.streams.topics import Topics
@@ -43,6 +42,7 @@ def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         api_host="127.0.0.1",
         api_port=port,
         read_wait_max_s=20.0,
+        api_max_body_bytes=256 * 1024,
         embedder="local",
         projector_batch_seconds=0.05,
         reflection_poll_seconds=0.5,
@@ -52,7 +52,7 @@ def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
     LanceStore.from_settings(settings)  # create the tables before two processes open them
     keys = {name: create_key(settings, name)[0] for name in ("alice", "acme", "bot", "globex", "carol", "dave", "erin")}
-    env = {**os.environ, **settings_env(settings), "PYTHONUNBUFFERED": "1"}
+    env = {**child_env(settings), "PYTHONUNBUFFERED": "1"}
     logs = root / "logs"
     logs.mkdir()
     s = Stack(settings=settings, env=env, base_url=f"http://127.0.0.1:{port}", keys=keys, logs=logs)

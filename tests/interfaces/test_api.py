@@ -195,11 +195,13 @@ async def test_invalid_bodies_are_422_and_write_nothing(
     assert await end_offsets() == before
 
 
-async def test_non_json_body(stack: Stack, client: httpx.AsyncClient) -> None:
-    resp = await client.post(
-        "/v1/events", content=b"{not json", headers={**stack.headers("acme"), "content-type": "application/json"}
-    )
-    assert_error(resp, 422, "validation_error")
+async def test_non_json_and_oversized_bodies(stack: Stack, client: httpx.AsyncClient, end_offsets: Any) -> None:
+    before = await end_offsets()
+    h = {**stack.headers("acme"), "content-type": "application/json"}
+    assert_error(await client.post("/v1/events", content=b"{not json", headers=h), 422, "validation_error")
+    huge = json.dumps({"content": "x" * (stack.settings.api_max_body_bytes + 1)}).encode()
+    assert_error(await client.post("/v1/memories", content=huge, headers=h), 413, "payload_too_large")
+    assert await end_offsets() == before
 
 
 async def test_events_messages_and_decisions(stack: Stack, client: httpx.AsyncClient) -> None:

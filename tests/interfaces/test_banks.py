@@ -17,6 +17,7 @@ from memstream.banks import (
     BankConfigError,
     RegistrySource,
     UnknownBankError,
+    add_bank,
     create_key,
     hash_key,
     keys_path,
@@ -25,6 +26,7 @@ from memstream.banks import (
     write_default_bank,
 )
 from memstream.domain.events import Scope
+from memstream.cli.serve import child_env
 from memstream.settings import Settings
 
 BANKS_TOML = """
@@ -165,7 +167,7 @@ def test_revoke_needs_an_unambiguous_id(tmp_path: Path) -> None:
 
 
 def test_default_bank_is_written_once(tmp_path: Path) -> None:
-    settings = Settings(home=tmp_path / "home")
+    settings = Settings(home=tmp_path / "home", banks_file=None, keys_file=None)
     bank = write_default_bank(settings)
     assert load_registry(settings).bank("default") == bank
     with pytest.raises(BankConfigError, match="already exists"):
@@ -174,11 +176,7 @@ def test_default_bank_is_written_once(tmp_path: Path) -> None:
 
 def test_cli_keys_create_prints_the_key_once_and_stores_its_hash(tmp_path: Path) -> None:
     settings = _settings(tmp_path, "[banks.a]\nteam_id = 'x'\ndescription = 'd'\n")
-    env = {
-        **os.environ,
-        "MEMSTREAM_BANKS_FILE": str(settings.banks_file),
-        "MEMSTREAM_KEYS_FILE": str(settings.keys_file),
-    }
+    env = child_env(settings)
     done = subprocess.run(
         [sys.executable, "-m", "memstream", "keys", "create", "--bank", "a", "--label", "ci"],
         env=env, capture_output=True, text=True, timeout=60,
@@ -194,3 +192,54 @@ def test_cli_keys_create_prints_the_key_once_and_stores_its_hash(tmp_path: Path)
         env=env, capture_output=True, text=True, timeout=60,
     )
     assert unknown.returncode == 1 and "unknown bank 'nope'" in unknown.stderr
+
+
+def test_add_bank_appends_a_parseable_table(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, "[banks.a]\nteam_id = 'x'\ndescription = 'd'\n")
+    odd = Bank(
+        name="ops.eu:1",  # dots and colons are legal in names; the TOML key is quoted
+        team_id="x",
+        user_id="u",
+        description='Says "hi"\nand more',
+        memory_template="{content} ({now:%Y})",
+    )
+    add_bank(settings, odd)
+    registry = load_registry(settings)
+    assert registry.bank("ops.eu:1") == odd and "a" in registry.banks
+    with pytest.raises(BankConfigError, match="already declared"):
+        add_bank(settings, odd)
+    yaml_settings = _settings(tmp_path, "banks: {}\n", suffix=".yaml")
+    with pytest.raises(BankConfigError, match="YAML"):
+        add_bank(yaml_settings, odd)
+
+
+def test_cli_banks_add_then_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """In process, through the real entry point (``memstream.cli.main``)."""
+    from memstream.cli import main
+    from memstream.settings import get_settings
+
+    for name in ("BANKS_FILE", "KEYS_FILE"):
+        monkeypatch.delenv(f"MEMSTREAM_{name}", raising=False)
+    monkeypatch.setenv("MEMSTREAM_HOME", str(tmp_path / "home"))
+
+    def run(*args: str) -> tuple[int, str, str]:
+        get_settings.cache_clear()
+        monkeypatch.setattr(sys, "argv", ["memstream", *args])
+        try:
+            with pytest.raises(SystemExit) as exit_info:
+                main()
+        finally:
+            get_settings.cache_clear()
+        out = capsys.readouterr()
+        return int(exit_info.value.code or 0), out.out, out.err
+
+    code, _, err = run("banks", "add", "support", "--team", "acme", "--user", "alice", "--description", "Support notes.")
+    assert code == 0, err
+    code, out, _ = run("banks", "list")
+    assert code == 0 and "support" in out and "acme" in out
+    code, _, err = run("banks", "add", "x y", "--team", "acme", "--description", "d")
+    assert code == 1 and "invalid bank: name" in err
+    code, key, err = run("keys", "create", "--bank", "support")
+    assert code == 0 and key.strip().startswith(KEY_PREFIX), err
+    code, out, _ = run("keys", "list")
+    assert code == 0 and hash_key(key.strip())[:12] in out

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from projection_helpers import DIM, CountingEmbedder
+from tests.projections.projection_helpers import DIM, CountingEmbedder
 
 from memstream.projections.projector import Projector
 from memstream.projections.store import LanceStore

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import typer
-from projection_helpers import DIM, link, memory, positioned
+from tests.projections.projection_helpers import DIM, link, memory, positioned
 from typer.testing import CliRunner
 
 from memstream.cli import analytics

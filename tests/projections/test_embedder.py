@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from fakes.openai_server import FakeOpenAI, Reply, hashed_embedding
+from tests.fakes.openai_server import FakeOpenAI, Reply, hashed_embedding
 from pydantic import SecretStr
 
 from memstream.projections.embedder import (

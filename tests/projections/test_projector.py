@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from projection_helpers import DIM, EVENTS_TOPIC, T0, CountingEmbedder, carried, link, memory, positioned
+from tests.projections.projection_helpers import DIM, EVENTS_TOPIC, T0, CountingEmbedder, carried, link, memory, positioned
 
 from memstream.domain.events import (
     DecisionExpired,
@@ -112,8 +112,7 @@ def test_upsert_of_an_existing_memory_updates_it(store: LanceStore, projector: P
     """Regression guard for lancedb #3177 / #3515: merge_insert on an existing key must
     really update, also after optimize() with scalar indexes present."""
     projector.apply(positioned([memory(ALICE, f"m{i}", f"fact number {i}") for i in range(300)]))
-    store.scalar_index_threshold = 1
-    store.ensure_indexes()
+    assert store.ensure_indexes() == {}  # scalar and FTS indexes exist from the start
     store.optimize()
     indexed = {c for idx in store.table(MEMORIES).list_indices() for c in idx.columns}
     assert {"team_id", "user_id", "memory_id", "content_hash", "content"} <= indexed

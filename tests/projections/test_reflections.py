@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
-from projection_helpers import T0, positioned
+import typer
+from tests.projections.projection_helpers import DIM, T0, positioned
+from typer.testing import CliRunner
 
+from memstream.cli import reflect
+from memstream.cli._errors import CLIError
 from memstream.domain.events import MemoryReflected, Provenance, Rating, Scope
 from memstream.domain.reflection import estimate_tokens, reflection_id_for
+from memstream.projections.embedder import LocalEmbedder
 from memstream.projections.projector import Projector
 from memstream.projections.reflections import context_for, list_reflections
 from memstream.projections.store import LanceStore, ScopeRequiredError
+from memstream.settings import get_settings
 
 ANA = Scope(team_id="acme", user_id="ana", agent_id="trader")
 ANA_RISK = Scope(team_id="acme", user_id="ana", agent_id="risk")
@@ -116,3 +125,70 @@ def test_list_reflections_newest_first(loaded: LanceStore) -> None:
     aapl = list_reflections(loaded, ANA, subject="AAPL", limit=50)
     assert [r.decision_id for r in aapl] == [f"d-AAPL-{n}" for n in range(8, 0, -1)]
     assert all(r.templated for r in aapl)
+
+
+# ----------------------------------------------------------------------- the CLI
+
+
+@pytest.fixture
+def cli_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    root = tmp_path / "cli-lance"
+    monkeypatch.setenv("MEMSTREAM_EMBEDDING_DIM", str(DIM))
+    monkeypatch.setenv("MEMSTREAM_LANCE_DIR", str(root))
+    get_settings.cache_clear()
+    store = LanceStore(root, embedding_dim=DIM)
+    events = [reflected(ANA, n, "AAPL") for n in range(1, 4)] + [reflected(ANA, 9, "MSFT"), reflected(GLOBEX, 5, "AAPL")]
+    Projector(store, LocalEmbedder(DIM)).apply(positioned(events))
+    yield root
+    get_settings.cache_clear()
+
+
+def _cli() -> typer.Typer:
+    app = typer.Typer()
+    reflect.register(app)
+    return app
+
+
+def test_cli_context_prints_the_injected_lessons(cli_env: Path) -> None:
+    result = CliRunner().invoke(
+        _cli(),
+        ["reflections", "context", "--subject", "AAPL", "--team", "acme", "--user", "ana", "--budget", "2000"],
+        catch_exceptions=False,
+        env={"COLUMNS": "200"},
+    )
+    assert result.exit_code == 0, result.output
+    assert result.output.index("Reflection 3 on AAPL") < result.output.index("Reflection 1 on AAPL")
+    assert "Reflection 9 on MSFT" in result.output and "globex" not in result.output
+    as_json = CliRunner().invoke(
+        _cli(),
+        ["reflections", "context", "--subject", "AAPL", "--team", "acme", "--user", "ana", "--json"],
+        catch_exceptions=False,
+    )
+    payload = json.loads(as_json.output)
+    assert [r["decision_id"] for r in payload["same_subject"]] == ["d-AAPL-3", "d-AAPL-2", "d-AAPL-1"]
+    assert payload["token_estimate"] <= payload["budget_tokens"]
+
+
+def test_cli_list_shows_the_newest_reflections_of_the_space(cli_env: Path) -> None:
+    result = CliRunner().invoke(
+        _cli(),
+        ["reflections", "list", "--team", "acme", "--user", "ana", "--json", "--limit", "2"],
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.output.splitlines()]
+    assert [r["subject"] for r in rows] == ["MSFT", "AAPL"]
+
+
+def test_cli_without_a_projection_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMSTREAM_LANCE_DIR", str(tmp_path / "nothing-here"))
+    get_settings.cache_clear()
+    try:
+        with pytest.raises(CLIError, match="no projection"):
+            CliRunner().invoke(
+                _cli(),
+                ["reflections", "context", "--subject", "AAPL", "--team", "acme", "--user", "ana"],
+                catch_exceptions=False,
+            )
+    finally:
+        get_settings.cache_clear()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from projection_helpers import DIM, T0, link, memory, positioned
+from tests.projections.projection_helpers import DIM, T0, link, memory, positioned
 
 from memstream.domain.events import MemoryType, Scope
 from memstream.projections.embedder import LocalEmbedder

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from projection_helpers import DIM, EVENTS_TOPIC, link, memory, positioned
+from tests.projections.projection_helpers import DIM, EVENTS_TOPIC, link, memory, positioned
 
 from memstream.domain.content import content_hash
 from memstream.domain.events import Scope
@@ -107,7 +107,7 @@ def test_optimize_compacts_small_writes(store: LanceStore) -> None:
 
 
 def test_vector_index_is_built_at_the_threshold(tmp_path: Path) -> None:
-    store = LanceStore(tmp_path / "lance", embedding_dim=DIM, vector_index_threshold=300, scalar_index_threshold=10**9)
+    store = LanceStore(tmp_path / "lance", embedding_dim=DIM, vector_index_threshold=300)
     emb = LocalEmbedder(DIM)
     projector = Projector(store, emb)
     words = ["river", "mountain", "desert", "forest", "ocean", "valley", "island", "canyon"]

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from aiokafka import AIOKafkaConsumer
-from fakes.openai_server import FakeOpenAI, Reply, fake_llm  # noqa: F401 - fixture
+from tests.fakes.openai_server import FakeOpenAI, Reply, fake_llm  # noqa: F401 - fixture
 
 from memstream.domain.events import (
     DecisionExpired,
@@ -720,3 +720,63 @@ async def test_sigkill_between_settling_and_reflecting_yields_one_reflection(
             except subprocess.TimeoutExpired:
                 worker.kill()
                 worker.wait()
+
+
+# =============================================================================== CLI
+
+
+@pytest.mark.kafka
+def test_cli_decide_and_outcome_write_to_the_log(
+    kafka_bootstrap: str, topic_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from memstream.cli import reflect
+    from memstream.cli._errors import CLIError
+    from memstream.settings import get_settings
+    from memstream.streams.admin import ensure_topics
+
+    topics = Topics(prefix=topic_prefix, partitions=3)
+    asyncio.run(ensure_topics(kafka_bootstrap, topics))
+    monkeypatch.setenv("MEMSTREAM_BOOTSTRAP_SERVERS", kafka_bootstrap)
+    monkeypatch.setenv("MEMSTREAM_TOPIC_PREFIX", topic_prefix)
+    get_settings.cache_clear()
+    cli = typer.Typer()
+    reflect.register(cli)
+    try:
+        runner = CliRunner()
+        decided = runner.invoke(
+            cli,
+            ["decide", "--team", "acme", "--user", "ana", "--subject", "AAPL", "--rating", "FINAL PROPOSAL: **Strong Buy**",
+             "--text", "Services keep compounding.", "--id", "d-cli", "--horizon", "3", "--deadline", "2031-01-31T16:00:00Z"],
+            catch_exceptions=False,
+        )
+        assert decided.exit_code == 0, decided.output
+        observed = runner.invoke(
+            cli,
+            ["outcome", "--team", "acme", "--user", "ana", "--subject", "AAPL", "--return", "0.05", "--horizon", "3",
+             "--decision", "d-cli", "--benchmark-return", "0.02", "--id", "o-cli"],
+            catch_exceptions=False,
+        )
+        assert observed.exit_code == 0, observed.output
+        with pytest.raises(CLIError, match="no rating found"):
+            runner.invoke(
+                cli,
+                ["decide", "--team", "acme", "--user", "ana", "--subject", "AAPL", "--rating", "maybe", "--text", "x"],
+                catch_exceptions=False,
+            )
+    finally:
+        get_settings.cache_clear()
+
+    async def read() -> tuple[list[Any], list[Any]]:
+        async with TopicReader(kafka_bootstrap, topics.pending_reflections) as pending, TopicReader(kafka_bootstrap, topics.outcomes) as outs:
+            await pending.until(lambda evs: len(evs) >= 1)
+            await outs.until(lambda evs: len(evs) >= 1)
+            return pending.of(DecisionRecorded), outs.of(OutcomeObserved)
+
+    (decision_event,), (outcome_event,) = asyncio.run(read())
+    assert decision_event.rating is Rating.buy and decision_event.decision_id == "d-cli"
+    assert decision_event.horizon_days == 3
+    assert decision_event.deadline == datetime(2031, 1, 31, 16, 0, tzinfo=timezone.utc)
+    assert outcome_event.decision_id == "d-cli" and outcome_event.alpha == pytest.approx(0.03)

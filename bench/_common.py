@@ -1,0 +1,593 @@
+"""Shared helpers of the evidence benchmarks (LoCoMo, Mem0, chaos).
+
+Why one module: every benchmark here runs memstream *through its real path* (a Faust
+worker process reading a real broker, LanceDB on disk) and reports figures the same
+way, so the plumbing lives once:
+
+* timing and percentiles (:func:`percentile`, :class:`LatencyLog`) computed the same
+  way for every system compared;
+* :class:`WorkerProcess`: ``python -m memstream.streams.worker`` as a child process
+  configured only through ``MEMSTREAM_*`` variables built from a :class:`Settings`
+  (:func:`settings_env`), in its own working directory so no ``.env`` leaks in; it can
+  be stopped gracefully, SIGKILLed and restarted (the chaos benchmark does);
+* log offsets (:func:`end_offsets`, :func:`group_offsets`) and
+  :func:`wait_caught_up`: "ingest is done" means the extractor has committed every turn
+  and the projector's *stored* positions reached the end of both source topics;
+* :class:`OpenAICompatServer`: a small OpenAI-compatible HTTP server that serves a
+  real memstream embedder on ``/v1/embeddings`` (so a second system can be fed the very
+  same vectors) and a scripted model on ``/v1/chat/completions`` (a flaky LLM);
+* rich output: tables to stdout, progress bars to stderr (the JSON summary the CLI
+  prints last stays the last line of stdout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import math
+import os
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from memstream.settings import Settings
+from memstream.streams.topics import Topics
+
+__all__ = [
+    "console",
+    "err_console",
+    "percentile",
+    "LatencyLog",
+    "progress",
+    "table",
+    "fmt",
+    "settings_env",
+    "WorkerProcess",
+    "end_offsets",
+    "delete_topics",
+    "group_offsets",
+    "wait_caught_up",
+    "CatchUp",
+    "ChatReply",
+    "OpenAICompatServer",
+]
+
+console = Console(highlight=False, soft_wrap=False, width=120)
+"""Tables and figures: stdout, where the CLI also prints the final JSON line."""
+err_console = Console(stderr=True, highlight=False)
+"""Progress bars and chatter: stderr, so stdout stays tables + one JSON line."""
+
+
+# ------------------------------------------------------------------------------ figures
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) with linear interpolation between closest ranks
+    (numpy's default "linear" method); ``nan`` for no values."""
+    if not 0.0 <= q <= 100.0:
+        raise ValueError("q must be within [0, 100]")
+    if not values:
+        return math.nan
+    ordered = sorted(float(v) for v in values)
+    if len(ordered) == 1:
+        return ordered[0]
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+@dataclass
+class LatencyLog:
+    """Wall-clock durations of repeated calls, in milliseconds."""
+
+    samples_ms: list[float] = field(default_factory=list)
+
+    @contextmanager
+    def measure(self) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.samples_ms.append((time.perf_counter() - start) * 1000.0)
+
+    def p(self, q: float) -> float:
+        return percentile(self.samples_ms, q)
+
+    @property
+    def p50(self) -> float:
+        return self.p(50)
+
+    @property
+    def p95(self) -> float:
+        return self.p(95)
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    """A table cell: floats rounded, ``None``/``nan`` as a dash."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
+    """A rich table; numbers right-aligned."""
+    t = Table(title=title, title_justify="left", show_lines=False)
+    for i, name in enumerate(columns):
+        t.add_column(name, justify="left" if i == 0 else "right")
+    for row in rows:
+        t.add_row(*(fmt(v) for v in row))
+    return t
+
+
+def progress() -> Progress:
+    """A progress bar on stderr (transient: it disappears when done)."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    )
+
+
+# ------------------------------------------------------------------------------ worker
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The ``MEMSTREAM_*`` variables that rebuild ``settings`` in a child process.
+
+    Every field is written (not only the changed ones), so a variable inherited from
+    the parent's environment, or a ``.env`` file, cannot change what the child runs.
+    ``None`` values are left out (unset), secrets are revealed for the child only.
+    """
+    env: dict[str, str] = {}
+    for name in Settings.model_fields:
+        value = getattr(settings, name)
+        if value is None:
+            continue
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, Path):
+            text = str(value.resolve())
+        else:
+            text = str(value)
+        env[f"MEMSTREAM_{name.upper()}"] = text
+    return env
+
+
+class WorkerProcess:
+    """One memstream worker (``python -m memstream.streams.worker``) as a child process.
+
+    The child gets a clean ``MEMSTREAM_*`` environment from ``settings`` and runs in
+    ``workdir`` (its stdout and stderr go to ``workdir/worker.log``, appended across
+    restarts), so benchmarks can kill and restart it and read what it said.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        workdir: Path,
+        *,
+        agents: Sequence[str] | None = None,
+        loglevel: str = "warning",
+        python: str | None = None,
+    ) -> None:
+        self.settings = settings
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.agents = list(agents) if agents else None
+        self.loglevel = loglevel
+        self.python = python or sys.executable
+        self.log_path = self.workdir / "worker.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self.kills = 0
+
+    def _env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSTREAM_")}
+        env.update(settings_env(self.settings))
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> None:
+        """Start the worker (no-op while one runs)."""
+        if self.alive():
+            return
+        cmd = [self.python, "-m", "memstream.streams.worker", "--loglevel", self.loglevel]
+        if self.agents:
+            cmd += ["--agents", ",".join(self.agents)]
+        with open(self.log_path, "ab") as out:
+            out.write(f"\n--- start {self.starts + 1} at {time.strftime('%H:%M:%S')}\n".encode())
+            out.flush()
+            self._proc = subprocess.Popen(
+                cmd, cwd=self.workdir, env=self._env(), stdout=out, stderr=subprocess.STDOUT
+            )
+        self.starts += 1
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs (the crash the worker must survive)."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        self.kills += 1
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        """SIGTERM and wait (SIGKILL after ``timeout``); returns the exit code."""
+        proc = self._proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._proc = None
+        return proc.returncode
+
+    def exit_code(self) -> int | None:
+        """The exit code if the worker died by itself, else ``None``."""
+        return self._proc.poll() if self._proc is not None else None
+
+    def wait_log(self, needle: str, timeout: float = 120.0) -> None:
+        """Wait until the worker's log (this start's part) contains ``needle``."""
+        marker = f"--- start {self.starts} at"
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+            if needle in text[text.rfind(marker):]:
+                return
+            if not self.alive():
+                raise RuntimeError(f"the worker exited ({self.exit_code()}) before logging {needle!r}:\n{self.tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the worker did not log {needle!r} within {timeout:g} s:\n{self.tail()}")
+            time.sleep(0.1)
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+# ------------------------------------------------------------------------------ offsets
+async def end_offsets(bootstrap: str, topic_names: Sequence[str]) -> dict[tuple[str, int], int]:
+    """The log end offset of every partition of ``topic_names``."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = []
+        for name in topic_names:
+            parts = consumer.partitions_for_topic(name)
+            if parts is None:
+                await consumer._client.force_metadata_update()  # noqa: SLF001 - fresh topics
+                parts = consumer.partitions_for_topic(name) or set()
+            tps.extend(TopicPartition(name, p) for p in sorted(parts))
+        ends = await consumer.end_offsets(tps) if tps else {}
+        return {(tp.topic, tp.partition): int(off) for tp, off in ends.items()}
+    finally:
+        await consumer.stop()
+
+
+async def group_offsets(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
+    """The offsets consumer group ``group`` committed (``{}`` if it has none)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    return {(tp.topic, tp.partition): int(meta.offset) for tp, meta in offsets.items() if meta.offset >= 0}
+
+
+async def delete_topics(bootstrap: str, topics: Topics, app_id: str | None = None) -> list[str]:
+    """Delete a private run's topics: every topic under ``topics.prefix`` and, with
+    ``app_id``, Faust's internal topics of that app (``<app_id>-...``)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        names = [
+            t
+            for t in await admin.list_topics()
+            if t.startswith(topics.prefix) or (app_id is not None and t.startswith(f"{app_id}-"))
+        ]
+        if names:
+            await admin.delete_topics(names)
+        return names
+    finally:
+        await admin.close()
+
+
+@dataclass(frozen=True)
+class CatchUp:
+    """Where a worker stands against the log at one moment."""
+
+    message_ends: Mapping[tuple[str, int], int]
+    event_ends: Mapping[tuple[str, int], int]
+    projected: Mapping[tuple[str, int], int]
+    extracted: Mapping[tuple[str, int], int]
+
+    def behind(self, *, extraction: bool) -> int:
+        """Records not yet projected (both topics), plus, with ``extraction``, turns
+        not yet committed by the extractor."""
+        lag = sum(max(0, end - self.projected.get(tp, 0)) for tp, end in {**self.message_ends, **self.event_ends}.items())
+        if extraction:
+            lag += sum(max(0, end - self.extracted.get(tp, 0)) for tp, end in self.message_ends.items())
+        return lag
+
+
+async def _catch_up(settings: Settings, positions: Callable[[], Mapping[tuple[str, int], int]]) -> CatchUp:
+    topics = Topics.from_settings(settings)
+    ends = await end_offsets(settings.bootstrap_servers, [topics.messages, topics.events])
+    from memstream.streams.extractor_agent import consumer_group
+
+    extracted = await group_offsets(settings.bootstrap_servers, consumer_group(settings))
+    projected = await asyncio.to_thread(positions)
+    return CatchUp(
+        message_ends={tp: o for tp, o in ends.items() if tp[0] == topics.messages},
+        event_ends={tp: o for tp, o in ends.items() if tp[0] == topics.events},
+        projected=dict(projected),
+        extracted=extracted,
+    )
+
+
+async def wait_caught_up(
+    settings: Settings,
+    positions: Callable[[], Mapping[tuple[str, int], int]],
+    *,
+    extraction: bool = True,
+    timeout: float = 600.0,
+    poll: float = 0.5,
+    alive: Callable[[], bool] | None = None,
+    on_poll: Callable[[CatchUp], None] | None = None,
+) -> CatchUp:
+    """Wait until the worker has extracted every turn (its group committed the end of
+    ``messages``) and projected everything (stored positions at the end of both
+    topics), twice in a row (the second look catches memories the extractor produced
+    in between). Raises ``TimeoutError`` (or ``RuntimeError`` if ``alive()`` turns
+    false) with the last state."""
+    deadline = time.monotonic() + timeout
+    settled = 0
+    last: CatchUp | None = None
+    while True:
+        state = await _catch_up(settings, positions)
+        if on_poll is not None:
+            on_poll(state)
+        if state.behind(extraction=extraction) == 0 and (
+            last is not None and dict(last.event_ends) == dict(state.event_ends)
+        ):
+            settled += 1
+            if settled >= 2:
+                return state
+        else:
+            settled = 0
+        last = state
+        if alive is not None and not alive():
+            raise RuntimeError(f"the worker died while catching up ({state.behind(extraction=extraction)} behind)")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the worker is still {state.behind(extraction=extraction)} records behind")
+        await asyncio.sleep(poll)
+
+
+# ------------------------------------------------------------------------------ HTTP model server
+@dataclass
+class ChatReply:
+    """What the scripted chat model answers to one request: assistant ``content``, or an
+    HTTP error ``status``, after ``delay`` seconds; ``raw`` bytes are sent verbatim as
+    the body (garbage); ``drop`` closes the connection without answering."""
+
+    content: str | None = None
+    status: int = 200
+    delay: float = 0.0
+    raw: bytes | None = None
+    drop: bool = False
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: "_HTTPServer"
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib name
+        return
+
+    def _send(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        try:
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def _error(self, status: int, message: str) -> None:
+        self._send(status, json.dumps({"error": {"message": message, "type": "server_error"}}).encode())
+
+    def do_GET(self) -> None:  # noqa: N802 - stdlib name
+        if self.path.rstrip("/").endswith("/models"):
+            owner = self.server.owner
+            data = [{"id": owner.embedding_model, "object": "model"}, {"id": owner.chat_model, "object": "model"}]
+            self._send(200, json.dumps({"object": "list", "data": data}).encode())
+        else:
+            self._error(404, "not found")
+
+    def do_POST(self) -> None:  # noqa: N802 - stdlib name
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+        except ValueError:
+            self._error(400, "body is not JSON")
+            return
+        owner = self.server.owner
+        path = self.path.rstrip("/")
+        if path.endswith("/embeddings"):
+            self._embeddings(owner, body)
+        elif path.endswith("/chat/completions"):
+            self._chat(owner, body)
+        else:
+            self._error(404, "not found")
+
+    def _embeddings(self, owner: "OpenAICompatServer", body: dict[str, Any]) -> None:
+        inputs = body.get("input")
+        texts = [inputs] if isinstance(inputs, str) else list(inputs or [])
+        if not texts or not all(isinstance(t, str) for t in texts):
+            self._error(400, "input must be a string or a list of strings")
+            return
+        start = time.perf_counter()
+        with owner._embed_lock:
+            vectors = owner.embedder.embed(texts)
+        owner.embed_seconds += time.perf_counter() - start
+        owner.embedded_texts += len(texts)
+        as_base64 = body.get("encoding_format") == "base64"
+        data = []
+        for i, vec in enumerate(vectors):
+            emb: Any = (
+                base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode()
+                if as_base64
+                else [float(x) for x in vec]
+            )
+            data.append({"object": "embedding", "index": i, "embedding": emb})
+        tokens = sum(max(1, len(t) // 4) for t in texts)
+        payload = {
+            "object": "list",
+            "data": data,
+            "model": body.get("model") or owner.embedding_model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+        self._send(200, json.dumps(payload).encode())
+
+    def _chat(self, owner: "OpenAICompatServer", body: dict[str, Any]) -> None:
+        if owner.chat is None:
+            self._error(500, "this server has no chat model")
+            return
+        reply = owner.chat(body)
+        with owner._count_lock:
+            owner.chat_calls += 1
+            if reply.status != 200 or reply.raw is not None or reply.drop or reply.delay >= owner.timeout_hint_s:
+                owner.chat_failures += 1
+        if reply.delay:
+            time.sleep(reply.delay)
+        if reply.drop:
+            self.close_connection = True
+            try:
+                self.connection.shutdown(2)
+            except OSError:
+                pass
+            return
+        if reply.raw is not None:
+            self._send(reply.status, reply.raw)
+            return
+        if reply.status != 200:
+            self._error(reply.status, "scripted failure")
+            return
+        content = reply.content or ""
+        tokens = max(1, len(content) // 4)
+        payload = {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model") or owner.chat_model,
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+            ],
+            "usage": {"prompt_tokens": 1, "completion_tokens": tokens, "total_tokens": tokens + 1},
+        }
+        self._send(200, json.dumps(payload).encode())
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    owner: "OpenAICompatServer"
+
+
+class OpenAICompatServer:
+    """An OpenAI-compatible server on 127.0.0.1 (a free port), in a background thread.
+
+    ``/v1/embeddings`` answers with ``embedder`` (any memstream :class:`Embedder`), so a
+    system configured with ``base_url`` gets exactly the vectors memstream computes;
+    ``/v1/chat/completions`` answers what ``chat(request_body)`` returns (a
+    :class:`ChatReply`). Counts calls and failures for the report.
+    """
+
+    def __init__(
+        self,
+        embedder: Any | None = None,
+        chat: Callable[[dict[str, Any]], ChatReply] | None = None,
+        *,
+        embedding_model: str | None = None,
+        chat_model: str = "bench-scripted-llm",
+        timeout_hint_s: float = math.inf,
+    ) -> None:
+        self.embedder = embedder
+        self.chat = chat
+        self.embedding_model = embedding_model or (getattr(embedder, "model_id", None) or "none")
+        self.chat_model = chat_model
+        self.timeout_hint_s = timeout_hint_s
+        self.chat_calls = 0
+        self.chat_failures = 0
+        self.embedded_texts = 0
+        self.embed_seconds = 0.0
+        self._embed_lock = threading.Lock()
+        self._count_lock = threading.Lock()
+        self._server: _HTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("server not started")
+        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+
+    def start(self) -> "OpenAICompatServer":
+        server = _HTTPServer(("127.0.0.1", 0), _Handler)
+        server.owner = self
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, name="bench-openai", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> "OpenAICompatServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,550 @@
+"""``memstream bench locomo``: evidence recall on LoCoMo through memstream's real path.
+
+Why this benchmark: a memory system is chosen on whether it brings back the turns that
+answer a question. LoCoMo (Maharana et al., ACL 2024) gives long multi-session
+conversations and questions whose *evidence* is a set of turn ids, so retrieval can be
+scored without any LLM judge: did the top-k results cite the evidence turns?
+
+What runs (nothing is shortcut):
+
+1. every conversation becomes its own memory space (team ``locomo-bench``, user = the
+   sample id); every turn becomes a ``MessageObserved`` on Kafka with its speaker, its
+   ``dia_id`` as ``message_id``, its session's date and time as ``occurred_at`` and the
+   session as ``session_id``; an image turn carries its caption in the text;
+2. a real worker process (``python -m memstream.streams.worker``) extracts them with the
+   no-LLM extractor (each qualifying turn becomes one memory whose source is the turn)
+   and projects them into LanceDB; ingest time runs from the first send until the
+   extractor committed every turn and the projector's stored positions reached the end
+   of both topics;
+3. each QA item's question is searched in its conversation's space by memstream's
+   search and, on the same tables in the same run, by the three simple baselines:
+   vector similarity alone, BM25 full text alone and plain reciprocal rank fusion of
+   the two (k = 60).
+
+Scoring (pure functions below, unit-tested): an item's evidence strings are split on
+``;``, ``,`` and whitespace; ids that match no turn of the conversation are ignored and
+counted; recall@k is the share of the remaining evidence ids found among the source
+message ids of the top-k results, hit@k is 1 when any is. Means are reported per
+category (1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop, 5 adversarial) and
+"overall" over categories 1-4 (5 has no answer in the conversation and is reported
+apart). Items without a valid evidence id are not scored (and counted).
+
+The data is CC BY-NC: it is read from where the caller says and never copied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import tempfile
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from memstream.bench._common import (
+    LatencyLog,
+    WorkerProcess,
+    console,
+    err_console,
+    progress,
+    table,
+    wait_caught_up,
+)
+from memstream.domain.events import MessageObserved, Scope
+from memstream.settings import Settings
+
+__all__ = [
+    "CATEGORY_NAMES",
+    "SCORED_CATEGORIES",
+    "DEFAULT_K",
+    "Turn",
+    "QAItem",
+    "Conversation",
+    "parse_session_time",
+    "load_locomo",
+    "split_evidence",
+    "resolve_evidence",
+    "recall_at_k",
+    "hit_at_k",
+    "ScoreBoard",
+    "bench_settings",
+    "conversation_events",
+    "scope_of",
+    "IngestReport",
+    "ingest",
+    "SYSTEMS",
+    "run",
+]
+
+CATEGORY_NAMES: dict[int, str] = {
+    1: "multi-hop",
+    2: "temporal",
+    3: "open-domain",
+    4: "single-hop",
+    5: "adversarial",
+}
+SCORED_CATEGORIES: tuple[int, ...] = (1, 2, 3, 4)
+"""Categories averaged into "overall" (5 is adversarial: no answer to find)."""
+DEFAULT_K: tuple[int, ...] = (5, 10, 20)
+TEAM = "locomo-bench"
+
+
+# ------------------------------------------------------------------------------ data
+@dataclass(frozen=True)
+class Turn:
+    dia_id: str
+    speaker: str
+    text: str
+    session: int
+    occurred_at: datetime
+
+
+@dataclass(frozen=True)
+class QAItem:
+    question: str
+    category: int
+    evidence: tuple[str, ...]
+    """The evidence strings as given (unsplit)."""
+
+
+@dataclass(frozen=True)
+class Conversation:
+    sample_id: str
+    speakers: tuple[str, ...]
+    turns: tuple[Turn, ...]
+    qa: tuple[QAItem, ...]
+
+    @property
+    def turn_ids(self) -> frozenset[str]:
+        return frozenset(t.dia_id for t in self.turns)
+
+
+_SESSION_KEY = re.compile(r"^session_(\d+)$")
+_SESSION_TIME_FORMATS = ("%I:%M %p on %d %B, %Y", "%I:%M %p on %d %b, %Y", "%I:%M%p on %d %B, %Y")
+
+
+def parse_session_time(text: str) -> datetime:
+    """``"1:56 pm on 8 May, 2023"`` -> 2023-05-08 13:56 UTC. LoCoMo states no time zone;
+    UTC is assumed (only the order and distances of times matter here)."""
+    cleaned = " ".join(text.strip().split())
+    for fmt in _SESSION_TIME_FORMATS:
+        try:
+            return datetime.strptime(cleaned, fmt).replace(tzinfo=timezone.utc)
+        except ValueError:
+            continue
+    raise ValueError(f"unrecognised session date-time {text!r} (expected e.g. '1:56 pm on 8 May, 2023')")
+
+
+def turn_text(raw: Mapping[str, Any]) -> str:
+    """The turn's text, with the caption of a shared image appended: the caption is all
+    a text-only memory system can know about the picture."""
+    text = str(raw.get("text") or "").strip()
+    caption = str(raw.get("blip_caption") or "").strip()
+    if caption:
+        return f"{text} [image: {caption}]" if text else f"[image: {caption}]"
+    return text
+
+
+def load_locomo(path: Path) -> list[Conversation]:
+    """Read a LoCoMo JSON file (a list of samples) into :class:`Conversation` values."""
+    import json
+
+    with open(path, encoding="utf-8") as fh:
+        raw = json.load(fh)
+    if not isinstance(raw, list):
+        raise ValueError(f"{path}: expected a JSON list of conversations")
+    out: list[Conversation] = []
+    for sample in raw:
+        conv = sample["conversation"]
+        sessions = sorted(
+            (int(m.group(1)), key) for key in conv if (m := _SESSION_KEY.match(key)) and isinstance(conv[key], list)
+        )
+        turns: list[Turn] = []
+        for number, key in sessions:
+            when_text = conv.get(f"{key}_date_time")
+            if not when_text:
+                raise ValueError(f"{sample.get('sample_id')}: {key} has no date_time")
+            when = parse_session_time(when_text)
+            for item in conv[key]:
+                text = turn_text(item)
+                if not text:
+                    continue
+                turns.append(Turn(str(item["dia_id"]), str(item["speaker"]), text, number, when))
+        qa = tuple(
+            QAItem(
+                question=str(q["question"]),
+                category=int(q["category"]),
+                evidence=tuple(str(e) for e in (q.get("evidence") or ())),
+            )
+            for q in sample.get("qa") or ()
+        )
+        speakers = tuple(str(conv[k]) for k in ("speaker_a", "speaker_b") if conv.get(k))
+        out.append(Conversation(str(sample["sample_id"]), speakers, tuple(turns), qa))
+    return out
+
+
+# ------------------------------------------------------------------------------ metrics
+_EVIDENCE_SPLIT = re.compile(r"[;,\s]+")
+
+
+def split_evidence(evidence: Iterable[Any]) -> list[str]:
+    """Every id in the evidence strings (split on ``;``, ``,`` and whitespace), in order,
+    without repeats."""
+    ids: list[str] = []
+    for item in evidence:
+        for part in _EVIDENCE_SPLIT.split(str(item)):
+            part = part.strip()
+            if part and part not in ids:
+                ids.append(part)
+    return ids
+
+
+def resolve_evidence(evidence: Iterable[Any], known_ids: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(valid, invalid)``: the evidence ids that name a turn of the conversation, and
+    those that do not (ignored by the scoring, counted in the report)."""
+    known = set(known_ids)
+    ids = split_evidence(evidence)
+    return tuple(i for i in ids if i in known), tuple(i for i in ids if i not in known)
+
+
+def _found(results: Sequence[Sequence[str]], k: int) -> set[str]:
+    return {sid for sources in results[:k] for sid in sources}
+
+
+def recall_at_k(results: Sequence[Sequence[str]], evidence: Iterable[str], k: int) -> float:
+    """Share of ``evidence`` among the source ids of the first ``k`` results (each
+    result is its sequence of source message ids). Raises on empty evidence: such an
+    item cannot be scored."""
+    wanted = set(evidence)
+    if not wanted:
+        raise ValueError("recall of an item without evidence is undefined")
+    if k < 1:
+        raise ValueError("k must be at least 1")
+    return len(wanted & _found(results, k)) / len(wanted)
+
+
+def hit_at_k(results: Sequence[Sequence[str]], evidence: Iterable[str], k: int) -> float:
+    """1.0 when any evidence id is among the first ``k`` results' sources, else 0.0."""
+    wanted = set(evidence)
+    if not wanted:
+        raise ValueError("hit of an item without evidence is undefined")
+    if k < 1:
+        raise ValueError("k must be at least 1")
+    return 1.0 if wanted & _found(results, k) else 0.0
+
+
+@dataclass
+class ScoreBoard:
+    """Accumulates recall@k / hit@k per system and category; :meth:`summary` averages."""
+
+    cutoffs: tuple[int, ...]
+    _sums: dict[tuple[str, int, str, int], float] = field(default_factory=lambda: defaultdict(float))
+    _counts: dict[tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))
+
+    def add(self, system: str, category: int, results: Sequence[Sequence[str]], evidence: Sequence[str]) -> None:
+        self._counts[(system, category)] += 1
+        for k in self.cutoffs:
+            self._sums[(system, category, "recall", k)] += recall_at_k(results, evidence, k)
+            self._sums[(system, category, "hit", k)] += hit_at_k(results, evidence, k)
+
+    def systems(self) -> list[str]:
+        return sorted({s for s, _ in self._counts}, key=lambda s: (s != "memstream", s))
+
+    def mean(self, system: str, categories: Iterable[int], metric: str, k: int) -> float:
+        """Mean over the items of ``categories`` (micro-average: every item weighs 1)."""
+        cats = list(categories)
+        n = sum(self._counts.get((system, c), 0) for c in cats)
+        if n == 0:
+            return float("nan")
+        return sum(self._sums.get((system, c, metric, k), 0.0) for c in cats) / n
+
+    def count(self, system: str, categories: Iterable[int]) -> int:
+        return sum(self._counts.get((system, c), 0) for c in categories)
+
+    def summary(self) -> dict[str, dict[str, dict[str, float]]]:
+        """``{system: {"1".."5", "overall": {"recall@k": .., "hit@k": .., "n": ..}}}``."""
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        for system in self.systems():
+            per: dict[str, dict[str, float]] = {}
+            groups: list[tuple[str, tuple[int, ...]]] = [(str(c), (c,)) for c in sorted(CATEGORY_NAMES)]
+            groups.append(("overall", SCORED_CATEGORIES))
+            for label, cats in groups:
+                n = self.count(system, cats)
+                if n == 0:
+                    continue
+                entry: dict[str, float] = {"n": n}
+                for k in self.cutoffs:
+                    entry[f"recall@{k}"] = round(self.mean(system, cats, "recall", k), 4)
+                    entry[f"hit@{k}"] = round(self.mean(system, cats, "hit", k), 4)
+                per[label] = entry
+            out[system] = per
+        return out
+
+
+# ------------------------------------------------------------------------------ ingest
+def scope_of(conversation: Conversation) -> Scope:
+    """One memory space per conversation."""
+    user = re.sub(r"[^A-Za-z0-9_.:@/+=-]", "_", conversation.sample_id)[:128] or "conversation"
+    return Scope(team_id=TEAM, user_id=user)
+
+
+def conversation_events(conversation: Conversation) -> list[MessageObserved]:
+    """The turns of one conversation as ``MessageObserved`` events, in order."""
+    scope = scope_of(conversation)
+    return [
+        MessageObserved(
+            scope=scope,
+            message_id=t.dia_id,
+            role="user",
+            speaker=t.speaker,
+            content=t.text,
+            occurred_at=t.occurred_at,
+            recorded_at=t.occurred_at,
+            session_id=f"session_{t.session}",
+            producer="memstream-bench-locomo",
+        )
+        for t in conversation.turns
+    ]
+
+
+def bench_settings(base: Settings, workdir: Path, *, embedder: str, tag: str) -> Settings:
+    """Settings for a private run: own topics, app id and LanceDB directory on the
+    configured broker; the no-LLM extractor; a short idle trigger so the last turns of a
+    session are extracted a second after they arrive instead of 30 s later."""
+    suffix = uuid.uuid4().hex[:8]
+    data = base.model_dump()
+    data.update(
+        topic_prefix=f"bench-{tag}-{suffix}.",
+        app_id=f"bench-{tag}-{suffix}",
+        lance_dir=workdir / "lance",
+        home=workdir / "home",
+        embedder=embedder,
+        llm_base_url=None,
+        llm_api_key=None,
+        extract_idle_seconds=1.0,
+    )
+    return Settings(**data)
+
+
+@dataclass(frozen=True)
+class IngestReport:
+    turns: int
+    memories: int
+    ingest_s: float
+    worker_start_s: float
+    produce_s: float
+
+
+async def _produce(settings: Settings, events: Sequence[MessageObserved]) -> None:
+    from memstream.streams.producer import MemstreamProducer
+
+    async with MemstreamProducer(settings, client_id="memstream-bench") as producer:
+        await producer.send_many(events)
+
+
+def ingest(settings: Settings, conversations: Sequence[Conversation], workdir: Path) -> IngestReport:
+    """Run the worker, send every turn, wait until all is extracted and projected."""
+    from memstream.projections.schema import MEMORIES
+    from memstream.projections.store import LanceStore
+    from memstream.streams.admin import ensure_topics
+    from memstream.streams.topics import Topics
+
+    asyncio.run(ensure_topics(settings.bootstrap_servers, Topics.from_settings(settings)))
+    events = [e for c in conversations for e in conversation_events(c)]
+    worker = WorkerProcess(settings, workdir / "worker", loglevel="info")
+    started = time.perf_counter()
+    worker.start()
+    try:
+        worker.wait_log("extractor assigned", timeout=120.0)
+        worker_start_s = time.perf_counter() - started
+        store_box: list[Any] = []
+
+        def positions() -> Mapping[tuple[str, int], int]:
+            if not store_box:
+                if not (settings.lance_dir / "positions.lance").exists():
+                    return {}
+                store_box.append(LanceStore.from_settings(settings, read_consistency_interval=_ZERO))
+            return store_box[0].positions()
+
+        t0 = time.perf_counter()
+        asyncio.run(_produce(settings, events))
+        produce_s = time.perf_counter() - t0
+        with progress() as bar:
+            task = bar.add_task("extract + project", total=len(events))
+
+            def on_poll(state: Any) -> None:
+                done = sum(min(end, state.extracted.get(tp, 0)) for tp, end in state.message_ends.items())
+                bar.update(task, completed=done)
+
+            asyncio.run(
+                wait_caught_up(settings, positions, timeout=900.0, alive=worker.alive, on_poll=on_poll)
+            )
+        ingest_s = time.perf_counter() - t0
+    except BaseException:
+        err_console.print(f"[red]worker log tail:[/red]\n{worker.tail(40)}")
+        raise
+    finally:
+        worker.stop()
+    store = LanceStore.from_settings(settings)
+    memories = store.count(MEMORIES)
+    return IngestReport(len(events), memories, ingest_s, worker_start_s, produce_s)
+
+
+_ZERO = timedelta(0)
+
+
+# ------------------------------------------------------------------------------ search
+SearchFn = Callable[[Any, Any, Scope, str, int], list[Any]]
+
+
+def _systems() -> dict[str, SearchFn]:
+    from memstream.projections import search as s
+
+    return {
+        "memstream": lambda store, emb, scope, q, k: s.search(store, emb, scope, q, k),
+        "vector": lambda store, emb, scope, q, k: s.vector_search(store, emb, scope, q, k),
+        "bm25": lambda store, emb, scope, q, k: s.text_search(store, emb, scope, q, k),
+        "rrf": lambda store, emb, scope, q, k: s.rrf_search(store, emb, scope, q, k, rrf_k=60),
+    }
+
+
+SYSTEMS: tuple[str, ...] = ("memstream", "vector", "bm25", "rrf")
+
+
+@dataclass
+class Evaluation:
+    board: ScoreBoard
+    latency: dict[str, LatencyLog]
+    scored: int
+    unscored: int
+    invalid_ids: int
+    invalid_items: int
+
+
+def evaluate(
+    store: Any,
+    embedder: Any,
+    conversations: Sequence[Conversation],
+    cutoffs: tuple[int, ...],
+    systems: Mapping[str, SearchFn],
+) -> Evaluation:
+    """Search every QA item with every system and score the results."""
+    board = ScoreBoard(cutoffs)
+    latency = {name: LatencyLog() for name in systems}
+    kmax = max(cutoffs)
+    scored = unscored = invalid_ids = invalid_items = 0
+    total = sum(len(c.qa) for c in conversations)
+    with progress() as bar:
+        task = bar.add_task("search", total=total)
+        for conv in conversations:
+            scope = scope_of(conv)
+            known = conv.turn_ids
+            for item in conv.qa:
+                bar.advance(task)
+                valid, invalid = resolve_evidence(item.evidence, known)
+                if invalid:
+                    invalid_ids += len(invalid)
+                    invalid_items += 1
+                if not valid:
+                    unscored += 1
+                    continue
+                scored += 1
+                for name, fn in systems.items():
+                    with latency[name].measure():
+                        results = fn(store, embedder, scope, item.question, kmax)
+                    board.add(name, item.category, [r.source_message_ids for r in results], valid)
+    return Evaluation(board, latency, scored, unscored, invalid_ids, invalid_items)
+
+
+# ------------------------------------------------------------------------------ report
+def _print_report(summary: Mapping[str, Any], ev: Evaluation, cutoffs: tuple[int, ...]) -> None:
+    for k in cutoffs:
+        rows = []
+        for system in ev.board.systems():
+            per = summary[system]
+            row: list[Any] = [system]
+            for label in ("1", "2", "3", "4", "overall", "5"):
+                row.append(per.get(label, {}).get(f"recall@{k}"))
+            row.append(per.get("overall", {}).get(f"hit@{k}"))
+            rows.append(row)
+        cols = ["system", *(f"{c} {CATEGORY_NAMES[c]}" for c in SCORED_CATEGORIES), "overall 1-4", "5 adversarial", "hit overall"]
+        console.print(table(f"evidence recall@{k}", cols, rows))
+    lat_rows = [[name, log.p50, log.p95, len(log.samples_ms)] for name, log in ev.latency.items()]
+    console.print(table("search latency (ms)", ["system", "p50", "p95", "queries"], lat_rows))
+
+
+def run(data: Path, k: tuple[int, ...] = DEFAULT_K, embedder: str = "local", keep: bool = False) -> dict[str, Any]:
+    """Run the whole benchmark (see the module docstring); returns the JSON summary."""
+    from memstream.projections.embedder import build_embedder
+    from memstream.projections.store import LanceStore
+
+    cutoffs = tuple(sorted(set(k) | {10}))
+    conversations = load_locomo(Path(data))
+    workdir = Path(tempfile.mkdtemp(prefix="memstream-bench-locomo-"))
+    settings = bench_settings(Settings(), workdir, embedder=embedder, tag="locomo")
+    emb = build_embedder(settings)
+    console.print(
+        f"LoCoMo: {len(conversations)} conversations, {sum(len(c.turns) for c in conversations)} turns, "
+        f"{sum(len(c.qa) for c in conversations)} QA items; embedder {emb.model_id}; "
+        f"broker {settings.bootstrap_servers}, topics {settings.topic_prefix}*"
+    )
+    try:
+        report = ingest(settings, conversations, workdir)
+        console.print(
+            f"ingest: {report.turns} turns -> {report.memories} memories in {report.ingest_s:.1f} s "
+            f"(produce {report.produce_s:.1f} s; worker start {report.worker_start_s:.1f} s, not counted)"
+        )
+        store = LanceStore.from_settings(settings)
+        store.optimize()
+        ev = evaluate(store, emb, conversations, cutoffs, _systems())
+    finally:
+        _cleanup(settings, workdir, keep)
+    summary = ev.board.summary()
+    _print_report(summary, ev, cutoffs)
+    overall = {s: summary[s]["overall"] for s in summary}
+    mem_log = ev.latency["memstream"]
+    result: dict[str, Any] = {
+        "embedder": emb.model_id,
+        "memstream_recall_at_10": overall["memstream"]["recall@10"],
+        "memstream_hit_at_10": overall["memstream"]["hit@10"],
+        "vector_recall_at_10": overall["vector"]["recall@10"],
+        "bm25_recall_at_10": overall["bm25"]["recall@10"],
+        "rrf_recall_at_10": overall["rrf"]["recall@10"],
+        "per_category": summary,
+        "ingest_s": round(report.ingest_s, 2),
+        "search_p50_ms": round(mem_log.p50, 2),
+        "search_p95_ms": round(mem_log.p95, 2),
+        "search_ms": {n: {"p50": round(l.p50, 2), "p95": round(l.p95, 2)} for n, l in ev.latency.items()},
+        "k": list(cutoffs),
+        "conversations": len(conversations),
+        "turns": report.turns,
+        "memories": report.memories,
+        "qa_items": ev.scored + ev.unscored,
+        "qa_scored": ev.scored,
+        "qa_without_valid_evidence": ev.unscored,
+        "invalid_evidence_ids": ev.invalid_ids,
+    }
+    best = max(result["vector_recall_at_10"], result["bm25_recall_at_10"], result["rrf_recall_at_10"])
+    result["best_baseline_recall_at_10"] = best
+    result["margin_over_best_baseline"] = round(result["memstream_recall_at_10"] - best, 4)
+    return result
+
+
+def _cleanup(settings: Settings, workdir: Path, keep: bool) -> None:
+    from memstream.bench._common import delete_topics
+    from memstream.streams.topics import Topics
+
+    try:
+        asyncio.run(delete_topics(settings.bootstrap_servers, Topics.from_settings(settings), settings.app_id))
+    except Exception as exc:  # noqa: BLE001 - cleanup must not hide the result
+        err_console.print(f"[yellow]could not delete the bench topics: {exc}[/yellow]")
+    if keep:
+        err_console.print(f"kept {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,198 @@
+"""``memstream bench projector``: how close the real worker gets to the raw ceiling.
+
+One run, one data set: ``N`` ``MemoryAdded`` events (default 200,000; ``--quick``
+20,000) carrying 384-d embeddings of the configured model (so nothing is re-embedded)
+are produced to a fresh topic prefix over 16 memory spaces. Then, interleaved
+``repeats`` times on that same topic:
+
+* ``raw_consume_eps``: aiokafka reading the topic from offset 0 to its end, decoding
+  nothing (:func:`memstream.bench._events.raw_consume`);
+* ``raw_lance_add_eps``: one LanceDB bulk ``add`` of the very rows the projector
+  writes for these events into a fresh table;
+* ``projector_eps``: the real worker (``python -m memstream.streams.worker --agents
+  projector``, a subprocess with the product's default batch size, batch time and
+  maintenance cadence) on a fresh LanceDB directory and consumer group, from the
+  moment it has sought its partitions to offset 0 until a separate reader counts all
+  ``N`` rows in ``memories``. Its start-up (imports, group join) is reported apart as
+  ``projector_startup_s``, and ``projector_eps_incl_startup`` includes it.
+
+``ratio`` = median ``projector_eps`` / min(median ``raw_consume_eps``, median
+``raw_lance_add_eps``); the target is >= 0.5. Every sample is in the JSON too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+from typing import Any
+
+from memstream.bench._events import (
+    BenchWorkdir,
+    Corpus,
+    WorkerProcess,
+    bench_settings,
+    create_topics,
+    machine_info,
+    make_corpus,
+    median,
+    memory_rows,
+    print_table,
+    produce_corpus,
+    progress_bar,
+    raw_consume,
+    raw_lance_add,
+    status,
+    wait_for_count,
+)
+from memstream.projections.embedder import LocalEmbedder
+from memstream.settings import Settings
+
+__all__ = ["run", "TARGET_RATIO", "DEFAULT_EVENTS", "QUICK_EVENTS", "measure_projector", "measure_ceilings"]
+
+TARGET_RATIO = 0.5
+DEFAULT_EVENTS = 200_000
+QUICK_EVENTS = 20_000
+
+
+def measure_ceilings(settings: Settings, corpus: Corpus, workdir: Path, *, repeat: int, rows: Any) -> tuple[float, float]:
+    """One sample of each raw ceiling: (consume events/s, LanceDB add rows/s)."""
+    topic = f"{settings.topic_prefix}events"
+    consumed = asyncio.run(raw_consume(settings, topic, len(corpus)))
+    target = workdir / f"raw-add-{repeat}"
+    try:
+        seconds = raw_lance_add(rows, target)
+    finally:
+        shutil.rmtree(target, ignore_errors=True)
+    return consumed.eps, len(corpus) / seconds
+
+
+def measure_projector(settings: Settings, workdir: Path, n: int, *, repeat: int) -> dict[str, float | None]:
+    """One run of the real worker over the whole topic into a fresh table set."""
+    run_settings = settings.model_copy(
+        update={
+            "lance_dir": workdir / f"lance-{repeat}",
+            "home": workdir / f"home-{repeat}",
+            "app_id": f"{settings.app_id}-r{repeat}",
+        }
+    )
+    worker = WorkerProcess(run_settings, workdir, name=f"worker-{repeat}")
+    worker.start()
+    try:
+        ready = worker.wait_ready()
+        with progress_bar() as bar:
+            task = bar.add_task(f"worker run {repeat + 1}", total=n)
+            done = wait_for_count(
+                run_settings.lance_dir,
+                n,
+                alive=worker.check_alive,
+                on_count=lambda c: bar.update(task, completed=c),
+            )
+        cpu = worker.cpu_seconds()
+    finally:
+        worker.stop()
+    import lancedb
+
+    final = lancedb.connect(str(run_settings.lance_dir)).open_table("memories").count_rows()
+    if final != n:
+        raise RuntimeError(f"the worker wrote {final} memories for {n} events")
+    shutil.rmtree(run_settings.lance_dir, ignore_errors=True)
+    shutil.rmtree(run_settings.home, ignore_errors=True)
+    return {
+        "eps": n / (done - ready),
+        "eps_incl_startup": n / (done - worker.started_at),
+        "startup_s": ready - worker.started_at,
+        "cpu_s": cpu,
+        "wall_s": done - ready,
+    }
+
+
+def run(
+    quick: bool = False,
+    events: int | None = None,
+    *,
+    repeats: int = 3,
+    spaces: int = 16,
+    keep: bool = False,
+) -> dict[str, Any]:
+    """Produce, measure the ceilings and the worker ``repeats`` times (interleaved, so
+    every sample sees similar machine load), print a table, return the figures."""
+    n = int(events or (QUICK_EVENTS if quick else DEFAULT_EVENTS))
+    if n < 1 or repeats < 1:
+        raise ValueError("events and repeats must be positive")
+    machine = machine_info()
+    with BenchWorkdir("projector", keep=keep) as wd:
+        settings = wd.track(bench_settings(wd.path))
+        model_id = LocalEmbedder(settings.embedding_dim).model_id
+        status(f"generating {n:,} memories over {spaces} spaces")
+        corpus = make_corpus(n, spaces=spaces, dim=settings.embedding_dim)
+        asyncio.run(create_topics(settings))
+        produced = asyncio.run(produce_corpus(settings, corpus, model_id=model_id))
+        status(f"produced {produced.events:,} events in {produced.seconds:.1f}s ({produced.eps:,.0f}/s)")
+        rows = memory_rows(corpus, model_id=model_id, log_topic=f"{settings.topic_prefix}events")
+        consume, add, runs = [], [], []
+        for r in range(repeats):
+            status(f"round {r + 1}/{repeats}: raw consume, raw LanceDB add, worker")
+            c, a = measure_ceilings(settings, corpus, wd.path, repeat=r, rows=rows)
+            consume.append(c)
+            add.append(a)
+            runs.append(measure_projector(settings, wd.path, n, repeat=r))
+        del rows
+    consume_eps, add_eps = median(consume), median(add)
+    projector_eps = median(x["eps"] for x in runs)
+    ceiling = min(consume_eps, add_eps)
+    ratio = projector_eps / ceiling
+    cpu = [x["cpu_s"] for x in runs if x["cpu_s"] is not None]
+    result: dict[str, Any] = {
+        "benchmark": "projector",
+        "quick": quick,
+        "events": n,
+        "spaces": spaces,
+        "dim": settings.embedding_dim,
+        "partitions": settings.partitions,
+        "repeats": repeats,
+        "record_bytes_avg": produced.bytes / produced.events,
+        "produce_eps": produced.eps,
+        "raw_consume_eps": consume_eps,
+        "raw_lance_add_eps": add_eps,
+        "projector_eps": projector_eps,
+        "ratio": ratio,
+        "target_ratio": TARGET_RATIO,
+        "meets_target": ratio >= TARGET_RATIO,
+        "projector_startup_s": median(x["startup_s"] for x in runs),
+        "projector_eps_incl_startup": median(x["eps_incl_startup"] for x in runs),
+        "worker_cpu_per_wall": median(
+            x["cpu_s"] / x["wall_s"] for x in runs if x["cpu_s"] is not None
+        ) if cpu else None,
+        "samples": {
+            "raw_consume_eps": consume,
+            "raw_lance_add_eps": add,
+            "projector_eps": [x["eps"] for x in runs],
+        },
+        "settings": {
+            "projector_batch_size": settings.projector_batch_size,
+            "projector_batch_seconds": settings.projector_batch_seconds,
+            "optimize_every_s": settings.optimize_every_s,
+        },
+        "machine": {**machine, "load_1m_end": machine_info()["load_1m"]},
+    }
+    print_table(
+        f"memstream bench projector: {n:,} events, {spaces} spaces, {settings.embedding_dim}-d (medians of {repeats})",
+        [
+            ("raw_consume_eps", f"{consume_eps:,.0f}", "aiokafka from offset 0, no decoding"),
+            ("raw_lance_add_eps", f"{add_eps:,.0f}", "one LanceDB add of the same rows"),
+            ("projector_eps", f"{projector_eps:,.0f}", "worker subprocess, seek to all rows counted"),
+            ("ratio", f"{ratio:.3f}", f"target >= {TARGET_RATIO} ({'met' if ratio >= TARGET_RATIO else 'NOT met'})"),
+            ("projector_startup_s", f"{result['projector_startup_s']:.1f}", "process start to partitions assigned"),
+            ("projector_eps_incl_startup", f"{result['projector_eps_incl_startup']:,.0f}", "from process start"),
+            (
+                "worker_cpu_per_wall",
+                "-" if result["worker_cpu_per_wall"] is None else f"{result['worker_cpu_per_wall']:.2f}",
+                "CPU seconds per second of the worker (1.0 = one core busy)",
+            ),
+            ("produce_eps", f"{produced.eps:,.0f}", f"durable SDK producer, {result['record_bytes_avg']:,.0f} B/record"),
+            ("load_1m", f"{machine['load_1m']} -> {result['machine']['load_1m_end']}", f"{machine['cores']} cores, shared"),
+        ],
+    )
+    return result
+

@@ -1,0 +1,195 @@
+"""Replay: rebuild every table from offset 0 into a fresh set, verify, swap.
+
+Real broker, real LanceDB directories under ``tmp_path``. What must hold:
+
+* a replay covers the whole log (positions equal the end offsets, dead letters
+  included), reports progress against the end offsets, and two replays of one log
+  are identical (the projection is a pure function of the log);
+* ``dry_run`` builds and compares but leaves the live set alone; a real replay swaps
+  (live -> ``.old-<time>``, new -> live) and reports how the old live set differed;
+* a replay never swaps under a running worker (the directory lock), unless forced.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from memstream.domain.events import MemoryAdded, MemoryLinked, MessageObserved, Scope
+from memstream.projections.replay import ReplayError, ReplayProgress, replay
+from memstream.projections.store import LanceStore
+from memstream.settings import Settings
+from memstream.streams.producer import MemstreamProducer
+from memstream.streams.projector_agent import LanceDirBusyError, LanceDirLock
+from memstream.streams.topics import Topics
+
+pytestmark = [pytest.mark.kafka]
+
+ALICE = Scope(team_id="acme", user_id="alice")
+BOB = Scope(team_id="acme", user_id="bob")
+
+
+async def produce_log(settings: Settings, start: int, count: int) -> None:
+    """``count`` turns and memories per user, a supersede link, then a poison record
+    last on the events partition of Alice's space (its position must still be covered)."""
+    events = []
+    for scope in (ALICE, BOB):
+        for i in range(start, start + count):
+            events.append(MessageObserved(scope=scope, message_id=f"m{i}", content=f"turn {i} of {scope.user_id}"))
+            events.append(
+                MemoryAdded(
+                    scope=scope,
+                    memory_id=f"mem{i}",
+                    content=f"{scope.user_id} fact number {i}",
+                    source_message_ids=(f"m{i}",),
+                )
+            )
+        events.append(
+            MemoryLinked(
+                scope=scope,
+                from_memory_id=f"mem{start + count - 1}",
+                to_memory_id=f"mem{start}",
+                relation="supersedes",
+            )
+        )
+    async with MemstreamProducer(settings) as producer:
+        await producer.send_many(events)
+    raw = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    await raw.start()
+    try:
+        await raw.send_and_wait(Topics.from_settings(settings).events, value=b"{oops", key=b"acme/alice")
+    finally:
+        await raw.stop()
+
+
+def clock(second: int):  # type: ignore[no-untyped-def]
+    """Distinct replay directory names per call, without reading the wall clock."""
+    return lambda: datetime(2025, 1, 2, 3, 4, second, tzinfo=timezone.utc)
+
+
+async def test_replay_builds_verifies_compares_and_swaps(
+    fresh_topics: Topics, settings_for, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    settings = settings_for(fresh_topics, lance_dir=tmp_path / "data" / "lance")
+    live_dir = Path(settings.lance_dir)
+    await produce_log(settings, 0, 30)
+
+    seen: list[ReplayProgress] = []
+    first = await replay(settings, dry_run=True, batch_size=25, on_progress=seen.append, now=clock(1))
+    assert first.dry_run and not first.swapped and not live_dir.exists()
+    assert first.replay_dir == live_dir.with_name("lance.replay-20250102T030401000Z")
+    assert first.live_digest is None and first.live_matches is None
+    total = 2 * (30 * 2 + 1) + 1
+    assert first.records == first.expected_records == total
+    assert first.dead_decode == 1 and first.applied == total - 1
+    # Every partition's position reached its end offset, the poison record's included.
+    assert first.positions == {k: v for k, v in first.end_offsets.items() if v > 0}
+    assert seen[0].done == 0 and seen[-1].done == total and seen[-1].total == total
+    assert all(a.done <= b.done for a, b in zip(seen, seen[1:])) and len(seen) > 3
+    assert first.replay_digest["memories"][0] == 60 and first.replay_digest["messages"][0] == 60
+    assert "dry run" in first.summary() and "\n" not in first.summary()
+
+    # A real replay swaps in; two replays of one log are identical.
+    second = await replay(settings, now=clock(2))
+    assert second.swapped and second.old_dir is None and live_dir.is_dir()
+    assert not second.replay_dir.exists()
+    assert second.replay_digest == first.replay_digest
+    assert LanceStore.from_settings(settings).table_digest() == first.replay_digest
+    superseded = LanceStore.from_settings(settings).get_memories(ALICE, ["mem0"])[0]
+    assert superseded["superseded_by"] == "mem29"
+
+    # The log grows; the live set now lags and the comparison says where.
+    await produce_log(settings, 30, 5)
+    third = await replay(settings, dry_run=True, now=clock(3))
+    assert third.live_matches is False
+    changed = {d.table: d for d in third.differences}
+    assert changed["memories"].live[0] == 60 and changed["memories"].replay[0] == 70
+    assert "positions" in changed
+    assert "differs from live" in third.summary()
+
+    fourth = await replay(settings, now=clock(4))
+    assert fourth.swapped and fourth.old_dir == live_dir.with_name("lance.old-20250102T030404000Z")
+    assert fourth.replay_digest == third.replay_digest
+    assert LanceStore.from_settings(settings).table_digest() == third.replay_digest
+    # The previous live set is kept, untouched, next to the new one.
+    assert LanceStore.from_settings(settings, fourth.old_dir).table_digest() == first.replay_digest
+    assert "swapped in" in fourth.summary()
+
+
+async def test_replay_never_swaps_under_a_running_worker(
+    fresh_topics: Topics, settings_for, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    settings = settings_for(fresh_topics)
+    await produce_log(settings, 0, 3)
+    held = LanceDirLock(settings.lance_dir)
+    held.acquire("memstream worker test")  # what a running worker holds
+    try:
+        with pytest.raises(ReplayError, match="in use by memstream worker test"):
+            await replay(settings, now=clock(1))
+        assert not list(tmp_path.glob("lance.replay-*")), "nothing is built when refused"
+
+        dry = await replay(settings, dry_run=True, now=clock(2))  # reads only: allowed
+        assert dry.replay_dir.exists() and not dry.swapped
+
+        forced = await replay(settings, force=True, now=clock(3))
+        assert forced.swapped and Path(settings.lance_dir).is_dir()
+    finally:
+        held.release()
+
+    # A replay holds the lock only while it runs.
+    await replay(settings, now=clock(4))
+    again = LanceDirLock(settings.lance_dir)
+    again.acquire("check")
+    again.release()
+
+
+async def test_lock_excludes_a_second_holder(tmp_path: Path) -> None:
+    first = LanceDirLock(tmp_path / "lance")
+    first.acquire("first")
+    second = LanceDirLock(tmp_path / "lance")
+    try:
+        with pytest.raises(LanceDirBusyError, match=r"in use by first \(pid \d+\)"):
+            second.acquire("second")
+    finally:
+        first.release()
+    second.acquire("second")  # free again once released
+    second.release()
+
+
+async def test_replay_of_missing_topics_is_a_clear_error(settings_for, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    settings = settings_for(Topics(prefix=f"missing{os.getpid()}x.", partitions=3))
+    with pytest.raises(ReplayError, match="does not exist"):
+        await replay(settings, dry_run=True)
+
+
+async def test_cli_replay_prints_one_summary_line(
+    fresh_topics: Topics, settings_for, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    settings = settings_for(fresh_topics)
+    await produce_log(settings, 0, 2)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSTREAM_")}
+    env.update(
+        MEMSTREAM_BOOTSTRAP_SERVERS=settings.bootstrap_servers,
+        MEMSTREAM_TOPIC_PREFIX=settings.topic_prefix,
+        MEMSTREAM_LANCE_DIR=str(settings.lance_dir),
+        MEMSTREAM_HOME=str(settings.home),
+        MEMSTREAM_APP_ID=settings.app_id,
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "memstream", "replay", "--dry-run", "--no-progress"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("replayed 11 records")
+    assert "1 dead letters" in lines[0] and "dry run" in lines[0]
