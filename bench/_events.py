@@ -704,9 +704,8 @@ def wait_for_count(
         if table is None:
             if lance_dir.exists():
                 db = db or lancedb.connect(str(lance_dir), read_consistency_interval=timedelta(0))
-                with contextlib.suppress(Exception):
-                    if "memories" in db.table_names():
-                        table = db.open_table("memories")
+                with contextlib.suppress(Exception):  # not created by the worker yet
+                    table = db.open_table("memories")
         count = int(table.count_rows()) if table is not None else 0
         if count != last:
             last, last_change = count, now

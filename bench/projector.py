@@ -67,7 +67,7 @@ def measure_ceilings(settings: Settings, corpus: Corpus, workdir: Path, *, repea
     return consumed.eps, len(corpus) / seconds
 
 
-def measure_projector(settings: Settings, workdir: Path, n: int, *, repeat: int) -> dict[str, float | None]:
+def measure_projector(settings: Settings, workdir: Path, n: int, *, repeat: int) -> dict[str, Any]:
     """One run of the real worker over the whole topic into a fresh table set."""
     run_settings = settings.model_copy(
         update={
@@ -142,7 +142,7 @@ def run(
     projector_eps = median(x["eps"] for x in runs)
     ceiling = min(consume_eps, add_eps)
     ratio = projector_eps / ceiling
-    cpu = [x["cpu_s"] for x in runs if x["cpu_s"] is not None]
+    cpu_per_wall = [c / x["wall_s"] for x in runs if (c := x["cpu_s"]) is not None and x["wall_s"]]
     result: dict[str, Any] = {
         "benchmark": "projector",
         "quick": quick,
@@ -161,9 +161,7 @@ def run(
         "meets_target": ratio >= TARGET_RATIO,
         "projector_startup_s": median(x["startup_s"] for x in runs),
         "projector_eps_incl_startup": median(x["eps_incl_startup"] for x in runs),
-        "worker_cpu_per_wall": median(
-            x["cpu_s"] / x["wall_s"] for x in runs if x["cpu_s"] is not None
-        ) if cpu else None,
+        "worker_cpu_per_wall": median(cpu_per_wall) if cpu_per_wall else None,
         "samples": {
             "raw_consume_eps": consume,
             "raw_lance_add_eps": add,

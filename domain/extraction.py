@@ -428,6 +428,8 @@ def _entities(value: Any) -> tuple[Entity, ...]:
     seen: set[str] = set()
     out: list[Entity] = []
     for item in _as_list(value):
+        name: Any
+        kind: Any
         if isinstance(item, str):
             name, kind = item, "other"
         elif isinstance(item, dict):
@@ -1140,12 +1142,13 @@ def build_events(
     # Pass 1: which memories can be events at all (validated without provenance).
     rejected: list[dict[str, Any]] = []
     valid: set[int] = set()
+    checked: dict[int, MemoryAdded] = {}
     for i, draft in enumerate(drafts):
         if decision_of(i).action is not Action.store and decision_of(i).action is not Action.update:
             valid.add(i)
             continue
         try:
-            _memory_event(envelope, ids[i], draft, embeddings[i], None)
+            checked[i] = _memory_event(envelope, ids[i], draft, embeddings[i], None)
         except ValueError as exc:
             reason = " ".join(str(exc).split())[:300]
             rejected.append({"issue": "invalid_memory", "detail": reason, "content": draft.content[:200]})
@@ -1205,22 +1208,17 @@ def build_events(
                     )
                 )
             continue
-        events.append(
-            _memory_event(
-                envelope,
-                ids[i],
-                draft,
-                embeddings[i],
-                _provenance(
-                    extraction,
-                    input_refs=input_refs,
-                    output_refs=added,
-                    decisions=record,
-                    status=status,
-                    note=note,
-                ),
-            )
+        provenance = _provenance(
+            extraction,
+            input_refs=input_refs,
+            output_refs=added,
+            decisions=record,
+            status=status,
+            note=note,
         )
+        # Validated in pass 1; the provenance is a validated model too, so a copy with
+        # it set needs no second validation of the memory (and its embedding).
+        events.append(checked[i].model_copy(update={"provenance": provenance}))
         relations: list[tuple[str, LinkRelation]] = []
         if decision.action is Action.update and decision.target:
             relations.append((decision.target, LinkRelation.supersedes))

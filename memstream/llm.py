@@ -33,6 +33,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 import openai
 from openai import AsyncOpenAI
 
+from memstream.interfaces.metrics import record_llm_call
 from memstream.settings import Settings
 
 __all__ = [
@@ -305,6 +306,7 @@ async def call_with_retry(
         try:
             result = await chat.chat_json(system, user, schema=schema, schema_name=schema_name)
         except LLMError as exc:
+            record_llm_call(schema_name, ok=False, reason=exc.kind)
             latency += exc.latency_ms
             _add_usage(usage, exc.usage)
             errors.append(f"{exc.kind}: {exc}")
@@ -317,10 +319,12 @@ async def call_with_retry(
         try:
             value = parse(result.text)
         except ValueError as exc:
+            record_llm_call(schema_name, ok=False, reason="parse")
             reason = " ".join(str(exc).split())[:300]
             errors.append(f"parse: {reason}")
             last = LLMError("parse", reason, latency_ms=result.latency_ms, usage=result.usage)
             continue
+        record_llm_call(schema_name, ok=True)
         return LLMCall(value, result, attempt, latency, usage, tuple(errors))
     assert last is not None
     raise LLMError(

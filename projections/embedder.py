@@ -157,16 +157,22 @@ class LocalEmbedder:
         self.model_id = f"memstream-hash-{self.VERSION}-{dim}"
 
     def _features(self, text: str) -> Counter[str]:
-        """Occurrence counts of every feature, prefixed by family (w:, b:, c:)."""
-        words = _WORD.findall(normalize_content(text))
+        """Occurrence counts of every feature, prefixed by family (w:, b:, c:). A text
+        without word characters ("???") falls back to the character trigrams of its
+        normal form, and an empty one to a single fixed feature, so every vector has
+        unit length (a zero vector has no cosine similarity)."""
+        normal = normalize_content(text)
+        words = _WORD.findall(normal)
         content = [w for w in words if w not in _STOP_WORDS] or words
         stems = [_stem(w) for w in content]
         counts: Counter[str] = Counter()
         counts.update("w:" + s for s in stems)
         counts.update(f"b:{a} {b}" for a, b in zip(stems, stems[1:]))
-        for w in content:
+        for w in content or ([normal] if normal else []):
             padded = f"<{w}>"
             counts.update("c:" + padded[i : i + 3] for i in range(len(padded) - 2))
+        if not counts:
+            counts["c:<>"] = 1
         return counts
 
     def _embed_one(self, text: str) -> list[float]:
@@ -175,8 +181,9 @@ class LocalEmbedder:
             idx, sign = _slot(feature, self.dim)
             vec[idx] += sign * _FAMILY_WEIGHTS[feature[0]] * (1.0 + math.log(tf))
         norm = float(np.linalg.norm(vec))
-        if norm == 0.0:
-            return [0.0] * self.dim
+        if norm == 0.0:  # features that cancelled out exactly: the empty text's vector
+            idx, sign = _slot("c:<>", self.dim)
+            vec[idx], norm = sign, 1.0
         return (vec / norm).astype(np.float32).tolist()
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:

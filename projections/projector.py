@@ -24,11 +24,12 @@ batches and hands each batch to :meth:`Projector.apply` from an executor thread.
   (``model == embedder.model_id``) is stored as carried; all others are embedded in one
   ``embed`` call per batch. A carried embedding of the configured model but the wrong
   dimension cannot be projected: that event fails (see below).
-* **Bad events do not stop the batch**: an event that cannot be projected lands in
-  ``ApplyResult.failed`` with a one-line reason (the worker dead-letters it) and its
-  position is still passed; the rest of the batch applies. Infrastructure errors
-  (LanceDB, the embedding provider) raise instead: nothing in the batch was
-  committed as a position, and the worker retries the whole batch.
+* **Bad events do not stop the batch**: an event that cannot be projected (its
+  handler refuses or fails on it) lands in ``ApplyResult.failed`` with a one-line
+  reason (the worker dead-letters it) and its position is still passed; the rest of
+  the batch applies. Infrastructure errors (LanceDB, the embedding provider) raise
+  instead: no position of the batch was saved, and the worker retries the whole
+  batch, which is safe because applying again changes nothing.
 
 Tables written per event type: ``MessageObserved`` -> messages; ``MemoryAdded`` ->
 memories + entities; ``MemoryLinked`` -> links (+ the derived view on memories);
@@ -212,6 +213,11 @@ class Projector:
                 handler(pe, plan)
             except ProjectionError as exc:
                 result.failed.append((pe, str(exc)))
+            except Exception as exc:  # noqa: BLE001 - one event must not block the log
+                # Handlers only reshape an already validated event; anything else they
+                # raise is about this event, and retrying the batch would never end.
+                log.warning("cannot project %s", pe.position, exc_info=True)
+                result.failed.append((pe, f"cannot project: {type(exc).__name__}: {exc}"))
         result.applied = len(ordered) - len(result.failed)
 
         self._embed_missing(plan)
@@ -222,6 +228,10 @@ class Projector:
             key = (topic, partition)
             next_offsets[key] = max(next_offsets.get(key, 0), offset + 1, stored.get(key, 0))
         self.store.save_positions(next_offsets)
+        log.debug(
+            "applied %d, skipped %d, failed %d; positions %s",
+            result.applied, result.skipped, len(result.failed), next_offsets,
+        )
         return result
 
     # ------------------------------------------------------------------ handlers

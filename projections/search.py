@@ -36,12 +36,14 @@ everything known about ``--entity NAME``), newest first, at most
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from lancedb.query import ColumnOrdering, MatchQuery
+from lancedb.query import ColumnOrdering, FullTextOperator, MatchQuery
 
 from memstream.domain.content import normalize_content
 from memstream.domain.events import MemoryType, Scope
@@ -254,17 +256,59 @@ def _vector_rows(
     return q.to_arrow().to_pylist()
 
 
+def _match(query: str) -> MatchQuery:
+    """The BM25 query: the text's terms OR-ed (a memory matching some of the words
+    still scores), no fuzziness; never parsed as a query language, so quotes and
+    operators in user text are just characters."""
+    return MatchQuery(
+        query,
+        "content",
+        boost=1.0,
+        fuzziness=0,
+        max_expansions=50,
+        operator=FullTextOperator.OR,
+        prefix_length=0,
+        document_granularity=None,
+    )
+
+
 def _text_rows(store: LanceStore, query: str, where: str, limit: int) -> list[dict[str, Any]]:
     if not query.strip():
         return []
     q = (
         store.table(MEMORIES)
-        .search(MatchQuery(query, "content"), query_type="fts")
+        .search(_match(query), query_type="fts")
         .where(where, prefilter=True)
         .select([*RESULT_COLUMNS, "_score"])
         .limit(limit)
     )
     return q.to_arrow().to_pylist()
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="memstream-fts")
+        return _POOL
+
+
+def _both_lists(
+    store: LanceStore, embedder: Embedder, query: str, where: str, n: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The vector and BM25 candidate lists, the BM25 query running in a worker thread
+    meanwhile (LanceDB executes both natively, so they overlap): a hybrid search costs
+    about the slower of the two, not their sum."""
+    text_future = _pool().submit(_text_rows, store, query, where, n)
+    try:
+        vrows = _vector_rows(store, _query_vector(embedder, store, query), where, n)
+    finally:
+        trows = text_future.result()
+    return vrows, trows
 
 
 def _query_vector(embedder: Embedder, store: LanceStore, query: str) -> list[float]:
@@ -368,8 +412,7 @@ def rrf_search(
     where = build_where(scope, filters)
     _check_k(k)
     n = candidates or _default_candidates(k)
-    vrows = _vector_rows(store, _query_vector(embedder, store, query), where, n)
-    trows = _text_rows(store, query, where, n)
+    vrows, trows = _both_lists(store, embedder, query, where, n)
     rows: dict[str, dict[str, Any]] = {}
     for r in [*vrows, *trows]:
         rows.setdefault(r["pk"], r)
@@ -468,8 +511,7 @@ def search(
     vsim: dict[str, float] = {}
     tscore: dict[str, float] = {}
     if query.strip():
-        vrows = _vector_rows(store, _query_vector(embedder, store, query), where, n)
-        trows = _text_rows(store, query, where, n)
+        vrows, trows = _both_lists(store, embedder, query, where, n)
         for r in vrows:
             rows.setdefault(r["pk"], r)
             vsim[r["pk"]] = 1.0 - float(r["_distance"])

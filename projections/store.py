@@ -63,7 +63,6 @@ from memstream.projections.schema import (
     REFLECTIONS,
     TABLE_NAMES,
     schema_for,
-    scoped_key,
 )
 from memstream.settings import Settings
 

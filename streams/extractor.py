@@ -108,42 +108,75 @@ class _Embedder(Protocol):
     def embed(self, texts: Sequence[str]) -> list[list[float]]: ...
 
 
-CandidateRecall = Callable[[Scope, str, "Sequence[float] | None", int], list[Candidate]]
-"""``(scope, content, vector or None, k) -> candidates``; synchronous (run off the loop)."""
+CandidateRecall = Callable[[Scope, Sequence[str], Sequence["Sequence[float] | None"], int], list[list[Candidate]]]
+"""``(scope, contents, vectors (None where missing), k) -> candidates per content``;
+synchronous (run off the event loop)."""
 
 
 def store_recall(store: Any, embedder: Any) -> CandidateRecall:
-    """Candidate recall from the LanceDB projection: the top ``k`` *current* memories of
-    the scope's memory space by vector similarity when a vector is given, else (no
-    vector, the vector search failed or found nothing) by BM25 full text, else none."""
-    from memstream.projections.search import SearchFilters, text_search, vector_search
+    """Candidate recall from the LanceDB projection, for a whole window at once: the top
+    ``k`` *current* memories (not superseded, not duplicates) of the scope's memory space
+    (team + user: the isolation prefilter of :func:`memstream.projections.search.build_where`)
+    for each content, by cosine similarity of its vector (one multi-vector query for
+    the window), else (no vector, the vector query failed or found nothing) by BM25 full
+    text, else none."""
+    from memstream.projections.schema import MEMORIES
+    from memstream.projections.search import RESULT_COLUMNS, SearchFilters, build_where, text_search
+    from memstream.projections.store import VECTOR_REFINE_FACTOR
 
     current = SearchFilters(include_superseded=False)
 
-    def recall(scope: Scope, content: str, vector: Sequence[float] | None, k: int) -> list[Candidate]:
-        results: list[Any] = []
-        if vector is not None:
+    def candidate(row: Mapping[str, Any], score: float | None) -> Candidate:
+        return Candidate(
+            memory_id=row["memory_id"],
+            content=row["content"],
+            memory_type=row.get("memory_type"),
+            score=score,
+            when=row.get("timestamp") or row.get("created_at"),
+        )
+
+    def by_vector(scope: Scope, vectors: list[list[float]], k: int) -> list[list[Candidate]]:
+        query = (
+            store.table(MEMORIES)
+            .search(vectors if len(vectors) > 1 else vectors[0], vector_column_name="vector")
+            .distance_type("cosine")
+            .where(build_where(scope, current), prefilter=True)
+            .select([*RESULT_COLUMNS, "_distance"])
+            .limit(k)
+        )
+        if store.has_vector_index():
+            query = query.refine_factor(VECTOR_REFINE_FACTOR)
+        out: list[list[Candidate]] = [[] for _ in vectors]
+        for row in query.to_arrow().to_pylist():
+            index = int(row.get("query_index") or 0)
+            out[index].append(candidate(row, 1.0 - float(row["_distance"])))
+        return out
+
+    def recall(
+        scope: Scope, contents: Sequence[str], vectors: Sequence[Sequence[float] | None], k: int
+    ) -> list[list[Candidate]]:
+        found: list[list[Candidate]] = [[] for _ in contents]
+        with_vector = [i for i, v in enumerate(vectors) if v is not None]
+        if with_vector:
             try:
-                results = vector_search(store, embedder, scope, content, k, current, vector=vector)
+                hits = by_vector(scope, [list(vectors[i]) for i in with_vector], k)  # type: ignore[arg-type]
+                for i, cands in zip(with_vector, hits):
+                    found[i] = cands[:k]
             except Exception as exc:  # noqa: BLE001 - recall degrades, never fails a run
                 log.warning("vector recall failed, using full text: %s", exc)
-                results = []
-        if not results:
+        for i, content in enumerate(contents):
+            if found[i]:
+                continue
             try:
                 results = text_search(store, embedder, scope, content, k, current)
             except Exception as exc:  # noqa: BLE001
                 log.warning("full-text recall failed, judging without candidates: %s", exc)
-                results = []
-        return [
-            Candidate(
-                memory_id=r.memory_id,
-                content=r.content,
-                memory_type=r.memory_type,
-                score=r.score,
-                when=r.timestamp or r.created_at,
-            )
-            for r in results[:k]
-        ]
+                continue
+            found[i] = [
+                Candidate(r.memory_id, r.content, r.memory_type, r.score, r.timestamp or r.created_at)
+                for r in results[:k]
+            ]
+        return found
 
     return recall
 
@@ -380,9 +413,7 @@ class Extractor:
         if self.llm is not None and new and self._recall is not None:
             k = self.settings.dedup_candidates_k
             recall = self._recall
-            candidates = await asyncio.to_thread(
-                lambda: [recall(scope, d.content, vectors[i], k) for i, d in enumerate(new)]
-            )
+            candidates = await asyncio.to_thread(recall, scope, [d.content for d in new], vectors, k)
             decisions, judgment, calls = await self._judge(scope, new, candidates)
             llm_calls += calls
         else:

@@ -166,7 +166,15 @@ class ExtractorRunner:
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
-        """Build the components, connect, and start consuming in a background task."""
+        """Build the components, connect, and start consuming in a background task.
+        A failure on the way releases whatever was already started, then raises."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
         settings = self.settings
         llm: ChatModel | None
         if self._llm_arg == "settings":
@@ -187,17 +195,20 @@ class ExtractorRunner:
         self.extractor = Extractor(settings, llm, self._embedder, None, self._producer)
         if self._store is not None:
             self._attach_store(self._store)
-        self._consumer = AIOKafkaConsumer(
+        consumer = AIOKafkaConsumer(
             bootstrap_servers=settings.bootstrap_servers,
             group_id=consumer_group(settings),
             client_id="memstream-extractor",
             enable_auto_commit=False,
             auto_offset_reset="earliest",
-            key_deserializer=None,
-            value_deserializer=None,
         )
-        self._consumer.subscribe([self.topics.messages], listener=_Listener(self))
-        await self._consumer.start()
+        consumer.subscribe([self.topics.messages], listener=_Listener(self))
+        try:
+            await consumer.start()
+        except BaseException:
+            await consumer.stop()
+            raise
+        self._consumer = consumer
         self._loop_task = asyncio.create_task(self._run(), name="memstream-extractor")
         log.info(
             "extractor started (%s) on %s as group %s",

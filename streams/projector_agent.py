@@ -17,6 +17,10 @@ Per batch (:meth:`ProjectorRuntime.process`):
    overlap with the periodic optimise);
 3. events the projector could not apply become dead letters (stage ``project``).
 
+Positions always cover the whole batch, dead letters included (:func:`apply_decoded`),
+so a restart neither re-reads them nor stalls before them, and a replay can prove it
+reached the end of the log.
+
 Failures (LanceDB I/O, broker unavailable) are retried with back-off, the same
 batch again, until they succeed or the worker stops: ``take_events`` acknowledges the
 batch in a ``finally`` whatever happens, so giving up on a batch would let Kafka's
@@ -24,7 +28,10 @@ commit move past it. That is also why the worker resumes from the *stored*
 positions (see :mod:`memstream.streams.app`), never from Kafka's commits alone.
 
 The optimise/index maintenance (``settings.optimize_every_s``) runs from this one
-place, on the same writer thread.
+place, on the same writer thread. A worker holds :class:`LanceDirLock` on its
+directory for as long as it runs (one writer per table set; a replay never swaps
+under it). If anything escapes the batch loop itself, the worker stops (fail-stop)
+rather than let Faust restart the agent past the failed batch.
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ __all__ = [
     "LanceDirBusyError",
     "DecodedBatch",
     "BatchOutcome",
+    "ProjectorStats",
     "ProjectorRuntime",
     "decode_batch",
     "apply_decoded",
@@ -84,6 +92,8 @@ class RawRecord:
 
 @dataclass(frozen=True)
 class DecodedBatch:
+    """One batch after decoding: the events (read order) and the dead letters."""
+
     events: list[PositionedEvent]
     dead: list[DeadLetter]
     next_offsets: dict[tuple[str, int], int]
@@ -92,11 +102,26 @@ class DecodedBatch:
 
 @dataclass
 class BatchOutcome:
+    """What one batch did: ``skipped`` were already applied (below the stored position)."""
+
     records: int = 0
     applied: int = 0
     skipped: int = 0
     dead_decode: list[DeadLetter] = field(default_factory=list)
     dead_project: list[DeadLetter] = field(default_factory=list)
+
+
+@dataclass
+class ProjectorStats:
+    """Running totals of one worker process (for logs and metrics)."""
+
+    batches: int = 0
+    records: int = 0
+    applied: int = 0
+    skipped: int = 0
+    dead_decode: int = 0
+    dead_project: int = 0
+    retries: int = 0
 
 
 class _ApplyResult(Protocol):
@@ -259,7 +284,7 @@ class ProjectorRuntime:
         )
         self._open_lock = threading.Lock()
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-lance")
-        self.totals = BatchOutcome()
+        self.stats = ProjectorStats()
         self._window_records = 0
         self._window_started = time.monotonic()
 
@@ -346,6 +371,7 @@ class ProjectorRuntime:
                 raise
             except Exception as exc:  # noqa: BLE001 - the projector must never stop
                 attempt += 1
+                self.stats.retries += 1
                 delay = min(_MAX_BACKOFF_S, 0.5 * 2 ** min(attempt - 1, 6))
                 first, last = records[0], records[-1]
                 log.error(
@@ -369,25 +395,26 @@ class ProjectorRuntime:
             return outcome
 
     def _count(self, outcome: BatchOutcome) -> None:
-        t = self.totals
+        t = self.stats
+        t.batches += 1
         t.records += outcome.records
         t.applied += outcome.applied
         t.skipped += outcome.skipped
-        t.dead_decode.extend(outcome.dead_decode[-100:])
-        t.dead_project.extend(outcome.dead_project[-100:])
-        del t.dead_decode[:-100], t.dead_project[:-100]
+        t.dead_decode += len(outcome.dead_decode)
+        t.dead_project += len(outcome.dead_project)
         self._window_records += outcome.records
         now = time.monotonic()
         elapsed = now - self._window_started
         if elapsed >= _PROGRESS_EVERY_S:
             log.info(
-                "projected %d records in %.0fs (%.0f/s); total %d, applied %d, already applied %d",
+                "projected %d records in %.0fs (%.0f/s); total %d: %d applied, %d already applied, %d dead letters",
                 self._window_records,
                 elapsed,
                 self._window_records / elapsed,
                 t.records,
                 t.applied,
                 t.skipped,
+                t.dead_decode + t.dead_project,
             )
             self._window_records, self._window_started = 0, now
 
@@ -445,23 +472,34 @@ def register_projector(
     app.service(_RuntimeService(rt))
 
     async def projector(stream: Any) -> None:
-        async for events in stream.take_events(
-            settings.projector_batch_size, within=settings.projector_batch_seconds
-        ):
-            records = [
-                RawRecord(
-                    topic=ev.message.topic,
-                    partition=ev.message.partition,
-                    offset=ev.message.offset,
-                    key=ev.message.key,
-                    value=ev.message.value,
-                    headers=tuple(
-                        (k, bytes(v) if v is not None else b"") for k, v in (ev.message.headers or ())
-                    ),
-                )
-                for ev in events
-            ]
-            await rt.process_until_done(records)
+        try:
+            async for events in stream.take_events(
+                settings.projector_batch_size, within=settings.projector_batch_seconds
+            ):
+                records = [
+                    RawRecord(
+                        topic=ev.message.topic,
+                        partition=ev.message.partition,
+                        offset=ev.message.offset,
+                        key=ev.message.key,
+                        value=ev.message.value,
+                        headers=tuple(
+                            (k, bytes(v) if v is not None else b"")
+                            for k, v in (ev.message.headers or ())
+                        ),
+                    )
+                    for ev in events
+                ]
+                await rt.process_until_done(records)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # Fail-stop, never skip: Faust would restart the agent in place, reading on
+            # from the consumer's position past the batch that failed. Crashing the
+            # worker makes the next start resume from the stored positions instead.
+            log.critical("projector agent failed; stopping the worker: %s: %s", type(exc).__name__, exc)
+            await app.crash(exc)
+            raise
 
     app.agent(source, name="memstream.projector")(projector)
 

@@ -186,16 +186,17 @@ class ReflectorCore:
         self.subjects = subjects
         self.early = early
         self.policy = policy or ReflectorPolicy()
-        # Parsed decisions by key. A key's decision never changes while its entry
-        # exists (a duplicate is ignored), so this is a pure cache of the table.
+        # Parsed decisions by key, checked against the stored event id: the table can
+        # change under us (changelog recovery after a rebalance), the cache must not lie.
         self._parsed: dict[str, DecisionRecorded] = {}
 
     # ------------------------------------------------------------------ reading
 
     def _decision(self, key: str, entry: Mapping[str, Any]) -> DecisionRecorded:
+        raw = entry["decision"]
         cached = self._parsed.get(key)
-        if cached is None:
-            cached = _parse_as(entry["decision"], DecisionRecorded)
+        if cached is None or str(cached.event_id) != raw.get("event_id"):
+            cached = _parse_as(raw, DecisionRecorded)
             self._parsed[key] = cached
         return cached
 

@@ -25,6 +25,7 @@ import asyncio
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import faust
 
@@ -53,6 +54,25 @@ class _TransientCoordinatorNoise(logging.Filter):
         if record.name.startswith("aiokafka.consumer.group_coordinator"):
             return "CoordinatorNotAvailable" not in record.getMessage()
         return True
+
+
+class _Worker(faust.Worker):
+    """Faust's worker, announcing what it runs once logging is set up."""
+
+    def __init__(self, app: faust.App, settings: Settings, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self.memstream_settings = settings
+
+    async def on_execute(self) -> None:
+        await super().on_execute()
+        s = self.memstream_settings
+        log.info(
+            "memstream worker %s: broker %s, topics %s*, LanceDB %s",
+            s.app_id,
+            s.bootstrap_servers,
+            s.topic_prefix,
+            s.lance_dir,
+        )
 
 
 def logging_config(level: int) -> dict[str, object]:
@@ -117,18 +137,9 @@ def run_worker(
         loop.close()
         raise WorkerError(str(exc)) from exc
 
-    async def announce() -> None:
-        log.info(
-            "memstream worker: app %s, broker %s, topics %s*, lance %s",
-            settings.app_id,
-            settings.bootstrap_servers,
-            settings.topic_prefix,
-            settings.lance_dir,
-        )
-
-    app.task(announce)
-    worker = faust.Worker(
+    worker = _Worker(
         app,
+        settings,
         loop=loop,
         loglevel=level,
         logging_config=logging_config(level),
@@ -138,7 +149,9 @@ def run_worker(
     try:
         worker.execute_from_commandline()
     except SystemExit as exc:
-        return int(exc.code or 0)
+        code = int(exc.code or 0)
+        log.info("memstream worker %s stopped (exit code %d)", settings.app_id, code)
+        return code
     except Exception as exc:  # noqa: BLE001 - report the crash as one line + exit 1
         log.debug("worker crashed", exc_info=True)
         raise WorkerError(f"worker crashed: {type(exc).__name__}: {exc}") from exc

@@ -210,7 +210,7 @@ def extract_cmd(
     team: Annotated[str, typer.Option("--team", help="Team id of the memory space (required).")] = "",
     user: Annotated[str, typer.Option("--user", help="User id of the memory space.")] = "default",
     session: Annotated[str, typer.Option("--session", help="The session whose turns to extract (required).")] = "",
-    last: Annotated[int, typer.Option("--last", min=1, help="How many of the latest turns are new (default: extract_max_new_turns).")] = 0,
+    last: Annotated[int, typer.Option("--last", min=0, help="How many of the latest turns are new (0: extract_max_new_turns).")] = 0,
     emit: Annotated[bool, typer.Option("--emit/--dry-run", help="Produce the events, or only show them (default).")] = False,
     lance_dir: Annotated[Path | None, typer.Option("--lance-dir", help="Projection directory.")] = None,
 ) -> None:

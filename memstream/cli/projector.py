@@ -17,9 +17,22 @@ from rich.table import Table
 from memstream.cli._errors import CLIError
 from memstream.settings import get_settings
 
-__all__ = ["register", "worker", "replay"]
+__all__ = ["register", "worker", "replay", "WORKER_HELP", "REPLAY_HELP"]
 
 _console = Console()
+
+# Typer keeps a docstring's line breaks in --help: the help texts are single paragraphs.
+WORKER_HELP = (
+    "Run the stream worker: projects the log into LanceDB, and runs the extractor and "
+    "reflector when installed. Resumes from the stored positions; stops cleanly on Ctrl-C "
+    "or SIGTERM."
+)
+REPLAY_HELP = (
+    "Rebuild every table from offset 0 into a fresh set, verify it, and swap it in.\n\n"
+    "Stop the worker first (the live set keeps serving reads during the rebuild), then start "
+    "it again: it resumes from the new set's positions. A replay refuses to swap while a "
+    "worker holds the LanceDB directory; --dry-run only builds and compares."
+)
 
 
 def worker(
@@ -32,8 +45,7 @@ def worker(
     ] = None,
     loglevel: Annotated[str, typer.Option("--loglevel", help="debug, info, warning or error.")] = "info",
 ) -> None:
-    """Run the stream worker: projects the log into LanceDB (and runs the extractor and
-    reflector when installed). Stops cleanly on Ctrl-C or SIGTERM."""
+    """Run the stream worker (help text: :data:`WORKER_HELP`)."""
     from memstream.streams.worker import WorkerError, run_worker
 
     names = [a.strip() for a in agents.split(",") if a.strip()] if agents else None
@@ -60,7 +72,8 @@ def replay(
         bool, typer.Option("--progress/--no-progress", help="Show the progress bar.")
     ] = True,
 ) -> None:
-    """Rebuild every table from offset 0 into a fresh set, verify it, and swap it in."""
+    """Rebuild every table from offset 0 into a fresh set, verify it, swap it in
+    (help text: :data:`REPLAY_HELP`)."""
     from memstream.projections.replay import ReplayError, RichProgress
     from memstream.projections.replay import replay as run_replay
 
@@ -97,5 +110,5 @@ def replay(
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the main app."""
-    app.command("worker")(worker)
-    app.command("replay")(replay)
+    app.command("worker", help=WORKER_HELP)(worker)
+    app.command("replay", help=REPLAY_HELP)(replay)

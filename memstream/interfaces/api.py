@@ -26,7 +26,6 @@ Keys are never logged: they travel only in headers, and only their hash is compa
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import sys
@@ -36,13 +35,14 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
+from aiokafka.errors import KafkaError
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from mcp.server.mcpserver import MCPServer
 from prometheus_client import CollectorRegistry
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from starlette.routing import Route
 from starlette.types import Receive, Scope as AsgiScope, Send
 
@@ -215,8 +215,10 @@ def _resolve(principal: Principal, scope: ScopeIn | None) -> Scope:
         )
     except PermissionError as exc:
         raise _forbidden(principal, str(exc)) from None
-    except ValueError as exc:  # a malformed id
-        raise ApiError(422, "validation_error", f"scope: {exc}") from None
+    except ValidationError as exc:  # a malformed id
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err.get("loc", ())) or "scope"
+        raise ApiError(422, "validation_error", f"{where}: {err.get('msg', 'invalid')}") from None
 
 
 def _forbidden(principal: Principal, what: str) -> ApiError:
@@ -259,6 +261,12 @@ async def _append(service: MemoryService, event: EventBase) -> Accepted:
         position = await service.append(event, interface="api")
     except EncodeError as exc:
         raise ApiError(422, "invalid_event", str(exc)) from None
+    except KafkaError as exc:
+        log.warning("Kafka did not acknowledge %s %s: %s", event.type, event.event_id, exc)
+        raise ApiError(
+            503, "unavailable", "Kafka did not acknowledge the event; it may not be written, retry (the event id makes a retry safe)",
+            {"event_id": str(event.event_id)}, headers={"Retry-After": "1"},
+        ) from None
     return Accepted(event_id=str(event.event_id), position=str(position))
 
 
@@ -663,9 +671,12 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
         wait_s: WaitS = None,
     ) -> dict[str, Any]:
         scope = _resolve(principal, ScopeIn(team_id=team_id, user_id=user_id))
+        if not subject.strip():
+            raise ApiError(422, "validation_error", "query.subject: is empty")
         service = _service(request)
         await _wait(service, _positions(min_position), wait_s)
-        return lessons_payload(await service.lessons(scope, subject, budget))
+        context = await service.lessons(scope, subject, budget, same_agent=principal.access.agent_id is not None)
+        return lessons_payload(context)
 
     # --- operations ---------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from contextlib import asynccontextmanager
 from datetime import datetime, timezone
 from typing import Annotated, Any
 
+from aiokafka.errors import KafkaError
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
@@ -230,6 +231,8 @@ def build_mcp_server(
             position = await service.append(event, interface="mcp")
         except (EventValidationError, EncodeError) as exc:
             raise _reject(exc) from None
+        except KafkaError as exc:
+            raise ToolError(f"could not save, Kafka did not acknowledge ({type(exc).__name__}); try again") from None
         state.remember(position)
         return AddMemoryResult(
             memory_id=event.memory_id,
@@ -290,6 +293,8 @@ def build_mcp_server(
             position = await service.append(event, interface="mcp")
         except (EventValidationError, EncodeError) as exc:
             raise _reject(exc) from None
+        except KafkaError as exc:
+            raise ToolError(f"could not save, Kafka did not acknowledge ({type(exc).__name__}); try again") from None
         state.remember(position)
         return DecisionResult(
             decision_id=event.decision_id,
@@ -303,8 +308,10 @@ def build_mcp_server(
         budget_tokens: Annotated[int, Field(ge=50, le=20_000, description="Rough size limit of the context.")] = 800,
     ) -> LessonsResult:
         service = state.require()
+        if not subject.strip():
+            raise ToolError("subject is empty")
         note = await state.catch_up()
-        context = await service.lessons(bank.scope, subject, budget_tokens)
+        context = await service.lessons(bank.scope, subject, budget_tokens, same_agent=bank.agent_id is not None)
         return LessonsResult(
             subject=subject, context=lessons_payload(context), up_to_date=note is None, note=note
         )

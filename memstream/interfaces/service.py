@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import math
 import time
@@ -71,7 +72,8 @@ class UnknownTopicError(ValueError):
 class MemoryService:
     """Producer + read-only store + embedder, started and stopped together.
 
-    ``interface`` labels the metrics this service records ("api", "mcp").
+    Each call names its ``interface`` ("api", "mcp"), the label of the metrics it
+    records.
     """
 
     def __init__(self, settings: Settings, *, client_id: str = "memstream-api") -> None:
@@ -87,8 +89,9 @@ class MemoryService:
     # --- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Connect the producer and open the store read-only (the worker is the writer).
-        The store sees the worker's writes within ``read_consistency_interval``."""
+        """Connect the producer and open the store for reading (the worker is its only
+        writer). ``read_consistency_interval=0``: every read checks for the worker's
+        latest commit, so a position the projection stored is visible at once."""
         from memstream.projections.embedder import build_embedder
         from memstream.projections.store import LanceStore
 
@@ -149,11 +152,19 @@ class MemoryService:
 
     # --- read-your-writes --------------------------------------------------------------
 
+    @property
+    def applied_topics(self) -> frozenset[str]:
+        """The topics the projector applies to the store (so a read can wait for them)."""
+        return frozenset({self.topics.events, self.topics.messages})
+
     def check_topic(self, position: LogPosition) -> None:
-        known = {spec.name for spec in self.topics.catalogue()}
-        if position.topic not in known:
+        """Reject a position the store can never reach: another deployment's topic, or
+        one the projector does not apply (a decision's position on the reflector's
+        topic becomes readable as a lesson, with a new position of its own)."""
+        if position.topic not in self.applied_topics:
             raise UnknownTopicError(
-                f"topic {position.topic!r} is not one of this deployment's topics ({', '.join(sorted(known))})"
+                f"positions on {position.topic!r} are not projected; wait for positions on "
+                f"{' or '.join(sorted(self.applied_topics))}"
             )
 
     async def stored_offset(self, topic: str, partition: int) -> int | None:
@@ -200,10 +211,14 @@ class MemoryService:
         result: dict[str, Any] | None = await asyncio.to_thread(self.store.get_memory, scope, memory_id)
         return result
 
-    async def lessons(self, scope: Scope, subject: str, budget_tokens: int) -> Any:
+    async def lessons(self, scope: Scope, subject: str, budget_tokens: int, *, same_agent: bool = False) -> Any:
+        """Past lessons on ``subject`` in the scope's space; ``same_agent`` keeps only
+        the reflections of the scope's agent (for agent-pinned banks)."""
         from memstream.projections.reflections import context_for
 
-        return await asyncio.to_thread(context_for, self.store, scope, subject, budget_tokens)
+        return await asyncio.to_thread(
+            functools.partial(context_for, self.store, scope, subject, budget_tokens, same_agent=same_agent)
+        )
 
     # --- health and metrics ----------------------------------------------------------------
 

@@ -11,9 +11,12 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from memstream.domain.log import LogPosition
+from memstream.interfaces import metrics
 from memstream.interfaces.api import openapi_spec
 from memstream.settings import Settings
 
@@ -231,6 +234,9 @@ async def test_events_messages_and_decisions(stack: Stack, client: httpx.AsyncCl
     assert {p.topic for p in positions} == {stack.topics.messages}
     assert len({p.partition for p in positions}) == 1 and positions[0].offset < positions[1].offset
     assert turns["position"] == turns["events"][-1]["position"]
+    # The projector applies turns too, so a read can wait for them.
+    waited = await client.get("/v1/search", headers=h, params={"q": "Lyon", "min_position": turns["position"]})
+    assert waited.status_code == 200, waited.text
 
     resp = await client.post(
         "/v1/decisions",
@@ -241,6 +247,14 @@ async def test_events_messages_and_decisions(stack: Stack, client: httpx.AsyncCl
     decision = resp.json()
     assert LogPosition.parse(decision["position"]).topic == stack.topics.pending_reflections
     assert decision["decision_id"] and decision["deadline"]
+
+    # A decision's position is on the reflector's topic, which the store never reaches.
+    err = assert_error(
+        await client.get("/v1/lessons", headers=h, params={"subject": "ACME", "min_position": decision["position"]}),
+        422,
+        "validation_error",
+    )
+    assert "not projected" in err["message"]
 
     lessons = await client.get("/v1/lessons", headers=h, params={"subject": "ACME", "budget": 400})
     assert lessons.status_code == 200, lessons.text
@@ -279,3 +293,66 @@ async def test_served_spec_matches(stack: Stack, client: httpx.AsyncClient) -> N
     served = (await client.get("/openapi.json")).json()
     assert served["paths"].keys() == openapi_spec(Settings())["paths"].keys()
     assert {"HTTPBearer", "APIKeyHeader"} <= set(served["components"]["securitySchemes"])
+
+
+async def test_bad_query_parameters(stack: Stack, client: httpx.AsyncClient) -> None:
+    h = stack.headers("acme")
+    assert_error(await client.get("/v1/search", headers=h, params={"q": "x", "user_id": "not an id"}), 422, "validation_error")
+    assert_error(await client.get("/v1/search", headers=h, params={"q": "x", "memory_type": "gossip"}), 422, "validation_error")
+    assert_error(
+        await client.get("/v1/search", headers=h, params={"q": "x", "time_from": "2025-01-01T00:00:00"}), 422, "validation_error"
+    )
+    assert_error(await client.get("/v1/search", headers=h, params={"q": "x", "k": 0}), 422, "validation_error")
+    assert_error(await client.get("/v1/lessons", headers=h, params={"subject": "  "}), 422, "validation_error")
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=30),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=12,
+)
+_event_like = st.fixed_dictionaries(
+    {},
+    optional={
+        "type": st.sampled_from(["MemoryAdded", "MessageObserved", "DecisionRecorded", "MemoryLinked", "Nope"]),
+        "schema_version": st.integers(-1, 3),
+        "scope": st.one_of(_json, st.just({"team_id": "acme"}), st.just({"team_id": "globex"})),
+        "memory_id": _json,
+        "content": st.one_of(st.text(max_size=50), _json),
+        "memory_type": st.one_of(st.sampled_from(["persona", "episode", "x"]), _json),
+        "priority": _json,
+        "occurred_at": st.one_of(st.just("2025-01-01T00:00:00Z"), st.just("2025-01-01"), _json),
+        "metadata": _json,
+    },
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(path=st.sampled_from(["/v1/events", "/v1/memories", "/v1/messages", "/v1/decisions"]), body=st.one_of(_event_like, _json))
+def test_fuzzed_bodies_never_crash_the_server(stack: Stack, path: str, body: Any) -> None:
+    """Whatever JSON arrives, the answer is an accepted write or a client error in the
+    one shape, never a 500."""
+    resp = httpx.post(f"{stack.base_url}{path}", json=body, headers=stack.headers("acme"), timeout=30)
+    assert resp.status_code in (202, 403, 422), resp.text
+    if resp.status_code != 202:
+        assert set(resp.json()["error"]) == {"code", "message", "details"}
+
+
+def test_log_snapshot_lag_and_llm_counters() -> None:
+    snap = metrics.LogSnapshot(
+        end_offsets={("p.events", 0): 10, ("p.events", 1): 4, ("p.dead-letter", 0): 2, ("p.outcomes", 0): 7},
+        positions={("p.events", 0): 7},
+        projected_topics=frozenset({"p.events"}),
+        dead_letter_topic="p.dead-letter",
+    )
+    assert snap.lag() == {("p.events", 0): 3, ("p.events", 1): 4}  # never-projected partitions lag fully
+    assert snap.dead_letters() == 2
+
+    purpose = f"test-{uuid.uuid4().hex[:6]}"
+    with metrics.llm_call(purpose):
+        pass
+    with pytest.raises(TimeoutError), metrics.llm_call(purpose):
+        raise TimeoutError
+    text = metrics.render().decode()
+    assert f'memstream_llm_calls_total{{purpose="{purpose}"}} 2.0' in text
+    assert f'memstream_llm_failures_total{{purpose="{purpose}",reason="TimeoutError"}} 1.0' in text

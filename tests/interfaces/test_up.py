@@ -65,6 +65,11 @@ def test_up_runs_everything_and_stops_cleanly(kafka_bootstrap: str, tmp_path: Pa
                 timeout=60,
             )
             assert found.status_code == 200 and found.json()["results"][0]["content"] == "The user likes jazz"
+            # The children share prometheus_client's multiprocess directory: the API
+            # exports the counters of every memstream process.
+            scraped = httpx.get(f"{base}/metrics", timeout=30).text
+            assert 'memstream_events_in_total{interface="api",type="MemoryAdded"} 1.0' in scraped
+            assert any((settings.home / "metrics").glob("*.db"))
         finally:
             proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
             code = proc.wait(90)

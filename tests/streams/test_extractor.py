@@ -758,3 +758,178 @@ async def test_provenance_and_extract_commands(env: Env) -> None:
     assert "heuristic" in result.output and "Ana: and I live in Porto" in result.output
     assert "not produced (dry run" in result.output
     assert await env.new_events() == []
+
+
+# --- the whole worker ------------------------------------------------------------------------------
+
+
+def worker_env(settings: Settings) -> dict[str, str]:
+    """The ``MEMSTREAM_*`` variables that rebuild ``settings`` in the worker process."""
+    import os
+
+    from pydantic import SecretStr
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSTREAM_")}
+    for name in Settings.model_fields:
+        value = getattr(settings, name)
+        if value is None:
+            continue
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        env[f"MEMSTREAM_{name.upper()}"] = str(value).lower() if isinstance(value, bool) else str(value)
+    return env
+
+
+PEPPERONI = "Ana now likes pepperoni pizza instead of cheese pizza."
+CHEESE = "Ana likes cheese pizza."
+
+
+def pizza_responder(body: dict[str, Any]) -> Reply:
+    """A scripted model for the worker test: fixed statements for the pizza turns, "Ana
+    said: ..." for others; the judgment updates a cheese-pizza candidate with the
+    pepperoni memory and stores everything else."""
+    user = body["messages"][1]["content"]
+    if user.startswith("NEW MEMORIES AND THEIR CANDIDATES"):
+        decisions = []
+        for block in user.split("\n\n")[1:]:
+            head = block.split(" ", 1)[0]
+            if not head.startswith("N"):
+                continue
+            number = int(head[1:])
+            target = None
+            for line in block.splitlines()[2:]:
+                if "cheese pizza" in line and "pepperoni" not in line:
+                    target = int(line.strip()[1 : line.strip().index("]")])
+            if "pepperoni" in block.splitlines()[0] and target is not None:
+                decisions.append({"new": number, "action": "update", "target": target,
+                                  "links": [{"target": target, "relation": "preference_update"}], "reason": "changed"})
+            else:
+                decisions.append({"new": number, "action": "store", "target": None, "links": [], "reason": "new"})
+        return Reply(json_value={"decisions": decisions})
+    memories = []
+    for line in user.split("NEW TURNS", 1)[1].splitlines():
+        if not line.startswith("[t"):
+            continue
+        alias, text = line[1 : line.index("]")], line.split(": ", 1)[1]
+        if "pepperoni" in text:
+            content = PEPPERONI
+        elif "cheese pizza" in text:
+            content = CHEESE
+        else:
+            content = f"Ana said: {text}"
+        memories.append(mem(content, [alias]))
+    return Reply(json_value=scenes(*memories))
+
+
+@pytest.mark.slow
+async def test_the_worker_extracts_dedups_links_and_survives_an_llm_outage(
+    fresh_topics: Topics, settings_for: Any, fake_llm: FakeOpenAI, tmp_path: Any
+) -> None:
+    import subprocess
+    import sys
+
+    settings = settings_for(
+        fresh_topics,
+        llm_base_url=fake_llm.base_url,
+        llm_model="fake-model",
+        llm_timeout_s=2.0,
+        extract_min_new_turns=3,
+        extract_idle_seconds=0.5,
+        embedder="local",
+    )
+    fake_llm.chat.responder = pizza_responder
+    fake_llm.down = True
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "memstream.streams.worker", "--agents", "projector,extractor"],
+            env=worker_env(settings),
+            cwd=tmp_path,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    producer = MemstreamProducer(settings, topics=fresh_topics, client_id="test-worker-e2e")
+    await producer.start()
+    store: LanceStore | None = None
+
+    async def until(predicate: Any, what: str, timeout: float = 90.0) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            assert proc.poll() is None, f"the worker died:\n{log_path.read_text()[-3000:]}"
+            if await asyncio.to_thread(predicate):
+                return
+            assert loop.time() < deadline, f"timed out waiting for {what}:\n{log_path.read_text()[-3000:]}"
+            await asyncio.sleep(0.2)
+
+    def memories() -> list[dict[str, Any]]:
+        nonlocal store
+        if store is None:
+            if not (settings.lance_dir / "memories.lance").exists():
+                return []
+            store = LanceStore.from_settings(settings, read_consistency_interval=timedelta(0))
+        return store.rows("memories", "team_id = 'acme' AND user_id = 'ana'").to_pylist()
+
+    try:
+        # 1. the LLM is down: the turns are kept, nothing is extracted, L0 is projected
+        await producer.send_many(
+            [turn("m1", "I like cheese pizza"), turn("m2", "I adopted a dog called Rex", minutes=1),
+             turn("m3", "I work as a nurse in Leeds", minutes=2)]
+        )
+        await until(lambda: fake_llm.chat.count >= 2, "extraction attempts against the down LLM")
+        await until(lambda: memories() == [] and store is not None and store.count("messages") == 3, "L0 projected")
+        assert memories() == []
+
+        # 2. the LLM is back: the kept turns are extracted, searchable with their sources
+        fake_llm.down = False
+        await until(lambda: len(memories()) == 3, "three memories after the outage")
+        by_content = {m["content"]: m for m in memories()}
+        assert by_content[CHEESE]["source_message_ids"] == ["m1"]
+        assert by_content["Ana said: I work as a nurse in Leeds"]["source_message_ids"] == ["m3"]
+        assert store is not None
+        results = await asyncio.to_thread(search, store, LocalEmbedder(settings.embedding_dim), SCOPE, "nurse Leeds", 3)
+        assert results[0].content == "Ana said: I work as a nurse in Leeds"
+        assert results[0].source_message_ids == ("m3",)
+        cheese_id = by_content[CHEESE]["memory_id"]
+
+        # 3. the same fact again, in another session: not added twice
+        calls = fake_llm.chat.count
+        await producer.send(turn("m4", "did I tell you? I like cheese pizza", minutes=3, session="s2"))
+        await until(lambda: fake_llm.chat.count > calls, "the extraction of the repeated fact")
+        await asyncio.sleep(1.5)
+        assert len(memories()) == 3
+
+        # 4. a changed preference: linked, the newer first, the older still reachable
+        await producer.send(turn("m5", "I no longer like cheese pizza, now pepperoni", minutes=4, session="s3"))
+        await until(lambda: len(memories()) == 4, "the pepperoni memory")
+        await until(
+            lambda: any(m["memory_id"] == cheese_id and m["superseded_by"] for m in memories()),
+            "the supersedes link in the view",
+        )
+        new_id = next(m["memory_id"] for m in memories() if m["content"] == PEPPERONI)
+        results = await asyncio.to_thread(search, store, LocalEmbedder(settings.embedding_dim), SCOPE, "cheese pizza", 5)
+        ids = [r.memory_id for r in results]
+        assert ids.index(new_id) < ids.index(cheese_id)
+        older = store.get_memory(SCOPE, cheese_id)
+        assert older is not None and older["superseded_by"] == new_id
+        assert {(link["relation"], link["from_memory_id"]) for link in older["links_in"]} == {
+            ("supersedes", new_id),
+            ("preference_update", new_id),
+        }
+        assert fake_llm.unscripted == 0
+
+        # every turn was extracted: the extractor's group committed the end of messages
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while sum((await committed(settings, fresh_topics.messages)).values()) != 5:
+            assert loop.time() < deadline, "the extractor did not commit every turn"
+            await asyncio.sleep(0.3)
+    finally:
+        await producer.stop()
+        proc.terminate()
+        try:
+            await asyncio.to_thread(proc.wait, 60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            await asyncio.to_thread(proc.wait)
+    assert proc.returncode == 0, log_path.read_text()[-3000:]

@@ -19,13 +19,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from tests.fakes.openai_server import FakeOpenAI, Reply, fake_llm  # noqa: F401 - fixture
 
 from memstream.domain.events import (
     DecisionExpired,
     DecisionRecorded,
     EventBase,
+    MemoryAdded,
     MemoryReflected,
     OutcomeObserved,
     Rating,
@@ -57,6 +58,7 @@ from memstream.streams.reflector import (
     TemplateReflectionWriter,
 )
 from memstream.streams.reflector_agent import ReflectorHandle, register_reflector
+from memstream.streams.deadletter import is_dead_letter, parse_dead_letter
 from memstream.streams.serializer import DecodeError, decode_record
 from memstream.streams.topics import Topics
 
@@ -394,6 +396,8 @@ class TopicReader:
     def __init__(self, bootstrap: str, topic: str) -> None:
         self.consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
         self.events: list[EventBase] = []
+        self.raw: list[Any] = []
+        self.letters: list[Any] = []
 
     async def __aenter__(self) -> "TopicReader":
         await self.consumer.start()
@@ -406,6 +410,10 @@ class TopicReader:
         batch = await self.consumer.getmany(timeout_ms=timeout_ms)
         for records in batch.values():
             for rec in records:
+                self.raw.append(rec)
+                if is_dead_letter(rec.headers):
+                    self.letters.append(parse_dead_letter(rec.key, rec.value, rec.headers))
+                    continue
                 with contextlib.suppress(DecodeError):
                     self.events.append(decode_record(rec.value, rec.headers))
 
@@ -501,6 +509,15 @@ async def test_outcome_before_decision_and_duplicates(
     settings = settings_for(fresh_topics, reflection_poll_seconds=0.3)
     async with reflector_app(settings, provider=None) as handle:
         async with MemstreamProducer(settings=settings) as producer, TopicReader(kafka_bootstrap, fresh_topics.events) as log:
+            # unusable input first: it is dead-lettered and the rest still flows
+            raw = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+            await raw.start()
+            try:
+                await raw.send_and_wait(fresh_topics.pending_reflections, b"{not json", key=b"acme/ana")
+            finally:
+                await raw.stop()
+            memory = MemoryAdded(scope=ACME, memory_id="m1", content="A memory on the wrong topic.")
+            await producer.send(memory, topic=fresh_topics.outcomes)
             await producer.observe_outcome(ACME, "o-early", "NVDA", 0.08, 5, decision_id="d-late", benchmark_return=0.01)
             await wait_for(lambda: handle.core.counts()["early_outcomes"] == 1, what="the early outcome kept")
             for _ in range(2):  # the same decision twice, then the same outcome again
@@ -513,6 +530,11 @@ async def test_outcome_before_decision_and_duplicates(
             (reflection,) = log.of(MemoryReflected)
     assert reflection.outcome_id == "o-early" and reflection.rating is Rating.overweight
     assert reflection.alpha == pytest.approx(0.07)
+    assert handle.stats["dead_letters"] == 2
+    async with TopicReader(kafka_bootstrap, fresh_topics.dead_letter) as dead:
+        await dead.until(lambda evs: len(dead.raw) >= 2)
+    reasons = sorted((d.stage, d.source_topic) for d in dead.letters)
+    assert reasons == [("decode", fresh_topics.pending_reflections), ("reflect", fresh_topics.outcomes)]
 
 
 @pytest.mark.kafka

@@ -26,6 +26,7 @@ from pathlib import Path
 import lancedb
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 from memstream.domain.events import MemoryAdded, MemoryLinked, MessageObserved, Scope
 from memstream.projections.embedder import build_embedder
@@ -36,6 +37,7 @@ from memstream.settings import Settings
 from memstream.projections.schema import scoped_key
 from memstream.streams.deadletter import parse_dead_letter
 from memstream.streams.producer import MemstreamProducer
+from memstream.streams.projector_agent import LanceDirLock
 from memstream.streams.topics import Topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -176,6 +178,16 @@ async def wait_progress(worker: WorkerProcess, beyond: int) -> int:
         await asyncio.sleep(0.1)
 
 
+async def group_offsets(settings: Settings) -> dict[tuple[str, int], int]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(settings.app_id)
+    finally:
+        await admin.close()
+    return {(tp.topic, tp.partition): meta.offset for tp, meta in offsets.items()}
+
+
 async def send_raw(settings: Settings, topic: str, records: list[tuple[bytes | None, bytes | None]]) -> None:
     producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
     await producer.start()
@@ -276,6 +288,20 @@ async def test_events_become_searchable_bad_records_are_dead_lettered(
     assert all(d.stage == "decode" and d.source_topic == fresh_topics.events for d in dead)
     assert "not UTF-8" in by_value[b"\xff\xfe not json"].reason
     assert len({d.source_offset for d in dead}) == 3
+    first_digest = store.table_digest()
+    del store
+
+    # Stored positions, not Kafka's commits, say where to resume: with the group's
+    # commits at the end of the log but a fresh (empty) table set, the worker must
+    # rebuild everything from offset 0.
+    committed = await group_offsets(settings)
+    ends = await end_offsets(settings, [fresh_topics.events, fresh_topics.messages])
+    assert {k: v for k, v in ends.items() if v} == {k: committed.get(k) for k, v in ends.items() if v}
+    Path(settings.lance_dir).rename(Path(str(settings.lance_dir) + ".first"))
+    worker.start()
+    await wait_caught_up(worker, fresh_topics)
+    assert worker.stop(signal.SIGTERM) == 0, worker.log_text()[-3000:]
+    assert LanceStore.from_settings(settings).table_digest() == first_digest
 
 
 async def _produce_load(
@@ -404,3 +430,38 @@ async def test_sigkill_under_load_equals_a_full_replay(
     dead = await read_dead_letters(settings, fresh_topics.dead_letter)
     assert {(d.source_partition, d.source_offset) for d in dead} == set(bad)
     assert all(d.stage == "decode" and d.source_topic == fresh_topics.events for d in dead)
+
+
+def _run_worker_cli(settings: Settings, workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = WorkerProcess(settings, workdir).env()
+    return subprocess.run(
+        [sys.executable, "-m", "memstream.streams.worker", *args],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+async def test_worker_refuses_a_directory_another_worker_holds(
+    fresh_topics: Topics, settings_for, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    settings = settings_for(fresh_topics)
+    held = LanceDirLock(settings.lance_dir)
+    held.acquire("memstream worker elsewhere")
+    try:
+        done = _run_worker_cli(settings, tmp_path, "--agents", "projector")
+    finally:
+        held.release()
+    assert done.returncode == 1
+    assert "in use by memstream worker elsewhere" in done.stderr
+    assert done.stderr.strip().count("\n") == 0, "one readable line, no traceback"
+
+
+async def test_worker_rejects_unknown_agents(
+    fresh_topics: Topics, settings_for, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    done = _run_worker_cli(settings_for(fresh_topics), tmp_path, "--agents", "projector,telepathy")
+    assert done.returncode == 1
+    assert "unknown agent(s) telepathy" in done.stderr
