@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from tests.fakes.openai_server import FakeOpenAI, Reply
+from tests.fakes.openai_server import FakeOpenAI, Reply, fake_llm  # noqa: F401 - the fixture
 
 from memstream.domain.content import content_hash
 from memstream.domain.events import LinkRelation, MemoryAdded, MemoryLinked, MessageObserved, Scope
@@ -49,12 +49,6 @@ T0 = datetime(2024, 5, 8, 15, 30, tzinfo=timezone.utc)
 
 
 # --- fixtures and helpers -----------------------------------------------------------------
-
-
-@pytest.fixture
-def fake_llm() -> Any:
-    with FakeOpenAI() as server:
-        yield server
 
 
 @dataclass
@@ -93,7 +87,7 @@ class Env:
 
 
 @pytest.fixture
-async def env(fresh_topics: Topics, settings_for: Any, fake_llm: FakeOpenAI) -> AsyncIterator[Env]:
+async def env(fresh_topics: Topics, settings_for: Any, fake_llm: FakeOpenAI) -> AsyncIterator[Env]:  # noqa: F811
     settings = settings_for(
         fresh_topics,
         llm_base_url=fake_llm.base_url,
@@ -823,7 +817,7 @@ def pizza_responder(body: dict[str, Any]) -> Reply:
 
 @pytest.mark.slow
 async def test_the_worker_extracts_dedups_links_and_survives_an_llm_outage(
-    fresh_topics: Topics, settings_for: Any, fake_llm: FakeOpenAI, tmp_path: Any
+    fresh_topics: Topics, settings_for: Any, fake_llm: FakeOpenAI, tmp_path: Any  # noqa: F811
 ) -> None:
     import subprocess
     import sys
