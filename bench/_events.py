@@ -613,6 +613,8 @@ class ConsumeStats:
     records: int
     seconds: float
     bytes: int
+    cpu_s: float
+    """CPU time of this process (all threads) while consuming."""
 
     @property
     def eps(self) -> float:
@@ -645,6 +647,7 @@ async def raw_consume(settings: Settings, topic: str, expected: int) -> ConsumeS
         count = 0
         size = 0
         started = time.perf_counter()
+        cpu_started = time.process_time()
         while remaining:
             batch = await consumer.getmany(timeout_ms=500, max_records=10_000)
             for tp, records in batch.items():
@@ -655,28 +658,32 @@ async def raw_consume(settings: Settings, topic: str, expected: int) -> ConsumeS
                 if records and records[-1].offset + 1 >= ends[tp]:
                     remaining.discard(tp)
         seconds = time.perf_counter() - started
+        cpu = time.process_time() - cpu_started
     finally:
         await consumer.stop()
     if count != expected:
         raise RuntimeError(f"raw consume read {count} records of {topic}, expected {expected}")
-    return ConsumeStats(records=count, seconds=seconds, bytes=size)
+    return ConsumeStats(records=count, seconds=seconds, bytes=size, cpu_s=cpu)
 
 
 # ----------------------------------------------------------------------------- LanceDB
-def raw_lance_add(rows: pa.Table, directory: Path) -> float:
-    """The write ceiling: seconds for one LanceDB bulk ``add`` of ``rows`` into a fresh
-    table with the memories schema (no merge, no dedupe, no index upkeep)."""
+def raw_lance_add(rows: pa.Table, directory: Path) -> tuple[float, float]:
+    """The write ceiling: (seconds, CPU seconds of this process, LanceDB's threads
+    included) for one LanceDB bulk ``add`` of ``rows`` into a fresh table with the
+    memories schema (no merge, no dedupe, no index upkeep)."""
     import lancedb
 
     directory.mkdir(parents=True, exist_ok=True)
     db = lancedb.connect(str(directory))
     table = db.create_table("memories", schema=rows.schema)
     started = time.perf_counter()
+    cpu_started = time.process_time()
     table.add(rows)
     seconds = time.perf_counter() - started
+    cpu = time.process_time() - cpu_started
     if table.count_rows() != rows.num_rows:
         raise RuntimeError(f"raw add wrote {table.count_rows()} rows, expected {rows.num_rows}")
-    return seconds
+    return seconds, cpu
 
 
 def wait_for_count(

@@ -48,23 +48,71 @@ from memstream.bench._events import (
 from memstream.projections.embedder import LocalEmbedder
 from memstream.settings import Settings
 
-__all__ = ["run", "TARGET_RATIO", "DEFAULT_EVENTS", "QUICK_EVENTS", "measure_projector", "measure_ceilings"]
+__all__ = [
+    "run",
+    "TARGET_RATIO",
+    "DEFAULT_EVENTS",
+    "QUICK_EVENTS",
+    "measure_projector",
+    "measure_ceilings",
+    "cpu_figures",
+    "cpu_rows",
+]
 
 TARGET_RATIO = 0.5
 DEFAULT_EVENTS = 200_000
 QUICK_EVENTS = 20_000
 
 
-def measure_ceilings(settings: Settings, corpus: Corpus, workdir: Path, *, repeat: int, rows: Any) -> tuple[float, float]:
-    """One sample of each raw ceiling: (consume events/s, LanceDB add rows/s)."""
+def measure_ceilings(settings: Settings, corpus: Corpus, workdir: Path, *, repeat: int, rows: Any) -> dict[str, float]:
+    """One sample of each raw ceiling: events/s and CPU microseconds per event of the
+    consume and of the LanceDB add."""
+    n = len(corpus)
     topic = f"{settings.topic_prefix}events"
-    consumed = asyncio.run(raw_consume(settings, topic, len(corpus)))
+    consumed = asyncio.run(raw_consume(settings, topic, n))
     target = workdir / f"raw-add-{repeat}"
     try:
-        seconds = raw_lance_add(rows, target)
+        seconds, cpu = raw_lance_add(rows, target)
     finally:
         shutil.rmtree(target, ignore_errors=True)
-    return consumed.eps, len(corpus) / seconds
+    return {
+        "consume_eps": consumed.eps,
+        "consume_cpu_us": consumed.cpu_s / n * 1e6,
+        "add_eps": n / seconds,
+        "add_cpu_us": cpu / n * 1e6,
+    }
+
+
+def cpu_figures(ceilings: list[dict[str, float]], product_cpu_us: list[float], name: str) -> dict[str, float | None]:
+    """CPU microseconds per event (medians): a load-independent view of the same
+    comparison, since on a shared machine wall-clock rates follow the neighbours."""
+    consume = median(c["consume_cpu_us"] for c in ceilings)
+    add = median(c["add_cpu_us"] for c in ceilings)
+    product = median(product_cpu_us) if product_cpu_us else None
+    return {
+        "raw_consume": consume,
+        "raw_lance_add": add,
+        name: product,
+        "cpu_ratio": None if product is None else max(consume, add) / product,
+    }
+
+
+def cpu_rows(cpu_us: dict[str, float | None], name: str) -> list[tuple[str, str, str]]:
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else f"{v:,.1f}"
+
+    return [
+        (
+            "cpu_us_per_event",
+            f"{fmt(cpu_us[name])}",
+            f"{name}; raw consume {fmt(cpu_us['raw_consume'])}, raw add {fmt(cpu_us['raw_lance_add'])}",
+        ),
+        (
+            "cpu_ratio",
+            "-" if cpu_us["cpu_ratio"] is None else f"{cpu_us['cpu_ratio']:.3f}",
+            "max(raw CPU/event) / product CPU/event (load-independent)",
+        ),
+    ]
 
 
 def measure_projector(settings: Settings, workdir: Path, n: int, *, repeat: int) -> dict[str, Any]:
@@ -80,6 +128,7 @@ def measure_projector(settings: Settings, workdir: Path, n: int, *, repeat: int)
     worker.start()
     try:
         ready = worker.wait_ready()
+        cpu_ready = worker.cpu_seconds()
         with progress_bar() as bar:
             task = bar.add_task(f"worker run {repeat + 1}", total=n)
             done = wait_for_count(
@@ -98,11 +147,13 @@ def measure_projector(settings: Settings, workdir: Path, n: int, *, repeat: int)
         raise RuntimeError(f"the worker wrote {final} memories for {n} events")
     shutil.rmtree(run_settings.lance_dir, ignore_errors=True)
     shutil.rmtree(run_settings.home, ignore_errors=True)
+    busy = None if cpu is None or cpu_ready is None else cpu - cpu_ready
     return {
         "eps": n / (done - ready),
         "eps_incl_startup": n / (done - worker.started_at),
         "startup_s": ready - worker.started_at,
-        "cpu_s": cpu,
+        "cpu_s": busy,
+        "cpu_us": None if busy is None else busy / n * 1e6,
         "wall_s": done - ready,
     }
 
@@ -130,15 +181,16 @@ def run(
         produced = asyncio.run(produce_corpus(settings, corpus, model_id=model_id))
         status(f"produced {produced.events:,} events in {produced.seconds:.1f}s ({produced.eps:,.0f}/s)")
         rows = memory_rows(corpus, model_id=model_id, log_topic=f"{settings.topic_prefix}events")
-        consume, add, runs = [], [], []
+        ceilings, runs = [], []
         for r in range(repeats):
             status(f"round {r + 1}/{repeats}: raw consume, raw LanceDB add, worker")
-            c, a = measure_ceilings(settings, corpus, wd.path, repeat=r, rows=rows)
-            consume.append(c)
-            add.append(a)
+            ceilings.append(measure_ceilings(settings, corpus, wd.path, repeat=r, rows=rows))
             runs.append(measure_projector(settings, wd.path, n, repeat=r))
         del rows
+    consume = [c["consume_eps"] for c in ceilings]
+    add = [c["add_eps"] for c in ceilings]
     consume_eps, add_eps = median(consume), median(add)
+    cpu_us = cpu_figures(ceilings, [x["cpu_us"] for x in runs if x["cpu_us"] is not None], "projector")
     projector_eps = median(x["eps"] for x in runs)
     ceiling = min(consume_eps, add_eps)
     ratio = projector_eps / ceiling
@@ -162,6 +214,7 @@ def run(
         "projector_startup_s": median(x["startup_s"] for x in runs),
         "projector_eps_incl_startup": median(x["eps_incl_startup"] for x in runs),
         "worker_cpu_per_wall": median(cpu_per_wall) if cpu_per_wall else None,
+        "cpu_us_per_event": cpu_us,
         "samples": {
             "raw_consume_eps": consume,
             "raw_lance_add_eps": add,
@@ -188,6 +241,7 @@ def run(
                 "-" if result["worker_cpu_per_wall"] is None else f"{result['worker_cpu_per_wall']:.2f}",
                 "CPU seconds per second of the worker (1.0 = one core busy)",
             ),
+            *cpu_rows(cpu_us, "projector"),
             ("produce_eps", f"{produced.eps:,.0f}", f"durable SDK producer, {result['record_bytes_avg']:,.0f} B/record"),
             ("load_1m", f"{machine['load_1m']} -> {result['machine']['load_1m_end']}", f"{machine['cores']} cores, shared"),
         ],

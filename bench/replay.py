@@ -40,7 +40,7 @@ from memstream.bench._events import (
     progress_bar,
     status,
 )
-from memstream.bench.projector import measure_ceilings
+from memstream.bench.projector import cpu_figures, cpu_rows, measure_ceilings
 from memstream.projections.embedder import LocalEmbedder
 from memstream.projections.replay import ReplayProgress, replay
 from memstream.settings import Settings
@@ -60,7 +60,12 @@ def measure_replay(settings: Settings, n: int, *, repeat: int) -> dict[str, Any]
         with progress_bar() as bar:
             task = bar.add_task(f"replay run {repeat + 1}", total=n)
 
+            cpu_marks: list[float] = []
+
             def on_progress(p: ReplayProgress) -> None:
+                # Called once before the first batch and after every batch: the CPU
+                # time between the first and the last call is the build phase's.
+                cpu_marks.append(time.process_time())
                 bar.update(task, completed=p.done, total=max(p.total, 1))
 
             started = time.perf_counter()
@@ -76,6 +81,7 @@ def measure_replay(settings: Settings, n: int, *, repeat: int) -> dict[str, Any]
             "end_to_end_eps": report.records / wall,
             "build_s": report.elapsed_s,
             "wall_s": wall,
+            "cpu_us": (cpu_marks[-1] - cpu_marks[0]) / n * 1e6,
         }
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -105,18 +111,18 @@ def run(
         produced = asyncio.run(produce_corpus(settings, corpus, model_id=model_id))
         status(f"produced {produced.events:,} events in {produced.seconds:.1f}s ({produced.eps:,.0f}/s)")
         rows = memory_rows(corpus, model_id=model_id, log_topic=f"{settings.topic_prefix}events")
-        consume: list[float] = []
-        add: list[float] = []
+        ceilings: list[dict[str, float]] = []
         runs: list[dict[str, Any]] = []
         for r in range(max(3, runs_wanted)):
             status(f"round {r + 1}: raw consume, raw LanceDB add" + (", replay" if r < runs_wanted else ""))
-            c, a = measure_ceilings(settings, corpus, wd.path, repeat=r, rows=rows)
-            consume.append(c)
-            add.append(a)
+            ceilings.append(measure_ceilings(settings, corpus, wd.path, repeat=r, rows=rows))
             if r < runs_wanted:
                 runs.append(measure_replay(settings, n, repeat=r))
         del rows, corpus
+    consume = [c["consume_eps"] for c in ceilings]
+    add = [c["add_eps"] for c in ceilings]
     consume_eps, add_eps = median(consume), median(add)
+    cpu_us = cpu_figures(ceilings, [x["cpu_us"] for x in runs], "replay")
     replay_eps = median(x["eps"] for x in runs)
     end_to_end = median(x["end_to_end_eps"] for x in runs)
     ceiling = min(consume_eps, add_eps)
@@ -141,6 +147,7 @@ def run(
         "ratio_end_to_end": end_to_end / ceiling,
         "replay_build_s": median(x["build_s"] for x in runs),
         "replay_wall_s": median(x["wall_s"] for x in runs),
+        "cpu_us_per_event": cpu_us,
         "samples": {
             "raw_consume_eps": consume,
             "raw_lance_add_eps": add,
@@ -159,6 +166,7 @@ def run(
             ("ratio", f"{ratio:.3f}", f"target >= {TARGET_RATIO} ({'met' if ratio >= TARGET_RATIO else 'NOT met'})"),
             ("replay_end_to_end_eps", f"{end_to_end:,.0f}", "incl. optimise, index builds, digests, swap"),
             ("replay_wall_s", f"{result['replay_wall_s']:.1f}", f"build {result['replay_build_s']:.1f}s"),
+            *cpu_rows(cpu_us, "replay"),
             ("produce_eps", f"{produced.eps:,.0f}", f"durable SDK producer, {result['record_bytes_avg']:,.0f} B/record"),
             ("load_1m", f"{machine['load_1m']} -> {result['machine']['load_1m_end']}", f"{machine['cores']} cores, shared"),
         ],

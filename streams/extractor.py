@@ -413,7 +413,11 @@ class Extractor:
         if self.llm is not None and new and self._recall is not None:
             k = self.settings.dedup_candidates_k
             recall = self._recall
-            candidates = await asyncio.to_thread(recall, scope, [d.content for d in new], vectors, k)
+            try:
+                candidates = await asyncio.to_thread(recall, scope, [d.content for d in new], vectors, k)
+            except Exception as exc:  # noqa: BLE001 - recall degrades to "no candidates"
+                log.warning("extraction %s: candidate recall failed, storing: %s", run_id, exc)
+                candidates = [[] for _ in new]
             decisions, judgment, calls = await self._judge(scope, new, candidates)
             llm_calls += calls
         else:

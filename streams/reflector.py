@@ -9,25 +9,28 @@ what this module asks it to send, and keeps the state in changelog-backed Faust 
 Per decision (keyed by :func:`~memstream.domain.reflection.decision_key`: memory space
 plus decision id, since ids are unique per space, not across tenants)::
 
-    pending --outcome covering the horizon--> settled --reflection emitted--> reflected
-       \\--deadline passed, no outcome---------------------------------------> expired
+    pending --outcome covering the horizon--> settled --first candidate--> emitting
+       |                                                                      |
+       |                                                 send confirmed       v
+       +--deadline passed, no outcome--> expired                          reflected
 
 ``settled`` is "pending with outcome": it is durable (in the table) before any LLM
-call starts. "Reflecting" is deliberately *not* durable: it is the in-flight set of
-the :class:`ReflectionRunner` of one process, so a crash forgets it and the settled
-decision is picked up again after the restart. The guarantees:
+call starts. "Reflecting" (the LLM call) is deliberately *not* durable: it is the
+in-flight set of the :class:`ReflectionRunner` of one process, so a crash forgets it
+and the settled decision is picked up again after the restart. The guarantees:
 
-* **Never lost.** A settled decision stays settled until its reflection is in the
-  log; LLM failures are retried with exponential backoff (capped), without end.
+* **Never lost.** A settled decision stays settled until a reflection is chosen;
+  LLM failures are retried with exponential backoff (capped), without end. A chosen
+  reflection is stored in the entry (``emitting``) *before* it is sent, and the entry
+  becomes ``reflected`` only once the broker confirmed the send; an unconfirmed one is
+  sent again.
 * **Never reflected twice.** The runner never emits a reflection itself: it hands a
   *candidate* ``MemoryReflected`` back through the reflector's ordered work topic.
-  The first candidate for a settled decision is emitted to the events topic, and only
-  after the broker's acknowledgement is the decision marked ``reflected``
-  (:meth:`ReflectorCore.accept_reflection` then :meth:`ReflectorCore.mark_reflected`);
-  a later candidate finds it ``reflected`` and is dropped. Reflection and event ids
-  derive from the decision, so the one remaining window (killed after the ack, before
-  the new state reached the changelog) re-emits the very same event, which every
-  reader already treats as one.
+  The first candidate for a settled decision is chosen
+  (:meth:`ReflectorCore.begin_reflection`); a later candidate finds the decision
+  ``emitting`` or ``reflected`` and is dropped. After a crash only the stored, chosen
+  event can be sent again: the same bytes and the same event id (and reflection ids
+  derive from the decision), which every reader already treats as one event.
 * **Duplicates are no-ops.** The same decision id twice is one decision; the same
   outcome twice settles once; an outcome that arrives before its decision waits in
   the early-outcome table and is applied when the decision arrives.
@@ -43,7 +46,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Container, Iterator, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Container, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from enum import StrEnum
@@ -104,6 +107,7 @@ PRODUCER = "memstream.reflector"
 class DecisionState(StrEnum):
     pending = "pending"
     settled = "settled"
+    emitting = "emitting"
     reflected = "reflected"
     expired = "expired"
 
@@ -159,8 +163,9 @@ class ReflectorCore:
     Three mappings hold all state (JSON values, so a Faust table can changelog them):
 
     * ``decisions``: decision key -> entry ``{"state", "partition", "skey",
-      "deadline" (epoch seconds), "decision", "outcome", "settled_at", "done_at",
-      "reflection_id"}``; finished entries keep only the marker fields;
+      "deadline" (epoch seconds), "decision", "outcome", "reflection" (while
+      emitting), "settled_at", "done_at", "reflection_id"}``; finished entries keep
+      only the marker fields;
     * ``subjects``: subject key -> keys of the open (pending or settled) decisions of
       that subject in that memory space, for subject-wide outcomes;
     * ``early``: subject key -> outcomes kept for decisions that have not arrived
@@ -200,11 +205,15 @@ class ReflectorCore:
             self._parsed[key] = cached
         return cached
 
-    def entries(self, partition: int | None = None) -> Iterator[tuple[str, Mapping[str, Any]]]:
-        """``(key, entry)`` pairs, optionally of one work-topic partition only."""
-        for key, entry in list(self.decisions.items()):
-            if entry and (partition is None or entry.get("partition") == partition):
-                yield key, entry
+    def entries(self, partition: int | None = None) -> list[tuple[str, Mapping[str, Any]]]:
+        """``(key, entry)`` pairs, optionally of one work-topic partition only: one
+        pass over the table. Periodic work takes this snapshot once and hands it to
+        the readers below (``snapshot=``) instead of scanning once per question."""
+        return [
+            (key, entry)
+            for key, entry in list(self.decisions.items())
+            if entry and (partition is None or entry.get("partition") == partition)
+        ]
 
     def state(self, key: str) -> DecisionState | None:
         entry = self.decisions.get(key)
@@ -213,21 +222,35 @@ class ReflectorCore:
     def state_of(self, decision: DecisionRecorded | DecisionExpired | MemoryReflected) -> DecisionState | None:
         return self.state(decision_key(decision.scope, decision.decision_id))
 
-    def pending(self, partition: int | None = None) -> list[DecisionRecorded]:
+    def _rows(
+        self, partition: int | None, snapshot: Sequence[tuple[str, Mapping[str, Any]]] | None
+    ) -> Sequence[tuple[str, Mapping[str, Any]]]:
+        return self.entries(partition) if snapshot is None else snapshot
+
+    def pending(
+        self,
+        partition: int | None = None,
+        *,
+        snapshot: Sequence[tuple[str, Mapping[str, Any]]] | None = None,
+    ) -> list[DecisionRecorded]:
         """Pending decisions (no outcome yet), e.g. to ask an outcome provider."""
         return [
             self._decision(key, entry)
-            for key, entry in self.entries(partition)
+            for key, entry in self._rows(partition, snapshot)
             if entry["state"] == DecisionState.pending
         ]
 
     def settled(
-        self, partition: int | None = None, *, skip: Container[str] = ()
+        self,
+        partition: int | None = None,
+        *,
+        skip: Container[str] = (),
+        snapshot: Sequence[tuple[str, Mapping[str, Any]]] | None = None,
     ) -> list[SettledDecision]:
         """Settled decisions still waiting for their reflection (minus ``skip`` keys,
         e.g. those a runner already works on, which are then not even parsed)."""
         found = []
-        for key, entry in self.entries(partition):
+        for key, entry in self._rows(partition, snapshot):
             if entry["state"] == DecisionState.settled and key not in skip:
                 found.append(
                     SettledDecision(
@@ -238,6 +261,21 @@ class ReflectorCore:
                     )
                 )
         return found
+
+    def emitting(
+        self,
+        partition: int | None = None,
+        *,
+        skip: Container[str] = (),
+        snapshot: Sequence[tuple[str, Mapping[str, Any]]] | None = None,
+    ) -> list[MemoryReflected]:
+        """Reflections chosen but not yet confirmed in the log (see
+        :meth:`begin_reflection`), minus ``skip`` keys (sends still in flight)."""
+        return [
+            _parse_as(entry["reflection"], MemoryReflected)
+            for key, entry in self._rows(partition, snapshot)
+            if entry["state"] == DecisionState.emitting and key not in skip
+        ]
 
     def counts(self) -> dict[str, int]:
         """Entries per state, plus the early outcomes held."""
@@ -313,6 +351,7 @@ class ReflectorCore:
             "settled_at": None,
             "done_at": None,
             "reflection_id": None,
+            "reflection": None,
         }
         self.decisions[key] = entry
         self._parsed[key] = event
@@ -374,7 +413,7 @@ class ReflectorCore:
 
     def accept_reflection(self, event: MemoryReflected) -> bool:
         """Whether a candidate reflection is the one to emit: its decision is settled
-        (not yet reflected) by that very outcome, and the ids are the derived ones."""
+        (no reflection chosen yet) by that very outcome, with the derived ids."""
         key = decision_key(event.scope, event.decision_id)
         entry = self.decisions.get(key)
         if not entry or entry["state"] != DecisionState.settled:
@@ -382,6 +421,25 @@ class ReflectorCore:
         if event.reflection_id != reflection_id_for(event.scope, event.decision_id):
             return False
         return bool(entry["outcome"] and entry["outcome"]["outcome_id"] == event.outcome_id)
+
+    def begin_reflection(self, event: MemoryReflected, now: datetime) -> bool:
+        """Choose ``event`` as the decision's one reflection, durably, *before* it is
+        sent: the entry becomes ``emitting`` and holds the event itself. Returns False
+        (and changes nothing) when the candidate is not acceptable.
+
+        From here on only this exact event can be emitted for the decision: if the
+        process dies before the send is confirmed, the restarted reflector finds the
+        entry ``emitting`` and sends the stored event again (an identical record, the
+        same event id), never a second, different reflection.
+        """
+        if not self.accept_reflection(event):
+            return False
+        key = decision_key(event.scope, event.decision_id)
+        entry = dict(self.decisions[key])
+        entry["state"] = DecisionState.emitting.value
+        entry["reflection"] = event.model_dump(mode="json")
+        self.decisions[key] = entry
+        return True
 
     def _finish(self, key: str, state: DecisionState, now: datetime, **extra: Any) -> None:
         entry = self.decisions.get(key)
@@ -397,6 +455,7 @@ class ReflectorCore:
             "settled_at": entry.get("settled_at"),
             "done_at": now.timestamp(),
             "reflection_id": None,
+            "reflection": None,
             **extra,
         }
         self._parsed.pop(key, None)
@@ -404,18 +463,22 @@ class ReflectorCore:
 
     def mark_reflected(self, event: MemoryReflected, now: datetime) -> None:
         """Record that ``event`` is in the log (call after the broker acknowledged it)."""
-        self._finish(
-            decision_key(event.scope, event.decision_id),
-            DecisionState.reflected,
-            now,
-            reflection_id=event.reflection_id,
-        )
+        key = decision_key(event.scope, event.decision_id)
+        entry = self.decisions.get(key)
+        if entry and entry["state"] in (DecisionState.emitting, DecisionState.settled):
+            self._finish(key, DecisionState.reflected, now, reflection_id=event.reflection_id)
 
-    def due_expiries(self, partition: int | None, now: datetime) -> list[DecisionExpired]:
+    def due_expiries(
+        self,
+        partition: int | None,
+        now: datetime,
+        *,
+        snapshot: Sequence[tuple[str, Mapping[str, Any]]] | None = None,
+    ) -> list[DecisionExpired]:
         """``DecisionExpired`` for every pending decision whose deadline has come."""
         cutoff = now.timestamp()
         due = []
-        for key, entry in self.entries(partition):
+        for key, entry in self._rows(partition, snapshot):
             if entry["state"] != DecisionState.pending or entry["deadline"] > cutoff:
                 continue
             decision = self._decision(key, entry)
@@ -443,12 +506,18 @@ class ReflectorCore:
         if entry and entry["state"] == DecisionState.pending:
             self._finish(key, DecisionState.expired, now)
 
-    def sweep(self, partition: int | None, now: datetime) -> int:
+    def sweep(
+        self,
+        partition: int | None,
+        now: datetime,
+        *,
+        snapshot: Sequence[tuple[str, Mapping[str, Any]]] | None = None,
+    ) -> int:
         """Drop finished markers and early outcomes past their retention; returns how
-        many were dropped. Pending and settled decisions are never dropped."""
+        many were dropped. Open decisions (pending, settled, emitting) never are."""
         dropped = 0
         done_cutoff = (now - self.policy.done_retention).timestamp()
-        for key, entry in self.entries(partition):
+        for key, entry in self._rows(partition, snapshot):
             if DecisionState(entry["state"]).done and (entry.get("done_at") or 0) < done_cutoff:
                 del self.decisions[key]
                 dropped += 1

@@ -38,6 +38,7 @@ judges deadlines against the same "now".
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -171,13 +172,42 @@ def register_reflector(
     )
     core = ReflectorCore(decisions, subjects, early, policy=policy)
 
-    async def send_event(topic: Any, event: EventBase) -> None:
-        """Send and wait for the broker's acknowledgement (durable before we go on)."""
+    async def send_event(topic: Any, event: EventBase) -> Any:
+        """Hand ``event`` to the producer; returns the future of the broker's ack."""
         record = encode_event(event)
-        pending = await topic.send(
-            key=record.key, value=record.value, headers=record.headers, force=True
-        )
-        await pending
+        return await topic.send(key=record.key, value=record.value, headers=record.headers, force=True)
+
+    async def send_all(topic: Any, events: list[Any]) -> None:
+        """Send a batch and wait for every acknowledgement (one round trip, not N)."""
+        futures = [await send_event(topic, e) for e in events]
+        if futures:
+            await asyncio.gather(*futures)
+
+    # Reflections whose send is not confirmed yet: key -> (partition, ack future, event).
+    # The entry is durably "emitting" meanwhile; the first event handled on the same
+    # partition after the ack marks it reflected, so the stream never waits on acks.
+    emits: dict[str, tuple[int, Any, MemoryReflected]] = {}
+
+    async def emit_reflection(event: MemoryReflected, partition: int) -> None:
+        key = decision_key(event.scope, event.decision_id)
+        emits[key] = (partition, await send_event(events_out, event), event)
+        handle.bump("emitted")
+
+    def confirm_emits(partition: int, moment: datetime) -> None:
+        for key, (owner, future, event) in list(emits.items()):
+            if owner != partition or not future.done():
+                continue
+            del emits[key]
+            error = None if future.cancelled() else future.exception()
+            if future.cancelled() or error is not None:
+                # Still "emitting" in the table: the next tick sends the stored event again.
+                log.warning("sending the reflection of %s failed: %s", event.decision_id, error or "cancelled")
+                handle.bump("emit_failures")
+                continue
+            core.mark_reflected(event, moment)
+            runner.finished(key)
+            handle.bump("reflected")
+            log.info("decision %s on %s reflected", event.decision_id, event.subject)
 
     async def deliver(reflection: MemoryReflected, settled: SettledDecision) -> None:
         pending = await work.send(
@@ -249,36 +279,43 @@ def register_reflector(
             handle.bump(f"forwarded_{kind}s")
 
     async def on_tick(partition: int, moment: datetime) -> None:
+        snapshot = core.entries(partition)  # one pass over the table per tick
         if the_provider is not None:
-            pending = core.pending(partition)
+            pending = core.pending(partition, snapshot=snapshot)
             if pending:
                 try:
                     found = await the_provider.resolve(pending, moment)
                 except Exception as exc:  # noqa: BLE001 - a broken provider must not stop expiry
                     log.warning("outcome provider %s failed: %s", the_provider.name, exc)
                     found = []
+                await send_all(outcomes_topic, found)  # each outcome is a fact in the log first
                 for outcome in found:
-                    await send_event(outcomes_topic, outcome)  # the outcome is a fact in the log
                     for settled in core.on_outcome(outcome, partition, moment):
                         runner.submit(settled)
                 handle.bump("provider_outcomes", len(found))
-        for expired in core.due_expiries(partition, moment):
-            await send_event(events_out, expired)
-            core.mark_expired(expired, moment)
+                if found:
+                    snapshot = core.entries(partition)
+        expired = core.due_expiries(partition, moment, snapshot=snapshot)
+        await send_all(events_out, expired)
+        for event in expired:
+            core.mark_expired(event, moment)
             handle.bump("expired")
-            log.info("decision %s on %s expired at %s", expired.decision_id, expired.subject, expired.deadline)
-        for settled in core.settled(partition, skip=runner.in_flight):
+            log.info("decision %s on %s expired at %s", event.decision_id, event.subject, event.deadline)
+        for event in core.emitting(partition, skip=emits, snapshot=snapshot):
+            await emit_reflection(event, partition)  # chosen before a restart: send it again
+        for settled in core.settled(partition, skip=runner.in_flight, snapshot=snapshot):
             runner.submit(settled)
-        core.sweep(partition, moment)
+        core.sweep(partition, moment, snapshot=snapshot)
         handle.bump("ticks")
 
     async def handle_work(value: Any, partition: int) -> None:
         kind = value.get("kind") if isinstance(value, dict) else None
+        moment = now()
+        confirm_emits(partition, moment)
         if kind == "tick":
             await on_tick(partition, datetime.fromisoformat(value["now"]))
             return
         event = parse_event(value["event"])
-        moment = now()
         if kind == "decision" and isinstance(event, DecisionRecorded):
             for settled in core.on_decision(event, partition, moment):
                 runner.submit(settled)
@@ -286,17 +323,11 @@ def register_reflector(
             for settled in core.on_outcome(event, partition, moment):
                 runner.submit(settled)
         elif kind == "reflection" and isinstance(event, MemoryReflected):
-            key = decision_key(event.scope, event.decision_id)
-            try:
-                if core.accept_reflection(event):
-                    await send_event(events_out, event)
-                    core.mark_reflected(event, moment)
-                    handle.bump("reflected")
-                    log.info("decision %s on %s reflected", event.decision_id, event.subject)
-                else:
-                    handle.bump("candidates_dropped")
-            finally:
-                runner.finished(key)
+            if core.begin_reflection(event, moment):
+                await emit_reflection(event, partition)
+            else:
+                runner.finished(decision_key(event.scope, event.decision_id))
+                handle.bump("candidates_dropped")
         else:
             raise ValueError(f"unknown work record kind {kind!r}")
 
