@@ -28,9 +28,7 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,8 +42,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -57,6 +53,9 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from memstream.bench._common import WorkerProcess as _CommonWorker
+from memstream.bench._common import console, err_console, percentile
+from memstream.bench._common import delete_topics as _delete_topics
 from memstream.domain.content import content_hash, normalize_content
 from memstream.domain.events import EmbeddingPayload, Entity, MemoryAdded, MemoryType, Scope
 from memstream.projections.schema import ENTITIES, MEMORIES, schema_for, scoped_key
@@ -75,6 +74,7 @@ __all__ = [
     "ProduceStats",
     "ConsumeStats",
     "WorkerProcess",
+    "process_cpu_seconds",
     "BenchWorkdir",
     "console",
     "progress_bar",
@@ -109,10 +109,6 @@ DIM = 384
 TEAM = "bench"
 """Team of every benchmark memory space; users are ``u00``, ``u01``, ..."""
 
-console = Console()
-"""Tables go to stdout (the CLI prints the JSON line after them)."""
-_progress_console = Console(stderr=True)
-"""Progress bars go to stderr, so ``memstream bench X | tail -n 1`` stays clean."""
 
 # A fixed, ordinary vocabulary: frequent words first (the Zipf draw favours them).
 VOCABULARY: tuple[str, ...] = tuple(
@@ -158,8 +154,9 @@ _EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
 # ----------------------------------------------------------------------------- output
-def progress_bar(description: str = "") -> Progress:
-    """A rich progress bar on stderr (count, rate-friendly elapsed and remaining time)."""
+def progress_bar() -> Progress:
+    """A rich progress bar on stderr (``_common``'s console, so stdout keeps only the
+    tables and the JSON line), with the time left: these phases take minutes."""
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -168,7 +165,7 @@ def progress_bar(description: str = "") -> Progress:
         TimeElapsedColumn(),
         TextColumn("left"),
         TimeRemainingColumn(),
-        console=_progress_console,
+        console=err_console,
         transient=True,
     )
 
@@ -186,20 +183,13 @@ def print_table(title: str, rows: Sequence[tuple[str, str, str]]) -> None:
 
 def status(message: str) -> None:
     """One progress line (stderr) for phases without a count."""
-    _progress_console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}")
+    err_console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}")
 
 
 # ----------------------------------------------------------------------------- statistics
 def median(values: Iterable[float]) -> float:
     items = [float(v) for v in values]
     return float(statistics.median(items)) if items else float("nan")
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0..100) with linear interpolation (numpy's default)."""
-    if not values:
-        return float("nan")
-    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
 
 
 def load_average() -> float | None:
@@ -521,21 +511,10 @@ async def create_topics(settings: Settings) -> Topics:
 
 
 async def delete_topics(settings: Settings) -> list[str]:
-    """Delete every topic of the benchmark's prefix and app id (Faust's internal topics
-    included): benchmark logs are large and kept forever otherwise."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers, client_id="memstream-bench-admin")
-    await admin.start()
-    try:
-        names = [
-            t
-            for t in await admin.list_topics()
-            if t.startswith(settings.topic_prefix) or t.startswith(f"{settings.app_id}-")
-        ]
-        if names:
-            await admin.delete_topics(names)
-        return names
-    finally:
-        await admin.close()
+    """Delete every topic of the benchmark's prefix and of its app ids (Faust's internal
+    topics of ``<app_id>-r<N>`` included): benchmark logs are large and kept forever
+    otherwise."""
+    return await _delete_topics(settings.bootstrap_servers, Topics.from_settings(settings), settings.app_id)
 
 
 @dataclass
@@ -726,93 +705,46 @@ def wait_for_count(
 
 
 # ----------------------------------------------------------------------------- the worker
-class WorkerProcess:
-    """``python -m memstream.streams.worker --agents projector`` for one settings
-    object, exactly as deployed; its log goes to a file in ``workdir``."""
+def process_cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU time of process ``pid`` so far (Linux ``/proc``), or None."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class WorkerProcess(_CommonWorker):
+    """``_common.WorkerProcess`` running only the projector, exactly as deployed, with
+    what throughput and latency figures need: when it started, when it was ready to
+    read, and how much CPU it used."""
 
     READY_MARK = "resuming from stored positions"
+    """Logged (at INFO) once the worker has its partitions and has sought them to its
+    stored positions: the moment it starts reading."""
 
-    def __init__(self, settings: Settings, workdir: Path, *, name: str = "worker") -> None:
-        self.settings = settings
-        self.workdir = workdir
-        self.log_path = workdir / f"{name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+    def __init__(self, settings: Settings, workdir: Path) -> None:
+        super().__init__(settings, workdir, agents=["projector"], loglevel="info")
         self.started_at = 0.0
 
-    def env(self) -> dict[str, str]:
-        s = self.settings
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSTREAM_")}
-        env.update(
-            MEMSTREAM_BOOTSTRAP_SERVERS=s.bootstrap_servers,
-            MEMSTREAM_TOPIC_PREFIX=s.topic_prefix,
-            MEMSTREAM_PARTITIONS=str(s.partitions),
-            MEMSTREAM_APP_ID=s.app_id,
-            MEMSTREAM_LANCE_DIR=str(s.lance_dir),
-            MEMSTREAM_HOME=str(s.home),
-            MEMSTREAM_PROJECTOR_BATCH_SIZE=str(s.projector_batch_size),
-            MEMSTREAM_PROJECTOR_BATCH_SECONDS=str(s.projector_batch_seconds),
-            MEMSTREAM_OPTIMIZE_EVERY_S=str(s.optimize_every_s),
-            MEMSTREAM_VECTOR_INDEX_THRESHOLD=str(s.vector_index_threshold),
-            MEMSTREAM_EMBEDDER=s.embedder,
-            MEMSTREAM_EMBEDDING_DIM=str(s.embedding_dim),
-        )
-        return env
-
     def start(self) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "memstream.streams.worker", "--agents", "projector"],
-                cwd=self.workdir,  # no stray .env file is read
-                env=self.env(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
         self.started_at = time.perf_counter()
-
-    def log_tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
+        super().start()
 
     def check_alive(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            code = None if self.proc is None else self.proc.returncode
-            raise RuntimeError(f"worker exited with {code}:\n{self.log_tail()}")
+        if not self.alive():
+            raise RuntimeError(f"the worker exited ({self.exit_code()}):\n{self.tail()}")
 
-    def wait_ready(self, timeout_s: float = 120.0, poll_s: float = 0.05) -> float:
-        """Wait for the worker to be assigned its partitions and seek to its stored
-        positions (the moment it starts reading); returns ``time.perf_counter()``."""
-        deadline = time.perf_counter() + timeout_s
-        while time.perf_counter() < deadline:
-            self.check_alive()
-            if self.READY_MARK in self.log_tail(1_000_000):
-                return time.perf_counter()
-            time.sleep(poll_s)
-        raise RuntimeError(f"worker not ready after {timeout_s:.0f}s:\n{self.log_tail()}")
+    def wait_ready(self, timeout_s: float = 120.0) -> float:
+        """Wait until the worker reads from its stored positions; returns
+        ``time.perf_counter()`` at that moment (within the 0.1 s log poll)."""
+        self.wait_log(self.READY_MARK, timeout=timeout_s)
+        return time.perf_counter()
 
     def cpu_seconds(self) -> float | None:
-        """User + system CPU time of the worker so far (Linux ``/proc``), or None."""
-        if self.proc is None:
-            return None
-        try:
-            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            ticks = os.sysconf("SC_CLK_TCK")
-            return (int(fields[11]) + int(fields[12])) / ticks
-        except (OSError, ValueError, IndexError):
-            return None
-
-    def stop(self, timeout_s: float = 60.0) -> int | None:
-        """SIGTERM (a clean stop), SIGKILL if it does not exit in time."""
-        if self.proc is None or self.proc.poll() is not None:
-            return None if self.proc is None else self.proc.returncode
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
+        return process_cpu_seconds(self.pid)
 
 
 class BenchWorkdir:

@@ -213,7 +213,7 @@ def run(
         records = [encode_event(memory_event(corpus, i, model_id=model_id)) for i in range(len(corpus))]
         keys = [_key(corpus.users[i], corpus.memory_ids[i]) for i in range(len(corpus))]
         asyncio.run(create_topics(settings))
-        worker = WorkerProcess(settings, wd.path)
+        worker = WorkerProcess(settings, wd.path / "worker")
         poller = VisibilityPoller(settings, poll_s)
         worker.start()
         try:
@@ -223,7 +223,7 @@ def run(
             asyncio.run(_produce_paced(settings, records[:_WARMUP_EVENTS], keys[:_WARMUP_EVENTS], rate, poller))
             _wait_visible(poller, worker, 120.0)
             if poller.pending():
-                raise RuntimeError(f"warm-up events not visible after 120 s:\n{worker.log_tail()}")
+                raise RuntimeError(f"warm-up events not visible after 120 s:\n{worker.tail()}")
             cpu_before = worker.cpu_seconds()
             wall_before = time.perf_counter()
             sent_at, acked_at, produce_s = asyncio.run(

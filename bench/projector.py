@@ -124,7 +124,7 @@ def measure_projector(settings: Settings, workdir: Path, n: int, *, repeat: int)
             "app_id": f"{settings.app_id}-r{repeat}",
         }
     )
-    worker = WorkerProcess(run_settings, workdir, name=f"worker-{repeat}")
+    worker = WorkerProcess(run_settings, workdir / f"worker-{repeat}")
     worker.start()
     try:
         ready = worker.wait_ready()

@@ -211,8 +211,10 @@ async def _run(n: int) -> dict[str, Any]:
             # len() of a Faust table is O(1); counting states would scan it every poll
             await _wait(lambda: len(handle.core.decisions) >= n, "all decisions pending", 600)
             pending_s = time.perf_counter() - started
-            tables = (handle.core.decisions, handle.core.subjects, handle.core.early)
-            size = sum(deep_sizeof(dict(t.items())) for t in tables)
+            # Values are replaced, never mutated, so shallow copies are stable snapshots;
+            # the walk over every object runs in a thread to keep the worker's loop free.
+            snapshots = [dict(t.items()) for t in (handle.core.decisions, handle.core.subjects, handle.core.early)]
+            size = sum([await asyncio.to_thread(deep_sizeof, snap) for snap in snapshots])
             _say(f"  {n:,} decisions pending after {pending_s:.1f} s; tables hold {size / 2**20:.1f} MiB")
 
             started = time.perf_counter()

@@ -36,6 +36,7 @@ everything known about ``--entity NAME``), newest first, at most
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -48,6 +49,13 @@ from lancedb.query import ColumnOrdering, FullTextOperator, MatchQuery
 from memstream.domain.content import normalize_content
 from memstream.domain.events import MemoryType, Scope
 from memstream.domain.ranking import (
+    asks_for_time,
+    is_question,
+    lexical_query,
+    mentions_time,
+    prior_factor,
+    propagate_context,
+    score_fusion,
     RankingWeights,
     entity_boost,
     entity_idf,
@@ -59,7 +67,7 @@ from memstream.domain.ranking import (
     supersession_factor,
 )
 from memstream.projections.embedder import Embedder
-from memstream.projections.schema import MEMORIES, scoped_key
+from memstream.projections.schema import MEMORIES, MESSAGES, scoped_key
 from memstream.projections.store import (
     VECTOR_REFINE_FACTOR,
     LanceStore,
@@ -147,7 +155,9 @@ class ScoreParts:
     vector search did not retrieve it); ``text``: BM25 score (None when full text did
     not); ``fused``: normalised weighted RRF; ``recency``: ``0.5 ** (age/half-life)``;
     ``supersession``: penalty factor (1.0 when current); ``entity``: the entity boost;
-    ``final``: the score after the successor cap (before any reranker)."""
+    ``final``: the score after the successor cap (before any reranker); ``context``:
+    the score received from neighbouring turns; ``prior``: the speaker and time prior
+    (1.0 = none). See ``memstream.domain.ranking`` 5-8."""
 
     vector: float | None
     text: float | None
@@ -156,6 +166,8 @@ class ScoreParts:
     supersession: float
     entity: float
     final: float
+    context: float = 0.0
+    prior: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -298,12 +310,18 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def _both_lists(
-    store: LanceStore, embedder: Embedder, query: str, where: str, n: int
+    store: LanceStore,
+    embedder: Embedder,
+    query: str,
+    where: str,
+    n: int,
+    text_query: str | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The vector and BM25 candidate lists, the BM25 query running in a worker thread
     meanwhile (LanceDB executes both natively, so they overlap): a hybrid search costs
-    about the slower of the two, not their sum."""
-    text_future = _pool().submit(_text_rows, store, query, where, n)
+    about the slower of the two, not their sum. ``text_query`` (default ``query``) is
+    what the BM25 leg searches."""
+    text_future = _pool().submit(_text_rows, store, query if text_query is None else text_query, where, n)
     try:
         vrows = _vector_rows(store, _query_vector(embedder, store, query), where, n)
     finally:
@@ -485,6 +503,154 @@ def _pull_successors(
                 frontier.append(spk)
 
 
+# ------------------------------------------------------------------------------ conversation
+_NEIGHBOUR_WINDOW = 256
+"""How far (in log offsets of the messages partition) to look for a turn's neighbours:
+turns of other spaces sharing the partition may lie in between."""
+_TURN_COLUMNS = ("pk", "message_id", "session_id", "speaker", "content", "log_partition", "log_offset")
+_MAX_TURNS = 20_000
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """The L0 turn a memory was drawn from: who said it, where it sits in the log."""
+
+    message_id: str
+    session_id: str | None
+    partition: int
+    offset: int
+    speaker: str | None
+    question: bool
+
+
+def _turn(row: Mapping[str, Any]) -> _Turn:
+    return _Turn(
+        message_id=row["message_id"],
+        session_id=row.get("session_id"),
+        partition=int(row.get("log_partition") or 0),
+        offset=int(row.get("log_offset") or 0),
+        speaker=row.get("speaker"),
+        question=is_question(row.get("content") or ""),
+    )
+
+
+def _load_turns(store: LanceStore, scope: Scope, message_ids: Sequence[str], turns: dict[str, _Turn]) -> None:
+    """Add the turns of ``message_ids`` (of the scope's space) that are not in ``turns``."""
+    missing = sorted({m for m in message_ids if m not in turns})
+    if not missing:
+        return
+    space = space_where(scope)
+    keys = [scoped_key(scope.team_id, scope.user_id, m) for m in missing]
+    for chunk in chunked(keys):
+        for row in store.rows(MESSAGES, f"{space} AND {in_list('pk', chunk)}", _TURN_COLUMNS).to_pylist():
+            turns[row["message_id"]] = _turn(row)
+
+
+def _sources(row: Mapping[str, Any]) -> list[str]:
+    return list(row.get("source_message_ids") or ())
+
+
+def _session_clause(session: str | None, partition: int, lo: int, hi: int) -> str:
+    same = "session_id IS NULL" if session is None else f"session_id = {quote(session)}"
+    return f"({same} AND log_partition = {partition} AND log_offset >= {lo} AND log_offset <= {hi})"
+
+
+def _neighbours(
+    store: LanceStore,
+    scope: Scope,
+    where: str,
+    rows: dict[str, dict[str, Any]],
+    turns: dict[str, _Turn],
+    scores: Mapping[str, float],
+) -> tuple[dict[str, str], set[str]]:
+    """``(previous, questions)`` for :func:`propagate_context` over the candidates: the
+    memory drawn from the turn just before each candidate's first source turn, and the
+    candidate each memory drawn from the turn just after a candidate's last source turn
+    follows (same space, session and partition, log order). Memories found this way
+    that pass ``where`` join ``rows``; their turns join ``turns``."""
+    anchors: dict[tuple[str | None, int], list[int]] = {}
+    firsts: dict[str, _Turn] = {}
+    lasts: dict[str, _Turn] = {}
+    for pk, row in rows.items():
+        src = [turns[m] for m in _sources(row) if m in turns]
+        if not src:
+            continue
+        src.sort(key=lambda t: t.offset)
+        firsts[pk], lasts[pk] = src[0], src[-1]
+        for t in (src[0], src[-1]):
+            anchors.setdefault((t.session_id, t.partition), []).append(t.offset)
+    if not anchors:
+        return {}, set()
+    clauses = []
+    for (session, partition), offsets in anchors.items():
+        offsets.sort()
+        lo, hi = offsets[0] - _NEIGHBOUR_WINDOW, offsets[0] + _NEIGHBOUR_WINDOW
+        for off in offsets[1:]:
+            if off - _NEIGHBOUR_WINDOW <= hi:
+                hi = off + _NEIGHBOUR_WINDOW
+            else:
+                clauses.append(_session_clause(session, partition, lo, hi))
+                lo, hi = off - _NEIGHBOUR_WINDOW, off + _NEIGHBOUR_WINDOW
+        clauses.append(_session_clause(session, partition, lo, hi))
+    found = store.rows(
+        MESSAGES, f"{space_where(scope)} AND ({' OR '.join(clauses)})", _TURN_COLUMNS, limit=_MAX_TURNS
+    ).to_pylist()
+    lines: dict[tuple[str | None, int], list[tuple[int, str]]] = {}
+    for row in found:
+        t = _turn(row)
+        turns.setdefault(t.message_id, t)
+        lines.setdefault((t.session_id, t.partition), []).append((t.offset, t.message_id))
+    for line in lines.values():
+        line.sort()
+
+    def step(t: _Turn, forward: bool) -> str | None:
+        line = lines.get((t.session_id, t.partition), [])
+        i = bisect.bisect_left(line, (t.offset, ""))
+        j = bisect.bisect_right(line, (t.offset, "\U0010ffff"))
+        if forward:
+            return line[j][1] if j < len(line) else None
+        return line[i - 1][1] if i > 0 else None
+
+    before = {pk: step(t, False) for pk, t in firsts.items()}
+    after = {pk: step(t, True) for pk, t in lasts.items()}
+    wanted = {m for m in [*before.values(), *after.values()] if m}
+    by_message: dict[str, list[str]] = {}
+    for pk, row in rows.items():
+        for m in _sources(row):
+            by_message.setdefault(m, []).append(pk)
+    unknown = sorted(m for m in wanted if m not in by_message)
+    for chunk in chunked(unknown):
+        ids = ", ".join(quote(m) for m in chunk)
+        for row in store.rows(
+            MEMORIES, f"{where} AND array_has_any(source_message_ids, [{ids}])", RESULT_COLUMNS
+        ).to_pylist():
+            rows.setdefault(row["pk"], row)
+            for m in _sources(row):
+                by_message.setdefault(m, []).append(row["pk"])
+
+    def best(pks: list[str]) -> str:
+        return max(pks, key=lambda pk: (scores.get(pk, 0.0), pk))
+
+    previous: dict[str, str] = {}
+    for pk, m in before.items():
+        if m and m in by_message:
+            previous[pk] = best(by_message[m])
+    for pk, m in after.items():
+        if not m or m not in by_message:
+            continue
+        for follower in by_message[m]:
+            current = previous.get(follower)
+            if current is None or scores.get(pk, 0.0) > scores.get(current, 0.0):
+                previous[follower] = pk
+    questions = {pk for pk, t in lasts.items() if t.question}
+    for pk, row in rows.items():
+        if pk not in lasts:
+            src = [turns[m] for m in _sources(row) if m in turns]
+            if src and max(src, key=lambda t: t.offset).question:
+                questions.add(pk)
+    return previous, questions
+
+
 def search(
     store: LanceStore,
     embedder: Embedder,
@@ -510,19 +676,55 @@ def search(
     rows: dict[str, dict[str, Any]] = {}
     vsim: dict[str, float] = {}
     tscore: dict[str, float] = {}
+    context: dict[str, float] = {}
+    priors: dict[str, float] = {}
     if query.strip():
-        vrows, trows = _both_lists(store, embedder, query, where, n)
+        text_query = lexical_query(query) if w.query_processing else query
+        vrows, trows = _both_lists(store, embedder, query, where, n, text_query=text_query)
+        turns: dict[str, _Turn] = {}
+        conversational = w.query_processing or w.speaker_weight > 0 or w.context_forward > 0 or (
+            w.context_forward_statement > 0 or w.context_backward > 0
+        )
+        if conversational:
+            _load_turns(store, scope, [m for r in [*vrows, *trows] for m in _sources(r)], turns)
+            speakers = {t.speaker for t in turns.values() if t.speaker}
+            named = query_mentions(query, speakers)
+            if named and w.query_processing:
+                # the speakers the query names move from the BM25 query to the prior
+                narrowed = lexical_query(query, named)
+                if narrowed != text_query:
+                    trows = _text_rows(store, narrowed, where, n)
+                    _load_turns(store, scope, [m for r in trows for m in _sources(r)], turns)
         for r in vrows:
             rows.setdefault(r["pk"], r)
             vsim[r["pk"]] = 1.0 - float(r["_distance"])
         for r in trows:
             rows.setdefault(r["pk"], r)
             tscore[r["pk"]] = float(r["_score"])
-        fused = normalised_rrf(
-            {"vector": [r["pk"] for r in vrows], "text": [r["pk"] for r in trows]},
-            {"vector": w.vector_weight, "text": w.text_weight},
-            w.rrf_k,
-        )
+        if w.fusion == "score":
+            fused = score_fusion(tscore, vsim, w.text_weight, w.fusion_vector_weight)
+        else:
+            fused = normalised_rrf(
+                {"vector": [r["pk"] for r in vrows], "text": [r["pk"] for r in trows]},
+                {"vector": w.vector_weight, "text": w.text_weight},
+                w.rrf_k,
+            )
+        if conversational and turns:
+            if w.context_forward > 0 or w.context_forward_statement > 0 or w.context_backward > 0:
+                previous, questions = _neighbours(store, scope, where, rows, turns, fused)
+                context = propagate_context(fused, previous, questions, w)
+            speakers = {t.speaker for t in turns.values() if t.speaker}
+            named_keys = {normalize_content(s) for s in query_mentions(query, speakers)}
+            wants_time = asks_for_time(query)
+            for pk, r in rows.items():
+                said = {normalize_content(turns[m].speaker or "") for m in _sources(r) if m in turns}
+                factor = prior_factor(
+                    bool(named_keys & said), wants_time and mentions_time(r.get("content") or ""), w
+                )
+                if factor != 1.0:
+                    priors[pk] = factor
+        for pk in rows:
+            fused.setdefault(pk, 0.0)
     else:
         listing = (
             store.table(MEMORIES)
@@ -566,7 +768,8 @@ def search(
         sup = supersession_factor(bool(r.get("superseded_by")), bool(r.get("canonical_id")), w)
         ent = boosts.get(pk, 0.0)
         pieces[pk] = (f, rec, sup, ent)
-        raw[pk] = final_score(f, rec, sup, ent, w)
+        base = (f + context.get(pk, 0.0)) * priors.get(pk, 1.0)
+        raw[pk] = final_score(base, rec, sup, ent, w)
     successor = {}
     for pk, r in rows.items():
         nxt = _successor_of(r)
@@ -578,7 +781,9 @@ def search(
     results = []
     for pk in order:
         f, rec, sup, ent = pieces[pk]
-        parts = ScoreParts(vsim.get(pk), tscore.get(pk), f, rec, sup, ent, final[pk])
+        parts = ScoreParts(
+            vsim.get(pk), tscore.get(pk), f, rec, sup, ent, final[pk], context.get(pk, 0.0), priors.get(pk, 1.0)
+        )
         results.append(_result(rows[pk], final[pk], parts))
     if reranker is not None:
         results = list(reranker(query, results))

@@ -60,7 +60,6 @@ from memstream.domain.extraction import (
     ExtractionParse,
     MemoryDraft,
     StageReport,
-    Window,
     build_events,
     build_window,
     dedupe_batch,

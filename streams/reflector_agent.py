@@ -27,8 +27,11 @@ table key from outside of stream iteration"). The leader's timer therefore sends
 tick per partition; handling it (expiry, provider polling, resubmitting settled
 decisions, retention sweep) happens inside stream iteration. The background
 :class:`~memstream.streams.reflector.ReflectionRunner` (LLM calls never block the
-stream) sends each finished reflection back as a candidate; the agent emits the first
-candidate of a settled decision and marks it reflected after the broker's ack. See
+stream) sends each finished reflection back as a candidate; the agent stores the first
+candidate of a settled decision in its entry (``emitting``), sends it, and marks the
+decision reflected once the broker's ack is in (checked when the next record of that
+partition is handled, so the stream never stalls on an ack; batches of expiries and
+provider outcomes are sent together and their acks awaited once). See
 :mod:`memstream.streams.reflector` for the guarantees this gives.
 
 Tests inject a clock: set :data:`clock` (module level) or pass ``clock=`` to
@@ -158,7 +161,7 @@ def register_reflector(
     decisions = app.Table(
         "reflector-decisions",
         partitions=partitions,
-        help="decision key -> reflector state (pending, settled, reflected, expired)",
+        help="decision key -> reflector state (pending, settled, emitting, reflected, expired)",
     )
     subjects = app.Table(
         "reflector-subjects",
@@ -183,25 +186,35 @@ def register_reflector(
         if futures:
             await asyncio.gather(*futures)
 
-    # Reflections whose send is not confirmed yet: key -> (partition, ack future, event).
-    # The entry is durably "emitting" meanwhile; the first event handled on the same
-    # partition after the ack marks it reflected, so the stream never waits on acks.
-    emits: dict[str, tuple[int, Any, MemoryReflected]] = {}
+    # Reflections whose send is not confirmed yet: key -> (partition, event). The entry
+    # is durably "emitting" meanwhile. The ack's callback queues the key on its
+    # partition's list; the next record handled on that partition (stream iteration,
+    # where tables may change) marks it reflected, so the stream never waits on acks.
+    emits: dict[str, tuple[int, MemoryReflected]] = {}
+    acked: dict[int, list[tuple[str, BaseException | None]]] = {}
 
     async def emit_reflection(event: MemoryReflected, partition: int) -> None:
         key = decision_key(event.scope, event.decision_id)
-        emits[key] = (partition, await send_event(events_out, event), event)
+        emits[key] = (partition, event)
+        future = await send_event(events_out, event)
+
+        def on_done(fut: Any) -> None:
+            error = asyncio.CancelledError() if fut.cancelled() else fut.exception()
+            acked.setdefault(partition, []).append((key, error))
+
+        future.add_done_callback(on_done)
         handle.bump("emitted")
 
     def confirm_emits(partition: int, moment: datetime) -> None:
-        for key, (owner, future, event) in list(emits.items()):
-            if owner != partition or not future.done():
+        done = acked.pop(partition, None)
+        for key, error in done or ():
+            item = emits.pop(key, None)
+            if item is None:
                 continue
-            del emits[key]
-            error = None if future.cancelled() else future.exception()
-            if future.cancelled() or error is not None:
+            event = item[1]
+            if error is not None:
                 # Still "emitting" in the table: the next tick sends the stored event again.
-                log.warning("sending the reflection of %s failed: %s", event.decision_id, error or "cancelled")
+                log.warning("sending the reflection of %s failed: %s", event.decision_id, error)
                 handle.bump("emit_failures")
                 continue
             core.mark_reflected(event, moment)

@@ -1,22 +1,23 @@
 """The extractor on the real broker and real LanceDB, with the scripted LLM endpoint of
 ``tests/fakes/openai_server.py`` behind the real ``openai`` client.
 
-Three levels:
+Four levels:
 
 * :class:`Extractor.run_window`: one window -> events on Kafka, read back and projected
   into LanceDB with the real projector (each kind of model output, failures, dedup,
-  the judgment, the heuristic);
+  the judgment, the heuristic, isolation of candidates);
 * :class:`TurnBuffer`: the trigger rules and the safe commit offsets (pure scheduling);
 * :class:`ExtractorRunner`: turns produced to ``messages`` -> memories searchable with
   their source ids; the LLM down -> turns kept (and re-read after a restart), extracted
-  once it is back, nothing lost.
+  once it is back, nothing lost; the ``provenance`` and ``extract`` commands;
+* the whole worker (``python -m memstream.streams.worker``, projector + extractor) end
+  to end: an outage, a repeated fact, a changed preference.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone

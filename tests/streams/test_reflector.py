@@ -176,6 +176,25 @@ def test_reflection_is_accepted_once_and_only_for_its_outcome() -> None:
     assert core.subjects == {}  # nothing open remains in the subject index
 
 
+def test_the_first_candidate_is_stored_before_it_is_sent() -> None:
+    core = new_core()
+    core.on_decision(decision(), 0, T0)
+    (settled,) = core.on_outcome(outcome(), 0, T0)
+    first = asyncio.run(TemplateReflectionWriter().write(settled, T0))
+    second = first.model_copy(update={"content": "Another text for the same decision. Lesson: none."})
+    assert core.begin_reflection(first, T0)
+    assert core.state(decision_key(ACME, "d1")) is DecisionState.emitting
+    assert not core.begin_reflection(second, T0)  # the choice is made
+    assert core.settled() == []  # nothing to write any more
+    # after a restart this exact event (same bytes, same id) is what gets sent again
+    (stored,) = core.emitting(0)
+    assert stored == first
+    assert core.emitting(0, skip={decision_key(ACME, "d1")}) == []
+    core.mark_reflected(first, T0)
+    assert core.state(decision_key(ACME, "d1")) is DecisionState.reflected
+    assert core.emitting(0) == []
+
+
 def test_expiry_at_the_deadline_and_never_after_settling() -> None:
     core = new_core()
     core.on_decision(decision("d1", deadline=T0 + timedelta(days=3)), 0, T0)
