@@ -79,6 +79,9 @@ __all__ = [
     "IngestReport",
     "ingest",
     "SYSTEMS",
+    "PLAIN_RANKING",
+    "evaluate",
+    "Evaluation",
     "run",
 ]
 
@@ -254,7 +257,7 @@ class ScoreBoard:
             self._sums[(system, category, "hit", k)] += hit_at_k(results, evidence, k)
 
     def systems(self) -> list[str]:
-        return sorted({s for s, _ in self._counts}, key=lambda s: (s != "memstream", s))
+        return sorted({s for s, _ in self._counts}, key=lambda s: (not s.startswith("memstream"), s))
 
     def mean(self, system: str, categories: Iterable[int], metric: str, k: int) -> float:
         """Mean over the items of ``categories`` (micro-average: every item weighs 1)."""
@@ -403,18 +406,34 @@ _ZERO = timedelta(0)
 SearchFn = Callable[[Any, Any, Scope, str, int], list[Any]]
 
 
+PLAIN_RANKING: dict[str, Any] = {
+    "fusion": "rrf",
+    "query_processing": False,
+    "context_forward": 0.0,
+    "context_forward_statement": 0.0,
+    "context_backward": 0.0,
+    "speaker_weight": 0.0,
+    "temporal_weight": 0.0,
+}
+"""memstream's ranking before the conversation-aware steps (weighted RRF, recency,
+supersession, entity boost): reported as ``memstream_plain``, the "before"."""
+
+
 def _systems() -> dict[str, SearchFn]:
+    from memstream.domain.ranking import RankingWeights
     from memstream.projections import search as s
 
+    plain = RankingWeights(**PLAIN_RANKING)
     return {
         "memstream": lambda store, emb, scope, q, k: s.search(store, emb, scope, q, k),
+        "memstream_plain": lambda store, emb, scope, q, k: s.search(store, emb, scope, q, k, weights=plain),
         "vector": lambda store, emb, scope, q, k: s.vector_search(store, emb, scope, q, k),
         "bm25": lambda store, emb, scope, q, k: s.text_search(store, emb, scope, q, k),
         "rrf": lambda store, emb, scope, q, k: s.rrf_search(store, emb, scope, q, k, rrf_k=60),
     }
 
 
-SYSTEMS: tuple[str, ...] = ("memstream", "vector", "bm25", "rrf")
+SYSTEMS: tuple[str, ...] = ("memstream", "memstream_plain", "vector", "bm25", "rrf")
 
 
 @dataclass
@@ -516,6 +535,7 @@ def run(data: Path, k: tuple[int, ...] = DEFAULT_K, embedder: str = "local", kee
         "vector_recall_at_10": overall["vector"]["recall@10"],
         "bm25_recall_at_10": overall["bm25"]["recall@10"],
         "rrf_recall_at_10": overall["rrf"]["recall@10"],
+        "memstream_plain_recall_at_10": overall["memstream_plain"]["recall@10"],
         "per_category": summary,
         "ingest_s": round(report.ingest_s, 2),
         "search_p50_ms": round(mem_log.p50, 2),

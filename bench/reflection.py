@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 
-from memstream.domain.events import DecisionRecorded, OutcomeObserved, Rating, Scope, utcnow
+from memstream.domain.events import DecisionRecorded, EventBase, OutcomeObserved, Rating, Scope, utcnow
 from memstream.llm import ChatResult
 from memstream.settings import Settings, get_settings
 from memstream.streams.admin import ensure_topics
@@ -112,6 +112,14 @@ async def _wait(condition: Any, what: str, timeout: float) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"benchmark stalled: {what} not reached within {timeout:.0f} s")
         await asyncio.sleep(0.02)
+
+
+async def _send_in_chunks(producer: MemstreamProducer, events: Sequence[EventBase], size: int = 500) -> None:
+    """Send in chunks: encoding 10,000 events at once would hold the event loop (which
+    the worker under test shares) for a second or more."""
+    for start in range(0, len(events), size):
+        await producer.send_many(events[start : start + size])
+        await asyncio.sleep(0)
 
 
 def _scope(i: int) -> Scope:
@@ -207,7 +215,7 @@ async def _run(n: int) -> dict[str, Any]:
         ]
         async with MemstreamProducer(settings=settings, client_id="memstream-bench") as producer:
             started = time.perf_counter()
-            await producer.send_many(decisions)
+            await _send_in_chunks(producer, decisions)
             # len() of a Faust table is O(1); counting states would scan it every poll
             await _wait(lambda: len(handle.core.decisions) >= n, "all decisions pending", 600)
             pending_s = time.perf_counter() - started
@@ -218,7 +226,7 @@ async def _run(n: int) -> dict[str, Any]:
             _say(f"  {n:,} decisions pending after {pending_s:.1f} s; tables hold {size / 2**20:.1f} MiB")
 
             started = time.perf_counter()
-            await producer.send_many(outcomes)
+            await _send_in_chunks(producer, outcomes)
             await _wait(lambda: handle.stats.get("reflected", 0) >= n, "all decisions reflected", 900)
             settle_s = time.perf_counter() - started
         _say(f"  {n:,} decisions settled and reflected in {settle_s:.1f} s ({n / settle_s:,.0f}/s)")

@@ -17,17 +17,32 @@ How :func:`search` ranks (the constants and formulas live in
 ``memstream.domain.ranking``):
 
 1. up to ``candidates`` (default ``max(50, 5k)``) memories by vector similarity
-   (cosine, exact below the vector index threshold) and as many by BM25 over
-   ``content`` (LanceDB's FTS index; rows written since the last optimize are scanned
-   flat, so they are found too), both under the same prefilter;
-2. weighted reciprocal rank fusion of the two lists (``fused``);
-3. a superseded or duplicate candidate pulls in the memory that replaced it (when it
+   (cosine, exact below the vector index threshold) for the query as written, and as
+   many by BM25 over ``content`` (LanceDB's FTS index; rows written since the last
+   optimize are scanned flat, so they are found too) for its content words
+   (``lexical_query``), both under the same prefilter. The L0 turns the candidates
+   were drawn from are read from the ``messages`` table; when the query names one of
+   their speakers, the BM25 leg runs again without that name (it becomes a prior);
+2. score fusion of the two lists (``fused``; weighted RRF with ``fusion="rrf"``);
+3. neighbouring turns: each memory receives a share of the fused score of the memory
+   drawn from the turn before its source turn (more when that turn asks a question)
+   and of the one after it, found through the ``messages`` table in log order within
+   the session (``context``); memories found only this way join the candidates (they
+   pass the same prefilter);
+4. a superseded or duplicate candidate pulls in the memory that replaced it (when it
    passes the filters), which inherits the candidate's fusion score if its own is
    lower: a query that matches an old fact finds the new one;
-4. recency, supersession penalty and entity boost multiply the fused score; then every
+5. the speaker prior (the query names the source turn's speaker) and the time prior
+   (the query asks when, the memory states a time) multiply ``fused + context``
+   (``prior``), then recency, supersession penalty and entity boost; then every
    superseded or duplicate memory is capped just below its successor;
-5. the optional ``reranker`` sees every candidate in that order and returns the list to
+6. the optional ``reranker`` sees every candidate in that order and returns the list to
    cut at ``k``.
+
+Memories written without source turns (straight through the SDK) simply get no
+context and no speaker prior. ``RankingWeights(fusion="rrf", query_processing=False,
+context_forward=0, context_forward_statement=0, context_backward=0, speaker_weight=0,
+temporal_weight=0)`` is the plain hybrid ranking (LoCoMo's "before").
 
 An empty query lists instead of searching: the memories that pass the filters (e.g.
 everything known about ``--entity NAME``), newest first, at most
