@@ -219,6 +219,10 @@ def build_app(
         # same host fences the first rather than splitting the log between them.
         consumer_group_instance_id=group_instance_id(settings),
         producer_acks=-1,
+        # Agents emit many small records (reflections, expiries, re-keyed work); a
+        # short linger lets the producer batch them instead of one request each.
+        producer_linger=settings.producer_linger_ms / 1000.0,
+        producer_max_batch_size=settings.producer_max_batch_bytes,
         web_enabled=False,
         loop=loop,
     )
