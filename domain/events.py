@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from enum import StrEnum
@@ -105,6 +105,7 @@ __all__ = [
     "parse_event",
     "utcnow",
     "new_event_id",
+    "has_lone_surrogate",
 ]
 
 MAX_MESSAGE_CHARS = 32_000
@@ -261,22 +262,36 @@ UtcDatetime = Annotated[AwareDatetime, BeforeValidator(_datetime_input), AfterVa
 """A timezone-aware time, stored in UTC; naive times and numbers are refused."""
 
 
-def _check_json_tree(value: dict[str, JsonValue]) -> dict[str, JsonValue]:
-    """pydantic's ``JsonValue`` admits NaN, infinities and lone surrogates; JSON does not."""
+def _json_items(value: Any) -> Iterator[Any]:
+    """Every node of a JSON tree (objects' keys included), depth first, without
+    recursion: a tree nested a thousand levels deep must not overflow the stack."""
     stack: list[Any] = [value]
     while stack:
         item = stack.pop()
+        yield item
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def has_lone_surrogate(value: Any) -> bool:
+    """Whether a string anywhere in a JSON tree (keys included) holds an unpaired UTF-16
+    surrogate: not valid Unicode, and not encodable as UTF-8. The model refuses such
+    text; the serializer checks decoded record bodies with the same walk."""
+    return any(isinstance(item, str) and _SURROGATE.search(item) for item in _json_items(value))
+
+
+def _check_json_tree(value: dict[str, JsonValue]) -> dict[str, JsonValue]:
+    """pydantic's ``JsonValue`` admits NaN, infinities and lone surrogates; JSON does not."""
+    for item in _json_items(value):
         if isinstance(item, float):
             if not math.isfinite(item):
                 raise ValueError("holds a non-finite number (JSON has no NaN or Infinity)")
         elif isinstance(item, str):
             if _SURROGATE.search(item):
                 raise ValueError("holds an unpaired surrogate (not valid Unicode)")
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
     return value
 
 

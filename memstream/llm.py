@@ -32,6 +32,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
 import openai
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageParam
 
 from memstream.interfaces.metrics import record_llm_call
 from memstream.settings import Settings
@@ -203,7 +204,10 @@ class LLMClient:
         schema_name: str = "answer",
     ) -> ChatResult:
         """One attempt (falling back output modes on a 400/422 only)."""
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        messages: list[ChatCompletionMessageParam] = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": user},
+        ]
         start = time.perf_counter()
         mode = self._mode if schema is not None or self._mode != "json_schema" else "json_object"
         while True:
@@ -218,7 +222,7 @@ class LLMClient:
             try:
                 async with asyncio.timeout(self.timeout_s):
                     response = await self._client.chat.completions.create(
-                        model=self.model, messages=messages, **kwargs  # type: ignore[arg-type]
+                        model=self.model, messages=messages, **kwargs
                     )
             except (openai.BadRequestError, openai.UnprocessableEntityError) as exc:
                 next_index = _MODES.index(mode) + 1

@@ -1,25 +1,47 @@
 """All configuration in one typed object, read from ``MEMSTREAM_*`` environment variables
-(and an optional ``.env`` file). Nothing else in memstream reads the environment.
+(and an optional ``.env`` file). Nothing else in memstream reads the environment; the
+way back, settings written as variables for a child process (:func:`settings_env`,
+:func:`child_env`), lives here too, so the mapping exists once.
 
 Secrets (API keys) are ``SecretStr``: they never appear in reprs or logs.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["Settings", "get_settings"]
+__all__ = ["Settings", "get_settings", "settings_env", "child_env", "parse_log_level", "ENV_PREFIX"]
+
+ENV_PREFIX = "MEMSTREAM_"
+
+
+def parse_log_level(name: str) -> int:
+    """A log level name (any case: ``debug``, ``INFO``...) as ``logging``'s number;
+    ``ValueError`` for a name ``logging`` does not know."""
+    level = logging.getLevelName(name.strip().upper())
+    if not isinstance(level, int):
+        raise ValueError(f"unknown log level {name!r} (debug, info, warning or error)")
+    return level
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="MEMSTREAM_", env_file=".env", extra="ignore", frozen=True
+        env_prefix=ENV_PREFIX, env_file=".env", extra="ignore", frozen=True
     )
+
+    # --- logging -------------------------------------------------------------------
+    log_level: str = "WARNING"
+    """Level of the CLI's log lines on stderr (debug, info, warning, error). Library
+    chatter (aiokafka, faust) stays at WARNING unless this is DEBUG; long-running
+    commands (worker, up) set their own level with ``--loglevel``."""
 
     # --- Kafka -------------------------------------------------------------------
     bootstrap_servers: str = "127.0.0.1:9092"
@@ -105,6 +127,12 @@ class Settings(BaseSettings):
     api_max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     """Largest HTTP request body the API reads (413 above it)."""
 
+    @field_validator("log_level")
+    @classmethod
+    def _known_log_level(cls, value: str) -> str:
+        parse_log_level(value)
+        return value.strip().upper()
+
     @model_validator(mode="before")
     @classmethod
     def _bootstrap_follows_local_broker(cls, data: Any) -> Any:
@@ -127,3 +155,31 @@ class Settings(BaseSettings):
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     return Settings()
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """``MEMSTREAM_*`` variables that reproduce ``settings`` in a child process: every
+    field that is set (``None`` ones stay unset), secrets revealed for the child only."""
+    env: dict[str, str] = {}
+    for name in type(settings).model_fields:
+        value = getattr(settings, name)
+        if value is None:
+            continue
+        if isinstance(value, SecretStr):
+            text = value.get_secret_value()
+        elif isinstance(value, bool):
+            text = "true" if value else "false"
+        else:
+            text = str(value)
+        env[f"{ENV_PREFIX}{name.upper()}"] = text
+    return env
+
+
+def child_env(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for a child process that must use exactly ``settings``: ``base``
+    (default: this process's environment) without its own ``MEMSTREAM_*`` variables,
+    plus :func:`settings_env` (so a setting left unset here is unset there too)."""
+    inherited = {
+        k: v for k, v in (os.environ if base is None else base).items() if not k.upper().startswith(ENV_PREFIX)
+    }
+    return {**inherited, **settings_env(settings)}

@@ -1,1 +1,3 @@
 """LanceDB: table schemas, the projector, positions, hybrid search, replay, analytics."""
+
+__all__: list[str] = []

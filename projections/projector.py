@@ -152,6 +152,30 @@ def _log_fields(pe: PositionedEvent) -> dict[str, Any]:
     }
 
 
+def _decision_update(
+    pe: PositionedEvent,
+    e: DecisionRecorded | DecisionExpired | MemoryReflected,
+    *,
+    status: str,
+    **fields: Any,
+) -> dict[str, Any]:
+    """One event's update of a decision's ledger row: the key and identity every
+    decision event carries, plus the ``fields`` this event type knows (merged into the
+    stored row by :meth:`Projector._write_decisions`)."""
+    team, user = e.scope.team_id, e.scope.user_id
+    return {
+        "pk": scoped_key(team, user, e.decision_id),
+        "decision_id": e.decision_id,
+        "team_id": team,
+        "user_id": user,
+        "agent_id": e.scope.agent_id,
+        "subject": e.subject,
+        **fields,
+        "status": status,
+        **_log_fields(pe),
+    }
+
+
 @dataclass
 class _Plan:
     """Rows to write, keyed by ``pk`` (later positions overwrite earlier ones)."""
@@ -361,63 +385,46 @@ class Projector:
             **_log_fields(pe),
         }
         plan.decisions.append(
-            {
-                "pk": scoped_key(team, user, e.decision_id),
-                "decision_id": e.decision_id,
-                "team_id": team,
-                "user_id": user,
-                "agent_id": e.scope.agent_id,
-                "subject": e.subject,
-                "rating": e.rating.value,
-                "decision_text": e.decision_text or None,
-                "status": "reflected",
-                "outcome_id": e.outcome_id,
-                "reflection_id": e.reflection_id,
-                "settled_at": _utc(e.occurred_at),
-                **_log_fields(pe),
-            }
+            _decision_update(
+                pe,
+                e,
+                status="reflected",
+                rating=e.rating.value,
+                decision_text=e.decision_text or None,
+                outcome_id=e.outcome_id,
+                reflection_id=e.reflection_id,
+                settled_at=_utc(e.occurred_at),
+            )
         )
 
     def _on_decision(self, pe: PositionedEvent, plan: _Plan) -> None:
         e = pe.event
         assert isinstance(e, DecisionRecorded)
-        team, user = e.scope.team_id, e.scope.user_id
         plan.decisions.append(
-            {
-                "pk": scoped_key(team, user, e.decision_id),
-                "decision_id": e.decision_id,
-                "team_id": team,
-                "user_id": user,
-                "agent_id": e.scope.agent_id,
-                "subject": e.subject,
-                "rating": e.rating.value,
-                "decision_text": e.decision_text,
-                "horizon_days": e.horizon_days,
-                "deadline": _utc(e.deadline),
-                "status": "pending",
-                "decided_at": _utc(e.occurred_at),
-                **_log_fields(pe),
-            }
+            _decision_update(
+                pe,
+                e,
+                status="pending",
+                rating=e.rating.value,
+                decision_text=e.decision_text,
+                horizon_days=e.horizon_days,
+                deadline=_utc(e.deadline),
+                decided_at=_utc(e.occurred_at),
+            )
         )
 
     def _on_expired(self, pe: PositionedEvent, plan: _Plan) -> None:
         e = pe.event
         assert isinstance(e, DecisionExpired)
-        team, user = e.scope.team_id, e.scope.user_id
         plan.decisions.append(
-            {
-                "pk": scoped_key(team, user, e.decision_id),
-                "decision_id": e.decision_id,
-                "team_id": team,
-                "user_id": user,
-                "agent_id": e.scope.agent_id,
-                "subject": e.subject,
-                "deadline": _utc(e.deadline),
-                "status": "expired",
-                "reason": e.reason,
-                "settled_at": _utc(e.occurred_at),
-                **_log_fields(pe),
-            }
+            _decision_update(
+                pe,
+                e,
+                status="expired",
+                deadline=_utc(e.deadline),
+                reason=e.reason,
+                settled_at=_utc(e.occurred_at),
+            )
         )
 
     # ------------------------------------------------------------------ embeddings

@@ -51,10 +51,10 @@ from types import TracebackType
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from memstream.settings import Settings
+from memstream.streams.admin import topic_partitions
 from memstream.streams.projector_agent import (
     LanceDirBusyError,
     LanceDirLock,
@@ -231,24 +231,17 @@ def _open_projector(store: Any, settings: Settings) -> Any:
 
 
 async def _partitions(settings: Settings, topic_names: Sequence[str]) -> list[TopicPartition]:
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=settings.bootstrap_servers, client_id="memstream-replay-admin"
-    )
     try:
-        await admin.start()
-        described = await admin.describe_topics(list(topic_names))
+        found = await topic_partitions(
+            settings.bootstrap_servers, topic_names, client_id="memstream-replay-admin"
+        )
     except KafkaError as exc:
         raise ReplayError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from exc
-    finally:
-        await admin.close()
-    found = {d["topic"]: d for d in described}
     partitions: list[TopicPartition] = []
     for name in topic_names:
-        entry = found.get(name)
-        if entry is None or entry.get("error_code", 0) != 0 or not entry.get("partitions"):
+        if name not in found:
             raise ReplayError(f"topic {name} does not exist (create it with `memstream topics create`)")
-        ids = sorted(p["partition"] for p in entry["partitions"])
-        partitions.extend(TopicPartition(name, p) for p in ids)
+        partitions.extend(TopicPartition(name, p) for p in found[name])
     return partitions
 
 

@@ -74,6 +74,7 @@ __all__ = [
     "space_where",
     "require_scope",
     "chunked",
+    "in_list",
     "VECTOR_REFINE_FACTOR",
     "IN_LIST_CHUNK",
 ]
@@ -131,11 +132,13 @@ def space_where(scope: Scope | None) -> str:
 
 
 def chunked(items: Sequence[Any], size: int = IN_LIST_CHUNK) -> Iterator[Sequence[Any]]:
+    """``items`` in slices of at most ``size``: keeps every ``IN (...)`` filter short."""
     for i in range(0, len(items), size):
         yield items[i : i + size]
 
 
 def in_list(column: str, values: Iterable[str]) -> str:
+    """``column IN ('a', 'b', ...)`` with every value quoted (see :func:`quote`)."""
     return f"{column} IN ({', '.join(quote(v) for v in values)})"
 
 

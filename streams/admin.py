@@ -1,13 +1,17 @@
-"""Idempotent topic creation with Kafka's admin API (``memstream topics create``)."""
+"""Kafka's admin API, in the two ways memstream uses it: idempotent topic creation
+(``memstream topics create``, every worker start) and looking up the partitions of
+existing topics (``memstream tail``, replay) without ever creating one by accident."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, for_code
 
 from memstream.streams.topics import Topics, TopicSpec
 
-__all__ = ["ensure_topics", "TopicCreationError"]
+__all__ = ["ensure_topics", "topic_partitions", "TopicCreationError"]
 
 _TOPIC_ALREADY_EXISTS = 36
 
@@ -58,3 +62,30 @@ async def ensure_topics(
         raise TopicCreationError(f"cannot reach Kafka at {bootstrap_servers}: {exc}") from exc
     finally:
         await admin.close()
+
+
+async def topic_partitions(
+    bootstrap_servers: str, names: Sequence[str], *, client_id: str = "memstream-admin"
+) -> dict[str, list[int]]:
+    """The sorted partition ids of each topic of ``names`` that exists; a missing topic
+    is absent from the answer.
+
+    Existence is read from the full topic list first: a metadata request naming a
+    missing topic makes a broker with ``auto.create.topics.enable`` create it, and a
+    typo must not become a topic. Raises aiokafka's ``KafkaError`` (or ``OSError``)
+    when the cluster cannot be reached.
+    """
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, client_id=client_id)
+    try:
+        await admin.start()
+        existing = set(await admin.list_topics())
+        wanted = [name for name in dict.fromkeys(names) if name in existing]
+        described = await admin.describe_topics(wanted) if wanted else []
+    finally:
+        await admin.close()
+    found: dict[str, list[int]] = {}
+    for item in described:
+        name = item.get("topic")
+        if name in wanted and item.get("error_code") == 0 and item.get("partitions"):
+            found[name] = sorted(p["partition"] for p in item["partitions"])
+    return found

@@ -37,7 +37,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
@@ -74,9 +74,9 @@ from memstream.domain.extraction import (
     store_all,
 )
 from memstream.domain.log import LogPosition
-from memstream.domain.prompts import PromptError, PromptLibrary
+from memstream.domain.prompts import Prompt, PromptError, PromptLibrary
 from memstream.domain.repair import Repaired, repair_json
-from memstream.llm import ChatModel, LLMError, call_with_retry
+from memstream.llm import ChatModel, LLMCall, LLMError, call_with_retry
 from memstream.settings import Settings
 
 __all__ = [
@@ -158,7 +158,7 @@ def store_recall(store: Any, embedder: Any) -> CandidateRecall:
         with_vector = [i for i, v in enumerate(vectors) if v is not None]
         if with_vector:
             try:
-                hits = by_vector(scope, [list(vectors[i]) for i in with_vector], k)  # type: ignore[arg-type]
+                hits = by_vector(scope, [list(v) for v in vectors if v is not None], k)
                 for i, cands in zip(with_vector, hits):
                     found[i] = cands[:k]
             except Exception as exc:  # noqa: BLE001 - recall degrades, never fails a run
@@ -285,12 +285,12 @@ class Extractor:
             background,
             max_background=self.settings.extract_background_turns,
         )
-        base = {"method": self.method, "correlation_id": run_id}
+        method = self.method
         gate_record = tuple(record_items(window, (), ()))
         if not window.new_turns:
             log.debug("extraction %s: no qualifying turn among %d", run_id, len(window.new_message_ids))
             return ExtractionOutcome(
-                "nothing", consumed=window.new_message_ids, record=gate_record, **base  # type: ignore[arg-type]
+                "nothing", method, consumed=window.new_message_ids, record=gate_record, correlation_id=run_id
             )
 
         def failed(reason: str, llm_calls: int = 0, embed_calls: int = 0) -> ExtractionOutcome:
@@ -300,12 +300,13 @@ class Extractor:
             )
             return ExtractionOutcome(
                 "failed",
+                method,
                 kept=window.new_message_ids,
                 failure=reason,
                 record=gate_record,
                 llm_calls=llm_calls,
                 embed_calls=embed_calls,
-                **base,  # type: ignore[arg-type]
+                correlation_id=run_id,
             )
 
         # -- 1. drafts ------------------------------------------------------------------
@@ -356,20 +357,7 @@ class Extractor:
             repaired, parsed = call.value
             drafts = list(parsed.drafts)
             issues = list(parsed.issues)
-            notes = []
-            if repaired.repairs:
-                notes.append("json repaired: " + ", ".join(repaired.repairs))
-            if call.errors:
-                notes.append("retried after: " + " | ".join(call.errors))
-            extraction = StageReport(
-                "llm",
-                status="repaired" if repaired.repairs else "ok",
-                **prompt.ref(),
-                model=call.result.model,
-                latency_ms=call.latency_ms,
-                token_usage=dict(call.usage),
-                note="; ".join(notes) or None,
-            )
+            extraction = _llm_stage(prompt, call, repaired)
 
         # -- 2. exact dedup ---------------------------------------------------------------
         drafts, batch_dups = dedupe_batch(drafts)
@@ -468,6 +456,7 @@ class Extractor:
         )
         return ExtractionOutcome(
             "extracted",
+            method,
             consumed=window.new_message_ids,
             events=tuple(events),
             positions=tuple(positions),
@@ -475,7 +464,7 @@ class Extractor:
             decisions=decision_dicts,
             llm_calls=llm_calls,
             embed_calls=embedder.calls if embedder else 0,
-            **base,  # type: ignore[arg-type]
+            correlation_id=run_id,
         )
 
     async def _judge(
@@ -523,26 +512,29 @@ class Extractor:
             )
             return store_all(len(drafts), reason, candidates=candidates), stage, exc.attempts
         repaired, decisions = call.value
-        notes = []
-        if repaired.repairs:
-            notes.append("json repaired: " + ", ".join(repaired.repairs))
-        if call.errors:
-            notes.append("retried after: " + " | ".join(call.errors))
-        stage = StageReport(
-            "llm",
-            status="repaired" if repaired.repairs else "ok",
-            **prompt.ref(),
-            model=call.result.model,
-            latency_ms=call.latency_ms,
-            token_usage=dict(call.usage),
-            note="; ".join(notes) or None,
-        )
-        return decisions, stage, call.attempts
+        return decisions, _llm_stage(prompt, call, repaired), call.attempts
+
+
+def _llm_stage(prompt: Prompt, call: LLMCall[Any], repaired: Repaired) -> StageReport:
+    """The provenance of one successful LLM stage (extraction or judgment): prompt,
+    model, latency, usage, and a note on what had to be repaired or retried."""
+    notes = []
+    if repaired.repairs:
+        notes.append("json repaired: " + ", ".join(repaired.repairs))
+    if call.errors:
+        notes.append("retried after: " + " | ".join(call.errors))
+    return StageReport(
+        "llm",
+        status="repaired" if repaired.repairs else "ok",
+        **prompt.ref(),
+        model=call.result.model,
+        latency_ms=call.latency_ms,
+        token_usage=dict(call.usage),
+        note="; ".join(notes) or None,
+    )
 
 
 def _with_note(stage: StageReport, note: str) -> StageReport:
-    from dataclasses import replace
-
     joined = f"{stage.note}; {note}" if stage.note else note
     return replace(stage, note=joined)
 

@@ -39,7 +39,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
@@ -60,6 +60,9 @@ from memstream.streams.extractor import (
     WindowJob,
 )
 from memstream.streams.topics import Topics
+
+if TYPE_CHECKING:
+    from memstream.streams.producer import MemstreamProducer
 
 __all__ = [
     "MAX_PENDING_TURNS",
@@ -127,7 +130,7 @@ class ExtractorRunner:
         settings: Settings,
         topics: Topics,
         *,
-        llm: ChatModel | None | str = "settings",
+        llm: ChatModel | None | Literal["settings"] = "settings",
         embedder: Any | None = None,
         store: Any | None = None,
         producer: EventSink | None = None,
@@ -139,8 +142,9 @@ class ExtractorRunner:
         self._llm_arg = llm
         self._embedder = embedder
         self._store = store
-        self._producer = producer
-        self._owns_producer = producer is None
+        self._producer: EventSink | None = producer
+        self._own_producer: MemstreamProducer | None = None
+        """The producer this runner created (and so stops), when none was passed."""
         self._owns_llm = llm == "settings"
         self.concurrency = max(1, concurrency)
         buffer_kwargs: dict[str, Any] = {}
@@ -176,11 +180,7 @@ class ExtractorRunner:
 
     async def _start(self) -> None:
         settings = self.settings
-        llm: ChatModel | None
-        if self._llm_arg == "settings":
-            llm = build_llm(settings)
-        else:
-            llm = self._llm_arg  # type: ignore[assignment]
+        llm = build_llm(settings) if isinstance(self._llm_arg, str) else self._llm_arg
         self._llm = llm
         if self._embedder is None:
             from memstream.projections.embedder import build_embedder
@@ -191,7 +191,7 @@ class ExtractorRunner:
 
             producer = MemstreamProducer(settings, topics=self.topics, client_id="memstream-extractor")
             await producer.start()
-            self._producer = producer
+            self._producer = self._own_producer = producer
         self.extractor = Extractor(settings, llm, self._embedder, None, self._producer)
         if self._store is not None:
             self._attach_store(self._store)
@@ -254,8 +254,9 @@ class ExtractorRunner:
             await self._commit(force=True)
             await self._consumer.stop()
             self._consumer = None
-        if self._owns_producer and self._producer is not None:
-            await self._producer.stop()  # type: ignore[attr-defined]
+        own, self._own_producer = self._own_producer, None
+        if own is not None:
+            await own.stop()
             self._producer = None
         llm = getattr(self, "_llm", None)
         if self._owns_llm and llm is not None and hasattr(llm, "close"):

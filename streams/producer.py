@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import threading
 import uuid
@@ -485,8 +486,9 @@ class SyncProducer:
         compression_type: str | None = None,
         timeout_s: float | None = None,
     ) -> None:
-        self._args = dict(
-            settings=settings,
+        self._make: Callable[[], MemstreamProducer] = functools.partial(
+            MemstreamProducer,
+            settings,
             bootstrap_servers=bootstrap_servers,
             topics=topics,
             client_id=client_id,
@@ -513,7 +515,7 @@ class SyncProducer:
             thread.start()
 
             async def _create() -> MemstreamProducer:
-                producer = MemstreamProducer(**self._args)  # type: ignore[arg-type]
+                producer = self._make()
                 await producer.start()
                 return producer
 

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from memstream.domain.events import EventBase, EventValidationError, Scope, parse_event
+from memstream.domain.events import EventBase, EventValidationError, Scope, has_lone_surrogate, parse_event
 
 __all__ = [
     "HEADER_TYPE",
@@ -65,7 +65,6 @@ MAX_RECORD_BYTES = 1_048_576
 # cannot hold one), so the costly walk over the parsed object runs only when the text
 # holds such an escape.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class DecodeError(ValueError):
@@ -187,21 +186,6 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not allowed (JSON has no NaN or Infinity)")
 
 
-def _holds_surrogate(obj: Any) -> bool:
-    stack = [obj]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if _SURROGATE.search(item):
-                return True
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return False
-
-
 def decode_json_body(value: bytes | bytearray | memoryview | None, *, max_bytes: int = MAX_RECORD_BYTES) -> dict[str, Any]:
     """Bytes -> JSON object, with the checks every memstream reader shares.
 
@@ -234,7 +218,7 @@ def decode_json_body(value: bytes | bytearray | memoryview | None, *, max_bytes:
             type(body), "a number"
         )
         raise DecodeError(f"not a JSON object: the value is {kind}", "not-object")
-    if _SURROGATE_ESCAPE.search(text) and _holds_surrogate(body):
+    if _SURROGATE_ESCAPE.search(text) and has_lone_surrogate(body):
         raise DecodeError("not valid Unicode: a string holds a lone UTF-16 surrogate", "not-json")
     return body
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import faust
 
-from memstream.settings import Settings
+from memstream.settings import Settings, parse_log_level
 from memstream.streams.admin import TopicCreationError, ensure_topics
 from memstream.streams.app import AGENT_NAMES, FAUST_LOGGER, build_app
 from memstream.streams.projector_agent import LanceDirBusyError, LanceDirLock
@@ -110,9 +110,10 @@ def run_worker(
 
     Blocks the calling thread, which must be the main thread (signal handlers).
     """
-    level = logging.getLevelName(loglevel.upper())
-    if not isinstance(level, int):
-        raise WorkerError(f"unknown log level {loglevel!r}")
+    try:
+        level = parse_log_level(loglevel)
+    except ValueError as exc:
+        raise WorkerError(str(exc)) from None
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     topics = Topics.from_settings(settings)

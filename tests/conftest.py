@@ -8,28 +8,14 @@ plain ``pytest`` works on a fresh clone too.
 from __future__ import annotations
 
 import asyncio
-import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 from memstream.settings import Settings
+from memstream.streams.broker import local
 from memstream.streams.topics import Topics
-
-
-def _reachable(bootstrap: str) -> bool:
-    host, _, port = bootstrap.split(",")[0].rpartition(":")
-    try:
-        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=1.0):
-            return True
-    except OSError:
-        return False
-
-
-def _is_local_broker_address(settings: Settings) -> bool:
-    host, _, port = settings.bootstrap_servers.split(",")[0].strip().rpartition(":")
-    return host in ("127.0.0.1", "localhost", "") and port == str(settings.broker_port)
 
 
 @pytest.fixture(scope="session")
@@ -38,20 +24,16 @@ def kafka_bootstrap() -> Iterator[str]:
     then stopped again when the session ends; a broker found running is left alone)."""
     settings = Settings()
     started = False
-    if not _reachable(settings.bootstrap_servers):
-        if not _is_local_broker_address(settings):
+    if not local.bootstrap_reachable(settings.bootstrap_servers):
+        if not local.is_local_bootstrap(settings):
             raise RuntimeError(
                 f"no Kafka broker answers at MEMSTREAM_BOOTSTRAP_SERVERS={settings.bootstrap_servers}, "
                 f"and the local broker would listen on 127.0.0.1:{settings.broker_port}; start that "
                 "broker or unset MEMSTREAM_BOOTSTRAP_SERVERS"
             )
-        from memstream.streams.broker import local
-
         started = local.start(settings).started
     yield settings.bootstrap_servers
     if started:
-        from memstream.streams.broker import local
-
         local.stop(settings)
 
 

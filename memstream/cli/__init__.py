@@ -4,10 +4,10 @@ module only assembles them and turns errors into one clear line."""
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 import typer
+from pydantic import ValidationError
 from rich.logging import RichHandler
 
 from memstream.cli import (
@@ -21,6 +21,7 @@ from memstream.cli import (
     serve,
 )
 from memstream.cli._errors import CLIError, run_cli
+from memstream.settings import get_settings
 
 __all__ = ["app", "main", "CLIError"]
 
@@ -38,9 +39,13 @@ for module in (broker, events, projector, analytics, extract, reflect, serve, be
 
 def _configure_logging() -> None:
     """Readable logs on stderr. Library chatter (aiokafka's reconnect warnings, faust's
-    banners) stays at WARNING unless MEMSTREAM_LOG_LEVEL asks for more; long-running
-    commands (worker, up) raise their own level to INFO."""
-    level = os.environ.get("MEMSTREAM_LOG_LEVEL", "WARNING").upper()
+    banners) stays at WARNING unless ``Settings.log_level`` (MEMSTREAM_LOG_LEVEL) asks
+    for more; long-running commands (worker, up) raise their own level to INFO. Unusable
+    settings leave the default here: the command itself reports them in one line."""
+    try:
+        level = get_settings().log_level
+    except ValidationError:
+        level = "WARNING"
     logging.basicConfig(
         level=level,
         format="%(name)s: %(message)s",

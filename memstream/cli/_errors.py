@@ -6,15 +6,30 @@ import logging
 
 import click
 import typer
+from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 
-__all__ = ["CLIError", "run_cli", "err_console"]
+__all__ = ["CLIError", "run_cli", "err_console", "validation_line"]
 
 err_console = Console(stderr=True)
 
 
 class CLIError(Exception):
     """An error whose message is meant for the user as is."""
+
+
+def validation_line(exc: ValidationError) -> str:
+    """pydantic's multi-line report as one line: the first problem, named the way the
+    user set it (``MEMSTREAM_LOG_LEVEL`` rather than ``log_level``)."""
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ()))
+    if exc.title == "Settings":
+        what = f"setting MEMSTREAM_{where.upper()}" if where else "settings"
+    else:
+        what = f"{exc.title} {where}".strip()
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"invalid {what}: {first.get('msg', 'invalid value')}{more}"
 
 
 def run_cli(app: typer.Typer) -> int:
@@ -35,6 +50,9 @@ def run_cli(app: typer.Typer) -> int:
         return 130
     except CLIError as exc:
         err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+        return 1
+    except ValidationError as exc:  # most often a bad MEMSTREAM_* variable or .env line
+        err_console.print(f"[red]error:[/red] {escape(validation_line(exc))}", highlight=False)
         return 1
     except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
         logging.getLogger("memstream").debug("unhandled", exc_info=True)

@@ -19,7 +19,6 @@ They read the LanceDB tables the worker writes (``MEMSTREAM_LANCE_DIR``, or
 from __future__ import annotations
 
 import json
-import math
 from datetime import date, datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
@@ -29,8 +28,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from memstream.cli._common import jsonable, open_store, scope_from_options
 from memstream.cli._errors import CLIError
-from memstream.settings import Settings, get_settings
+from memstream.settings import get_settings
 
 __all__ = ["register", "search_cmd", "sql_cmd", "export_cmd", "parse_time", "open_store"]
 
@@ -55,19 +55,6 @@ def parse_time(text: str, *, end_of_day: bool = False) -> datetime:
     return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
 
 
-def open_store(settings: Settings, lance_dir: Path | None) -> Any:
-    """The projection's store, refusing to create an empty one where none exists."""
-    from memstream.projections.store import LanceStore, StoreError
-
-    root = lance_dir or settings.lance_dir
-    if not (root / "memories.lance").exists():
-        raise CLIError(f"no projection in {root}: start `memstream worker` (or pass --lance-dir)")
-    try:
-        return LanceStore(root, embedding_dim=settings.embedding_dim, vector_index_threshold=settings.vector_index_threshold)
-    except StoreError as exc:
-        raise CLIError(str(exc)) from None
-
-
 def _fmt_time(value: datetime | None) -> str:
     if value is None:
         return ""
@@ -81,24 +68,6 @@ def _fmt_num(value: float | None) -> str:
 def _shorten(text: str, width: int = _CONTENT_WIDTH) -> str:
     text = " ".join(text.split())
     return text if len(text) <= width else text[: width - 1] + "\u2026"
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
-    if isinstance(value, date):
-        return value.isoformat()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, (bytes, bytearray)):
-        return value.hex()
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if hasattr(value, "__dataclass_fields__"):
-        return {k: _jsonable(getattr(value, k)) for k in value.__dataclass_fields__}
-    return value
 
 
 def search_cmd(
@@ -124,16 +93,14 @@ def search_cmd(
     lance_dir: Annotated[Path | None, typer.Option("--lance-dir", help="Projection directory.")] = None,
 ) -> None:
     """Hybrid search (vector + BM25, recency, supersession) inside one memory space."""
-    from memstream.domain.events import MemoryType, Scope
+    from memstream.domain.events import MemoryType
     from memstream.projections.embedder import EmbedderError, build_embedder
     from memstream.projections.search import SearchFilters, search
 
-    if not team.strip():
-        raise CLIError("--team is required: a search never runs without a memory space")
+    scope = scope_from_options(team, user)
     if not text.strip() and not entity:
         raise CLIError("give a text to search for, or --entity NAME to list an entity")
     try:
-        scope = Scope(team_id=team, user_id=user)
         filters = SearchFilters(
             memory_types=tuple(MemoryType.parse(t) for t in (types or [])),
             time_from=parse_time(since) if since else None,
@@ -155,7 +122,7 @@ def search_cmd(
 
     if as_json:
         for r in results:
-            payload = _jsonable(r)
+            payload = jsonable(r)
             if not explain:
                 payload.pop("parts", None)
             typer.echo(json.dumps(payload, ensure_ascii=False))
@@ -229,7 +196,7 @@ def sql_cmd(
         raise CLIError(f"SQL: {str(exc).splitlines()[0]}") from None
     if as_json:
         for row in rows:
-            typer.echo(json.dumps(_jsonable(dict(zip(columns, row))), ensure_ascii=False))
+            typer.echo(json.dumps(jsonable(dict(zip(columns, row))), ensure_ascii=False))
         return
     table = Table(title=f"{len(rows)} row(s)")
     for c in columns:
@@ -276,7 +243,7 @@ def export_cmd(
             with path.open("w", encoding="utf-8") as fh:
                 for batch in dataset.to_batches():
                     for row in batch.to_pylist():
-                        fh.write(json.dumps(_jsonable(row), ensure_ascii=False) + "\n")
+                        fh.write(json.dumps(jsonable(row), ensure_ascii=False) + "\n")
                     count += batch.num_rows
         summary.add_row(name, str(count), str(path))
     console.print(summary)

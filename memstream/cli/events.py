@@ -25,7 +25,6 @@ from typing import IO, Annotated
 
 import typer
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaConnectionError, KafkaError
 from rich.console import Console
 from rich.json import JSON
@@ -34,6 +33,7 @@ from rich.text import Text
 from memstream.cli._errors import CLIError
 from memstream.domain.log import LogPosition
 from memstream.settings import Settings, get_settings
+from memstream.streams.admin import topic_partitions
 from memstream.streams.deadletter import is_dead_letter, parse_dead_letter
 from memstream.streams.producer import MemstreamProducer
 from memstream.streams.serializer import DecodeError, EncodeError, decode_record, encode_event
@@ -281,20 +281,13 @@ async def _partitions(topic: str, settings: Settings, *, hint: str = "") -> list
     Existence is checked in the full topic list first: a metadata request naming a
     missing topic makes a broker with ``auto.create.topics.enable`` create it, and a
     typo must not become a topic."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers, client_id="memstream-cli")
     try:
-        await admin.start()
-        if topic not in await admin.list_topics():
-            raise CLIError(f"topic {topic} does not exist{hint}")
-        described = await admin.describe_topics([topic])
+        found = await topic_partitions(settings.bootstrap_servers, [topic], client_id="memstream-cli")
     except (KafkaConnectionError, KafkaError, OSError) as exc:
         raise _kafka_error(settings, exc) from None
-    finally:
-        await admin.close()
-    for item in described:
-        if item.get("topic") == topic and item.get("error_code") == 0:
-            return sorted(p["partition"] for p in item.get("partitions", ()))
-    raise CLIError(f"topic {topic} does not exist{hint}")
+    if topic not in found:
+        raise CLIError(f"topic {topic} does not exist{hint}")
+    return found[topic]
 
 
 async def _tail(

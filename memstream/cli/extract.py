@@ -26,35 +26,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from memstream.cli._common import jsonable, open_store, scope_from_options
 from memstream.cli._errors import CLIError
 from memstream.settings import Settings, get_settings
 
 __all__ = ["register", "provenance_cmd", "extract_cmd"]
 
 console = Console()
-
-
-def _scope(team: str, user: str, agent: str = "default") -> Any:
-    from memstream.domain.events import Scope
-
-    if not team:
-        raise CLIError("--team is required: memory spaces are never crossed")
-    try:
-        return Scope(team_id=team, user_id=user or "default", agent_id=agent or "default")
-    except ValueError as exc:
-        raise CLIError(f"invalid scope: {exc}") from None
-
-
-def _open_store(settings: Settings, lance_dir: Path | None) -> Any:
-    from memstream.cli.analytics import open_store
-
-    return open_store(settings, lance_dir)
-
-
-def _jsonable(value: Any) -> Any:
-    from memstream.cli.analytics import _jsonable as convert
-
-    return convert(value)
 
 
 def provenance_cmd(
@@ -66,14 +44,14 @@ def provenance_cmd(
 ) -> None:
     """Show where a memory came from: prompt, model, source turns, decisions, links."""
     settings = get_settings()
-    scope = _scope(team, user)
-    store = _open_store(settings, lance_dir)
+    scope = scope_from_options(team, user)
+    store = open_store(settings, lance_dir)
     row = store.get_memory(scope, memory_id)
     if row is None:
         raise CLIError(f"no memory {memory_id!r} in the space {scope.space}")
     row.pop("vector", None)
     if as_json:
-        typer.echo(json.dumps(_jsonable(row), sort_keys=True))
+        typer.echo(json.dumps(jsonable(row), sort_keys=True))
         return
     _print_provenance(row)
 
@@ -149,7 +127,7 @@ def _print_provenance(row: dict[str, Any]) -> None:
         for d in decisions:
             what = d.get("action") or d.get("issue") or (f"gate: {d['gate']}" if "gate" in d else "?")
             detail = {k: v for k, v in d.items() if k not in ("action", "issue", "gate")}
-            table.add_row(escape(str(what)), escape(json.dumps(_jsonable(detail), sort_keys=True)[:400]))
+            table.add_row(escape(str(what)), escape(json.dumps(jsonable(detail), sort_keys=True)[:400]))
         console.print(table)
 
     links = [("out", link) for link in row.get("links_out") or []] + [("in", link) for link in row.get("links_in") or []]
@@ -218,8 +196,8 @@ def extract_cmd(
     if not session:
         raise CLIError("--session is required")
     settings = get_settings()
-    scope = _scope(team, user)
-    store = _open_store(settings, lance_dir)
+    scope = scope_from_options(team, user)
+    store = open_store(settings, lance_dir)
     turns = _session_turns(store, scope, session)
     if not turns:
         raise CLIError(f"no projected turns for session {session!r} in the space {scope.space}")
@@ -236,7 +214,7 @@ def extract_cmd(
             table.add_row(e.type, escape(f"{e.from_memory_id} -> {e.to_memory_id}"), e.relation.value)
     console.print(table)
     for item in outcome.record:
-        console.print(escape(json.dumps(_jsonable(dict(item)), sort_keys=True)), highlight=False)
+        console.print(escape(json.dumps(jsonable(dict(item)), sort_keys=True)), highlight=False)
     if outcome.status == "failed":
         raise CLIError(f"extraction failed, nothing emitted: {outcome.failure}")
     console.print(

@@ -9,7 +9,7 @@ worker (it finishes its batch and stores its position); the broker keeps running
 unless ``--stop-broker`` is given, so the next ``up`` starts in seconds.
 
 Children get the supervisor's settings as ``MEMSTREAM_*`` environment variables
-(:func:`settings_env`), so every process agrees on broker, topics and directories.
+(:func:`memstream.settings.settings_env`), so every process agrees on broker, topics and directories.
 They run in their own process sessions: the terminal's Ctrl-C reaches only the
 supervisor, which stops them in order.
 """
@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -33,7 +31,7 @@ from pathlib import Path
 from typing import IO, Annotated, Any
 
 import typer
-from pydantic import SecretStr, ValidationError
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -41,8 +39,9 @@ from rich.text import Text
 from memstream.banks import (
     Bank,
     BankConfigError,
-    add_bank,
+    BankRegistry,
     UnknownBankError,
+    add_bank,
     banks_path,
     create_key,
     keys_path,
@@ -51,51 +50,11 @@ from memstream.banks import (
     write_default_bank,
 )
 from memstream.cli._errors import CLIError
-from memstream.settings import Settings, get_settings
+from memstream.settings import Settings, child_env, get_settings, parse_log_level, settings_env
 
-__all__ = ["register", "settings_env", "child_env", "bootstrap_reachable", "run_api", "run_mcp_stdio", "run_up", "Child", "Supervisor"]
+__all__ = ["register", "settings_env", "child_env", "run_api", "run_mcp_stdio", "run_up", "Child", "Supervisor"]
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
-_LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
-
-
-def settings_env(settings: Settings) -> dict[str, str]:
-    """``MEMSTREAM_*`` variables that reproduce ``settings`` in a child process."""
-    env: dict[str, str] = {}
-    for name in type(settings).model_fields:
-        value = getattr(settings, name)
-        if value is None:
-            continue
-        if isinstance(value, SecretStr):
-            text = value.get_secret_value()
-        elif isinstance(value, bool):
-            text = "true" if value else "false"
-        elif isinstance(value, Path):
-            text = str(value)
-        else:
-            text = str(value)
-        env[f"MEMSTREAM_{name.upper()}"] = text
-    return env
-
-
-def child_env(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment for a child process that must use exactly ``settings``: the
-    parent's environment without its own ``MEMSTREAM_*`` variables, plus
-    :func:`settings_env` (so a setting left unset here is unset there too)."""
-    inherited = {k: v for k, v in (os.environ if base is None else base).items() if not k.upper().startswith("MEMSTREAM_")}
-    return {**inherited, **settings_env(settings)}
-
-
-def bootstrap_reachable(bootstrap: str, timeout: float = 1.0) -> bool:
-    """True when any bootstrap address accepts a TCP connection."""
-    for entry in bootstrap.split(","):
-        host, _, port = entry.strip().rpartition(":")
-        try:
-            with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=timeout):
-                return True
-        except (OSError, ValueError):
-            continue
-    return False
 
 
 def _with(settings: Settings, **updates: Any) -> Settings:
@@ -103,7 +62,7 @@ def _with(settings: Settings, **updates: Any) -> Settings:
     return settings.model_copy(update=changes) if changes else settings
 
 
-def _registry_or_fail(settings: Settings):  # type: ignore[no-untyped-def]
+def _registry_or_fail(settings: Settings) -> BankRegistry:
     try:
         return load_registry(settings)
     except BankConfigError as exc:
@@ -287,18 +246,16 @@ def _wait_http(url: str, timeout_s: float, alive: Any) -> bool:
 
 
 def _ensure_broker(settings: Settings) -> None:
-    if bootstrap_reachable(settings.bootstrap_servers):
+    from memstream.streams.broker import local
+
+    if local.bootstrap_reachable(settings.bootstrap_servers):
         console.print(f"Kafka: using the broker at {settings.bootstrap_servers}")
         return
-    hosts = {e.strip().rpartition(":")[0] for e in settings.bootstrap_servers.split(",")}
-    ports = {e.strip().rpartition(":")[2] for e in settings.bootstrap_servers.split(",")}
-    if not hosts <= _LOOPBACK or ports != {str(settings.broker_port)}:
+    if not local.is_local_bootstrap(settings):
         raise CLIError(
             f"cannot reach Kafka at {settings.bootstrap_servers}, and it is not this machine's "
             f"local broker (127.0.0.1:{settings.broker_port}); start that broker or fix MEMSTREAM_BOOTSTRAP_SERVERS"
         )
-    from memstream.streams.broker import local
-
     console.print(f"Kafka: starting the local broker on 127.0.0.1:{settings.broker_port} (first start downloads it)")
     try:
         status = local.start(settings)
@@ -358,6 +315,10 @@ def _ensure_store(settings: Settings) -> None:
 
 def run_up(settings: Settings, *, stop_broker: bool = False, loglevel: str = "info") -> int:
     """Broker, topics, banks, then worker + API until Ctrl-C. Returns the exit code."""
+    try:
+        parse_log_level(loglevel)  # refused here, before anything starts
+    except ValueError as exc:
+        raise CLIError(f"--loglevel: {exc}") from None
     _ensure_broker(settings)
     _ensure_topics(settings)
     _ensure_store(settings)

@@ -51,6 +51,7 @@ from memstream.banks import BankConfigError, Principal, RegistrySource
 from memstream.domain.events import (
     MAX_MEMORY_CHARS,
     MAX_MESSAGE_CHARS,
+    DecisionRecorded,
     Event,
     EventBase,
     EventValidationError,
@@ -58,6 +59,7 @@ from memstream.domain.events import (
     parse_event,
 )
 from memstream.domain.log import LogPosition
+from memstream.domain.reflection import parse_rating
 from memstream.interfaces import metrics
 from memstream.interfaces.errors import (
     ERROR_RESPONSES,
@@ -235,6 +237,14 @@ def _event(raw: dict[str, Any]) -> EventBase:
         return parse_event(raw)
     except EventValidationError as exc:
         raise ApiError(422, "invalid_event", exc.reason) from None
+
+
+def _rating(text: str) -> str:
+    """Ratings are read leniently ("Strong Buy", "Rating: overweight"), as in the SDK."""
+    try:
+        return parse_rating(text).value
+    except ValueError as exc:
+        raise ApiError(422, "invalid_event", f"rating: {exc}") from None
 
 
 def _positions(values: list[str]) -> list[LogPosition]:
@@ -580,14 +590,15 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
             type="DecisionRecorded",
             scope=scope.model_dump(),
             decision_id=body.decision_id or uuid.uuid4().hex,
-            rating=body.rating.strip().lower(),
+            rating=_rating(body.rating),
             occurred_at=occurred.isoformat(),
             deadline=_utc(body.deadline or default_deadline(occurred, body.horizon_days)),
             producer=f"api:{principal.bank.name}",
         )
         event = _event(raw)
+        assert isinstance(event, DecisionRecorded)
         accepted = await _append(_service(request), event)
-        return DecisionAccepted(decision_id=raw["decision_id"], deadline=event.deadline, **accepted.model_dump())  # type: ignore[attr-defined]
+        return DecisionAccepted(decision_id=raw["decision_id"], deadline=event.deadline, **accepted.model_dump())
 
     # --- reads ------------------------------------------------------------------------------
 
@@ -684,8 +695,8 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
              tags=["ops"], summary="Liveness and dependencies")
     async def healthz(request: Request) -> JSONResponse:
         service: MemoryService | None = request.app.state.service
-        kafka = bool(service) and await service.kafka_reachable()  # type: ignore[union-attr]
-        store = bool(service) and service.store is not None  # type: ignore[union-attr]
+        kafka = service is not None and await service.kafka_reachable()
+        store = service is not None and service.store is not None
         ok = kafka and store
         body = Health(status="ok" if ok else "degraded", kafka=kafka, store=store, version=__version__)
         return JSONResponse(body.model_dump(), status_code=200 if ok else 503)

@@ -26,7 +26,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime, timezone
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from aiokafka.errors import KafkaError
 from mcp.server.mcpserver import MCPServer
@@ -36,16 +36,18 @@ from pydantic import BaseModel, Field
 
 from memstream.banks import Bank
 from memstream.domain.events import (
+    CURRENT_SCHEMA_VERSIONS,
     MAX_MEMORY_CHARS,
     DecisionRecorded,
+    EventBase,
     EventValidationError,
     MemoryAdded,
     MemoryType,
     Provenance,
-    Rating,
     parse_event,
 )
 from memstream.domain.log import LogPosition
+from memstream.domain.reflection import parse_rating
 from memstream.interfaces.service import (
     MemoryService,
     PositionNotReached,
@@ -67,6 +69,8 @@ __all__ = [
     "DecisionResult",
     "LessonsResult",
 ]
+
+E = TypeVar("E", bound=EventBase)
 
 AUTO_TRIGGER = (
     "Call this tool on your own, without being asked, whenever the user reveals a durable "
@@ -135,6 +139,22 @@ class _State:
             return
         key = (position.topic, position.partition)
         self.written[key] = max(self.written.get(key, -1), position.offset)
+
+    async def append(self, cls: type[E], raw: dict[str, Any]) -> tuple[E, LogPosition]:
+        """Validate ``raw`` as a ``cls`` event and write it (durable once this returns);
+        every failure is a tool error the model can read, and nothing is written."""
+        service = self.require()
+        try:
+            event = parse_event(raw)
+            if not isinstance(event, cls):
+                raise EventValidationError(f"type: expected {cls.__name__}, got {event.type}")
+            position = await service.append(event, interface="mcp")
+        except (EventValidationError, EncodeError) as exc:
+            raise _reject(exc) from None
+        except KafkaError as exc:
+            raise ToolError(f"could not save, Kafka did not acknowledge ({type(exc).__name__}); try again") from None
+        self.remember(position)
+        return event, position
 
     async def catch_up(self) -> str | None:
         """Wait for this server's own writes to be projected; a note when they are not."""
@@ -208,14 +228,14 @@ def build_mcp_server(
         priority: Annotated[int, Field(ge=0, le=100, description="Importance 0-100.")] = 50,
         scene: Annotated[str | None, Field(max_length=500, description="Optional context or topic.")] = None,
     ) -> AddMemoryResult:
-        service = state.require()
+        state.require()
         if not content.strip():
             # Checked before the template: a template would make blank content look full.
             raise ToolError("invalid input, nothing was saved: content is empty")
         stored = bank.render_memory(content, now())
         raw = {
             "type": "MemoryAdded",
-            "schema_version": 2,
+            "schema_version": CURRENT_SCHEMA_VERSIONS["MemoryAdded"],
             "scope": bank.scope.model_dump(),
             "memory_id": uuid.uuid4().hex,
             "content": stored,
@@ -225,15 +245,7 @@ def build_mcp_server(
             "producer": f"mcp:{bank.name}",
             "provenance": Provenance(method="agent", note=f"mcp add_memory, bank {bank.name}").model_dump(),
         }
-        try:
-            event = parse_event({k: v for k, v in raw.items() if v is not None})
-            assert isinstance(event, MemoryAdded)
-            position = await service.append(event, interface="mcp")
-        except (EventValidationError, EncodeError) as exc:
-            raise _reject(exc) from None
-        except KafkaError as exc:
-            raise ToolError(f"could not save, Kafka did not acknowledge ({type(exc).__name__}); try again") from None
-        state.remember(position)
+        event, position = await state.append(MemoryAdded, {k: v for k, v in raw.items() if v is not None})
         return AddMemoryResult(
             memory_id=event.memory_id,
             event_id=str(event.event_id),
@@ -267,35 +279,31 @@ def build_mcp_server(
 
     async def record_decision(
         subject: Annotated[str, Field(min_length=1, max_length=128, description="What the decision is about, e.g. a ticker.")],
-        rating: Annotated[Rating, Field(description="buy, overweight, hold, underweight or sell.")],
+        rating: Annotated[str, Field(min_length=1, max_length=200, description="buy, overweight, hold, underweight or sell (free text holding one is read leniently).")],
         decision_text: Annotated[str, Field(min_length=1, max_length=MAX_MEMORY_CHARS, description="The decision and its reasoning.")],
         horizon_days: Annotated[int, Field(ge=1, le=3650, description="Days until the outcome should be judged.")] = 5,
     ) -> DecisionResult:
-        service = state.require()
+        state.require()
+        try:
+            parsed_rating = parse_rating(rating)
+        except ValueError as exc:
+            raise ToolError(str(exc)) from None
         at = now()
         deadline = default_deadline(at, horizon_days)
         raw = {
             "type": "DecisionRecorded",
-            "schema_version": 1,
+            "schema_version": CURRENT_SCHEMA_VERSIONS["DecisionRecorded"],
             "scope": bank.scope.model_dump(),
             "decision_id": uuid.uuid4().hex,
             "subject": subject,
-            "rating": rating.value,
+            "rating": parsed_rating.value,
             "decision_text": decision_text,
             "horizon_days": horizon_days,
             "deadline": deadline.isoformat(),
             "occurred_at": at.isoformat(),
             "producer": f"mcp:{bank.name}",
         }
-        try:
-            event = parse_event(raw)
-            assert isinstance(event, DecisionRecorded)
-            position = await service.append(event, interface="mcp")
-        except (EventValidationError, EncodeError) as exc:
-            raise _reject(exc) from None
-        except KafkaError as exc:
-            raise ToolError(f"could not save, Kafka did not acknowledge ({type(exc).__name__}); try again") from None
-        state.remember(position)
+        event, position = await state.append(DecisionRecorded, raw)
         return DecisionResult(
             decision_id=event.decision_id,
             event_id=str(event.event_id),

@@ -99,10 +99,7 @@ class MemoryService:
         await producer.start()
         try:
             self.store = await asyncio.to_thread(
-                LanceStore,
-                self.settings.lance_dir,
-                embedding_dim=self.settings.embedding_dim,
-                read_consistency_interval=timedelta(0),
+                LanceStore.from_settings, self.settings, read_consistency_interval=timedelta(0)
             )
             self.embedder = await asyncio.to_thread(build_embedder, self.settings)
         except BaseException:

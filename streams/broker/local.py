@@ -52,7 +52,9 @@ __all__ = [
     "BrokerState",
     "BrokerStatus",
     "MetadataProbe",
+    "bootstrap_reachable",
     "ensure_jars",
+    "is_local_bootstrap",
     "jar_cache_complete",
     "jar_dir",
     "probe_metadata",
@@ -350,6 +352,32 @@ def ensure_jars(settings: Settings) -> Path:
 # --------------------------------------------------------------------------------------
 # Talking to a broker
 # --------------------------------------------------------------------------------------
+
+
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+
+
+def bootstrap_reachable(bootstrap: str, timeout: float = 1.0) -> bool:
+    """True when any address of a ``host:port,...`` bootstrap list accepts a TCP
+    connection: the cheap check made before deciding to start a broker."""
+    for entry in bootstrap.split(","):
+        host, _, port = entry.strip().rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=timeout):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+def is_local_bootstrap(settings: Settings) -> bool:
+    """Whether ``settings.bootstrap_servers`` names only this machine's local broker
+    (loopback hosts, ``broker_port``), so that :func:`start` can provide it when
+    nothing answers there."""
+    entries = [e.strip() for e in settings.bootstrap_servers.split(",")]
+    hosts = {e.rpartition(":")[0] for e in entries}
+    ports = {e.rpartition(":")[2] for e in entries}
+    return hosts <= _LOOPBACK and ports == {str(settings.broker_port)}
 
 
 def _port_open(port: int, timeout: float = 0.5) -> bool:

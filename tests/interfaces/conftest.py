@@ -16,11 +16,11 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from tests.interfaces.iface_stack import BANKS, Stack, free_port, start_process, stop_process
+from tests.interfaces.iface_stack import BANKS, Stack, start_process, stop_process
+from tests.support import free_port
 
 from memstream.banks import create_key
-from memstream.cli.serve import child_env
-from memstream.settings import Settings
+from memstream.settings import Settings, child_env
 from memstream.streams.admin import ensure_topics
 from memstream.streams.topics import Topics
 

@@ -3,13 +3,14 @@ settings, keys, URL and child processes."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from memstream.settings import Settings
 from memstream.streams.topics import Topics
+
+__all__ = ["BANKS", "Stack", "start_process", "stop_process"]
 
 BANKS = """
 [banks.alice]
@@ -49,12 +50,6 @@ description = "Erin's preferences, reached over stdio."
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Stack:
     settings: Settings
@@ -85,6 +80,7 @@ def start_process(stack: Stack, name: str, argv: list[str]) -> None:
 
 
 def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
+    """SIGTERM, then SIGKILL after ``timeout``; the exit code (negative for a signal)."""
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -93,5 +89,3 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
             proc.kill()
             proc.wait()
     return int(proc.returncode)
-
-

@@ -26,8 +26,7 @@ from memstream.banks import (
     write_default_bank,
 )
 from memstream.domain.events import Scope
-from memstream.cli.serve import child_env
-from memstream.settings import Settings
+from memstream.settings import Settings, child_env
 
 BANKS_TOML = """
 [banks.support]

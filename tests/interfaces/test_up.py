@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from memstream.cli.serve import bootstrap_reachable, child_env
-from memstream.settings import Settings
-from tests.interfaces.iface_stack import free_port
+from memstream.settings import Settings, child_env
+from memstream.streams.broker.local import bootstrap_reachable
+from tests.support import free_port
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaProducer
 from memstream.domain.events import MemoryAdded, MemoryLinked, MessageObserved, Scope
 from memstream.projections.replay import ReplayError, ReplayProgress, replay
 from memstream.projections.store import LanceStore
-from memstream.settings import Settings
+from memstream.settings import Settings, child_env
 from memstream.streams.producer import MemstreamProducer
 from memstream.streams.projector_agent import LanceDirBusyError, LanceDirLock
 from memstream.streams.topics import Topics
@@ -173,18 +173,10 @@ async def test_cli_replay_prints_one_summary_line(
 ) -> None:
     settings = settings_for(fresh_topics)
     await produce_log(settings, 0, 2)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSTREAM_")}
-    env.update(
-        MEMSTREAM_BOOTSTRAP_SERVERS=settings.bootstrap_servers,
-        MEMSTREAM_TOPIC_PREFIX=settings.topic_prefix,
-        MEMSTREAM_LANCE_DIR=str(settings.lance_dir),
-        MEMSTREAM_HOME=str(settings.home),
-        MEMSTREAM_APP_ID=settings.app_id,
-    )
     done = subprocess.run(
         [sys.executable, "-m", "memstream", "replay", "--dry-run", "--no-progress"],
         cwd=tmp_path,
-        env=env,
+        env=child_env(settings),
         capture_output=True,
         text=True,
         timeout=120,

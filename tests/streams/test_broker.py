@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import socket
 import subprocess
@@ -20,25 +19,20 @@ from pathlib import Path
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
+from tests.support import free_port
 
-from memstream.settings import Settings
+from memstream.settings import Settings, child_env
 from memstream.streams.admin import ensure_topics
 from memstream.streams.broker import local
 from memstream.streams.topics import Topics
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _settings(tmp_path: Path, **overrides: object) -> Settings:
-    broker_port = int(overrides.pop("broker_port", _free_port()))  # type: ignore[call-overload]
+    broker_port = int(overrides.pop("broker_port", free_port()))  # type: ignore[call-overload]
     values: dict[str, object] = {
         "home": tmp_path / "home",
         "broker_port": broker_port,
-        "controller_port": _free_port(),
+        "controller_port": free_port(),
         "bootstrap_servers": f"127.0.0.1:{broker_port}",
         "broker_heap": "256m",
         "broker_start_timeout_s": 90.0,
@@ -143,7 +137,7 @@ def test_bootstrap_servers_follow_the_broker_port_unless_set(monkeypatch: pytest
 
 
 def test_probe_gets_nothing_from_a_closed_or_non_kafka_port(listening_socket: int) -> None:
-    assert local.probe_metadata(_free_port(), timeout=1.0) is None
+    assert local.probe_metadata(free_port(), timeout=1.0) is None
     assert local.probe_metadata(listening_socket, timeout=0.5) is None
 
 
@@ -174,17 +168,7 @@ def test_status_of_a_never_started_broker_is_stopped(tmp_path: Path) -> None:
 
 
 def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSTREAM_")}
-    env.update(
-        MEMSTREAM_HOME=str(settings.home),
-        MEMSTREAM_BROKER_PORT=str(settings.broker_port),
-        MEMSTREAM_CONTROLLER_PORT=str(settings.controller_port),
-        MEMSTREAM_BROKER_HEAP=settings.broker_heap,
-        MEMSTREAM_TOPIC_PREFIX=settings.topic_prefix,
-        MEMSTREAM_PARTITIONS=str(settings.partitions),
-        MEMSTREAM_KAFKA_CACHE_DIR=str(settings.resolved_kafka_cache_dir),
-        COLUMNS="200",
-    )
+    env = {**child_env(settings), "COLUMNS": "200"}
     return subprocess.run(
         [sys.executable, "-m", "memstream", *args],
         env=env,

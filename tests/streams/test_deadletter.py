@@ -8,7 +8,8 @@ import json
 import uuid
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
+from tests.support import SAFETY_S, read_records
 
 from memstream.domain.events import MemoryAdded, MessageObserved, Scope
 from memstream.domain.log import LogPosition, PositionedEvent
@@ -26,7 +27,6 @@ from memstream.streams.deadletter import (
 from memstream.streams.serializer import HEADER_TYPE, encode_event
 from memstream.streams.topics import Topics
 
-SAFETY_S = 60.0
 SCOPE = Scope(team_id="acme", user_id="ana")
 
 
@@ -127,23 +127,6 @@ def test_decode_or_dead_letter_judges_each_record_alone() -> None:
 # --- against the broker -------------------------------------------------------------------
 
 
-async def _read_all(bootstrap: str, topic: str, count: int) -> list[ConsumerRecord[bytes, bytes]]:
-    consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest", enable_auto_commit=False
-    )
-    await consumer.start()
-    try:
-        out: list[ConsumerRecord[bytes, bytes]] = []
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + SAFETY_S
-        while len(out) < count and loop.time() < deadline:
-            for recs in (await consumer.getmany(timeout_ms=500)).values():
-                out.extend(recs)
-        return out
-    finally:
-        await consumer.stop()
-
-
 async def _drain(consumer: EventConsumer, events: int, dead: int) -> ConsumedBatch:
     """Everything the consumer yields until it delivered ``events`` and ``dead``."""
     got_events: list[PositionedEvent] = []
@@ -211,7 +194,7 @@ async def test_bad_records_go_to_the_dead_letter_topic_and_neighbours_are_delive
     ]
 
     # and the dead-letter topic holds them: original bytes, reason, source position
-    records = await _read_all(kafka_bootstrap, fresh_topics.dead_letter, 4)
+    records = await read_records(kafka_bootstrap, fresh_topics.dead_letter, 4)
     letters = [parse_dead_letter(r.key, r.value, r.headers) for r in sorted(records, key=lambda r: r.offset)]
     expected = [(i, item) for i, item in enumerate(sequence) if item[2] is not None]
     assert len(letters) == len(expected)
@@ -250,7 +233,7 @@ async def test_a_later_stage_can_dead_letter_an_event_with_its_original_bytes(
         assert await consumer.commit() is False, "no group: positions are the caller's own"
     assert position.topic == fresh_topics.dead_letter
 
-    records = await _read_all(kafka_bootstrap, fresh_topics.dead_letter, 1)
+    records = await read_records(kafka_bootstrap, fresh_topics.dead_letter, 1)
     letter = parse_dead_letter(records[0].key, records[0].value, records[0].headers)
     assert letter.original_value == original
     assert letter.stage == "project" and letter.reason == "vector store refused the row"
@@ -264,7 +247,7 @@ async def test_publisher_waits_for_the_ack(kafka_bootstrap: str, fresh_topics: T
         positions = await publisher.publish_many([_dl(source_offset=1), _dl(source_offset=2)])
         single = await publisher.publish(_dl(source_offset=3, original_key=None, original_value=None))
     assert [p.offset for p in [*positions, single]] == [0, 1, 2]
-    records = await _read_all(kafka_bootstrap, fresh_topics.dead_letter, 3)
+    records = await read_records(kafka_bootstrap, fresh_topics.dead_letter, 3)
     parsed = [parse_dead_letter(r.key, r.value, r.headers) for r in sorted(records, key=lambda r: r.offset)]
     assert parsed == [_dl(source_offset=1), _dl(source_offset=2), _dl(source_offset=3, original_key=None, original_value=None)]
 

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from tests.fakes.openai_server import FakeOpenAI, Reply, fake_llm  # noqa: F401 - the fixture
+from tests.support import wait_until
 
 from memstream.domain.content import content_hash
 from memstream.domain.events import LinkRelation, MemoryAdded, MemoryLinked, MessageObserved, Scope
@@ -35,7 +36,8 @@ from memstream.llm import LLMClient
 from memstream.projections.embedder import LocalEmbedder
 from memstream.projections.projector import Projector
 from memstream.projections.search import SearchFilters, search
-from memstream.projections.store import LanceStore
+from memstream.projections.schema import MEMORIES
+from memstream.projections.store import LanceStore, space_where
 from memstream.settings import Settings
 from memstream.streams.consumer import decode_or_dead_letter
 from memstream.streams.extractor import ExtractionOutcome, Extractor, TurnBuffer
@@ -605,14 +607,6 @@ async def produce_turns(env: Env, turns: Sequence[MessageObserved]) -> None:
     await env.producer.send_many(list(turns))
 
 
-async def wait_for(predicate: Any, timeout: float = 30.0, what: str = "condition") -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-
-
 async def committed(settings: Settings, topic: str) -> dict[int, int]:
     consumer = AIOKafkaConsumer(
         bootstrap_servers=settings.bootstrap_servers, group_id=consumer_group(settings), enable_auto_commit=False
@@ -660,7 +654,7 @@ async def test_runner_turns_to_searchable_memories(env: Env) -> None:
             ],
         )
         # s1 has 3 new turns (min_new_turns=3); s2 has one and goes idle after 0.3 s
-        await wait_for(lambda: runner.stats.extractions >= 2, what="two extractions")
+        await wait_until(lambda: runner.stats.extractions >= 2, what="two extractions")
         assert runner.stats.extractions_failed == 0
         events = await env.project()
         contents = {m.content: m.source_message_ids for m in added(events)}
@@ -672,7 +666,7 @@ async def test_runner_turns_to_searchable_memories(env: Env) -> None:
         results = await asyncio.to_thread(search, env.store, env.embedder, SCOPE, "nurse Leeds", 3)
         assert results[0].content == "Ana said: I work as a nurse in Leeds"
         assert results[0].source_message_ids == ("m3",)
-        await wait_for(lambda: sum(runner.committed().values()) == 4, what="commit of all four records")
+        await wait_until(lambda: sum(runner.committed().values()) == 4, what="commit of all four records")
     finally:
         await runner.stop()
     assert sum((await committed(env.settings, env.topics.messages)).values()) == 4
@@ -686,7 +680,7 @@ async def test_llm_down_keeps_turns_and_extracts_them_when_it_returns(env: Env) 
     turns = [turn(f"m{i}", f"fact number {i} about Ana's garden", minutes=i) for i in range(5)]
     try:
         await produce_turns(env, turns)
-        await wait_for(lambda: runner.stats.extractions_failed >= 1, what="a failed extraction")
+        await wait_until(lambda: runner.stats.extractions_failed >= 1, what="a failed extraction")
         assert runner.buffer.pending_count == 5
         await asyncio.sleep(0.5)
         assert await env.new_events() == []
@@ -699,13 +693,13 @@ async def test_llm_down_keeps_turns_and_extracts_them_when_it_returns(env: Env) 
     second = ExtractorRunner(env.settings, env.topics, llm=env.llm, embedder=env.embedder, store=env.store, producer=env.producer)
     await second.start()
     try:
-        await wait_for(lambda: second.buffer.pending_count == 5, what="turns re-read after restart")
+        await wait_until(lambda: second.buffer.pending_count == 5, what="turns re-read after restart")
         env.fake.down = False
         await second.drain()
         assert second.buffer.pending_count == 0
         events = await env.project()
         assert sorted(m.source_message_ids[0] for m in added(events)) == [f"m{i}" for i in range(5)]
-        await wait_for(lambda: sum(second.committed().values()) == 5, what="commit after recovery")
+        await wait_until(lambda: sum(second.committed().values()) == 5, what="commit after recovery")
     finally:
         await second.stop()
     assert sum((await committed(env.settings, env.topics.messages)).values()) == 5
@@ -863,7 +857,7 @@ async def test_the_worker_extracts_dedups_links_and_survives_an_llm_outage(
             if not (settings.lance_dir / "memories.lance").exists():
                 return []
             store = LanceStore.from_settings(settings, read_consistency_interval=timedelta(0))
-        return store.rows("memories", "team_id = 'acme' AND user_id = 'ana'").to_pylist()
+        return store.rows(MEMORIES, space_where(SCOPE)).to_pylist()
 
     try:
         # 1. the LLM is down: the turns are kept, nothing is extracted, L0 is projected

@@ -13,9 +13,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer, ConsumerRecord
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.partitioner import DefaultPartitioner
+from tests.support import SAFETY_S, read_records
 
 from memstream.domain.events import MemoryAdded, MessageObserved, Scope
 from memstream.settings import Settings
@@ -27,7 +27,6 @@ from memstream.streams.topics import Topics
 
 pytestmark = pytest.mark.kafka
 
-SAFETY_S = 60.0
 
 
 def kafka_libs() -> Path:
@@ -98,23 +97,6 @@ def memstream_cli(args: list[str], settings: Settings, cwd: Path, stdin: bytes |
     return subprocess.CompletedProcess(
         done.args, done.returncode, done.stdout.decode("utf-8", "replace"), done.stderr.decode("utf-8", "replace")
     )
-
-
-async def read_records(bootstrap: str, topic: str, count: int) -> list[ConsumerRecord[bytes, bytes]]:
-    consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest", enable_auto_commit=False
-    )
-    await consumer.start()
-    try:
-        out: list[ConsumerRecord[bytes, bytes]] = []
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + SAFETY_S
-        while len(out) < count and loop.time() < deadline:
-            for recs in (await consumer.getmany(timeout_ms=500)).values():
-                out.extend(recs)
-        return out
-    finally:
-        await consumer.stop()
 
 
 def _wire(body: dict[str, object]) -> str:

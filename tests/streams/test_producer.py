@@ -9,8 +9,8 @@ from collections import defaultdict
 from datetime import datetime, timezone
 
 import pytest
-from aiokafka import AIOKafkaConsumer, ConsumerRecord
 from aiokafka.errors import MessageSizeTooLargeError
+from tests.support import SAFETY_S, read_records
 
 from memstream.domain.events import (
     EventValidationError,
@@ -34,27 +34,6 @@ from memstream.streams.topics import Topics
 
 pytestmark = pytest.mark.kafka
 
-SAFETY_S = 60.0  # an upper bound so a broken broker fails the test instead of hanging it
-
-
-async def read_records(bootstrap: str, topic: str, count: int) -> list[ConsumerRecord[bytes, bytes]]:
-    """Every record of ``topic`` from offset 0 until ``count`` were read (no group:
-    all partitions are assigned, each read in order)."""
-    consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest", enable_auto_commit=False
-    )
-    await consumer.start()
-    try:
-        records: list[ConsumerRecord[bytes, bytes]] = []
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + SAFETY_S
-        while len(records) < count and loop.time() < deadline:
-            batch = await consumer.getmany(timeout_ms=500, max_records=5000)
-            for recs in batch.values():
-                records.extend(recs)
-        return records
-    finally:
-        await consumer.stop()
 
 
 def memories(n: int, spaces: int) -> list[MemoryAdded]:

@@ -29,7 +29,6 @@ from memstream.domain.events import (
     Scope,
 )
 from memstream.streams.serializer import (
-    CONTENT_TYPE_JSON,
     HEADER_CONTENT_TYPE,
     HEADER_SCHEMA_VERSION,
     HEADER_TYPE,

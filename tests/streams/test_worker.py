@@ -20,7 +20,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Mapping
 from pathlib import Path
 
 import lancedb

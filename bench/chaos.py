@@ -1,0 +1,847 @@
+"""``memstream bench chaos``: fault injection on a real broker, to prove nothing is lost.
+
+Why: memstream's promise is that the Kafka log is the source of truth and every view
+is a faithful, exactly-once projection of it, whatever crashes on the way. This
+benchmark breaks things on purpose while traffic flows and then checks the promise
+record by record:
+
+* a private Kafka broker (its own ports and data directory, never the shared one) is
+  stopped and restarted ``broker_restarts`` times with its data kept, while a real
+  worker process (projector + extractor) is SIGKILLed ``worker_kills`` times and
+  restarted;
+* ``events`` valid events (memories and conversation turns of ``tenants`` memory
+  spaces) are produced through the idempotent SDK producer, paced over the fault
+  window; a send that fails is sent again (the same event, the same ``event_id``);
+* ``bad_inputs`` malformed records (random bytes, truncated JSON, wrong types, a
+  missing scope, oversized content, unknown event types, injected control
+  characters) are mixed into the same topics with a plain Kafka producer;
+* the extractor's LLM is a scripted OpenAI-compatible server whose calls fail
+  ``llm_failure_rate`` of the time (timeouts, HTTP 500s, garbage bodies, dropped
+  connections).
+
+Then, with the worker drained and stopped:
+
+* every event acknowledged to the producer is in the log exactly once (``lost``,
+  ``duplicated``, from a full read of the topics);
+* every bad record is on the dead-letter topic with a reason (``dead_lettered``, by
+  source position), and no valid one is;
+* the live projection equals a replay of the log into fresh tables (``memstream
+  replay --dry-run``: same rows, same content hashes), and every acknowledged memory
+  is in the live view;
+* every qualifying turn was extracted (a memory cites it) or is still pending (at or
+  after the extractor's committed offset): ``turns_lost`` counts the others;
+* ``searches`` random searches over the tenants never return a memory of another
+  space (``cross_tenant_results``).
+
+The last line (the CLI prints it) is the JSON summary with ``acked``, ``in_log``,
+``lost``, ``duplicated``, ``bad_inputs``, ``dead_lettered``, ``worker_kills``,
+``broker_restarts``, ``llm_failures``, ``turns_lost``, ``cross_tenant_results``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import shutil
+import socket
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from memstream.bench._common import (
+    ChatReply,
+    OpenAICompatServer,
+    WorkerProcess,
+    console,
+    err_console,
+    progress,
+    table,
+    wait_caught_up,
+)
+from memstream.domain.events import EventBase, MemoryAdded, MessageObserved, Scope
+from memstream.domain.log import LogPosition
+from memstream.settings import Settings
+from memstream.streams.topics import Topics
+
+__all__ = [
+    "ChaosPlan",
+    "BAD_KINDS",
+    "tenant_scope",
+    "make_valid_events",
+    "make_bad_records",
+    "FlakyLLM",
+    "run_plan",
+    "run",
+]
+
+BAD_KINDS: tuple[str, ...] = (
+    "random_bytes",
+    "truncated_json",
+    "wrong_types",
+    "missing_scope",
+    "oversized_content",
+    "unknown_type",
+    "control_chars",
+)
+
+
+@dataclass(frozen=True)
+class ChaosPlan:
+    """What to break and how much traffic to push through it."""
+
+    events: int = 100_000
+    turn_share: float = 0.2
+    """Share of the valid events that are conversation turns (the rest are memories)."""
+    worker_kills: int = 20
+    broker_restarts: int = 3
+    bad_inputs: int = 10_000
+    tenants: int = 50
+    searches: int = 10_000
+    llm_failure_rate: float = 0.3
+    produce_seconds: float = 300.0
+    """Production is paced over this window, so faults land while traffic flows."""
+    settle_timeout_s: float = 900.0
+    seed: int = 7
+
+    @classmethod
+    def full(cls) -> "ChaosPlan":
+        return cls()
+
+    @classmethod
+    def quick(cls) -> "ChaosPlan":
+        """10,000 events with every fault kind, in a few minutes."""
+        return cls(
+            events=10_000,
+            worker_kills=6,
+            broker_restarts=1,
+            bad_inputs=1_000,
+            searches=2_000,
+            produce_seconds=90.0,
+            settle_timeout_s=600.0,
+        )
+
+    def __post_init__(self) -> None:
+        if self.events < 1 or self.tenants < 1:
+            raise ValueError("events and tenants must be positive")
+        if not 0.0 <= self.turn_share <= 1.0 or not 0.0 <= self.llm_failure_rate < 1.0:
+            raise ValueError("turn_share must be in [0, 1] and llm_failure_rate in [0, 1)")
+
+
+# ------------------------------------------------------------------------------ traffic
+_VOCAB = (
+    "apple budget camera dentist engine forest garden harbor invoice jacket kettle ladder "
+    "market notebook orange pencil quarter rocket saddle ticket umbrella violin window "
+    "yogurt zebra anchor bridge candle desert eagle falcon glacier hammer island jungle "
+    "kayak lantern meadow needle oyster piano quiz river sunset tunnel valley wagon "
+    "concert recipe holiday meeting project deadline report tennis guitar painting"
+).split()
+
+
+def tenant_scope(i: int) -> Scope:
+    """Tenant ``i``'s memory space (every tenant its own team: the strongest isolation)."""
+    return Scope(team_id=f"chaos-t{i:02d}", user_id="main")
+
+
+def _sentence(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(_VOCAB) for _ in range(words))
+
+
+_T0 = datetime(2025, 1, 6, 9, 0, tzinfo=timezone.utc)
+
+
+def make_valid_events(plan: ChaosPlan, rng: random.Random, run_id: str) -> list[EventBase]:
+    """The valid traffic: memories and turns spread over the tenants (seeded).
+
+    Each memory names its tenant in its text; each turn is an ordinary sentence that
+    passes the quality gate, in sessions of about 30 turns."""
+    events: list[EventBase] = []
+    sessions = [0] * plan.tenants
+    turns_in_session = [0] * plan.tenants
+    for j in range(plan.events):
+        t = rng.randrange(plan.tenants)
+        scope = tenant_scope(t)
+        when = _T0 + timedelta(minutes=j)
+        if rng.random() < plan.turn_share:
+            if turns_in_session[t] >= 30:
+                sessions[t] += 1
+                turns_in_session[t] = 0
+            turns_in_session[t] += 1
+            speaker = "Ana" if j % 2 else "Ben"
+            events.append(
+                MessageObserved(
+                    scope=scope,
+                    message_id=f"{run_id}-turn-{j}",
+                    role="user",
+                    speaker=speaker,
+                    content=f"I planned the {_sentence(rng, 2)} with the {_sentence(rng, 3)} on day {j}.",
+                    occurred_at=when,
+                    recorded_at=when,
+                    session_id=f"s{sessions[t]}",
+                    producer="memstream-bench-chaos",
+                )
+            )
+        else:
+            events.append(
+                MemoryAdded(
+                    scope=scope,
+                    memory_id=f"{run_id}-mem-{j}",
+                    content=f"Tenant {t:02d} note {j}: {_sentence(rng, rng.randint(4, 12))}",
+                    occurred_at=when,
+                    recorded_at=when,
+                    producer="memstream-bench-chaos",
+                )
+            )
+    return events
+
+
+@dataclass(frozen=True)
+class BadRecord:
+    kind: str
+    topic: str
+    key: bytes | None
+    value: bytes | None
+
+
+def make_bad_records(n: int, rng: random.Random, topics: Topics, tenants: int) -> list[BadRecord]:
+    """``n`` malformed records, the kinds of :data:`BAD_KINDS` in turn, on both
+    source topics (a bad turn must not stop the extractor either)."""
+    from memstream.streams.serializer import encode_event
+
+    out: list[BadRecord] = []
+    for i in range(n):
+        kind = BAD_KINDS[i % len(BAD_KINDS)]
+        scope = tenant_scope(rng.randrange(tenants))
+        turn = i % 2 == 0
+        topic = topics.messages if turn else topics.events
+        if turn:
+            good: EventBase = MessageObserved(
+                scope=scope, message_id=f"bad-{i}", content=f"bad input {i} {_sentence(rng, 4)}"
+            )
+        else:
+            good = MemoryAdded(scope=scope, memory_id=f"bad-{i}", content=f"bad input {i} {_sentence(rng, 4)}")
+        record = encode_event(good)
+        body: dict[str, Any] = json.loads(record.value)
+        value: bytes | None
+        if kind == "random_bytes":
+            value = bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 300)))
+        elif kind == "truncated_json":
+            value = record.value[: rng.randint(1, len(record.value) - 2)]
+        elif kind == "wrong_types":
+            field_name, wrong = rng.choice([("content", 12345), ("occurred_at", 1700000000), ("scope", "acme")])
+            body[field_name] = wrong
+            value = json.dumps(body).encode()
+        elif kind == "missing_scope":
+            body.pop("scope", None)
+            value = json.dumps(body).encode()
+        elif kind == "oversized_content":
+            limit = 32_000 if turn else 8_000
+            body["content"] = "x" * (limit + 1 + rng.randint(0, 1000))
+            value = json.dumps(body).encode()
+        elif kind == "unknown_type":
+            body["type"] = rng.choice(["MemoryTeleported", "memoryadded", "Event", ""])
+            value = json.dumps(body).encode()
+        elif kind == "control_chars":
+            text = str(body["content"])
+            cut = rng.randint(0, len(text))
+            body["content"] = text[:cut] + rng.choice(["\x00", "\x07", "\x1b[31m", "\x08"]) + text[cut:]
+            value = json.dumps(body).encode()
+        else:  # pragma: no cover - BAD_KINDS is exhaustive
+            raise AssertionError(kind)
+        out.append(BadRecord(kind, topic, record.key, value))
+    return out
+
+
+# ------------------------------------------------------------------------------ flaky LLM
+_NEW_TURNS = re.compile(r"NEW TURNS[^\n]*\n(.*?)(?:\n\s*\n|\Z)", re.S)
+_TURN_LINE = re.compile(r"^\[(t\d+)\][^|]*\|\s*(?:\w+)(?: ([^:]+))?: (.*)$")
+_JUDGE_ITEM = re.compile(r"^N(\d+) ", re.M)
+
+
+class FlakyLLM:
+    """A scripted extraction model that fails ``rate`` of its calls.
+
+    Failures, in turn: a delay longer than the client's timeout, an HTTP 500, a garbage
+    body, a dropped connection, an answer that is not JSON. Successful extraction
+    answers make one memory per new turn, citing it; judgment answers store every new
+    memory. Thread-safe (the HTTP server answers from several threads)."""
+
+    FAILURES = ("timeout", "http_500", "garbage_body", "dropped", "not_json")
+
+    def __init__(self, rate: float, seed: int, timeout_s: float) -> None:
+        self.rate = rate
+        self.timeout_s = timeout_s
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self.failures: Counter[str] = Counter()
+        self.calls = 0
+
+    def __call__(self, body: dict[str, Any]) -> ChatReply:
+        with self._lock:
+            self.calls += 1
+            fail = self._rng.random() < self.rate
+            kind = self.FAILURES[self.failures.total() % len(self.FAILURES)] if fail else None
+            if kind:
+                self.failures[kind] += 1
+        if kind == "timeout":
+            return ChatReply(content="{}", delay=self.timeout_s + 1.0)
+        if kind == "http_500":
+            return ChatReply(status=500)
+        if kind == "garbage_body":
+            return ChatReply(raw=b"\x00\xff<html>upstream error")
+        if kind == "dropped":
+            return ChatReply(drop=True)
+        if kind == "not_json":
+            return ChatReply(content="Sure! Here are the memories you asked for: none, sorry.")
+        prompt = "\n".join(str(m.get("content") or "") for m in body.get("messages") or ())
+        if "NEW MEMORIES AND THEIR CANDIDATES" in prompt:
+            numbers = sorted({int(n) for n in _JUDGE_ITEM.findall(prompt)})
+            decisions = [{"new": n, "action": "store", "links": [], "reason": "new information"} for n in numbers]
+            return ChatReply(content=json.dumps({"decisions": decisions}))
+        match = _NEW_TURNS.search(prompt)
+        memories = []
+        for line in (match.group(1) if match else "").splitlines():
+            m = _TURN_LINE.match(line.strip())
+            if not m:
+                continue
+            alias, speaker, text = m.group(1), (m.group(2) or "The user").strip(), m.group(3).strip()
+            memories.append(
+                {
+                    "content": f"{speaker} said: {text}"[:2000],
+                    "type": "episodic",
+                    "priority": 50,
+                    "source_ids": [alias],
+                    "timestamp": None,
+                    "timestamp_start": None,
+                    "timestamp_end": None,
+                    "entities": [{"name": speaker, "kind": "person"}],
+                }
+            )
+        scenes = [{"title": "chat", "message_ids": [m["source_ids"][0] for m in memories], "memories": memories}]
+        return ChatReply(content=json.dumps({"scenes": scenes if memories else []}))
+
+
+# ------------------------------------------------------------------------------ running
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Ledger:
+    """What the producers were told."""
+
+    acked: dict[str, LogPosition] = field(default_factory=dict)
+    bad: dict[tuple[str, int, int], str] = field(default_factory=dict)
+    resends: int = 0
+    send_errors: Counter[str] = field(default_factory=Counter)
+
+
+async def _send_valid(producer: Any, batch: list[EventBase], ledger: Ledger, stop_at: float) -> None:
+    from memstream.streams.producer import ProduceError
+
+    pending = batch
+    while pending:
+        try:
+            positions = await producer.send_many(pending)
+            for event, pos in zip(pending, positions):
+                ledger.acked[str(event.event_id)] = pos
+            return
+        except ProduceError as exc:
+            retry = []
+            for event, result in zip(pending, exc.results):
+                if isinstance(result, LogPosition):
+                    ledger.acked[str(event.event_id)] = result
+                else:
+                    retry.append(event)
+                    ledger.send_errors[type(result).__name__] += 1
+            ledger.resends += len(retry)
+            pending = retry
+            if time.monotonic() > stop_at:
+                raise RuntimeError(f"{len(pending)} events still not acknowledged after the deadline") from exc
+            await asyncio.sleep(1.0)
+
+
+async def _send_bad(raw: Any, records: list[BadRecord], ledger: Ledger, stop_at: float) -> None:
+    from aiokafka.errors import KafkaError
+
+    pending = records
+    while pending:
+        futures = []
+        for r in pending:
+            try:
+                futures.append(await raw.send(r.topic, value=r.value, key=r.key))
+            except KafkaError as exc:
+                ledger.send_errors[type(exc).__name__] += 1
+                futures.append(None)
+        retry = []
+        for r, fut in zip(pending, futures):
+            if fut is None:
+                retry.append(r)
+                continue
+            try:
+                md = await fut
+            except KafkaError as exc:
+                ledger.send_errors[type(exc).__name__] += 1
+                retry.append(r)
+                continue
+            ledger.bad[(md.topic, md.partition, md.offset)] = r.kind
+        ledger.resends += len(retry)
+        pending = retry
+        if pending:
+            if time.monotonic() > stop_at:
+                raise RuntimeError(f"{len(pending)} bad records still not acknowledged after the deadline")
+            await asyncio.sleep(1.0)
+
+
+async def _produce(
+    settings: Settings,
+    valid: list[EventBase],
+    bad: list[BadRecord],
+    plan: ChaosPlan,
+    ledger: Ledger,
+    on_progress: Any,
+) -> float:
+    from memstream.streams.producer import MemstreamProducer, create_kafka_producer
+
+    producer = MemstreamProducer(settings, client_id="memstream-chaos")
+    raw = create_kafka_producer(settings, client_id="memstream-chaos-raw")
+    await producer.start()
+    await raw.start()
+    start = time.monotonic()
+    stop_at = start + plan.produce_seconds + plan.settle_timeout_s
+    try:
+        batch = 200
+        chunks = max(1, (len(valid) + batch - 1) // batch)
+        bad_per_chunk = [len(bad) * (i + 1) // chunks - len(bad) * i // chunks for i in range(chunks)]
+        b = 0
+        for i in range(chunks):
+            due = start + plan.produce_seconds * i / chunks
+            now = time.monotonic()
+            if due > now:
+                await asyncio.sleep(due - now)
+            await _send_valid(producer, valid[i * batch : (i + 1) * batch], ledger, stop_at)
+            await _send_bad(raw, bad[b : b + bad_per_chunk[i]], ledger, stop_at)
+            b += bad_per_chunk[i]
+            on_progress(min(len(valid), (i + 1) * batch))
+    finally:
+        await producer.stop()
+        await raw.stop()
+    return time.monotonic() - start
+
+
+@dataclass
+class Faults:
+    worker_kills: int = 0
+    worker_crashes: int = 0
+    broker_restarts: int = 0
+    broker_down_s: float = 0.0
+    log: list[str] = field(default_factory=list)
+
+
+async def _inject(
+    worker: WorkerProcess,
+    broker_settings: Settings,
+    plan: ChaosPlan,
+    rng: random.Random,
+    faults: Faults,
+    done: asyncio.Event,
+) -> None:
+    """Kill the worker and restart the broker on a schedule spread over the window."""
+    from memstream.streams.broker import local
+
+    window = plan.produce_seconds
+    actions = [(window * (0.05 + 0.9 * rng.random()), "kill") for _ in range(plan.worker_kills)]
+    actions += [(window * (i + 1) / (plan.broker_restarts + 1), "broker") for i in range(plan.broker_restarts)]
+    actions.sort()
+    start = time.monotonic()
+    for at, action in actions:
+        while time.monotonic() - start < at:
+            if not worker.alive():
+                faults.worker_crashes += 1
+                faults.log.append(f"{time.monotonic() - start:6.1f}s worker exited by itself ({worker.exit_code()}): restarted")
+                worker.start()
+            await asyncio.sleep(0.2)
+        t = time.monotonic() - start
+        if action == "kill":
+            worker.kill()
+            faults.worker_kills += 1
+            await asyncio.sleep(rng.uniform(0.2, 1.5))
+            worker.start()
+            faults.log.append(f"{t:6.1f}s worker SIGKILLed and restarted")
+        else:
+            t0 = time.monotonic()
+            await asyncio.to_thread(local.stop, broker_settings)
+            await asyncio.sleep(rng.uniform(1.0, 3.0))
+            await asyncio.to_thread(local.start, broker_settings)
+            faults.broker_down_s += time.monotonic() - t0
+            faults.broker_restarts += 1
+            faults.log.append(f"{t:6.1f}s broker stopped and restarted ({time.monotonic() - t0:.1f}s down)")
+    while not done.is_set():
+        if not worker.alive():
+            faults.worker_crashes += 1
+            faults.log.append("worker exited by itself after the faults: restarted")
+            worker.start()
+        await asyncio.sleep(0.5)
+
+
+async def _read_topics(bootstrap: str, names: Sequence[str]) -> list[Any]:
+    """Every record of ``names`` up to their current end."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
+        max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024,
+    )
+    await consumer.start()
+    try:
+        tps = []
+        for name in names:
+            parts = consumer.partitions_for_topic(name)
+            if parts is None:
+                await consumer._client.force_metadata_update()  # noqa: SLF001
+                parts = consumer.partitions_for_topic(name) or set()
+            tps += [TopicPartition(name, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        await consumer.seek_to_beginning(*tps)
+        out: list[Any] = []
+        remaining = {tp for tp in tps if ends[tp] > 0}
+        while remaining:
+            polled = await consumer.getmany(timeout_ms=1000, max_records=10_000)
+            for tp, recs in polled.items():
+                out.extend(r for r in recs if r.offset < ends[tp])
+            for tp in list(remaining):
+                if await consumer.position(tp) >= ends[tp]:
+                    remaining.discard(tp)
+        return out
+    finally:
+        await consumer.stop()
+
+
+@dataclass
+class Verdict:
+    figures: dict[str, Any]
+    problems: list[str]
+
+
+def _verify_log(records: list[Any], topics: Topics, ledger: Ledger, valid: list[EventBase]) -> dict[str, Any]:
+    from memstream.streams.consumer import decode_or_dead_letter
+    from memstream.streams.deadletter import DeadLetter, NotADeadLetter, parse_dead_letter
+
+    counts: Counter[str] = Counter()
+    valid_positions: set[tuple[str, int, int]] = set()
+    dead: dict[tuple[str, int, int], str] = {}
+    for r in records:
+        if r.topic == topics.dead_letter:
+            try:
+                dl = parse_dead_letter(r.key, r.value, r.headers)
+            except NotADeadLetter:
+                continue
+            dead[(dl.source_topic, dl.source_partition, dl.source_offset)] = dl.reason
+            continue
+        item = decode_or_dead_letter(r.topic, r.partition, r.offset, r.key, r.value, r.headers)
+        if isinstance(item, DeadLetter):
+            continue
+        counts[str(item.event.event_id)] += 1
+        valid_positions.add((r.topic, r.partition, r.offset))
+    acked = set(ledger.acked)
+    ours = {str(e.event_id) for e in valid}
+    bad_found = [pos for pos in ledger.bad if pos in dead and dead[pos].strip()]
+    return {
+        "acked": len(acked),
+        "in_log": sum(1 for e in acked if counts[e] >= 1),
+        "lost": sum(1 for e in acked if counts[e] == 0),
+        "duplicated": sum(1 for e in ours if counts[e] > 1),
+        "unacked_in_log": sum(1 for e in ours - acked if counts[e] >= 1),
+        "bad_inputs": len(ledger.bad),
+        "dead_lettered": len(bad_found),
+        "valid_dead_lettered": len(valid_positions & set(dead)),
+        "dead_letter_records": sum(1 for r in records if r.topic == topics.dead_letter),
+    }
+
+
+def _verify_turns(
+    settings: Settings, store: Any, valid: list[EventBase], positions: dict[str, LogPosition]
+) -> dict[str, int]:
+    """Every qualifying turn: extracted (a memory cites it) or still pending."""
+    import asyncio as _asyncio
+
+    from memstream.bench._common import group_offsets
+    from memstream.domain.quality import gate
+    from memstream.projections.schema import MEMORIES
+    from memstream.streams.extractor_agent import consumer_group
+
+    committed = _asyncio.run(group_offsets(settings.bootstrap_servers, consumer_group(settings)))
+    cited: set[tuple[str, str]] = set()
+    table_ = store.table(MEMORIES).to_arrow().select(["team_id", "user_id", "source_message_ids"]).to_pylist()
+    for row in table_:
+        for sid in row["source_message_ids"] or ():
+            cited.add((f"{row['team_id']}/{row['user_id']}", sid))
+    turns = [e for e in valid if isinstance(e, MessageObserved) and gate(e.content).passed]
+    extracted = pending = lost = 0
+    for turn in turns:
+        if (turn.scope.space, turn.message_id) in cited:
+            extracted += 1
+            continue
+        pos = positions.get(str(turn.event_id))
+        if pos is not None and pos.offset >= committed.get((pos.topic, pos.partition), 0):
+            pending += 1
+        else:
+            lost += 1
+    return {"turns": len(turns), "turns_extracted": extracted, "turns_pending": pending, "turns_lost": lost}
+
+
+def _searches(store: Any, embedder: Any, plan: ChaosPlan, rng: random.Random) -> tuple[int, int, list[float]]:
+    from memstream.projections.search import search
+
+    jobs = []
+    for _ in range(plan.searches):
+        tenant = rng.randrange(plan.tenants)
+        words = rng.randint(1, 4)
+        query = " ".join(rng.choice(_VOCAB) for _ in range(words))
+        if rng.random() < 0.2:
+            query = f"Tenant {rng.randrange(plan.tenants):02d} {query}"  # names another tenant
+        jobs.append((tenant_scope(tenant), query, rng.choice((1, 5, 10, 20))))
+
+    def one(job: tuple[Scope, str, int]) -> tuple[int, int, float]:
+        scope, query, k = job
+        t0 = time.perf_counter()
+        results = search(store, embedder, scope, query, k)
+        ms = (time.perf_counter() - t0) * 1000
+        leaks = sum(1 for r in results if (r.team_id, r.user_id) != (scope.team_id, scope.user_id))
+        return leaks, len(results), ms
+
+    leaks = returned = 0
+    latencies: list[float] = []
+    with progress() as bar, ThreadPoolExecutor(max_workers=4) as pool:
+        task = bar.add_task("searches", total=len(jobs))
+        for leak, n, ms in pool.map(one, jobs):
+            leaks += leak
+            returned += n
+            latencies.append(ms)
+            bar.advance(task)
+    return leaks, returned, latencies
+
+
+def chaos_settings(workdir: Path, llm_base_url: str, *, timeout_s: float) -> Settings:
+    """A private world: broker ports, topics, app id, directories, the flaky LLM."""
+    port, controller = _free_port(), _free_port()
+    while controller == port:
+        controller = _free_port()
+    suffix = uuid.uuid4().hex[:8]
+    base = Settings().model_dump()
+    base.update(
+        bootstrap_servers=f"127.0.0.1:{port}",
+        broker_port=port,
+        controller_port=controller,
+        broker_dir=None,
+        broker_heap="512m",
+        home=workdir / "home",
+        lance_dir=workdir / "lance",
+        topic_prefix=f"chaos-{suffix}.",
+        app_id=f"chaos-{suffix}",
+        partitions=3,
+        embedder="local",
+        llm_base_url=llm_base_url,
+        llm_api_key="unused",
+        llm_model="chaos-scripted",
+        llm_timeout_s=timeout_s,
+        llm_max_retries=1,
+        extract_idle_seconds=1.0,
+        optimize_every_s=5.0,
+    )
+    return Settings(**base)
+
+
+def run_plan(plan: ChaosPlan, *, workdir: Path | None = None, keep: bool = False) -> dict[str, Any]:
+    """Run ``plan`` (see the module docstring) and return the summary."""
+    from memstream.projections.embedder import build_embedder
+    from memstream.projections.replay import replay
+    from memstream.projections.store import LanceStore
+    from memstream.streams.admin import ensure_topics
+    from memstream.streams.broker import local
+
+    import logging
+
+    # aiokafka reports every failed connection while the broker is down on purpose
+    for name in ("aiokafka", "kafka"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    rng = random.Random(plan.seed)
+    own_dir = workdir is None
+    root = Path(tempfile.mkdtemp(prefix="memstream-bench-chaos-")) if workdir is None else Path(workdir)
+    timeout_s = 2.0
+    llm = FlakyLLM(plan.llm_failure_rate, plan.seed, timeout_s)
+    server = OpenAICompatServer(chat=llm, timeout_hint_s=timeout_s).start()
+    settings = chaos_settings(root, server.base_url, timeout_s=timeout_s)
+    topics = Topics.from_settings(settings)
+    run_id = uuid.uuid4().hex[:6]
+    valid = make_valid_events(plan, rng, run_id)
+    bad = make_bad_records(plan.bad_inputs, rng, topics, plan.tenants)
+    rng.shuffle(bad)
+    console.print(
+        f"chaos: {len(valid)} events ({sum(isinstance(e, MessageObserved) for e in valid)} turns), "
+        f"{len(bad)} bad inputs, {plan.tenants} tenants; {plan.worker_kills} worker kills, "
+        f"{plan.broker_restarts} broker restarts, LLM failing {plan.llm_failure_rate:.0%}; "
+        f"private broker 127.0.0.1:{settings.broker_port}, topics {settings.topic_prefix}*"
+    )
+    ledger = Ledger()
+    faults = Faults()
+    worker = WorkerProcess(settings, root / "worker", agents=["projector", "extractor"], loglevel="info")
+    started = time.monotonic()
+    figures: dict[str, Any] = {}
+    try:
+        local.start(settings)
+        asyncio.run(ensure_topics(settings.bootstrap_servers, topics))
+        worker.start()
+        worker.wait_log("extractor assigned", timeout=180.0)
+
+        async def traffic() -> float:
+            done = asyncio.Event()
+            with progress() as bar:
+                task = bar.add_task("produce under faults", total=len(valid))
+                injector = asyncio.create_task(_inject(worker, settings, plan, rng, faults, done))
+                try:
+                    seconds = await _produce(
+                        settings, valid, bad, plan, ledger, lambda n: bar.update(task, completed=n)
+                    )
+                    while not injector.done() and faults.worker_kills + faults.broker_restarts < (
+                        plan.worker_kills + plan.broker_restarts
+                    ):
+                        await asyncio.sleep(0.5)
+                finally:
+                    done.set()
+                    await injector
+            return seconds
+
+        produce_s = asyncio.run(traffic())
+        if not worker.alive():
+            worker.start()
+        store_box: list[Any] = []
+
+        def positions() -> dict[tuple[str, int], int]:
+            if not store_box:
+                if not (settings.lance_dir / "positions.lance").exists():
+                    return {}
+                store_box.append(LanceStore.from_settings(settings, read_consistency_interval=timedelta(0)))
+            return dict(store_box[0].positions())
+
+        settle_start = time.monotonic()
+        caught_up = True
+        try:
+            with progress() as bar:
+                task = bar.add_task("drain (extract + project)", total=None)
+                asyncio.run(
+                    wait_caught_up(
+                        settings,
+                        positions,
+                        timeout=plan.settle_timeout_s,
+                        alive=worker.alive,
+                        on_poll=lambda s: bar.update(task, description=f"drain: {s.behind(extraction=True)} behind"),
+                    )
+                )
+        except TimeoutError as exc:
+            caught_up = False
+            err_console.print(f"[yellow]{exc}; turns not extracted count as pending[/yellow]")
+        settle_s = time.monotonic() - settle_start
+        exit_code = worker.stop()
+
+        records = asyncio.run(_read_topics(settings.bootstrap_servers, [topics.messages, topics.events, topics.dead_letter]))
+        figures.update(_verify_log(records, topics, ledger, valid))
+        store = LanceStore.from_settings(settings)
+        figures.update(_verify_turns(settings, store, valid, ledger.acked))
+
+        acked_memories = [e for e in valid if isinstance(e, MemoryAdded) and str(e.event_id) in ledger.acked]
+        from memstream.projections.schema import MEMORIES
+
+        live_ids = {
+            (r["team_id"], r["memory_id"])
+            for r in store.table(MEMORIES).to_arrow().select(["team_id", "memory_id"]).to_pylist()
+        }
+        figures["valid_not_projected"] = sum(1 for e in acked_memories if (e.scope.team_id, e.memory_id) not in live_ids)
+
+        report = asyncio.run(replay(settings, dry_run=True))
+        figures["projection_matches_replay"] = not report.differences and bool(report.live_matches)
+        figures["replay_differences"] = [f"{d.table}: {d}" for d in report.differences]
+
+        embedder = build_embedder(settings)
+        leaks, returned, latencies = _searches(store, embedder, plan, rng)
+        from memstream.bench._common import percentile
+
+        figures.update(
+            worker_kills=faults.worker_kills,
+            worker_crashes=faults.worker_crashes,
+            worker_exit_code=exit_code,
+            broker_restarts=faults.broker_restarts,
+            llm_calls=llm.calls,
+            llm_failures=llm.failures.total(),
+            llm_failure_kinds=dict(llm.failures),
+            searches=plan.searches,
+            search_results=returned,
+            cross_tenant_results=leaks,
+            search_p50_ms=round(percentile(latencies, 50), 2),
+            tenants=plan.tenants,
+            events=len(valid),
+            resends=ledger.resends,
+            send_errors=dict(ledger.send_errors),
+            caught_up=caught_up,
+            produce_s=round(produce_s, 1),
+            settle_s=round(settle_s, 1),
+            total_s=round(time.monotonic() - started, 1),
+        )
+    except BaseException:
+        err_console.print(f"[red]worker log tail:[/red]\n{worker.tail(40)}")
+        raise
+    finally:
+        worker.stop()
+        server.stop()
+        try:
+            local.stop(settings)
+        except Exception as exc:  # noqa: BLE001 - report, keep the original error
+            err_console.print(f"[yellow]could not stop the private broker: {exc}[/yellow]")
+        if own_dir and not keep:
+            shutil.rmtree(root, ignore_errors=True)
+        elif keep:
+            err_console.print(f"kept {root}")
+    _print(figures, faults)
+    return figures
+
+
+def _print(figures: dict[str, Any], faults: Faults) -> None:
+    rows = [
+        ["events acknowledged", figures.get("acked")],
+        ["  in the log", figures.get("in_log")],
+        ["  lost", figures.get("lost")],
+        ["  duplicated in the log", figures.get("duplicated")],
+        ["  resent after a failed send", figures.get("resends")],
+        ["bad inputs", figures.get("bad_inputs")],
+        ["  dead-lettered with a reason", figures.get("dead_lettered")],
+        ["  valid records dead-lettered", figures.get("valid_dead_lettered")],
+        ["memories acknowledged but not projected", figures.get("valid_not_projected")],
+        ["projection equals a replay of the log", figures.get("projection_matches_replay")],
+        ["worker SIGKILLs / own crashes", f"{figures.get('worker_kills')} / {figures.get('worker_crashes')}"],
+        ["broker restarts", figures.get("broker_restarts")],
+        ["LLM calls / failed", f"{figures.get('llm_calls')} / {figures.get('llm_failures')}"],
+        ["qualifying turns", figures.get("turns")],
+        ["  extracted / pending / lost", f"{figures.get('turns_extracted')} / {figures.get('turns_pending')} / {figures.get('turns_lost')}"],
+        ["searches / cross-tenant results", f"{figures.get('searches')} / {figures.get('cross_tenant_results')}"],
+        ["time: produce / drain / total (s)", f"{figures.get('produce_s')} / {figures.get('settle_s')} / {figures.get('total_s')}"],
+    ]
+    console.print(table("fault injection", ["check", "value"], rows))
+    for line in faults.log:
+        err_console.print(line)
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    """``memstream bench chaos [--quick]``."""
+    return run_plan(ChaosPlan.quick() if quick else ChaosPlan.full())
