@@ -286,7 +286,7 @@ async def end_offsets(bootstrap: str, topic_names: Sequence[str]) -> dict[tuple[
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     try:
-        tps = []
+        tps: list[TopicPartition] = []
         for name in topic_names:
             parts = consumer.partitions_for_topic(name)
             if parts is None:
@@ -466,6 +466,9 @@ class _Handler(BaseHTTPRequestHandler):
         texts = [inputs] if isinstance(inputs, str) else list(inputs or [])
         if not texts or not all(isinstance(t, str) for t in texts):
             self._error(400, "input must be a string or a list of strings")
+            return
+        if owner.embedder is None:
+            self._error(500, "this server has no embedding model")
             return
         start = time.perf_counter()
         with owner._embed_lock:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import json
 import os
 import shutil
 import statistics
@@ -57,8 +56,8 @@ from memstream.bench._common import WorkerProcess as _CommonWorker
 from memstream.bench._common import console, err_console, percentile
 from memstream.bench._common import delete_topics as _delete_topics
 from memstream.domain.content import content_hash, normalize_content
-from memstream.domain.events import EmbeddingPayload, Entity, MemoryAdded, MemoryType, Scope
-from memstream.projections.schema import ENTITIES, MEMORIES, schema_for, scoped_key
+from memstream.domain.events import EmbeddingPayload, Entity, MemoryAdded, MemoryType, MessageObserved, Scope
+from memstream.projections.schema import ENTITIES, MEMORIES, MESSAGES, schema_for, scoped_key
 from memstream.settings import Settings
 from memstream.streams.admin import ensure_topics
 from memstream.streams.producer import MemstreamProducer
@@ -83,9 +82,13 @@ __all__ = [
     "random_unit_vectors",
     "embed_contents",
     "make_queries",
+    "SESSION_TURNS",
+    "SPEAKERS",
     "memory_event",
+    "message_event",
     "corpus_events",
     "memory_rows",
+    "message_rows",
     "entity_rows",
     "bench_settings",
     "create_topics",
@@ -100,8 +103,6 @@ __all__ = [
     "machine_info",
     "load_average",
     "status",
-    "as_json",
-    "dumps",
 ]
 
 DIM = 384
@@ -378,6 +379,31 @@ def memory_event(corpus: Corpus, i: int, *, model_id: str | None) -> MemoryAdded
     )
 
 
+SESSION_TURNS = 50
+"""Consecutive turns of one memory space that make one conversation session."""
+SPEAKERS: tuple[str, str] = ("Ana", "assistant")
+
+
+def _session(i: int) -> str:
+    return f"s{i // SESSION_TURNS:06d}"
+
+
+def message_event(corpus: Corpus, i: int) -> MessageObserved:
+    """The L0 turn memory ``i`` was drawn from (its ``source_message_ids``): same
+    space and time, its text, in session ``s<i // 50>``, speakers alternating."""
+    return MessageObserved(
+        scope=Scope(team_id=TEAM, user_id=corpus.users[i]),
+        message_id=f"msg-{corpus.memory_ids[i]}",
+        role="user" if i % 2 == 0 else "assistant",
+        speaker=SPEAKERS[i % 2],
+        content=corpus.contents[i],
+        session_id=_session(i),
+        occurred_at=corpus.created_at[i],
+        recorded_at=corpus.created_at[i],
+        producer="memstream-bench",
+    )
+
+
 def corpus_events(corpus: Corpus, *, model_id: str | None, start: int = 0, stop: int | None = None) -> Iterator[MemoryAdded]:
     for i in range(start, len(corpus) if stop is None else stop):
         yield memory_event(corpus, i, model_id=model_id)
@@ -455,6 +481,37 @@ def memory_rows(
         for f in schema
     ]
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def message_rows(corpus: Corpus, *, start: int = 0, stop: int | None = None, log_topic: str = "bench.messages") -> pa.Table:
+    """The ``messages`` rows the projector writes for :func:`message_event` of these
+    memories (log fields synthetic: ``log_topic``, partition 0, offset ``i``)."""
+    stop = len(corpus) if stop is None else stop
+    idx = range(start, stop)
+    n = stop - start
+    ids = [f"msg-{m}" for m in corpus.memory_ids[start:stop]]
+    users = corpus.users[start:stop]
+    created = corpus.created_at[start:stop]
+    columns: dict[str, list[Any]] = {
+        "pk": [scoped_key(TEAM, u, m) for u, m in zip(users, ids)],
+        "message_id": ids,
+        "team_id": [TEAM] * n,
+        "user_id": users,
+        "agent_id": ["default"] * n,
+        "session_id": [_session(i) for i in idx],
+        "role": ["user" if i % 2 == 0 else "assistant" for i in idx],
+        "speaker": [SPEAKERS[i % 2] for i in idx],
+        "content": corpus.contents[start:stop],
+        "content_hash": corpus.hashes[start:stop],
+        "metadata": ["{}"] * n,
+        "occurred_at": created,
+        "recorded_at": created,
+        "log_topic": [log_topic] * n,
+        "log_partition": [0] * n,
+        "log_offset": list(idx),
+        "event_id": [str(uuid.UUID(int=(1 << 64) + i)) for i in idx],
+    }
+    return pa.Table.from_pydict(columns, schema=schema_for(MESSAGES, DIM))
 
 
 def entity_rows(corpus: Corpus, *, start: int = 0, stop: int | None = None, log_topic: str = "bench.events") -> pa.Table:
@@ -769,19 +826,4 @@ class BenchWorkdir:
                 asyncio.run(delete_topics(s))
         if not self.keep:
             shutil.rmtree(self.path, ignore_errors=True)
-            # replay leaves siblings next to the lance dir inside the workdir only
 
-
-def as_json(value: Any) -> Any:
-    """Round floats for the JSON line (keeps it readable)."""
-    if isinstance(value, float):
-        return round(value, 3) if value == value else None
-    if isinstance(value, dict):
-        return {k: as_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [as_json(v) for v in value]
-    return value
-
-
-def dumps(value: Any) -> str:
-    return json.dumps(as_json(value), sort_keys=True)

@@ -308,7 +308,7 @@ class FlakyLLM:
             decisions = [{"new": n, "action": "store", "links": [], "reason": "new information"} for n in numbers]
             return ChatReply(content=json.dumps({"decisions": decisions}))
         match = _NEW_TURNS.search(prompt)
-        memories = []
+        memories: list[dict[str, Any]] = []
         for line in (match.group(1) if match else "").splitlines():
             m = _TURN_LINE.match(line.strip())
             if not m:

@@ -80,6 +80,7 @@ __all__ = [
     "ingest",
     "SYSTEMS",
     "PLAIN_RANKING",
+    "cleanup_run",
     "evaluate",
     "Evaluation",
     "run",
@@ -318,8 +319,10 @@ def conversation_events(conversation: Conversation) -> list[MessageObserved]:
 
 def bench_settings(base: Settings, workdir: Path, *, embedder: str, tag: str) -> Settings:
     """Settings for a private run: own topics, app id and LanceDB directory on the
-    configured broker; the no-LLM extractor; a short idle trigger so the last turns of a
-    session are extracted a second after they arrive instead of 30 s later."""
+    configured broker; the no-LLM extractor with windows of up to 50 turns (it has no
+    prompt to keep short, and a bulk import then needs a fifth of the windows) and a
+    short idle trigger, so the last turns of a session are extracted a second after they
+    arrive instead of 30 s later."""
     suffix = uuid.uuid4().hex[:8]
     data = base.model_dump()
     data.update(
@@ -331,6 +334,7 @@ def bench_settings(base: Settings, workdir: Path, *, embedder: str, tag: str) ->
         llm_base_url=None,
         llm_api_key=None,
         extract_idle_seconds=1.0,
+        extract_max_new_turns=50,
     )
     return Settings(**data)
 
@@ -523,7 +527,7 @@ def run(data: Path, k: tuple[int, ...] = DEFAULT_K, embedder: str = "local", kee
         store.optimize()
         ev = evaluate(store, emb, conversations, cutoffs, _systems())
     finally:
-        _cleanup(settings, workdir, keep)
+        cleanup_run(settings, workdir, keep)
     summary = ev.board.summary()
     _print_report(summary, ev, cutoffs)
     overall = {s: summary[s]["overall"] for s in summary}
@@ -556,7 +560,8 @@ def run(data: Path, k: tuple[int, ...] = DEFAULT_K, embedder: str = "local", kee
     return result
 
 
-def _cleanup(settings: Settings, workdir: Path, keep: bool) -> None:
+def cleanup_run(settings: Settings, workdir: Path, keep: bool) -> None:
+    """Delete a run's private topics and (unless ``keep``) its working directory."""
     from memstream.bench._common import delete_topics
     from memstream.streams.topics import Topics
 

@@ -7,9 +7,10 @@ memory space (the worst case for a scoped search: the prefilter keeps every row)
    naming an entity, 1 in 50 superseded by the next one) and embedded by the
    product's configured embedder (the local default, 384-d), so stored vectors and
    query vectors come from one model;
-2. the table is built by bulk ``add`` of exactly the rows the projector writes
-   (memories and entities; the smoke test checks the rows against the real
-   projector), not through the worker: a million events through the worker would
+2. the tables are built by bulk ``add`` of exactly the rows the projector writes
+   (memories, entities, and the L0 turn each memory was drawn from, in sessions of
+   50 turns, since search reads turns for its conversational context; the smoke test
+   checks all three against the real projector), not through the worker: a million events through the worker would
    take the better part of an hour here and measure the projector, not search;
 3. the indexes are made the way the worker's maintenance makes them:
    ``LanceStore.optimize()`` (compaction, full-text index current) then
@@ -43,6 +44,7 @@ from memstream.bench._events import (
     make_corpus,
     make_queries,
     memory_rows,
+    message_rows,
     percentile,
     print_table,
     progress_bar,
@@ -50,7 +52,7 @@ from memstream.bench._events import (
 )
 from memstream.domain.events import Scope
 from memstream.projections.embedder import build_embedder
-from memstream.projections.schema import ENTITIES, MEMORIES
+from memstream.projections.schema import ENTITIES, MEMORIES, MESSAGES
 from memstream.projections.search import RESULT_COLUMNS, build_where, search
 from memstream.projections.store import VECTOR_REFINE_FACTOR, LanceStore
 
@@ -74,6 +76,7 @@ def _build(store: LanceStore, corpus: Any, model_id: str) -> dict[str, Any]:
         for start in range(0, n, _ADD_CHUNK):
             stop = min(n, start + _ADD_CHUNK)
             store.table(MEMORIES).add(memory_rows(corpus, model_id=model_id, start=start, stop=stop, superseded_every=50))
+            store.table(MESSAGES).add(message_rows(corpus, start=start, stop=stop))
             ents = entity_rows(corpus, start=start, stop=stop)
             if ents.num_rows:
                 store.table(ENTITIES).add(ents)

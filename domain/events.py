@@ -106,6 +106,8 @@ __all__ = [
     "utcnow",
     "new_event_id",
     "has_lone_surrogate",
+    "describe_validation_error",
+    "Name",
 ]
 
 MAX_MESSAGE_CHARS = 32_000
@@ -764,7 +766,10 @@ def _location(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) + tail or "event"
 
 
-def _format_error(exc: ValidationError) -> str:
+def describe_validation_error(exc: ValidationError) -> str:
+    """pydantic's report as the one line memstream shows everywhere: the first problems,
+    each as ``field.path: short sentence`` (used for events, and by the interfaces for
+    any input checked with this module's types)."""
     errors = exc.errors()
     parts = [f"{_location(tuple(e.get('loc', ())))}: {_explain(e)}" for e in errors[:_MAX_ERRORS_SHOWN]]
     more = len(errors) - _MAX_ERRORS_SHOWN
@@ -805,6 +810,6 @@ def parse_event(raw: Any, *, require_envelope: bool = False) -> EventBase:
     try:
         return EVENT_TYPES[etype].model_validate(upgraded)
     except ValidationError as exc:
-        raise EventValidationError(_format_error(exc)) from None
+        raise EventValidationError(describe_validation_error(exc)) from None
     except RecursionError:
         raise EventValidationError("event is nested too deeply") from None

@@ -53,8 +53,9 @@ from __future__ import annotations
 
 import bisect
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -524,6 +525,29 @@ _NEIGHBOUR_WINDOW = 256
 turns of other spaces sharing the partition may lie in between."""
 _TURN_COLUMNS = ("pk", "message_id", "session_id", "speaker", "content", "log_partition", "log_offset")
 _MAX_TURNS = 20_000
+SPEAKERS_TTL_S = 30.0
+"""How long a memory space's list of speakers is reused for query processing (a
+speaker who joins meanwhile only misses the name removal, never the speaker prior)."""
+_SPEAKERS: dict[tuple[str, str, str], tuple[float, frozenset[str]]] = {}
+_SPEAKERS_LOCK = threading.Lock()
+_SPEAKERS_MAX = 4096
+
+
+def _space_speakers(store: LanceStore, scope: Scope) -> frozenset[str]:
+    """The distinct speakers of the space's turns, cached for :data:`SPEAKERS_TTL_S`."""
+    key = (str(store.root), scope.team_id, scope.user_id)
+    now = time.monotonic()
+    with _SPEAKERS_LOCK:
+        hit = _SPEAKERS.get(key)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+    column = store.rows(MESSAGES, f"{space_where(scope)} AND speaker IS NOT NULL", ["speaker"]).column("speaker")
+    speakers = frozenset(str(v) for v in column.unique().to_pylist() if v)
+    with _SPEAKERS_LOCK:
+        if len(_SPEAKERS) >= _SPEAKERS_MAX:
+            _SPEAKERS.clear()
+        _SPEAKERS[key] = (now + SPEAKERS_TTL_S, speakers)
+    return speakers
 
 
 @dataclass(frozen=True)
@@ -559,6 +583,11 @@ def _load_turns(store: LanceStore, scope: Scope, message_ids: Sequence[str], tur
     for chunk in chunked(keys):
         for row in store.rows(MESSAGES, f"{space} AND {in_list('pk', chunk)}", _TURN_COLUMNS).to_pylist():
             turns[row["message_id"]] = _turn(row)
+
+
+def _entity_stats(store: LanceStore, scope: Scope, keys: set[str]) -> tuple[dict[str, int], int]:
+    """How many memories of the space name each entity, and how many there are."""
+    return store.entity_frequencies(scope, keys), store.count_memories(scope)
 
 
 def _sources(row: Mapping[str, Any]) -> list[str]:
@@ -647,13 +676,13 @@ def _neighbours(
         return max(pks, key=lambda pk: (scores.get(pk, 0.0), pk))
 
     previous: dict[str, str] = {}
-    for pk, m in before.items():
-        if m and m in by_message:
-            previous[pk] = best(by_message[m])
-    for pk, m in after.items():
-        if not m or m not in by_message:
+    for pk, prev_turn in before.items():
+        if prev_turn and prev_turn in by_message:
+            previous[pk] = best(by_message[prev_turn])
+    for pk, next_turn in after.items():
+        if not next_turn or next_turn not in by_message:
             continue
-        for follower in by_message[m]:
+        for follower in by_message[next_turn]:
             current = previous.get(follower)
             if current is None or scores.get(pk, 0.0) > scores.get(current, 0.0):
                 previous[follower] = pk
@@ -693,23 +722,23 @@ def search(
     tscore: dict[str, float] = {}
     context: dict[str, float] = {}
     priors: dict[str, float] = {}
+    entity_stats: tuple[set[str], Future[tuple[dict[str, int], int]]] | None = None
     if query.strip():
-        text_query = lexical_query(query) if w.query_processing else query
+        # the speakers the query names move from the BM25 query to the speaker prior
+        named = query_mentions(query, _space_speakers(store, scope)) if w.query_processing else set()
+        text_query = lexical_query(query, named) if w.query_processing else query
         vrows, trows = _both_lists(store, embedder, query, where, n, text_query=text_query)
         turns: dict[str, _Turn] = {}
         conversational = w.query_processing or w.speaker_weight > 0 or w.context_forward > 0 or (
             w.context_forward_statement > 0 or w.context_backward > 0
         )
+        # the entity statistics (two small queries) run meanwhile in the pool
+        early = {e["name"] for r in [*vrows, *trows] for e in (r.get("entities") or ())}
+        early_keys = {normalize_content(m) for m in query_mentions(query, early)}
+        if early_keys:
+            entity_stats = (early_keys, _pool().submit(_entity_stats, store, scope, early_keys))
         if conversational:
             _load_turns(store, scope, [m for r in [*vrows, *trows] for m in _sources(r)], turns)
-            speakers = {t.speaker for t in turns.values() if t.speaker}
-            named = query_mentions(query, speakers)
-            if named and w.query_processing:
-                # the speakers the query names move from the BM25 query to the prior
-                narrowed = lexical_query(query, named)
-                if narrowed != text_query:
-                    trows = _text_rows(store, narrowed, where, n)
-                    _load_turns(store, scope, [m for r in trows for m in _sources(r)], turns)
         for r in vrows:
             rows.setdefault(r["pk"], r)
             vsim[r["pk"]] = 1.0 - float(r["_distance"])
@@ -766,8 +795,10 @@ def search(
         mentioned = query_mentions(query, names)
         if mentioned:
             keys = {normalize_content(m) for m in mentioned}
-            df = store.entity_frequencies(scope, keys)
-            total = store.count_memories(scope)
+            if entity_stats is not None and entity_stats[0] == keys:
+                df, total = entity_stats[1].result()
+            else:
+                df, total = _entity_stats(store, scope, keys)
             idf = {key: entity_idf(df.get(key, 1), total) for key in keys}
             for pk, r in rows.items():
                 hits = [idf[key] for key in (r.get("entity_keys") or ()) if key in idf]

@@ -73,6 +73,7 @@ from memstream.interfaces.service import (
     MemoryService,
     PositionNotReached,
     UnknownTopicError,
+    check_request_values,
     default_deadline,
     lessons_payload,
     memory_payload,
@@ -257,6 +258,14 @@ def _positions(values: list[str]) -> list[LogPosition]:
                 422, "validation_error", f"min_position {text!r} is not topic:partition:offset"
             ) from None
     return out
+
+
+def _check(**values: str) -> None:
+    """Ids a read names in its path or query, checked as events check them (422)."""
+    try:
+        check_request_values(**values)
+    except ValueError as exc:
+        raise ApiError(422, "validation_error", str(exc)) from None
 
 
 def _service(request: Request) -> MemoryService:
@@ -659,15 +668,13 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
         wait_s: WaitS = None,
     ) -> dict[str, Any]:
         scope = _resolve(principal, ScopeIn(team_id=team_id, user_id=user_id))
+        _check(memory_id=memory_id)
         service = _service(request)
         await _wait(service, _positions(min_position), wait_s)
-        found = await service.get_memory(scope, memory_id)
+        found = await service.get_memory(scope, memory_id, agent_id=principal.access.agent_id)
         if found is None:
             raise ApiError(404, "not_found", f"no memory {memory_id!r} in {scope.team_id}/{scope.user_id}")
-        payload = memory_payload(found)
-        if principal.access.agent_id is not None and payload.get("agent_id") not in (None, principal.access.agent_id):
-            raise ApiError(404, "not_found", f"no memory {memory_id!r} in {scope.team_id}/{scope.user_id}")
-        return payload
+        return memory_payload(found)
 
     @app.get("/v1/lessons", responses={**ERROR_RESPONSES, 409: {"model": ErrorResponse, "description": "min_position not reached in time."}},
              tags=["read"], summary="Lessons from past decisions on a subject, within a token budget")
@@ -684,6 +691,7 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
         scope = _resolve(principal, ScopeIn(team_id=team_id, user_id=user_id))
         if not subject.strip():
             raise ApiError(422, "validation_error", "query.subject: is empty")
+        _check(subject=subject)
         service = _service(request)
         await _wait(service, _positions(min_position), wait_s)
         context = await service.lessons(scope, subject, budget, same_agent=principal.access.agent_id is not None)

@@ -51,6 +51,7 @@ from memstream.domain.reflection import parse_rating
 from memstream.interfaces.service import (
     MemoryService,
     PositionNotReached,
+    check_request_values,
     default_deadline,
     lessons_payload,
     memory_payload,
@@ -168,6 +169,14 @@ class _State:
                 "stopped; try again shortly."
             )
         return None
+
+
+def _check(**values: str) -> None:
+    """Ids a tool call names, checked as events check them."""
+    try:
+        check_request_values(**values)
+    except ValueError as exc:
+        raise ToolError(f"invalid input: {exc}") from None
 
 
 def _reject(exc: Exception) -> ToolError:
@@ -318,6 +327,7 @@ def build_mcp_server(
         service = state.require()
         if not subject.strip():
             raise ToolError("subject is empty")
+        _check(subject=subject)
         note = await state.catch_up()
         context = await service.lessons(bank.scope, subject, budget_tokens, same_agent=bank.agent_id is not None)
         return LessonsResult(
@@ -328,8 +338,9 @@ def build_mcp_server(
         memory_id: Annotated[str, Field(min_length=1, max_length=128, description="A memory_id from query_memory.")],
     ) -> dict[str, Any]:
         service = state.require()
+        _check(memory_id=memory_id)
         note = await state.catch_up()
-        found = await service.get_memory(bank.scope, memory_id)
+        found = await service.get_memory(bank.scope, memory_id, agent_id=bank.agent_id)
         if found is None:
             raise ToolError(
                 f"no memory {memory_id!r} in bank {bank.name!r}"

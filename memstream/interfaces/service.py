@@ -26,9 +26,9 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from memstream.domain.events import EventBase, Scope
+from memstream.domain.events import EventBase, Identifier, Name, Scope, describe_validation_error
 from memstream.domain.log import LogPosition
 from memstream.interfaces import metrics
 from memstream.settings import Settings
@@ -42,6 +42,7 @@ __all__ = [
     "to_jsonable",
     "default_deadline",
     "search_filters",
+    "check_request_values",
     "search_hit_payload",
     "memory_payload",
     "lessons_payload",
@@ -204,8 +205,15 @@ class MemoryService:
 
         return await asyncio.to_thread(run)
 
-    async def get_memory(self, scope: Scope, memory_id: str) -> dict[str, Any] | None:
+    async def get_memory(
+        self, scope: Scope, memory_id: str, *, agent_id: str | None = None
+    ) -> dict[str, Any] | None:
+        """One memory of the scope's space with its history, links and provenance;
+        ``None`` when there is none, or when ``agent_id`` (a bank pinned to one agent)
+        is given and the memory was written by another agent."""
         result: dict[str, Any] | None = await asyncio.to_thread(self.store.get_memory, scope, memory_id)
+        if result is not None and agent_id is not None and result.get("agent_id") not in (None, agent_id):
+            return None
         return result
 
     async def lessons(self, scope: Scope, subject: str, budget_tokens: int, *, same_agent: bool = False) -> Any:
@@ -352,23 +360,49 @@ def search_filters(
     entity: str | None = None,
 ) -> Any:
     """The projection's :class:`SearchFilters` from request parameters. Raises
-    ``ValueError`` (one line) for a bad value: an unknown memory type, a time without a
-    UTC offset, a range that ends before it starts."""
+    ``ValueError`` (one line) for a bad value: an unknown memory type, a session or
+    agent that is not an id, an entity name no event could carry, a time without a UTC
+    offset, a range that ends before it starts."""
     from memstream.domain.events import MemoryType
     from memstream.projections.search import SearchFilters
 
     for name, value in (("time_from", time_from), ("time_to", time_to)):
         if value is not None and value.tzinfo is None:
             raise ValueError(f"{name} needs a UTC offset, e.g. 2025-01-31T09:30:00Z")
+    ids = check_request_values(session_id=session_id, agent_id=agent_id, entity=entity or None)
     return SearchFilters(
         memory_types=tuple(MemoryType.parse(t) for t in memory_types),
         time_from=time_from,
         time_to=time_to,
-        session_id=session_id,
-        agent_id=agent_id,
+        session_id=ids.session_id,
+        agent_id=ids.agent_id,
         include_superseded=include_superseded,
-        entity=entity or None,
+        entity=ids.entity,
     )
+
+
+class _RequestValues(BaseModel):
+    """Request values checked with the event model's own types: a value no event can
+    carry is refused at the boundary (it could never match, and some could not even be
+    written into a LanceDB filter)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    session_id: Identifier | None = None
+    agent_id: Identifier | None = None
+    memory_id: Identifier | None = None
+    subject: Identifier | None = None
+    entity: Name | None = None
+
+
+def check_request_values(**values: str | None) -> _RequestValues:
+    """The ids and names a read request names (``session_id``, ``agent_id``,
+    ``memory_id``, ``subject``, ``entity``), checked as events check them; raises
+    ``ValueError`` with one line naming the field."""
+    try:
+        return _RequestValues.model_validate(values)
+    except ValidationError as exc:
+        raise ValueError(describe_validation_error(exc)) from None
 
 
 def search_hit_payload(hit: Any, *, explain: bool) -> dict[str, Any]:

@@ -2,8 +2,8 @@
 
 What must hold: each benchmark's core runs against the real broker, the real worker
 and real LanceDB, returns its named figures, and its counts match what it produced;
-the rows the search benchmark bulk-loads are exactly the rows the real projector
-writes for the same events (otherwise it would time a table the product never
+the rows the search benchmark bulk-loads (memories, their L0 turns, entities) are
+exactly the rows the real projector writes for the same events (otherwise it would time a table the product never
 builds); ``memstream bench`` prints the JSON object as its last line.
 """
 
@@ -22,7 +22,7 @@ from memstream.cli import app
 from memstream.domain.log import LogPosition, PositionedEvent
 from memstream.projections.embedder import LocalEmbedder
 from memstream.projections.projector import Projector
-from memstream.projections.schema import ENTITIES, MEMORIES
+from memstream.projections.schema import ENTITIES, MEMORIES, MESSAGES
 from memstream.projections.store import LanceStore
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -50,14 +50,25 @@ def test_bulk_rows_equal_what_the_projector_writes(tmp_path: Path) -> None:
             event=_events.memory_event(corpus, i, model_id=embedder.model_id),
         )
         for i in range(len(corpus))
+    ] + [
+        PositionedEvent(
+            position=LogPosition(topic="bench.messages", partition=0, offset=i),
+            event=_events.message_event(corpus, i),
+        )
+        for i in range(len(corpus))
     ]
     result = Projector(store, embedder).apply(batch)
-    assert result.applied == len(corpus) and not result.failed
+    assert result.applied == 2 * len(corpus) and not result.failed
 
     projected = store.table(MEMORIES).to_arrow()
     built = _events.memory_rows(corpus, model_id=embedder.model_id)
     assert built.schema == projected.schema
     assert _sorted_rows(built, _LOG_COLUMNS) == _sorted_rows(projected, _LOG_COLUMNS)
+
+    projected_messages = store.table(MESSAGES).to_arrow()
+    built_messages = _events.message_rows(corpus)
+    assert built_messages.num_rows == len(corpus)
+    assert _sorted_rows(built_messages, _LOG_COLUMNS) == _sorted_rows(projected_messages, _LOG_COLUMNS)
 
     projected_entities = store.table(ENTITIES).to_arrow()
     built_entities = _events.entity_rows(corpus)

@@ -304,6 +304,13 @@ async def test_bad_query_parameters(stack: Stack, client: httpx.AsyncClient) -> 
     )
     assert_error(await client.get("/v1/search", headers=h, params={"q": "x", "k": 0}), 422, "validation_error")
     assert_error(await client.get("/v1/lessons", headers=h, params={"subject": "  "}), 422, "validation_error")
+    # Values no event can carry are refused at the door, never passed on to a LanceDB
+    # filter (a NUL used to surface as a 500 from the filter builder).
+    for params in ({"session_id": "s\x00"}, {"agent_id": "not an id"}, {"entity": "Al\x00ice"}):
+        err = assert_error(await client.get("/v1/search", headers=h, params={"q": "x", **params}), 422, "validation_error")
+        assert next(iter(params)) in err["message"]
+    assert_error(await client.get("/v1/lessons", headers=h, params={"subject": "AC\x00ME"}), 422, "validation_error")
+    assert_error(await client.get("/v1/memories/m%00x", headers=h), 422, "validation_error")
 
 
 _json = st.recursive(

@@ -91,6 +91,35 @@ async def test_in_process_session_pins_the_bank(stack: Stack, reader: LanceStore
     assert reader.get_memory(Scope(team_id="globex", user_id="bob"), added["memory_id"]) is None
 
 
+async def test_an_agent_pinned_bank_never_reads_another_agents_memory(stack: Stack) -> None:
+    """The "bot" bank (team acme, agent bot) shares its user's memory space with the
+    team-wide "acme" bank, but reads only what agent bot wrote: by search and by id."""
+    marker = uuid.uuid4().hex[:8]
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=60) as http:
+        resp = await http.post(
+            "/v1/memories",
+            json={"content": f"The other agent's note {marker}", "scope": {"agent_id": "other"}},
+            headers=stack.headers("acme"),
+        )
+        assert resp.status_code == 202, resp.text
+        written = resp.json()
+        seen = await http.get(
+            f"/v1/memories/{written['memory_id']}",
+            params={"min_position": written["position"]},
+            headers=stack.headers("acme"),
+        )
+        assert seen.status_code == 200 and seen.json()["agent_id"] == "other"
+        over_api = await http.get(f"/v1/memories/{written['memory_id']}", headers=stack.headers("bot"))
+        assert over_api.status_code == 404
+
+    bank = load_registry(stack.settings).bank("bot")
+    async with Client(build_mcp_server(bank, stack.settings)) as client:
+        by_id = await client.call_tool("get_memory", {"memory_id": written["memory_id"]})
+        assert by_id.is_error and "no memory" in str(by_id.content[0])
+        found = await call(client, "query_memory", {"query": f"other agent's note {marker}"})
+        assert written["memory_id"] not in [m["memory_id"] for m in found["memories"]]
+
+
 async def test_decision_outcome_lesson_round_trip(stack: Stack) -> None:
     bank = load_registry(stack.settings).bank("carol")
     subject = f"T{uuid.uuid4().hex[:6].upper()}"
