@@ -536,6 +536,14 @@ class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     owner: "OpenAICompatServer"
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up (a timeout, a scripted dropped connection) is not an
+        error worth a traceback on stderr; anything else still is."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
+
 
 class OpenAICompatServer:
     """An OpenAI-compatible server on 127.0.0.1 (a free port), in a background thread.

@@ -164,7 +164,7 @@ def run(data: Path, embedder: str = "local", k: tuple[int, ...] = (5, 10, 20)) -
     workdir = Path(tempfile.mkdtemp(prefix="memstream-bench-mem0-"))
     notes = Mem0Notes()
     logging.getLogger("mem0").addHandler(notes)
-    logging.getLogger("mem0").setLevel(logging.INFO)
+    logging.getLogger("mem0").setLevel(logging.WARNING)
     server = OpenAICompatServer(model).start()
     base = Settings().model_dump()
     base.update(

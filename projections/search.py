@@ -599,50 +599,41 @@ def _session_clause(session: str | None, partition: int, lo: int, hi: int) -> st
     return f"({same} AND log_partition = {partition} AND log_offset >= {lo} AND log_offset <= {hi})"
 
 
-def _neighbours(
+def _session_context(
     store: LanceStore,
     scope: Scope,
     where: str,
     rows: dict[str, dict[str, Any]],
+) -> tuple[Future[list[dict[str, Any]]], Future[list[dict[str, Any]]]] | None:
+    """Start reading, in the pool, every turn and every memory of the candidates'
+    sessions (the memories under the search's own prefilter): the neighbours of a
+    candidate's turns are among them. ``None`` when no candidate belongs to a session."""
+    sessions = sorted({r["session_id"] for r in rows.values() if r.get("session_id") and _sources(r)})
+    if not sessions:
+        return None
+    listed = ", ".join(quote(x) for x in sessions)
+    turn_filter = f"{space_where(scope)} AND session_id IN ({listed})"
+    memory_filter = f"{where} AND session_id IN ({listed})"
+    turns = _pool().submit(lambda: store.rows(MESSAGES, turn_filter, _TURN_COLUMNS, limit=_MAX_TURNS).to_pylist())
+    memories = _pool().submit(
+        lambda: store.rows(MEMORIES, memory_filter, RESULT_COLUMNS, limit=_MAX_TURNS).to_pylist()
+    )
+    return turns, memories
+
+
+def _neighbours(
+    rows: dict[str, dict[str, Any]],
     turns: dict[str, _Turn],
+    session_memories: Sequence[dict[str, Any]],
     scores: Mapping[str, float],
 ) -> tuple[dict[str, str], set[str]]:
     """``(previous, questions)`` for :func:`propagate_context` over the candidates: the
     memory drawn from the turn just before each candidate's first source turn, and the
     candidate each memory drawn from the turn just after a candidate's last source turn
-    follows (same space, session and partition, log order). Memories found this way
-    that pass ``where`` join ``rows``; their turns join ``turns``."""
-    anchors: dict[tuple[str | None, int], list[int]] = {}
-    firsts: dict[str, _Turn] = {}
-    lasts: dict[str, _Turn] = {}
-    for pk, row in rows.items():
-        src = [turns[m] for m in _sources(row) if m in turns]
-        if not src:
-            continue
-        src.sort(key=lambda t: t.offset)
-        firsts[pk], lasts[pk] = src[0], src[-1]
-        for t in (src[0], src[-1]):
-            anchors.setdefault((t.session_id, t.partition), []).append(t.offset)
-    if not anchors:
-        return {}, set()
-    clauses = []
-    for (session, partition), offsets in anchors.items():
-        offsets.sort()
-        lo, hi = offsets[0] - _NEIGHBOUR_WINDOW, offsets[0] + _NEIGHBOUR_WINDOW
-        for off in offsets[1:]:
-            if off - _NEIGHBOUR_WINDOW <= hi:
-                hi = off + _NEIGHBOUR_WINDOW
-            else:
-                clauses.append(_session_clause(session, partition, lo, hi))
-                lo, hi = off - _NEIGHBOUR_WINDOW, off + _NEIGHBOUR_WINDOW
-        clauses.append(_session_clause(session, partition, lo, hi))
-    found = store.rows(
-        MESSAGES, f"{space_where(scope)} AND ({' OR '.join(clauses)})", _TURN_COLUMNS, limit=_MAX_TURNS
-    ).to_pylist()
+    follows (same space, session and partition, in log order). ``turns`` holds the
+    sessions' turns; neighbour memories from ``session_memories`` join ``rows``."""
     lines: dict[tuple[str | None, int], list[tuple[int, str]]] = {}
-    for row in found:
-        t = _turn(row)
-        turns.setdefault(t.message_id, t)
+    for t in turns.values():
         lines.setdefault((t.session_id, t.partition), []).append((t.offset, t.message_id))
     for line in lines.values():
         line.sort()
@@ -650,27 +641,26 @@ def _neighbours(
     def step(t: _Turn, forward: bool) -> str | None:
         line = lines.get((t.session_id, t.partition), [])
         i = bisect.bisect_left(line, (t.offset, ""))
-        j = bisect.bisect_right(line, (t.offset, "\U0010ffff"))
         if forward:
+            j = i + 1 if i < len(line) and line[i][0] == t.offset else i
             return line[j][1] if j < len(line) else None
         return line[i - 1][1] if i > 0 else None
 
-    before = {pk: step(t, False) for pk, t in firsts.items()}
-    after = {pk: step(t, True) for pk, t in lasts.items()}
+    before: dict[str, str | None] = {}
+    after: dict[str, str | None] = {}
+    lasts: dict[str, _Turn] = {}
+    for pk, row in rows.items():
+        src = sorted((turns[m] for m in _sources(row) if m in turns), key=lambda t: t.offset)
+        if src:
+            before[pk], after[pk], lasts[pk] = step(src[0], False), step(src[-1], True), src[-1]
     wanted = {m for m in [*before.values(), *after.values()] if m}
     by_message: dict[str, list[str]] = {}
+    for row in session_memories:
+        if any(m in wanted for m in _sources(row)):
+            rows.setdefault(row["pk"], row)
     for pk, row in rows.items():
         for m in _sources(row):
             by_message.setdefault(m, []).append(pk)
-    unknown = sorted(m for m in wanted if m not in by_message)
-    for chunk in chunked(unknown):
-        ids = ", ".join(quote(m) for m in chunk)
-        for row in store.rows(
-            MEMORIES, f"{where} AND array_has_any(source_message_ids, [{ids}])", RESULT_COLUMNS
-        ).to_pylist():
-            rows.setdefault(row["pk"], row)
-            for m in _sources(row):
-                by_message.setdefault(m, []).append(row["pk"])
 
     def best(pks: list[str]) -> str:
         return max(pks, key=lambda pk: (scores.get(pk, 0.0), pk))
@@ -723,28 +713,27 @@ def search(
     context: dict[str, float] = {}
     priors: dict[str, float] = {}
     entity_stats: tuple[set[str], Future[tuple[dict[str, int], int]]] | None = None
+    early_keys: set[str] | None = None
     if query.strip():
         # the speakers the query names move from the BM25 query to the speaker prior
         named = query_mentions(query, _space_speakers(store, scope)) if w.query_processing else set()
         text_query = lexical_query(query, named) if w.query_processing else query
         vrows, trows = _both_lists(store, embedder, query, where, n, text_query=text_query)
         turns: dict[str, _Turn] = {}
-        conversational = w.query_processing or w.speaker_weight > 0 or w.context_forward > 0 or (
-            w.context_forward_statement > 0 or w.context_backward > 0
-        )
-        # the entity statistics (two small queries) run meanwhile in the pool
-        early = {e["name"] for r in [*vrows, *trows] for e in (r.get("entities") or ())}
-        early_keys = {normalize_content(m) for m in query_mentions(query, early)}
-        if early_keys:
-            entity_stats = (early_keys, _pool().submit(_entity_stats, store, scope, early_keys))
-        if conversational:
-            _load_turns(store, scope, [m for r in [*vrows, *trows] for m in _sources(r)], turns)
+        context_on = w.context_forward > 0 or w.context_forward_statement > 0 or w.context_backward > 0
+        conversational = context_on or w.speaker_weight > 0 or w.temporal_weight > 0
         for r in vrows:
             rows.setdefault(r["pk"], r)
             vsim[r["pk"]] = 1.0 - float(r["_distance"])
         for r in trows:
             rows.setdefault(r["pk"], r)
             tscore[r["pk"]] = float(r["_score"])
+        # one parallel stage: the sessions' turns and memories, the entity statistics
+        early = {e["name"] for r in rows.values() for e in (r.get("entities") or ())}
+        early_keys = {normalize_content(m) for m in query_mentions(query, early)}
+        if early_keys:
+            entity_stats = (early_keys, _pool().submit(_entity_stats, store, scope, early_keys))
+        pending = _session_context(store, scope, where, rows) if conversational else None
         if w.fusion == "score":
             fused = score_fusion(tscore, vsim, w.text_weight, w.fusion_vector_weight)
         else:
@@ -753,9 +742,17 @@ def search(
                 {"vector": w.vector_weight, "text": w.text_weight},
                 w.rrf_k,
             )
-        if conversational and turns:
-            if w.context_forward > 0 or w.context_forward_statement > 0 or w.context_backward > 0:
-                previous, questions = _neighbours(store, scope, where, rows, turns, fused)
+        if conversational:
+            session_memories: list[dict[str, Any]] = []
+            if pending is not None:
+                for row in pending[0].result():
+                    t = _turn(row)
+                    turns[t.message_id] = t
+                session_memories = pending[1].result()
+            # memories outside any session still get their speaker
+            _load_turns(store, scope, [m for r in rows.values() if not r.get("session_id") for m in _sources(r)], turns)
+            if context_on and turns:
+                previous, questions = _neighbours(rows, turns, session_memories, fused)
                 context = propagate_context(fused, previous, questions, w)
             speakers = {t.speaker for t in turns.values() if t.speaker}
             named_keys = {normalize_content(s) for s in query_mentions(query, speakers)}
@@ -791,14 +788,16 @@ def search(
     # entity boost: entities of the candidates that the query names, damped by IDF
     boosts: dict[str, float] = {}
     if query.strip():
-        names = {e["name"] for r in rows.values() for e in (r.get("entities") or ())}
-        mentioned = query_mentions(query, names)
-        if mentioned:
-            keys = {normalize_content(m) for m in mentioned}
-            if entity_stats is not None and entity_stats[0] == keys:
-                df, total = entity_stats[1].result()
-            else:
-                df, total = _entity_stats(store, scope, keys)
+        if early_keys is not None:
+            # the names the query mentions among the candidates' entities, whose
+            # statistics were read while the sessions were
+            keys = early_keys
+            df, total = entity_stats[1].result() if entity_stats is not None else ({}, 0)
+        else:
+            names = {e["name"] for r in rows.values() for e in (r.get("entities") or ())}
+            keys = {normalize_content(m) for m in query_mentions(query, names)}
+            df, total = _entity_stats(store, scope, keys) if keys else ({}, 0)
+        if keys:
             idf = {key: entity_idf(df.get(key, 1), total) for key in keys}
             for pk, r in rows.items():
                 hits = [idf[key] for key in (r.get("entity_keys") or ()) if key in idf]

@@ -1,0 +1,110 @@
+"""The conversation-aware ranking math: query processing, score fusion, neighbouring
+turns and the speaker and time priors (``memstream.domain.ranking`` 5-8)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from memstream.domain.ranking import (
+    RankingWeights,
+    asks_for_time,
+    is_question,
+    lexical_query,
+    mentions_time,
+    prior_factor,
+    propagate_context,
+    score_fusion,
+)
+
+
+def test_lexical_query_keeps_content_words_only() -> None:
+    assert lexical_query("When did Caroline go to the LGBTQ support group?") == "caroline go lgbtq support group"
+    assert lexical_query("What would Ana likely do?") == "ana"
+
+
+def test_lexical_query_moves_named_speakers_out() -> None:
+    assert lexical_query("What do Melanie's kids like?", ["Melanie"]) == "kids like"
+    assert lexical_query("Did Mary Ann Lee call Bob?", ["Mary Ann Lee", "Bob"]) == "call"
+    # a name that is only part of a longer word is not a mention
+    assert lexical_query("Where is Bobby?", ["Bob"]) == "bobby"
+
+
+def test_lexical_query_never_empties_a_query() -> None:
+    assert lexical_query("Who is Melanie?", ["Melanie"]) == "melanie"
+    assert lexical_query("what is it?") == "what is it?"
+    assert lexical_query("") == ""
+
+
+@given(st.text(max_size=60), st.lists(st.text(max_size=10), max_size=3))
+def test_lexical_query_is_total(query: str, names: list[str]) -> None:
+    out = lexical_query(query, names)
+    assert isinstance(out, str)
+    assert out.strip() or not query.strip() or out == query
+
+
+def test_score_fusion_normalises_bm25_and_weights_similarity() -> None:
+    fused = score_fusion({"a": 10.0, "b": 5.0}, {"a": 0.2, "c": 0.8, "d": -0.5}, 1.0, 0.5)
+    assert fused["a"] == pytest.approx((1.0 + 0.5 * 0.2) / 1.5)
+    assert fused["b"] == pytest.approx(0.5 / 1.5)
+    assert fused["c"] == pytest.approx(0.5 * 0.8 / 1.5)
+    assert fused["d"] == 0.0  # negative similarity counts as none
+    assert all(0.0 <= v <= 1.0 for v in fused.values())
+    assert score_fusion({}, {"x": 0.4}, 1.0, 0.5) == {"x": pytest.approx(0.2 / 1.5)}
+    with pytest.raises(ValueError):
+        score_fusion({"a": 1.0}, {}, 0.0, 0.0)
+
+
+def test_score_fusion_keeps_how_much_better_a_hit_is() -> None:
+    # RRF would give ranks 1 and 2 almost the same; score fusion keeps the gap
+    fused = score_fusion({"answer": 12.0, "one_word": 2.0}, {}, 1.0, 0.5)
+    assert fused["answer"] > 5 * fused["one_word"]
+
+
+def test_context_flows_from_a_question_to_its_answer_and_back() -> None:
+    w = RankingWeights()
+    scores = {"q": 1.0, "other": 0.5}
+    # "ans" follows "q" (a question); "q" follows "before"
+    ctx = propagate_context(scores, {"ans": "q", "q": "before"}, questions={"q"}, weights=w)
+    assert ctx["ans"] == pytest.approx(w.context_forward * 1.0)
+    assert ctx["before"] == pytest.approx(w.context_backward * 1.0)
+    assert "other" not in ctx
+    plain = propagate_context(scores, {"ans": "q"}, questions=set(), weights=w)
+    assert plain["ans"] == pytest.approx(w.context_forward_statement * 1.0)
+    off = RankingWeights(context_forward=0, context_forward_statement=0, context_backward=0)
+    assert propagate_context(scores, {"ans": "q", "q": "before"}, {"q"}, off) == {}
+
+
+def test_context_only_comes_from_scored_documents() -> None:
+    assert propagate_context({}, {"b": "a"}, {"a"}) == {}
+    assert propagate_context({"a": 1.0}, {"a": "a"}, {"a"}) == {}  # no self loops
+
+
+def test_time_questions_and_time_statements() -> None:
+    assert asks_for_time("When did she move?")
+    assert asks_for_time("How long ago was the trip?")
+    assert asks_for_time("In what year did he start?")
+    assert not asks_for_time("What does she like?")
+    assert mentions_time("I went there yesterday")
+    assert mentions_time("We met on 12/05/2023")
+    assert mentions_time("Back in 2019 it was different")
+    assert mentions_time("Last Friday was great")
+    assert not mentions_time("I like painting landscapes")
+    assert is_question("How was it?") and not is_question("It was fine.")
+
+
+def test_priors_multiply() -> None:
+    w = RankingWeights(speaker_weight=0.8, temporal_weight=0.6)
+    assert prior_factor(False, False, w) == 1.0
+    assert prior_factor(True, False, w) == pytest.approx(1.8)
+    assert prior_factor(True, True, w) == pytest.approx(1.8 * 1.6)
+
+
+def test_new_weights_are_validated() -> None:
+    with pytest.raises(ValueError):
+        RankingWeights(fusion="max")
+    with pytest.raises(ValueError):
+        RankingWeights(context_forward=-0.1)
+    with pytest.raises(ValueError):
+        RankingWeights(speaker_weight=-1)
