@@ -725,6 +725,10 @@ def run_plan(plan: ChaosPlan, *, workdir: Path | None = None, keep: bool = False
             return seconds
 
         produce_s = asyncio.run(traffic())
+        console.print(
+            f"produced in {produce_s:.0f} s: {len(ledger.acked)} events and {len(ledger.bad)} bad inputs "
+            f"acknowledged; {faults.worker_kills} kills, {faults.broker_restarts} broker restarts"
+        )
         if not worker.alive():
             worker.start()
         store_box: list[Any] = []
@@ -755,6 +759,7 @@ def run_plan(plan: ChaosPlan, *, workdir: Path | None = None, keep: bool = False
             err_console.print(f"[yellow]{exc}; turns not extracted count as pending[/yellow]")
         settle_s = time.monotonic() - settle_start
         exit_code = worker.stop()
+        console.print(f"drained in {settle_s:.0f} s (caught up: {caught_up}); worker stopped with exit code {exit_code}")
 
         records = asyncio.run(_read_topics(settings.bootstrap_servers, [topics.messages, topics.events, topics.dead_letter]))
         figures.update(_verify_log(records, topics, ledger, valid))
@@ -770,10 +775,22 @@ def run_plan(plan: ChaosPlan, *, workdir: Path | None = None, keep: bool = False
         }
         figures["valid_not_projected"] = sum(1 for e in acked_memories if (e.scope.team_id, e.memory_id) not in live_ids)
 
+        console.print(
+            f"log: {figures['in_log']}/{figures['acked']} acknowledged events in the log, {figures['lost']} lost, "
+            f"{figures['duplicated']} duplicated; {figures['dead_lettered']}/{figures['bad_inputs']} bad inputs "
+            f"dead-lettered; turns lost {figures['turns_lost']}; memories not projected {figures['valid_not_projected']}"
+        )
+        replay_start = time.monotonic()
         report = asyncio.run(replay(settings, dry_run=True))
         figures["projection_matches_replay"] = not report.differences and bool(report.live_matches)
         figures["replay_differences"] = [f"{d.table}: {d}" for d in report.differences]
+        figures["replay_s"] = round(time.monotonic() - replay_start, 1)
+        console.print(f"replay of the log: matches the live projection: {figures['projection_matches_replay']}")
 
+        # the worker compacts on a timer while it runs; it was just stopped, so do its
+        # last maintenance before reading (searches on thousands of small fragments
+        # measure the fragments, not the search)
+        store.optimize()
         embedder = build_embedder(settings)
         leaks, returned, latencies = _searches(store, embedder, plan, rng)
         from memstream.bench._common import percentile
