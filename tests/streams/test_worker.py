@@ -311,7 +311,7 @@ async def _produce_load(
     enough: asyncio.Event,
     *,
     min_memories: int = 1000,
-    max_memories: int = 2000,
+    max_memories: int = 8000,
 ) -> None:
     """Messages, memories (some re-added: same id, new event), supersede links and
     a few poison records, in small bursts so the worker sees a live stream; at least
