@@ -95,6 +95,8 @@ __all__ = [
     "delete_topics",
     "produce_events",
     "produce_corpus",
+    "ProducedLog",
+    "produce_log",
     "raw_consume",
     "raw_lance_add",
     "wait_for_count",
@@ -642,6 +644,32 @@ async def produce_events(
 async def produce_corpus(settings: Settings, corpus: Corpus, *, model_id: str | None) -> ProduceStats:
     """Every memory of ``corpus`` as a ``MemoryAdded`` event on ``<prefix>events``."""
     return await produce_events(settings, corpus_events(corpus, model_id=model_id), len(corpus))
+
+
+@dataclass
+class ProducedLog:
+    """A corpus on a fresh topic, with the rows a raw LanceDB add of it would write."""
+
+    model_id: str
+    corpus: Corpus
+    produced: ProduceStats
+    rows: pa.Table
+
+
+def produce_log(settings: Settings, n: int, *, spaces: int) -> ProducedLog:
+    """The common set-up of the throughput benchmarks (projector, replay): generate
+    ``n`` memories, produce them durably as events carrying their vectors, and build
+    the same rows for the raw-add ceiling."""
+    from memstream.projections.embedder import LocalEmbedder
+
+    model_id = LocalEmbedder(settings.embedding_dim).model_id
+    status(f"generating {n:,} memories over {spaces} spaces")
+    corpus = make_corpus(n, spaces=spaces, dim=settings.embedding_dim)
+    asyncio.run(create_topics(settings))
+    produced = asyncio.run(produce_corpus(settings, corpus, model_id=model_id))
+    status(f"produced {produced.events:,} events in {produced.seconds:.1f}s ({produced.eps:,.0f}/s)")
+    rows = memory_rows(corpus, model_id=model_id, log_topic=f"{settings.topic_prefix}events")
+    return ProducedLog(model_id, corpus, produced, rows)
 
 
 @dataclass

@@ -32,20 +32,16 @@ from memstream.bench._events import (
     Corpus,
     WorkerProcess,
     bench_settings,
-    create_topics,
     machine_info,
-    make_corpus,
     median,
-    memory_rows,
     print_table,
-    produce_corpus,
+    produce_log,
     progress_bar,
     raw_consume,
     raw_lance_add,
     status,
     wait_for_count,
 )
-from memstream.projections.embedder import LocalEmbedder
 from memstream.settings import Settings
 
 __all__ = [
@@ -174,13 +170,9 @@ def run(
     machine = machine_info()
     with BenchWorkdir("projector", keep=keep) as wd:
         settings = wd.track(bench_settings(wd.path))
-        model_id = LocalEmbedder(settings.embedding_dim).model_id
-        status(f"generating {n:,} memories over {spaces} spaces")
-        corpus = make_corpus(n, spaces=spaces, dim=settings.embedding_dim)
-        asyncio.run(create_topics(settings))
-        produced = asyncio.run(produce_corpus(settings, corpus, model_id=model_id))
-        status(f"produced {produced.events:,} events in {produced.seconds:.1f}s ({produced.eps:,.0f}/s)")
-        rows = memory_rows(corpus, model_id=model_id, log_topic=f"{settings.topic_prefix}events")
+        log_ = produce_log(settings, n, spaces=spaces)
+        corpus, produced, rows = log_.corpus, log_.produced, log_.rows
+        del log_  # the unpacked names alone keep the rows alive (freed with `del rows`)
         ceilings, runs = [], []
         for r in range(repeats):
             status(f"round {r + 1}/{repeats}: raw consume, raw LanceDB add, worker")
