@@ -806,7 +806,7 @@ class WorkerProcess(_CommonWorker):
     what throughput and latency figures need: when it started, when it was ready to
     read, and how much CPU it used."""
 
-    READY_MARK = "resuming from stored positions"
+    READY_MARK = "projector reading"
     """Logged (at INFO) once the worker has its partitions and has sought them to its
     stored positions: the moment it starts reading."""
 

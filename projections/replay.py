@@ -55,13 +55,8 @@ from aiokafka.errors import KafkaError
 
 from memstream.settings import Settings
 from memstream.streams.admin import topic_partitions
-from memstream.streams.projector_agent import (
-    LanceDirBusyError,
-    LanceDirLock,
-    RawRecord,
-    apply_decoded,
-    decode_batch,
-)
+from memstream.streams.projector_agent import LanceDirBusyError, LanceDirLock, apply_decoded
+from memstream.streams.projector_feed import FeedBatch, ProjectorFeed
 from memstream.streams.topics import Topics
 
 __all__ = [
@@ -245,9 +240,17 @@ async def _partitions(settings: Settings, topic_names: Sequence[str]) -> list[To
     return partitions
 
 
+async def _listed(partitions: Sequence[TopicPartition]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for tp in partitions:
+        out.setdefault(tp.topic, []).append(tp.partition)
+    return out
+
+
 async def _consume_into(
     consumer: AIOKafkaConsumer,
     partitions: list[TopicPartition],
+    begins: Mapping[TopicPartition, int],
     ends: Mapping[TopicPartition, int],
     projector: Any,
     store: Any,
@@ -256,66 +259,38 @@ async def _consume_into(
     on_progress: Callable[[ReplayProgress], None] | None,
     expected: int,
 ) -> None:
+    """Read every partition from its beginning to its snapshot end through the same
+    pipelined feed as the worker (fetch, decode and write overlap)."""
     loop = asyncio.get_running_loop()
     writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-replay")
-    pending: asyncio.Future[Any] | None = None
     started = time.monotonic()
-    remaining = {tp for tp in partitions if ends[tp] > 0}
-    for tp in partitions:
-        if tp not in remaining:
-            consumer.pause(tp)
 
-    def work(records: list[RawRecord]) -> tuple[int, int, int, int, int]:
-        decoded = decode_batch(records)
-        result = apply_decoded(projector, store, decoded)
-        return len(records), result.applied, result.skipped, len(decoded.dead), len(result.failed)
-
-    async def settle() -> None:
-        nonlocal pending
-        if pending is None:
-            return
-        n, applied, skipped, dead_decode, dead_project = await pending
-        pending = None
-        report.records += n
-        report.applied += applied
-        report.skipped += skipped
-        report.dead_decode += dead_decode
-        report.dead_project += dead_project
+    async def apply(batch: FeedBatch) -> None:
+        result = await loop.run_in_executor(writer, apply_decoded, projector, store, batch.decoded)
+        report.records += len(batch.records)
+        report.applied += result.applied
+        report.skipped += result.skipped
+        report.dead_decode += len(batch.decoded.dead)
+        report.dead_project += len(result.failed)
         if on_progress is not None:
             on_progress(ReplayProgress(report.records, expected, time.monotonic() - started))
 
+    feed = ProjectorFeed(
+        consumer,
+        sorted({tp.topic for tp in partitions}),
+        apply,
+        start={(tp.topic, tp.partition): begins[tp] for tp in partitions},
+        end_offsets={(tp.topic, tp.partition): ends[tp] for tp in partitions},
+        list_partitions=lambda names: _listed(partitions),
+        name="replay",
+        max_batch=batch_size,
+        fetch_records=min(batch_size, 5_000),
+    )
     try:
         if on_progress is not None:
             on_progress(ReplayProgress(0, expected, 0.0))
-        while remaining:
-            polled = await consumer.getmany(timeout_ms=500, max_records=batch_size)
-            records: list[RawRecord] = []
-            for tp, recs in polled.items():
-                end = ends[tp]
-                for r in recs:
-                    if r.offset >= end:
-                        break
-                    records.append(
-                        RawRecord(
-                            topic=r.topic,
-                            partition=r.partition,
-                            offset=r.offset,
-                            key=r.key,
-                            value=r.value,
-                            headers=tuple((k, bytes(v) if v is not None else b"") for k, v in r.headers),
-                        )
-                    )
-            for tp in list(remaining):
-                if await consumer.position(tp) >= ends[tp]:
-                    remaining.discard(tp)
-                    consumer.pause(tp)
-            await settle()
-            if records:
-                pending = asyncio.ensure_future(loop.run_in_executor(writer, work, records))
-        await settle()
+        await feed.run()
     finally:
-        if pending is not None:
-            await asyncio.gather(pending, return_exceptions=True)
         writer.shutdown(wait=True)
     report.elapsed_s = time.monotonic() - started
 
@@ -438,13 +413,10 @@ async def _replay(
         raise ReplayError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from exc
     loop = asyncio.get_running_loop()
     try:
-        consumer.assign(partitions)
         begins = await consumer.beginning_offsets(partitions)
         ends = await consumer.end_offsets(partitions)
         report.end_offsets = {(tp.topic, tp.partition): ends[tp] for tp in partitions}
         report.expected_records = sum(ends[tp] - begins[tp] for tp in partitions)
-        for tp in partitions:
-            consumer.seek(tp, begins[tp])
 
         replay_dir.parent.mkdir(parents=True, exist_ok=True)
         store = await loop.run_in_executor(None, _open_store, replay_dir, settings)
@@ -452,6 +424,7 @@ async def _replay(
         await _consume_into(
             consumer,
             partitions,
+            begins,
             ends,
             projector,
             store,

@@ -1,18 +1,10 @@
 """The Faust application that runs memstream's stream processors (``memstream worker``).
 
-Why a subclass of :class:`faust.App` rather than a plain one: the projections keep
-their own log positions (``positions`` table, written in the same cycle as the rows
-they cover), and those positions, not Kafka's committed offsets, say where a worker
-must resume. Faust 0.15 has no hook for that: after every partition assignment its
-table-recovery service calls ``Consumer.perform_seek()``, which seeks every assigned
-partition to the *committed* offset, and it does so *after* the
-``app.on_partitions_assigned`` signal has fired (so a seek made in that signal is
-overwritten). The one reliable place is therefore ``perform_seek`` itself: the
-consumer here lets Faust seek to the committed offsets first, then moves every
-partition that has a registered :data:`PositionLoader` to the stored position
-(offset 0 when nothing is stored yet, so a fresh table set is rebuilt from the
-start), and tells Faust's ack bookkeeping about the new start so Kafka commits keep
-following. Kafka commits stay a hint for tools (lag monitors); they are never trusted.
+Why a subclass of :class:`faust.App`: the worker's Faust data directory is created
+with its parents, and the start line names the agents. The projector does not read
+through Faust at all: it owns every partition of its topics and resumes from the
+positions stored with its rows (see :mod:`memstream.streams.projector_feed`), so it
+runs as a service of this app with its own group-less consumer.
 
 Which agents run: the projector always can; the extractor and the reflector register
 themselves through ``register_extractor`` / ``register_reflector`` from their own
@@ -26,13 +18,11 @@ import asyncio
 import importlib
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import faust
-from faust.transport.drivers import aiokafka as aiokafka_driver
-from faust.types import TP
 
 from memstream.settings import Settings
 from memstream.streams.topics import Topics
@@ -40,7 +30,6 @@ from memstream.streams.topics import Topics
 __all__ = [
     "AGENT_NAMES",
     "OPTIONAL_AGENTS",
-    "PositionLoader",
     "MemstreamApp",
     "FAUST_LOGGER",
     "build_app",
@@ -49,9 +38,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-PositionLoader = Callable[[], Awaitable[Mapping[tuple[str, int], int]]]
-"""Returns the stored next offset per ``(topic, partition)`` of the view it guards."""
 
 AGENT_NAMES: tuple[str, ...] = ("projector", "extractor", "reflector")
 """Every agent a worker can run, in registration order."""
@@ -85,47 +71,10 @@ FAUST_LOGGER = "memstream.faust"
 Faust's own, which the worker shows from WARNING up unless debugging)."""
 
 
-class _PositionedConsumer(aiokafka_driver.Consumer):
-    """Faust's aiokafka consumer, resuming registered topics from stored positions."""
-
-    logger = logging.getLogger(FAUST_LOGGER)
-
-    async def perform_seek(self) -> None:
-        await super().perform_seek()
-        app = cast("MemstreamApp", self.app)
-        targets = await app.stored_offsets(self.assignment())
-        if not targets:
-            return
-        committed = dict(self._committed_offset)
-        await self.seek_wait(targets)
-        moved = {}
-        for tp, offset in targets.items():
-            # Faust ignores acks below its idea of the committed offset and will not
-            # commit past a "gap" at the head: start its bookkeeping where we start.
-            self._committed_offset[tp] = offset if offset else None
-            before = committed.get(tp)
-            if (before or 0) != offset:
-                moved[f"{tp.topic}:{tp.partition}"] = f"{before}->{offset}"
-        log.info(
-            "assigned %d partitions; resuming from stored positions (%d differ from Kafka's commits%s)",
-            len(targets),
-            len(moved),
-            f": {moved}" if moved and len(moved) <= 12 else "",
-        )
-
-
-class _PositionedTransport(aiokafka_driver.Transport):
-    Consumer = _PositionedConsumer
-
-
 class MemstreamApp(faust.App):
-    """A :class:`faust.App` whose consumer resumes from stored view positions."""
+    """memstream's :class:`faust.App` (see the module docstring)."""
 
     logger = logging.getLogger(FAUST_LOGGER)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._position_loaders: list[tuple[frozenset[str], PositionLoader]] = []
 
     async def on_first_start(self) -> None:
         # Faust creates its data directory without parents.
@@ -135,38 +84,6 @@ class MemstreamApp(faust.App):
     async def on_started(self) -> None:
         await super().on_started()
         log.info("worker %s started; agents: %s", self.conf.id, ", ".join(sorted(self.agents)))
-
-    def _new_transport(self) -> Any:
-        return _PositionedTransport(self.conf.broker_consumer, self)
-
-    def register_positions(self, topics: Iterable[str], loader: PositionLoader) -> None:
-        """Resume ``topics`` from ``loader()``'s positions after every assignment.
-
-        A topic may belong to one loader only: two views resuming one partition from
-        two places would make the seek depend on registration order.
-        """
-        names = frozenset(topics)
-        for owned, _ in self._position_loaders:
-            if owned & names:
-                raise ValueError(f"topics already have a position loader: {sorted(owned & names)}")
-        self._position_loaders.append((names, loader))
-
-    @property
-    def positioned_topics(self) -> frozenset[str]:
-        return frozenset().union(*(names for names, _ in self._position_loaders))
-
-    async def stored_offsets(self, assignment: Iterable[TP]) -> dict[TP, int]:
-        """Where each assigned partition of a registered topic must resume."""
-        assigned = list(assignment)
-        result: dict[TP, int] = {}
-        for names, loader in self._position_loaders:
-            mine = [tp for tp in assigned if tp.topic in names]
-            if not mine:
-                continue
-            stored = await loader()
-            for tp in mine:
-                result[tp] = int(stored.get((tp.topic, tp.partition), 0))
-        return result
 
 
 def group_instance_id(settings: Settings) -> str:

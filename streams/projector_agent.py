@@ -57,6 +57,7 @@ from memstream.streams.topics import Topics
 
 if TYPE_CHECKING:
     from memstream.streams.app import MemstreamApp
+    from memstream.streams.projector_feed import FeedBatch
 
 __all__ = [
     "RawRecord",
@@ -70,6 +71,9 @@ __all__ = [
     "apply_decoded",
     "project_dead_letters",
     "register_projector",
+    "ProjectorService",
+    "feed_consumer",
+    "projector_group",
 ]
 
 log = logging.getLogger(__name__)
@@ -341,32 +345,42 @@ class ProjectorRuntime:
     def _apply(self, decoded: DecodedBatch) -> _ApplyResult:
         return apply_decoded(self.projector, self.store, decoded)
 
-    async def process(self, records: Sequence[RawRecord]) -> BatchOutcome:
-        """One attempt at one batch (see the module docstring for the order)."""
-        loop = asyncio.get_running_loop()
-        decoded = await loop.run_in_executor(None, decode_batch, records)
-        if decoded.dead:
-            await self._dead_letters.publish_many(decoded.dead)
-        result = await self._in_writer(self._apply, decoded)
-        dead_project = project_dead_letters(result.failed, records)
+    async def publish_decode_dead(self, batch: "FeedBatch") -> None:
+        """Publish a batch's decode-stage dead letters (retried until the broker acks):
+        they must be safe on the dead-letter topic before any position can pass them,
+        so a crash can duplicate a dead letter but never lose one."""
+        if batch.decoded.dead:
+            await self._until_done(
+                lambda: self._dead_letters.publish_many(batch.decoded.dead), batch.records, "dead-lettering"
+            )
+
+    async def apply_batch(self, batch: "FeedBatch") -> BatchOutcome:
+        """Write one decoded batch (retried with back-off until it succeeds or the
+        worker stops), then dead-letter the events the projector refused."""
+        result = await self._until_done(lambda: self._in_writer(self._apply, batch.decoded), batch.records, "projecting")
+        dead_project = project_dead_letters(result.failed, batch.records)
         if dead_project:
-            await self._dead_letters.publish_many(dead_project)
-        return BatchOutcome(
-            records=len(records),
+            await self._until_done(
+                lambda: self._dead_letters.publish_many(dead_project), batch.records, "dead-lettering"
+            )
+        outcome = BatchOutcome(
+            records=len(batch.records),
             applied=result.applied,
             skipped=result.skipped,
-            dead_decode=decoded.dead,
+            dead_decode=batch.decoded.dead,
             dead_project=dead_project,
         )
+        self._count(outcome)
+        return outcome
 
-    async def process_until_done(self, records: Sequence[RawRecord]) -> BatchOutcome:
-        """Retry :meth:`process` with back-off until it succeeds (or the task is
-        cancelled because the worker stops: the stored positions then say where the
-        next run starts)."""
+    async def _until_done(self, attempt_fn: Any, records: Sequence[RawRecord], what: str) -> Any:
+        """Retry ``attempt_fn`` with back-off until it succeeds (or the task is cancelled
+        because the worker stops: the stored positions then say where the next run
+        starts). Giving up would let the next batch's positions pass this one."""
         attempt = 0
         while True:
             try:
-                outcome = await self.process(records)
+                return await attempt_fn()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the projector must never stop
@@ -375,7 +389,8 @@ class ProjectorRuntime:
                 delay = min(_MAX_BACKOFF_S, 0.5 * 2 ** min(attempt - 1, 6))
                 first, last = records[0], records[-1]
                 log.error(
-                    "projecting %d records (%s:%d:%d .. %s:%d:%d) failed (attempt %d), retrying in %.1fs: %s: %s",
+                    "%s %d records (%s:%d:%d .. %s:%d:%d) failed (attempt %d), retrying in %.1fs: %s: %s",
+                    what,
                     len(records),
                     first.topic,
                     first.partition,
@@ -390,9 +405,17 @@ class ProjectorRuntime:
                     exc_info=attempt == 1,
                 )
                 await asyncio.sleep(delay)
-                continue
-            self._count(outcome)
-            return outcome
+
+    async def process(self, records: Sequence[RawRecord]) -> BatchOutcome:
+        """Decode and apply one batch of records (the whole path, for callers that
+        hold records rather than a feed)."""
+        from memstream.streams.projector_feed import FeedBatch
+
+        loop = asyncio.get_running_loop()
+        decoded = await loop.run_in_executor(None, decode_batch, list(records))
+        batch = FeedBatch(list(records), decoded)
+        await self.publish_decode_dead(batch)
+        return await self.apply_batch(batch)
 
     def _count(self, outcome: BatchOutcome) -> None:
         t = self.stats
@@ -435,20 +458,108 @@ class ProjectorRuntime:
         log.debug("LanceDB maintenance took %.2fs", time.monotonic() - started)
 
 
-class _RuntimeService(Service):
-    """Opens the runtime when the app starts and closes it when the app stops."""
+def projector_group(settings: Settings) -> str:
+    """The consumer group the projector commits its progress to, as a hint for lag
+    monitors only (``kafka-consumer-groups.sh --describe``); resuming never reads it."""
+    return f"{settings.app_id}.projector"
+
+
+def feed_consumer(settings: Settings, client_id: str, *, group_id: str | None = None) -> Any:
+    """The projector's Kafka consumer: manual assignment (positions are kept with the
+    rows; ``group_id`` only names where progress hints are committed), big fetches,
+    metadata refreshed often enough to see new partitions."""
+    from aiokafka import AIOKafkaConsumer
+
+    return AIOKafkaConsumer(
+        bootstrap_servers=settings.bootstrap_servers,
+        group_id=group_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        client_id=client_id,
+        max_partition_fetch_bytes=4 * 1024 * 1024,
+        fetch_max_bytes=64 * 1024 * 1024,
+        metadata_max_age_ms=30_000,
+    )
+
+
+class ProjectorService(Service):
+    """The projector inside the Faust worker: opens the runtime, reads the topics from
+    the stored positions through a :class:`~memstream.streams.projector_feed.ProjectorFeed`
+    and stops the worker (fail-stop) if the feed itself fails: a restart resumes from
+    the stored positions, a silent restart in place could skip a batch."""
 
     logger = logging.getLogger("memstream.faust")
 
-    def __init__(self, runtime: ProjectorRuntime) -> None:
+    def __init__(self, app: "MemstreamApp", runtime: ProjectorRuntime) -> None:
         super().__init__()
+        self.app = app
         self.runtime = runtime
+        self._consumer: Any = None
+        self._task: asyncio.Task[None] | None = None
 
     async def on_start(self) -> None:
         await self.runtime.open()
+        settings = self.runtime.settings
+        self._consumer = feed_consumer(
+            settings, f"{settings.app_id}-projector", group_id=projector_group(settings)
+        )
+        await self._consumer.start()
+        self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        from memstream.streams.admin import topic_partitions
+        from memstream.streams.projector_feed import ProjectorFeed
+
+        rt = self.runtime
+        try:
+            start = await rt.positions()
+            log.info(
+                "projector resuming %s from stored positions (%d partitions stored)",
+                " + ".join(rt.source_topics),
+                len(start),
+            )
+            feed = ProjectorFeed(
+                self._consumer,
+                rt.source_topics,
+                self._apply,
+                start=start,
+                on_decoded=rt.publish_decode_dead,
+                list_partitions=lambda names: topic_partitions(
+                    rt.settings.bootstrap_servers, names, client_id=f"{rt.settings.app_id}-projector-admin"
+                ),
+                max_batch=rt.settings.projector_batch_size,
+                fetch_records=min(2_000, rt.settings.projector_batch_size),
+                poll_ms=max(1, int(rt.settings.projector_batch_seconds * 1000)),
+            )
+            await feed.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.critical("projector failed; stopping the worker: %s: %s", type(exc).__name__, exc)
+            await self.app.crash(exc)
+            raise
+
+    async def _apply(self, batch: "FeedBatch") -> None:
+        await self.runtime.apply_batch(batch)
+        await self._commit_hint(batch.decoded.next_offsets)
+
+    async def _commit_hint(self, next_offsets: Mapping[tuple[str, int], int]) -> None:
+        from aiokafka import TopicPartition
+
+        try:
+            await self._consumer.commit({TopicPartition(t, p): o for (t, p), o in next_offsets.items()})
+        except Exception as exc:  # noqa: BLE001 - a hint; the stored positions are the truth
+            log.debug("could not commit the projector's progress hint: %s: %s", type(exc).__name__, exc)
 
     async def on_stop(self) -> None:
-        await self.runtime.close()
+        try:
+            if self._task is not None:
+                self._task.cancel()
+                await asyncio.gather(self._task, return_exceptions=True)
+            if self._consumer is not None:
+                await self._consumer.stop()
+        finally:
+            await self.runtime.close()
 
 
 def register_projector(
@@ -458,50 +569,9 @@ def register_projector(
     *,
     runtime: ProjectorRuntime | None = None,
 ) -> ProjectorRuntime:
-    """Add the projector agent, its resume positions and its maintenance timer to ``app``."""
+    """Add the projector service and its maintenance timer to ``app``."""
     rt = runtime or ProjectorRuntime(settings, topics)
-    source = app.topic(
-        *rt.source_topics,
-        key_serializer="raw",
-        value_serializer="raw",
-        # Deliver records without a value too: a tombstone is not an event, so it must
-        # reach the decoder and become a dead letter, not vanish inside Faust.
-        allow_empty=True,
-    )
-    app.register_positions(rt.source_topics, rt.positions)
-    app.service(_RuntimeService(rt))
-
-    async def projector(stream: Any) -> None:
-        try:
-            async for events in stream.take_events(
-                settings.projector_batch_size, within=settings.projector_batch_seconds
-            ):
-                records = [
-                    RawRecord(
-                        topic=ev.message.topic,
-                        partition=ev.message.partition,
-                        offset=ev.message.offset,
-                        key=ev.message.key,
-                        value=ev.message.value,
-                        headers=tuple(
-                            (k, bytes(v) if v is not None else b"")
-                            for k, v in (ev.message.headers or ())
-                        ),
-                    )
-                    for ev in events
-                ]
-                await rt.process_until_done(records)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            # Fail-stop, never skip: Faust would restart the agent in place, reading on
-            # from the consumer's position past the batch that failed. Crashing the
-            # worker makes the next start resume from the stored positions instead.
-            log.critical("projector agent failed; stopping the worker: %s: %s", type(exc).__name__, exc)
-            await app.crash(exc)
-            raise
-
-    app.agent(source, name="memstream.projector")(projector)
+    app.service(ProjectorService(app, rt))
 
     async def maintenance() -> None:
         await rt.maintain()

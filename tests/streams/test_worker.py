@@ -36,7 +36,7 @@ from memstream.settings import Settings
 from memstream.projections.schema import scoped_key
 from memstream.streams.deadletter import parse_dead_letter
 from memstream.streams.producer import MemstreamProducer
-from memstream.streams.projector_agent import LanceDirLock
+from memstream.streams.projector_agent import LanceDirLock, projector_group
 from memstream.streams.topics import Topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -164,6 +164,18 @@ async def wait_caught_up(worker: WorkerProcess, topics: Topics) -> dict[tuple[st
         await asyncio.sleep(0.3)
 
 
+async def wait_backlog(worker: WorkerProcess, topics: Topics) -> None:
+    """Until records are on the log that the worker has not projected yet (a worker
+    that keeps up is only behind while a burst arrives: that is when to kill it)."""
+    deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        ends = await end_offsets(worker.settings, [topics.events, topics.messages])
+        if sum(ends.values()) > sum(read_positions(worker.settings.lance_dir).values()):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the worker was never behind the log")
+
+
 async def wait_progress(worker: WorkerProcess, beyond: int) -> int:
     """Until the worker has stored positions summing past ``beyond``; returns the sum."""
     deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
@@ -181,7 +193,7 @@ async def group_offsets(settings: Settings) -> dict[tuple[str, int], int]:
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
     await admin.start()
     try:
-        offsets = await admin.list_consumer_group_offsets(settings.app_id)
+        offsets = await admin.list_consumer_group_offsets(projector_group(settings))
     finally:
         await admin.close()
     return {(tp.topic, tp.partition): meta.offset for tp, meta in offsets.items()}
@@ -394,6 +406,7 @@ async def test_sigkill_under_load_equals_a_full_replay(
         # Kill only after the worker stored new positions: mid-stream, mid-write.
         await wait_progress(worker, progress)
         await asyncio.sleep(rng.uniform(0.0, 0.6))
+        await wait_backlog(worker, fresh_topics)
         worker.kill()
         progress = sum(read_positions(settings.lance_dir).values())
         ends = await end_offsets(settings, [fresh_topics.events, fresh_topics.messages])

@@ -1,0 +1,259 @@
+"""Reading the projector's topics: a plain aiokafka consumer feeding a three-stage
+pipeline (fetch, decode, apply), shared by the worker and by ``memstream replay``.
+
+Why not a Faust stream: the projector owns every partition of its topics anyway (one
+writer per LanceDB directory, enforced by :class:`~memstream.streams.projector_agent.LanceDirLock`)
+and resumes from the positions stored *with the rows*, never from Kafka's commits, so
+a consumer group adds nothing but rebalances. Faust's per-record machinery (an event
+object, an ack and a commit bookkeeping step for every record, then ``take_events``
+buffering) cost more CPU than decoding and writing the record did, and it ran the
+stages one after another. Here:
+
+* **fetch** (the event loop): ``getmany`` of up to ``fetch_records`` records;
+* **decode** (one decoder thread): :func:`decode_batch` of the fetched records, while
+  the previous batch is being written;
+* **apply** (the caller's ``apply``, which runs in its own writer thread): everything
+  decoded meanwhile is coalesced into one batch of up to ``max_batch`` records. Under
+  a backlog batches grow (LanceDB upserts cost less per row in bigger batches); when
+  the projector keeps up, every fetch is applied at once (freshness).
+
+The bounded queue between decode and apply is the back-pressure: when writing is the
+bottleneck, fetching waits. Records arrive in log order per partition and every stage
+keeps that order, so stored positions only ever move forward.
+
+Assignment is manual: every partition of the topics, each starting at the position
+the caller gives (the stored one; 0 if none). Partitions added to a topic later are
+picked up within ``refresh_s`` seconds. With ``end_offsets`` (a replay) the feed stops
+once every partition has reached its end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+
+from memstream.streams.projector_agent import DecodedBatch, RawRecord, decode_batch
+
+__all__ = ["FeedBatch", "ProjectorFeed", "raw_record", "merge_batches"]
+
+log = logging.getLogger(__name__)
+
+Offsets = Mapping[tuple[str, int], int]
+
+
+@dataclass
+class FeedBatch:
+    """Records read in log order and what decoding made of them."""
+
+    records: list[RawRecord]
+    decoded: DecodedBatch
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+
+def raw_record(r: ConsumerRecord) -> RawRecord:  # type: ignore[type-arg]
+    """An aiokafka record as the decoder's input (headers as bytes, never None)."""
+    return RawRecord(
+        topic=r.topic,
+        partition=r.partition,
+        offset=r.offset,
+        key=r.key,
+        value=r.value,
+        headers=tuple((k, bytes(v) if v is not None else b"") for k, v in r.headers or ()),
+    )
+
+
+def merge_batches(batches: Sequence[FeedBatch]) -> FeedBatch:
+    """Several consecutive batches as one (order kept, next offsets the furthest)."""
+    if len(batches) == 1:
+        return batches[0]
+    records: list[RawRecord] = []
+    events = []
+    dead = []
+    next_offsets: dict[tuple[str, int], int] = {}
+    for b in batches:
+        records.extend(b.records)
+        events.extend(b.decoded.events)
+        dead.extend(b.decoded.dead)
+        for k, v in b.decoded.next_offsets.items():
+            next_offsets[k] = max(next_offsets.get(k, 0), v)
+    return FeedBatch(records, DecodedBatch(events=events, dead=dead, next_offsets=next_offsets))
+
+
+class ProjectorFeed:
+    """Feeds decoded batches of ``topics`` to ``apply`` until cancelled (or, with
+    ``end_offsets``, until every partition is read to its end).
+
+    ``consumer`` must be started and not subscribed; the feed assigns it. ``start``
+    gives each partition's first offset (missing: 0, the log's beginning, which Kafka
+    moves to the earliest offset still held). ``list_partitions`` names the partitions
+    of existing topics (:func:`memstream.streams.admin.topic_partitions`). ``on_decoded`` runs on the loop for
+    every fetched batch right after decoding, in order, before that batch can reach
+    ``apply`` (the worker publishes decode-stage dead letters there).
+    """
+
+    def __init__(
+        self,
+        consumer: AIOKafkaConsumer,
+        topics: Sequence[str],
+        apply: Callable[[FeedBatch], Awaitable[None]],
+        *,
+        start: Offsets,
+        end_offsets: Offsets | None = None,
+        on_decoded: Callable[[FeedBatch], Awaitable[None]] | None = None,
+        max_batch: int = 10_000,
+        fetch_records: int = 2_000,
+        poll_ms: int = 200,
+        refresh_s: float = 30.0,
+        list_partitions: Callable[[Sequence[str]], Awaitable[Mapping[str, Sequence[int]]]],
+        name: str = "projector",
+    ) -> None:
+        if max_batch < 1 or fetch_records < 1:
+            raise ValueError("batch sizes must be at least 1")
+        self.consumer = consumer
+        self.topics = tuple(topics)
+        self._apply = apply
+        self._list_partitions = list_partitions
+        self.name = name
+        self._on_decoded = on_decoded
+        self._start = dict(start)
+        self._ends = dict(end_offsets) if end_offsets is not None else None
+        self.max_batch = max_batch
+        self.fetch_records = min(fetch_records, max_batch)
+        self.poll_ms = poll_ms
+        self.refresh_s = refresh_s
+        # Offset after the last record fetched, per partition: where a re-assignment
+        # must resume (assign() forgets positions and buffered records).
+        self._next: dict[TopicPartition, int] = {}
+        self._done: set[TopicPartition] = set()
+        self._queue: asyncio.Queue[FeedBatch | None] = asyncio.Queue(
+            maxsize=max(2, -(-max_batch // self.fetch_records))
+        )
+        self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-decode")
+        self.fetched = 0
+
+    # ------------------------------------------------------------------ assignment
+    async def _known_partitions(self) -> list[TopicPartition]:
+        found = await self._list_partitions(self.topics)
+        return [TopicPartition(t, p) for t in self.topics for p in sorted(found.get(t, ()))]
+
+    def _assign(self, partitions: Sequence[TopicPartition]) -> None:
+        self.consumer.assign(list(partitions))
+        for tp in partitions:
+            if tp not in self._next:
+                self._next[tp] = int(self._start.get((tp.topic, tp.partition), 0))
+            self.consumer.seek(tp, self._next[tp])
+            if self._reached_end(tp):
+                self._done.add(tp)
+        for tp in self._done:
+            self.consumer.pause(tp)
+
+    def _reached_end(self, tp: TopicPartition) -> bool:
+        if self._ends is None:
+            return False
+        return self._next.get(tp, 0) >= self._ends.get((tp.topic, tp.partition), 0)
+
+    async def _initial_partitions(self) -> list[TopicPartition]:
+        parts = await self._known_partitions()
+        if self._ends is not None:
+            parts = [tp for tp in parts if (tp.topic, tp.partition) in self._ends] or parts
+        return parts
+
+    # ------------------------------------------------------------------ stages
+    def _finished(self) -> bool:
+        return self._ends is not None and all(self._reached_end(tp) for tp in self.consumer.assignment())
+
+    async def _fetch_and_decode(self) -> None:
+        loop = asyncio.get_running_loop()
+        last_refresh = time.monotonic()
+        while not self._finished():
+            polled = await self.consumer.getmany(timeout_ms=self.poll_ms, max_records=self.fetch_records)
+            records: list[RawRecord] = []
+            for tp, recs in polled.items():
+                end = None if self._ends is None else self._ends.get((tp.topic, tp.partition), 0)
+                for r in recs:
+                    if end is not None and r.offset >= end:
+                        break
+                    records.append(raw_record(r))
+                    self._next[tp] = r.offset + 1
+                if end is not None and self._next.get(tp, 0) >= end and tp not in self._done:
+                    self._done.add(tp)
+                    self.consumer.pause(tp)
+            if self._ends is not None:
+                # A partition whose tail holds only transaction markers never yields
+                # its last offsets as records: the consumer's position says it is done.
+                for tp in self.consumer.assignment():
+                    if tp not in self._done and await self.consumer.position(tp) >= self._ends.get((tp.topic, tp.partition), 0):
+                        self._next[tp] = max(self._next.get(tp, 0), self._ends.get((tp.topic, tp.partition), 0))
+                        self._done.add(tp)
+                        self.consumer.pause(tp)
+            if records:
+                self.fetched += len(records)
+                decoded = await loop.run_in_executor(self._decoder, decode_batch, records)
+                batch = FeedBatch(records, decoded)
+                if self._on_decoded is not None:
+                    await self._on_decoded(batch)
+                await self._queue.put(batch)
+            if self._ends is None and time.monotonic() - last_refresh >= self.refresh_s:
+                last_refresh = time.monotonic()
+                await self._maybe_add_partitions()
+        await self._queue.put(None)  # read to the end: the applier drains and returns
+
+    async def _maybe_add_partitions(self) -> None:
+        try:
+            known = await self._known_partitions()
+        except Exception as exc:  # noqa: BLE001 - a missed refresh is retried next time
+            log.warning("could not refresh the partitions of %s: %s", ", ".join(self.topics), exc)
+            return
+        assigned = self.consumer.assignment()
+        new = [tp for tp in known if tp not in assigned]
+        if new:
+            log.info("new partitions %s: assigning them", ", ".join(f"{t.topic}:{t.partition}" for t in new))
+            self._assign(sorted(set(known) | set(assigned)))
+
+    async def _apply_loop(self) -> None:
+        ended = False
+        while not ended:
+            first = await self._queue.get()
+            if first is None:
+                return
+            parts = [first]
+            size = len(first)
+            while size < self.max_batch and not self._queue.empty():
+                nxt = self._queue.get_nowait()
+                if nxt is None:
+                    ended = True
+                    break
+                parts.append(nxt)
+                size += len(nxt)
+            await self._apply(merge_batches(parts))
+
+    async def run(self) -> None:
+        """Assign, then fetch/decode and apply concurrently until done or cancelled.
+        An exception in either stage stops both and propagates."""
+        self._assign(await self._initial_partitions())
+        log.info(
+            "%s reading %d partitions of %s",
+            self.name,
+            len(self.consumer.assignment()),
+            ", ".join(self.topics),
+        )
+        producer = asyncio.ensure_future(self._fetch_and_decode())
+        consumer = asyncio.ensure_future(self._apply_loop())
+        try:
+            done, _ = await asyncio.wait({producer, consumer}, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()  # the first failure, if any
+        finally:
+            for task in (producer, consumer):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(producer, consumer, return_exceptions=True)
+            self._decoder.shutdown(wait=True)
