@@ -14,7 +14,9 @@ import binascii
 import struct
 from collections.abc import Sequence
 
-__all__ = ["EmbeddingCodecError", "encode_vector", "decode_vector", "encoded_length"]
+import numpy as np
+
+__all__ = ["EmbeddingCodecError", "encode_vector", "decode_vector", "decode_array", "encoded_length"]
 
 
 class EmbeddingCodecError(ValueError):
@@ -40,11 +42,12 @@ def encode_vector(values: Sequence[float]) -> str:
     return base64.b64encode(packed).decode("ascii")
 
 
-def decode_vector(data: str, dim: int) -> list[float]:
-    """base64 of ``dim`` little-endian float32 values -> the values.
+def decode_array(data: str, dim: int) -> np.ndarray:
+    """base64 of ``dim`` little-endian float32 values -> a read-only float32 array.
 
     Strict: the standard alphabet with padding, no whitespace, exactly ``dim * 4``
-    bytes. Raises :class:`EmbeddingCodecError` with the reason.
+    bytes. Raises :class:`EmbeddingCodecError` with the reason. The array form is
+    what readers store and compare (one C-level copy, no Python float per value).
     """
     if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
         raise EmbeddingCodecError(f"embedding dimension must be a positive integer, got {dim!r:.40}")
@@ -57,11 +60,17 @@ def decode_vector(data: str, dim: int) -> list[float]:
             f"embedding data is {len(data)} base64 characters; dimension {dim} needs {expected}"
         )
     try:
-        raw = base64.b64decode(data.encode("ascii"), validate=True)
+        raw = binascii.a2b_base64(data.encode("ascii"), strict_mode=True)
     except (binascii.Error, UnicodeEncodeError, ValueError):
         raise EmbeddingCodecError("embedding data is not valid base64") from None
     if len(raw) != dim * 4:
         raise EmbeddingCodecError(
             f"embedding data holds {len(raw)} bytes; dimension {dim} needs {dim * 4}"
         )
-    return list(struct.unpack(f"<{dim}f", raw))
+    return np.frombuffer(raw, dtype="<f4")
+
+
+def decode_vector(data: str, dim: int) -> list[float]:
+    """base64 of ``dim`` little-endian float32 values -> the values as Python floats
+    (same rules as :func:`decode_array`)."""
+    return [float(x) for x in decode_array(data, dim)]

@@ -50,6 +50,7 @@ from datetime import datetime, timezone
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal, Union
 
+import numpy as np
 from annotated_types import Ge, Le
 from pydantic import (
     AfterValidator,
@@ -61,6 +62,7 @@ from pydantic import (
     GetCoreSchemaHandler,
     GetJsonSchemaHandler,
     JsonValue,
+    PrivateAttr,
     Strict,
     StringConstraints,
     ValidationError,
@@ -72,7 +74,7 @@ from pydantic.types import AllowInfNan
 from pydantic_core import core_schema
 
 from memstream.domain.content import content_hash
-from memstream.domain.embedding import EmbeddingCodecError, decode_vector, encode_vector
+from memstream.domain.embedding import EmbeddingCodecError, decode_array, encode_vector
 from memstream.domain.upcasting import upcast
 
 __all__ = [
@@ -462,16 +464,21 @@ class EmbeddingPayload(_Frozen):
     dim: Annotated[int, Ge(1), Le(8192), Number]
     data: Annotated[str, _SchemaExtra((("pattern", _BASE64_PATTERN),))]
 
+    _raw: bytes | None = PrivateAttr(default=None)
+
     @model_validator(mode="after")
     def _check_payload(self) -> "EmbeddingPayload":
         try:
-            vec = decode_vector(self.data, self.dim)
+            arr = decode_array(self.data, self.dim)
         except EmbeddingCodecError as exc:
             raise ValueError(str(exc)) from None
         # One float sum instead of a check per component: float32 values cannot
         # overflow a double sum, so it is non-finite exactly when one value is.
-        if not math.isfinite(sum(vec)):
+        if not math.isfinite(float(arr.sum(dtype="float64"))):
             raise ValueError("embedding holds NaN or infinite values")
+        # The decoded bytes are kept so a reader does not decode the payload twice
+        # (bytes, not the array: pydantic compares private attributes in ``==``).
+        self._raw = arr.tobytes()
         return self
 
     @classmethod
@@ -481,7 +488,22 @@ class EmbeddingPayload(_Frozen):
 
     def to_vector(self) -> list[float]:
         """The float32 values, exactly as encoded."""
-        return decode_vector(self.data, self.dim)
+        return [float(x) for x in self.to_array()]
+
+    def __eq__(self, other: object) -> bool:
+        # The fields are the payload; the decoded cache is not part of its identity.
+        if not isinstance(other, EmbeddingPayload):
+            return NotImplemented
+        return (self.model, self.dim, self.data) == (other.model, other.dim, other.data)
+
+    def __hash__(self) -> int:
+        return hash((self.model, self.dim, self.data))
+
+    def to_array(self) -> Any:
+        """The values as a read-only little-endian float32 numpy array."""
+        if self._raw is None:
+            self._raw = decode_array(self.data, self.dim).tobytes()
+        return np.frombuffer(self._raw, dtype="<f4")
 
 
 class Provenance(_Frozen):

@@ -78,8 +78,11 @@ class Settings(BaseSettings):
     # --- Faust worker ---------------------------------------------------------------
     app_id: str = "memstream"
     worker_web_port: int = 6066
-    projector_batch_size: int = Field(default=2000, ge=1)
+    projector_batch_size: int = Field(default=10_000, ge=1)
+    """Most records the projector writes in one LanceDB commit. Batches only grow this
+    big under a backlog (what was fetched while the previous batch was written)."""
     projector_batch_seconds: float = Field(default=0.2, gt=0)
+    """Longest wait of one fetch for new records when the projector is caught up."""
     table_store: str = "memory://"
 
     # --- LanceDB --------------------------------------------------------------------

@@ -41,7 +41,6 @@ the deadline, kept as a row rather than deleted); ``OutcomeObserved`` has no vie
 
 from __future__ import annotations
 
-import binascii
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -201,6 +200,10 @@ class Projector:
             )
         self.store = store
         self.embedder = embedder
+        # The stored positions, read once: the projector is the table set's only
+        # writer (one worker per directory), so after the first read it knows them
+        # without a LanceDB query per batch.
+        self._positions: dict[tuple[str, int], int] | None = None
         self._handlers: dict[type[EventBase], Callable[[PositionedEvent, _Plan], None]] = {
             MessageObserved: self._on_message,
             MemoryAdded: self._on_memory,
@@ -211,12 +214,29 @@ class Projector:
             OutcomeObserved: lambda pe, plan: None,
         }
 
+    # ------------------------------------------------------------------ positions
+    def positions(self) -> dict[tuple[str, int], int]:
+        """The next offset per (topic, partition) as stored (cached after the first read)."""
+        if self._positions is None:
+            self._positions = dict(self.store.positions())
+        return dict(self._positions)
+
+    def save_positions(self, next_offsets: dict[tuple[str, int], int]) -> None:
+        """Store positions (never backwards) and remember them once they are written."""
+        current = self.positions()
+        forward = {k: v for k, v in next_offsets.items() if v > current.get(k, 0)}
+        if not forward:
+            return
+        self.store.save_positions(forward)
+        assert self._positions is not None
+        self._positions.update(forward)
+
     # ------------------------------------------------------------------ apply
     def apply(self, batch: Sequence[PositionedEvent]) -> ApplyResult:
         result = ApplyResult()
         if not batch:
             return result
-        stored = self.store.positions()
+        stored = self.positions()
         fresh: dict[tuple[str, int, int], PositionedEvent] = {}
         for pe in batch:
             p = pe.position
@@ -251,7 +271,7 @@ class Projector:
         for topic, partition, offset in fresh:
             key = (topic, partition)
             next_offsets[key] = max(next_offsets.get(key, 0), offset + 1, stored.get(key, 0))
-        self.store.save_positions(next_offsets)
+        self.save_positions(next_offsets)
         log.debug(
             "applied %d, skipped %d, failed %d; positions %s",
             result.applied, result.skipped, len(result.failed), next_offsets,
@@ -291,7 +311,7 @@ class Projector:
                     f"embedding of model {emb.model!r} has dimension {emb.dim}; "
                     f"the memories table holds {self.store.embedding_dim}"
                 )
-            vector = np.frombuffer(binascii.a2b_base64(emb.data), dtype="<f4").astype(np.float32)
+            vector = emb.to_array()
         team, user = e.scope.team_id, e.scope.user_id
         pk = scoped_key(team, user, e.memory_id)
         entities: list[dict[str, str]] = []

@@ -266,7 +266,7 @@ async def _consume_into(
     started = time.monotonic()
 
     async def apply(batch: FeedBatch) -> None:
-        result = await loop.run_in_executor(writer, apply_decoded, projector, store, batch.decoded)
+        result = await loop.run_in_executor(writer, apply_decoded, projector, batch.decoded)
         report.records += len(batch.records)
         report.applied += result.applied
         report.skipped += result.skipped

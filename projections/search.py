@@ -47,19 +47,33 @@ temporal_weight=0)`` is the plain hybrid ranking (LoCoMo's "before").
 An empty query lists instead of searching: the memories that pass the filters (e.g.
 everything known about ``--entity NAME``), newest first, at most
 ``BROWSE_LIMIT`` of them scored by recency and supersession only.
+
+How :func:`search` reads (latency is the point of this layout): two waits on LanceDB,
+each a set of concurrent queries on LanceDB's own event loop through the tables'
+asynchronous handles (the same plans the synchronous builders run, without their
+per-query schema round trips). First the vector and BM25 lists; then, together, the
+candidates' sessions (turns and memories), the source turns of candidates outside any
+session, the successors of superseded candidates and the entity statistics. Rows are
+looked up by id as ``<id> IN (...) AND pk IN (...)``: the BTree on the id column
+finds them and the scoped key (``team|user|id``) confines them to the space, without
+the space predicate, which in a large space costs more than the lookup (the
+``team_id`` and ``user_id`` indexes each return every row of the space).
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
+import pyarrow as pa
+import pyarrow.compute as pc
+from lancedb.background_loop import LOOP
 from lancedb.query import ColumnOrdering, FullTextOperator, MatchQuery
 
 from memstream.domain.content import normalize_content
@@ -83,7 +97,7 @@ from memstream.domain.ranking import (
     supersession_factor,
 )
 from memstream.projections.embedder import Embedder
-from memstream.projections.schema import MEMORIES, MESSAGES, scoped_key
+from memstream.projections.schema import ENTITIES, MEMORIES, MESSAGES, scoped_key
 from memstream.projections.store import (
     VECTOR_REFINE_FACTOR,
     LanceStore,
@@ -246,7 +260,13 @@ def _time_where(lo: datetime | None, hi: datetime | None) -> str | None:
 
 def build_where(scope: Scope | None, filters: SearchFilters | None = None) -> str:
     """The LanceDB prefilter for a scoped search: the space first, then the filters."""
-    parts = [space_where(scope)]
+    return " AND ".join([space_where(scope), *_filter_parts(filters)])
+
+
+def _filter_parts(filters: SearchFilters | None) -> list[str]:
+    """The predicates of ``filters`` alone (no space): what a lookup by scoped key
+    adds so that it keeps exactly the rows the search's prefilter keeps."""
+    parts: list[str] = []
     f = filters or SearchFilters()
     if f.memory_types:
         parts.append(in_list("memory_type", [MemoryType(t).value for t in f.memory_types]))
@@ -264,24 +284,95 @@ def build_where(scope: Scope | None, filters: SearchFilters | None = None) -> st
     tw = _time_where(f.time_from, f.time_to)
     if tw:
         parts.append(tw)
-    return " AND ".join(parts)
+    return parts
 
 
 # ------------------------------------------------------------------------------ retrieval
+_T = TypeVar("_T")
+
+
+def _native(store: LanceStore, name: str) -> Any:
+    """The table's asynchronous handle (LanceDB's ``AsyncTable``): the very handle the
+    synchronous table wraps, so reads see the same version and consistency settings.
+    Queries built on it run the same plans as the synchronous builders (which
+    translate to it), without their two or three schema round trips per query, and
+    several of them can be awaited together."""
+    table = store.table(name)
+    native = getattr(table, "_table", None)
+    if native is None or not hasattr(native, "query"):
+        raise TypeError(f"{type(table).__name__} has no asynchronous handle (lancedb changed?)")
+    return native
+
+
+def _wait(work: Awaitable[_T]) -> _T:
+    """Run ``work`` on LanceDB's background event loop and wait for it (what every
+    synchronous LanceDB call does). Never call a synchronous LanceDB API inside it."""
+
+    async def run() -> _T:
+        return await work
+
+    return LOOP.run(run())
+
+
+async def _vector_query(
+    table: Any, vector: Sequence[float], where: str, limit: int, refine: int | None
+) -> pa.Table:
+    q = (
+        table.query()
+        .limit(limit)
+        .select([*RESULT_COLUMNS, "_distance"])
+        .where(where)
+        .nearest_to(list(vector))
+        .distance_range(None, None)
+        .distance_type("cosine")
+    )
+    if refine is not None:
+        q = q.refine_factor(refine)
+    return await q.column("vector").to_arrow()
+
+
+async def _text_query(table: Any, query: str, where: str, limit: int) -> pa.Table | None:
+    if not query.strip():
+        return None
+    q = table.query().limit(limit).select([*RESULT_COLUMNS, "_score"]).where(where)
+    return await q.nearest_to_text(_match(query), None).to_arrow()
+
+
+async def _scan(table: Any, where: str, columns: Sequence[str], limit: int | None = None) -> pa.Table:
+    """A filtered read (all matches unless ``limit``), as ``LanceStore.rows``."""
+    q = table.query()
+    if limit is not None:
+        q = q.limit(limit)
+    return await q.select(list(columns)).where(where).to_arrow()
+
+
+async def _by_ids(
+    store: LanceStore,
+    name: str,
+    scope: Scope,
+    id_column: str,
+    ids: Sequence[str],
+    columns: Sequence[str],
+    extra: Sequence[str] = (),
+) -> pa.Table:
+    """The rows of the scope's space whose ``id_column`` is in ``ids`` (and that pass
+    the ``extra`` predicates), through the id column's BTree
+    (:meth:`LanceStore.ids_where`)."""
+    table = _native(store, name)
+    reads = [
+        _scan(table, " AND ".join([store.ids_where(scope, id_column, chunk), *extra]), columns)
+        for chunk in chunked(list(ids))
+    ]
+    parts = await asyncio.gather(*reads)
+    return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+
+
 def _vector_rows(
     store: LanceStore, vector: Sequence[float], where: str, limit: int
 ) -> list[dict[str, Any]]:
-    q = (
-        store.table(MEMORIES)
-        .search(list(vector), vector_column_name="vector")
-        .distance_type("cosine")
-        .where(where, prefilter=True)
-        .select([*RESULT_COLUMNS, "_distance"])
-        .limit(limit)
-    )
-    if store.has_vector_index():
-        q = q.refine_factor(VECTOR_REFINE_FACTOR)
-    return q.to_arrow().to_pylist()
+    refine = VECTOR_REFINE_FACTOR if store.has_vector_index() else None
+    table: pa.Table = _wait(_vector_query(_native(store, MEMORIES), vector, where, limit, refine))
+    return table.to_pylist()
 
 
 def _match(query: str) -> MatchQuery:
@@ -301,28 +392,8 @@ def _match(query: str) -> MatchQuery:
 
 
 def _text_rows(store: LanceStore, query: str, where: str, limit: int) -> list[dict[str, Any]]:
-    if not query.strip():
-        return []
-    q = (
-        store.table(MEMORIES)
-        .search(_match(query), query_type="fts")
-        .where(where, prefilter=True)
-        .select([*RESULT_COLUMNS, "_score"])
-        .limit(limit)
-    )
-    return q.to_arrow().to_pylist()
-
-
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _pool() -> ThreadPoolExecutor:
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="memstream-fts")
-        return _POOL
+    table = _wait(_text_query(_native(store, MEMORIES), query, where, limit))
+    return table.to_pylist() if table is not None else []
 
 
 def _both_lists(
@@ -333,16 +404,23 @@ def _both_lists(
     n: int,
     text_query: str | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The vector and BM25 candidate lists, the BM25 query running in a worker thread
-    meanwhile (LanceDB executes both natively, so they overlap): a hybrid search costs
-    about the slower of the two, not their sum. ``text_query`` (default ``query``) is
-    what the BM25 leg searches."""
-    text_future = _pool().submit(_text_rows, store, query if text_query is None else text_query, where, n)
-    try:
-        vrows = _vector_rows(store, _query_vector(embedder, store, query), where, n)
-    finally:
-        trows = text_future.result()
-    return vrows, trows
+    """The vector and BM25 candidate lists, both queries awaited together (LanceDB
+    executes them natively, so they overlap): a hybrid search costs about the slower
+    of the two, not their sum. ``text_query`` (default ``query``) is what the BM25 leg
+    searches."""
+    vector = _query_vector(embedder, store, query)
+    refine = VECTOR_REFINE_FACTOR if store.has_vector_index() else None
+    table = _native(store, MEMORIES)
+    text = query if text_query is None else text_query
+
+    async def both() -> tuple[pa.Table, pa.Table | None]:
+        v, t = await asyncio.gather(
+            _vector_query(table, vector, where, n, refine), _text_query(table, text, where, n)
+        )
+        return v, t
+
+    vtable, ttable = _wait(both())
+    return vtable.to_pylist(), (ttable.to_pylist() if ttable is not None else [])
 
 
 def _query_vector(embedder: Embedder, store: LanceStore, query: str) -> list[float]:
@@ -481,32 +559,68 @@ def _successor_of(row: Mapping[str, Any]) -> str | None:
     return row.get("superseded_by") or row.get("canonical_id")
 
 
+class _Successors:
+    """The successor rows read so far for one search: ``memory_id -> row``, ``None``
+    for an id that was looked up and is not in the space or fails the filters. The
+    first hop is read with the other context reads; later hops, and the successors of
+    memories that joined as neighbours, are read here on demand."""
+
+    def __init__(self, store: LanceStore, scope: Scope, extra: Sequence[str]) -> None:
+        self.store = store
+        self.scope = scope
+        self.extra = tuple(extra)
+        self.found: dict[str, dict[str, Any] | None] = {}
+
+    def wanted(self, rows: Mapping[str, Mapping[str, Any]]) -> list[str]:
+        """Ids of the successors of ``rows`` that are neither candidates nor read yet."""
+        team, user = self.scope.team_id, self.scope.user_id
+        out: dict[str, None] = {}
+        for row in rows.values():
+            nxt = _successor_of(row)
+            if nxt and nxt not in self.found and scoped_key(team, user, nxt) not in rows:
+                out[nxt] = None
+        return list(out)
+
+    async def read(self, ids: Sequence[str]) -> None:
+        table = await _by_ids(self.store, MEMORIES, self.scope, "memory_id", ids, RESULT_COLUMNS, self.extra)
+        for mid in ids:
+            self.found.setdefault(mid, None)
+        for row in table.to_pylist():
+            self.found[row["memory_id"]] = row
+
+    def rows(self, ids: Sequence[str]) -> list[dict[str, Any]]:
+        """The rows of ``ids`` that exist and pass the filters (read if not yet)."""
+        unread = [m for m in dict.fromkeys(ids) if m not in self.found]
+        if unread:
+            _wait(self.read(unread))
+        return [row for row in (self.found[m] for m in ids) if row is not None]
+
+
 def _pull_successors(
-    store: LanceStore,
-    scope: Scope,
-    where: str,
+    successors: _Successors,
     rows: dict[str, dict[str, Any]],
     fused: dict[str, float],
 ) -> None:
     """Bring the successors of superseded / duplicate candidates into the candidate
     set (when they pass the filters), following up to ``_SUCCESSOR_HOPS`` links; a
     successor inherits its predecessor's fused score when that is higher than its own."""
-    s = require_scope(scope)
+    s = successors.scope
     frontier = list(rows)
     for _ in range(_SUCCESSOR_HOPS):
         wanted: dict[str, str] = {}  # successor pk -> predecessor pk
+        ids: dict[str, str] = {}  # successor pk -> successor memory id
         for pk in frontier:
             nxt = _successor_of(rows[pk])
             if nxt:
                 spk = scoped_key(s.team_id, s.user_id, nxt)
+                ids[spk] = nxt
                 if spk not in wanted or fused.get(pk, 0.0) > fused.get(wanted[spk], 0.0):
                     wanted[spk] = pk
         if not wanted:
             return
-        missing = [pk for pk in wanted if pk not in rows]
-        for chunk in chunked(missing):
-            for r in store.rows(MEMORIES, f"{where} AND {in_list('pk', chunk)}", RESULT_COLUMNS).to_pylist():
-                rows[r["pk"]] = r
+        missing = {pk for pk in wanted if pk not in rows}
+        for r in successors.rows([ids[pk] for pk in wanted if pk in missing]):
+            rows[r["pk"]] = r
         frontier = []
         for spk, pred in wanted.items():
             if spk not in rows:
@@ -520,10 +634,7 @@ def _pull_successors(
 
 
 # ------------------------------------------------------------------------------ conversation
-_NEIGHBOUR_WINDOW = 256
-"""How far (in log offsets of the messages partition) to look for a turn's neighbours:
-turns of other spaces sharing the partition may lie in between."""
-_TURN_COLUMNS = ("pk", "message_id", "session_id", "speaker", "content", "log_partition", "log_offset")
+_TURN_COLUMNS = ("message_id", "session_id", "speaker", "content", "log_partition", "log_offset")
 _MAX_TURNS = 20_000
 SPEAKERS_TTL_S = 30.0
 """How long a memory space's list of speakers is reused for query processing (a
@@ -541,8 +652,8 @@ def _space_speakers(store: LanceStore, scope: Scope) -> frozenset[str]:
         hit = _SPEAKERS.get(key)
         if hit is not None and hit[0] > now:
             return hit[1]
-    column = store.rows(MESSAGES, f"{space_where(scope)} AND speaker IS NOT NULL", ["speaker"]).column("speaker")
-    speakers = frozenset(str(v) for v in column.unique().to_pylist() if v)
+    table = _wait(_scan(_native(store, MESSAGES), f"{space_where(scope)} AND speaker IS NOT NULL", ["speaker"]))
+    speakers = frozenset(str(v) for v in pc.unique(table.column("speaker")).to_pylist() if v)
     with _SPEAKERS_LOCK:
         if len(_SPEAKERS) >= _SPEAKERS_MAX:
             _SPEAKERS.clear()
@@ -550,81 +661,251 @@ def _space_speakers(store: LanceStore, scope: Scope) -> frozenset[str]:
     return speakers
 
 
-@dataclass(frozen=True)
 class _Turn:
-    """The L0 turn a memory was drawn from: who said it, where it sits in the log."""
+    """The L0 turn a memory was drawn from: who said it, where it sits in the log.
+    Whether it asks something is worked out only for the turns that need it (a
+    search reads whole sessions and looks at a few of their turns)."""
 
-    message_id: str
-    session_id: str | None
-    partition: int
-    offset: int
-    speaker: str | None
-    question: bool
+    __slots__ = ("message_id", "session_id", "partition", "offset", "speaker", "_content", "_question")
 
+    def __init__(
+        self, message_id: str, session_id: str | None, partition: int, offset: int, speaker: str | None, content: str
+    ) -> None:
+        self.message_id = message_id
+        self.session_id = session_id
+        self.partition = partition
+        self.offset = offset
+        self.speaker = speaker
+        self._content = content
+        self._question: bool | None = None
 
-def _turn(row: Mapping[str, Any]) -> _Turn:
-    return _Turn(
-        message_id=row["message_id"],
-        session_id=row.get("session_id"),
-        partition=int(row.get("log_partition") or 0),
-        offset=int(row.get("log_offset") or 0),
-        speaker=row.get("speaker"),
-        question=is_question(row.get("content") or ""),
-    )
-
-
-def _load_turns(store: LanceStore, scope: Scope, message_ids: Sequence[str], turns: dict[str, _Turn]) -> None:
-    """Add the turns of ``message_ids`` (of the scope's space) that are not in ``turns``."""
-    missing = sorted({m for m in message_ids if m not in turns})
-    if not missing:
-        return
-    space = space_where(scope)
-    keys = [scoped_key(scope.team_id, scope.user_id, m) for m in missing]
-    for chunk in chunked(keys):
-        for row in store.rows(MESSAGES, f"{space} AND {in_list('pk', chunk)}", _TURN_COLUMNS).to_pylist():
-            turns[row["message_id"]] = _turn(row)
+    @property
+    def question(self) -> bool:
+        if self._question is None:
+            self._question = is_question(self._content)
+        return self._question
 
 
-def _entity_stats(store: LanceStore, scope: Scope, keys: set[str]) -> tuple[dict[str, int], int]:
-    """How many memories of the space name each entity, and how many there are."""
-    return store.entity_frequencies(scope, keys), store.count_memories(scope)
+def _add_turns(turns: dict[str, _Turn], table: pa.Table, *, replace: bool) -> None:
+    """Add the turns of a ``_TURN_COLUMNS`` read (``replace``: over those present)."""
+    columns = [table.column(c).to_pylist() for c in _TURN_COLUMNS]
+    for mid, session, speaker, content, partition, offset in zip(*columns):
+        if replace or mid not in turns:
+            turns[mid] = _Turn(mid, session, int(partition or 0), int(offset or 0), speaker, content or "")
 
 
 def _sources(row: Mapping[str, Any]) -> list[str]:
     return list(row.get("source_message_ids") or ())
 
 
-def _session_clause(session: str | None, partition: int, lo: int, hi: int) -> str:
-    same = "session_id IS NULL" if session is None else f"session_id = {quote(session)}"
-    return f"({same} AND log_partition = {partition} AND log_offset >= {lo} AND log_offset <= {hi})"
+def _citing(table: pa.Table, message_ids: Iterable[str]) -> list[dict[str, Any]]:
+    """The rows of a memories read that were drawn from any of ``message_ids``, in
+    the read's order (the filter runs in Arrow: a session holds far more memories
+    than the few next to the candidates)."""
+    wanted = sorted(set(message_ids))
+    if not wanted or table.num_rows == 0:
+        return []
+    lists = table.column("source_message_ids").combine_chunks()
+    hits = pc.is_in(pc.list_flatten(lists), value_set=pa.array(wanted, pa.string()))
+    parents = pc.filter(pc.list_parent_indices(lists), hits)
+    if len(parents) == 0:
+        return []
+    return table.take(pc.unique(parents)).to_pylist()
 
 
-def _session_context(
-    store: LanceStore,
-    scope: Scope,
-    where: str,
-    rows: dict[str, dict[str, Any]],
-) -> tuple[Future[list[dict[str, Any]]], Future[list[dict[str, Any]]]] | None:
-    """Start reading, in the pool, every turn and every memory of the candidates'
-    sessions (the memories under the search's own prefilter): the neighbours of a
-    candidate's turns are among them. ``None`` when no candidate belongs to a session."""
-    sessions = sorted({r["session_id"] for r in rows.values() if r.get("session_id") and _sources(r)})
-    if not sessions:
+@dataclass
+class _Context:
+    """What the reads that depend on the candidates returned (see :class:`_Reads`); a
+    field stays ``None`` when the search did not need it."""
+
+    session_turns: pa.Table | None = None
+    session_memories: pa.Table | None = None
+    loose_turns: pa.Table | None = None
+    entity_stats: tuple[dict[str, int], int] | None = None
+
+
+def _concat(tables: Sequence[pa.Table]) -> pa.Table | None:
+    if not tables:
         return None
-    listed = ", ".join(quote(x) for x in sessions)
-    turn_filter = f"{space_where(scope)} AND session_id IN ({listed})"
-    memory_filter = f"{where} AND session_id IN ({listed})"
-    turns = _pool().submit(lambda: store.rows(MESSAGES, turn_filter, _TURN_COLUMNS, limit=_MAX_TURNS).to_pylist())
-    memories = _pool().submit(
-        lambda: store.rows(MEMORIES, memory_filter, RESULT_COLUMNS, limit=_MAX_TURNS).to_pylist()
-    )
-    return turns, memories
+    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+
+
+class _Reads:
+    """The reads that depend on the candidates, started for each candidate list as
+    soon as it arrives: the BM25 list usually comes back well before the vector list,
+    and the reads for its candidates then run beside the vector search.
+
+    * conversational ranking: every turn and every memory of the candidates' sessions
+      (the memories under the search's own prefilter: the neighbours of a candidate's
+      turns are among them), and the source turns of the candidates outside any
+      session (they still get their speaker);
+    * the statistics of the entities the query names among the candidates;
+    * the first hop of the candidates' successors (:class:`_Successors`).
+
+    Each list's reads cover only what earlier lists did not ask for, so together they
+    return what one read over all candidates returns; a session read reaching
+    ``_MAX_TURNS`` rows is redone over all sessions at once, so the cut stays the one
+    a single read makes. Runs on LanceDB's event loop (see :func:`_wait`)."""
+
+    def __init__(
+        self,
+        store: LanceStore,
+        scope: Scope,
+        where: str,
+        query: str,
+        *,
+        conversational: bool,
+        successors: _Successors | None,
+    ) -> None:
+        self.store = store
+        self.scope = scope
+        self.space = space_where(scope)
+        self.where = where
+        self.query = query
+        self.conversational = conversational
+        self.successors = successors
+        self.rows: dict[str, dict[str, Any]] = {}
+        self.sessions: list[str] = []
+        self.loose: set[str] = set()
+        self.names: set[str] = set()
+        self.keys: set[str] = set()
+        self.asked_successors: set[str] = set()
+        self.turn_reads: list[asyncio.Future[pa.Table]] = []
+        self.memory_reads: list[asyncio.Future[pa.Table]] = []
+        self.loose_reads: list[asyncio.Future[pa.Table]] = []
+        self.key_reads: list[asyncio.Future[pa.Table]] = []
+        self.count: asyncio.Future[int] | None = None
+        self.other: list[asyncio.Future[Any]] = []
+
+    def _start(self, work: Awaitable[_T], into: list[asyncio.Future[_T]]) -> None:
+        into.append(asyncio.ensure_future(work))
+
+    def _session_filter(self, base: str, sessions: Sequence[str]) -> str:
+        return f"{base} AND session_id IN ({', '.join(quote(x) for x in sessions)})"
+
+    def add(self, batch: Sequence[dict[str, Any]]) -> None:
+        """Start the reads that the candidates of ``batch`` need and no earlier batch
+        asked for."""
+        for r in batch:
+            self.rows.setdefault(r["pk"], r)
+        if self.conversational:
+            sessions = sorted({r["session_id"] for r in batch if r.get("session_id") and _sources(r)} - set(self.sessions))
+            if sessions:
+                self.sessions += sessions
+                self._start(
+                    _scan(
+                        _native(self.store, MESSAGES),
+                        self._session_filter(self.space, sessions),
+                        _TURN_COLUMNS,
+                        _MAX_TURNS,
+                    ),
+                    self.turn_reads,
+                )
+                self._start(
+                    _scan(
+                        _native(self.store, MEMORIES),
+                        self._session_filter(self.where, sessions),
+                        RESULT_COLUMNS,
+                        _MAX_TURNS,
+                    ),
+                    self.memory_reads,
+                )
+            loose = sorted({m for r in batch if not r.get("session_id") for m in _sources(r)} - self.loose)
+            if loose:
+                self.loose.update(loose)
+                self._start(_by_ids(self.store, MESSAGES, self.scope, "message_id", loose, _TURN_COLUMNS), self.loose_reads)
+        names = {e["name"] for r in batch for e in (r.get("entities") or ())} - self.names
+        self.names |= names
+        keys = {normalize_content(m) for m in query_mentions(self.query, names)} - self.keys
+        if keys:
+            self.keys |= keys
+            entities = _native(self.store, ENTITIES)
+            for chunk in chunked(sorted(k for k in keys if k)):
+                self._start(
+                    _scan(entities, f"{self.space} AND {in_list('name_key', chunk)}", ["name_key"]), self.key_reads
+                )
+            if self.count is None:
+                self.count = asyncio.ensure_future(_native(self.store, MEMORIES).count_rows(self.space))
+        if self.successors is not None:
+            ids = [m for m in self.successors.wanted(self.rows) if m not in self.asked_successors]
+            if ids:
+                self.asked_successors.update(ids)
+                self._start(self.successors.read(ids), self.other)
+
+    async def _all_or_again(self, reads: list[asyncio.Future[pa.Table]], table: str, base: str, columns: Sequence[str]) -> pa.Table | None:
+        tables = list(await asyncio.gather(*reads))
+        if len(tables) > 1 and sum(t.num_rows for t in tables) >= _MAX_TURNS:
+            tables = [await _scan(_native(self.store, table), self._session_filter(base, sorted(self.sessions)), columns, _MAX_TURNS)]
+        return _concat(tables)
+
+    async def finish(self) -> _Context:
+        """Wait for every read started; the entity statistics are what
+        ``LanceStore.entity_frequencies`` and ``count_memories`` return."""
+        ctx = _Context()
+        ctx.session_turns = await self._all_or_again(self.turn_reads, MESSAGES, self.space, _TURN_COLUMNS)
+        ctx.session_memories = await self._all_or_again(self.memory_reads, MEMORIES, self.where, RESULT_COLUMNS)
+        ctx.loose_turns = _concat(list(await asyncio.gather(*self.loose_reads)))
+        if self.count is not None:
+            counts = {k: 0 for k in self.keys if k}
+            for tbl in await asyncio.gather(*self.key_reads):
+                for key in tbl.column("name_key").to_pylist():
+                    counts[key] = counts.get(key, 0) + 1
+            ctx.entity_stats = (counts, int(await self.count))
+        await asyncio.gather(*self.other)
+        return ctx
+
+    async def cancel(self) -> None:
+        """Cancel every read started and wait until they have all stopped."""
+        started: list[asyncio.Future[Any]] = [
+            *self.turn_reads, *self.memory_reads, *self.loose_reads, *self.key_reads, *self.other
+        ]
+        if self.count is not None:
+            started.append(self.count)
+        for fut in started:
+            fut.cancel()
+        await asyncio.gather(*started, return_exceptions=True)
+
+
+async def _candidates(
+    store: LanceStore,
+    vector: Sequence[float],
+    refine: int | None,
+    text_query: str,
+    where: str,
+    n: int,
+    reads: _Reads,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], _Context]:
+    """The vector and BM25 lists (run together: a hybrid search costs about the
+    slower of the two, not their sum), each handed to ``reads`` as it arrives, then
+    everything ``reads`` started."""
+    table = _native(store, MEMORIES)
+    legs: dict[asyncio.Future[pa.Table | None], str] = {
+        asyncio.ensure_future(_vector_query(table, vector, where, n, refine)): "vector",
+        asyncio.ensure_future(_text_query(table, text_query, where, n)): "text",
+    }
+    lists: dict[str, list[dict[str, Any]]] = {}
+    pending: set[asyncio.Future[pa.Table | None]] = set(legs)
+    try:
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for fut in sorted(done, key=lambda f: legs[f]):
+                result = fut.result()
+                lists[legs[fut]] = result.to_pylist() if result is not None else []
+                reads.add(lists[legs[fut]])
+        ctx = await reads.finish()
+    except BaseException:
+        for fut in pending:
+            fut.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        await reads.cancel()
+        raise
+    return lists["vector"], lists["text"], ctx
 
 
 def _neighbours(
     rows: dict[str, dict[str, Any]],
     turns: dict[str, _Turn],
-    session_memories: Sequence[dict[str, Any]],
+    session_memories: pa.Table | None,
     scores: Mapping[str, float],
 ) -> tuple[dict[str, str], set[str]]:
     """``(previous, questions)`` for :func:`propagate_context` over the candidates: the
@@ -646,18 +927,21 @@ def _neighbours(
             return line[j][1] if j < len(line) else None
         return line[i - 1][1] if i > 0 else None
 
+    def offset(t: _Turn) -> int:
+        return t.offset
+
     before: dict[str, str | None] = {}
     after: dict[str, str | None] = {}
     lasts: dict[str, _Turn] = {}
     for pk, row in rows.items():
-        src = sorted((turns[m] for m in _sources(row) if m in turns), key=lambda t: t.offset)
+        src = sorted((turns[m] for m in _sources(row) if m in turns), key=offset)
         if src:
             before[pk], after[pk], lasts[pk] = step(src[0], False), step(src[-1], True), src[-1]
     wanted = {m for m in [*before.values(), *after.values()] if m}
-    by_message: dict[str, list[str]] = {}
-    for row in session_memories:
-        if any(m in wanted for m in _sources(row)):
+    if session_memories is not None:
+        for row in _citing(session_memories, wanted):
             rows.setdefault(row["pk"], row)
+    by_message: dict[str, list[str]] = {}
     for pk, row in rows.items():
         for m in _sources(row):
             by_message.setdefault(m, []).append(pk)
@@ -680,7 +964,7 @@ def _neighbours(
     for pk, row in rows.items():
         if pk not in lasts:
             src = [turns[m] for m in _sources(row) if m in turns]
-            if src and max(src, key=lambda t: t.offset).question:
+            if src and max(src, key=offset).question:
                 questions.add(pk)
     return previous, questions
 
@@ -706,34 +990,36 @@ def search(
     w = weights or RankingWeights()
     now = now or datetime.now(timezone.utc)
     n = candidates or _default_candidates(k)
+    follow = not filters or filters.include_superseded
+    successors = _Successors(store, scope, _filter_parts(filters)) if follow else None
 
     rows: dict[str, dict[str, Any]] = {}
     vsim: dict[str, float] = {}
     tscore: dict[str, float] = {}
     context: dict[str, float] = {}
     priors: dict[str, float] = {}
-    entity_stats: tuple[set[str], Future[tuple[dict[str, int], int]]] | None = None
-    early_keys: set[str] | None = None
+    early_keys: set[str] = set()
+    stats: tuple[dict[str, int], int] | None = None
     if query.strip():
         # the speakers the query names move from the BM25 query to the speaker prior
         named = query_mentions(query, _space_speakers(store, scope)) if w.query_processing else set()
         text_query = lexical_query(query, named) if w.query_processing else query
-        vrows, trows = _both_lists(store, embedder, query, where, n, text_query=text_query)
-        turns: dict[str, _Turn] = {}
         context_on = w.context_forward > 0 or w.context_forward_statement > 0 or w.context_backward > 0
         conversational = context_on or w.speaker_weight > 0 or w.temporal_weight > 0
+        vector = _query_vector(embedder, store, query)
+        refine = VECTOR_REFINE_FACTOR if store.has_vector_index() else None
+        reads = _Reads(store, scope, where, query, conversational=conversational, successors=successors)
+        # one wait: both lists, then the sessions, loose turns, entity statistics and
+        # first successor hop of their candidates, started as each list arrives
+        vrows, trows, ctx = _wait(_candidates(store, vector, refine, text_query, where, n, reads))
         for r in vrows:
             rows.setdefault(r["pk"], r)
             vsim[r["pk"]] = 1.0 - float(r["_distance"])
         for r in trows:
             rows.setdefault(r["pk"], r)
             tscore[r["pk"]] = float(r["_score"])
-        # one parallel stage: the sessions' turns and memories, the entity statistics
-        early = {e["name"] for r in rows.values() for e in (r.get("entities") or ())}
-        early_keys = {normalize_content(m) for m in query_mentions(query, early)}
-        if early_keys:
-            entity_stats = (early_keys, _pool().submit(_entity_stats, store, scope, early_keys))
-        pending = _session_context(store, scope, where, rows) if conversational else None
+        early_keys = reads.keys
+        stats = ctx.entity_stats
         if w.fusion == "score":
             fused = score_fusion(tscore, vsim, w.text_weight, w.fusion_vector_weight)
         else:
@@ -743,22 +1029,29 @@ def search(
                 w.rrf_k,
             )
         if conversational:
-            session_memories: list[dict[str, Any]] = []
-            if pending is not None:
-                for row in pending[0].result():
-                    t = _turn(row)
-                    turns[t.message_id] = t
-                session_memories = pending[1].result()
+            turns: dict[str, _Turn] = {}
+            if ctx.session_turns is not None:
+                _add_turns(turns, ctx.session_turns, replace=True)
             # memories outside any session still get their speaker
-            _load_turns(store, scope, [m for r in rows.values() if not r.get("session_id") for m in _sources(r)], turns)
+            if ctx.loose_turns is not None:
+                _add_turns(turns, ctx.loose_turns, replace=False)
             if context_on and turns:
-                previous, questions = _neighbours(rows, turns, session_memories, fused)
+                previous, questions = _neighbours(rows, turns, ctx.session_memories, fused)
                 context = propagate_context(fused, previous, questions, w)
             speakers = {t.speaker for t in turns.values() if t.speaker}
             named_keys = {normalize_content(s) for s in query_mentions(query, speakers)}
             wants_time = asks_for_time(query)
+            said_key: dict[str, str] = {}
             for pk, r in rows.items():
-                said = {normalize_content(turns[m].speaker or "") for m in _sources(r) if m in turns}
+                said = set()
+                for m in _sources(r):
+                    t = turns.get(m)
+                    if t is not None:
+                        spoken = t.speaker or ""
+                        key = said_key.get(spoken)
+                        if key is None:
+                            key = said_key[spoken] = normalize_content(spoken)
+                        said.add(key)
                 factor = prior_factor(
                     bool(named_keys & said), wants_time and mentions_time(r.get("content") or ""), w
                 )
@@ -782,27 +1075,19 @@ def search(
     if not rows:
         return []
 
-    if not filters or filters.include_superseded:
-        _pull_successors(store, scope, where, rows, fused)
+    if successors is not None:
+        _pull_successors(successors, rows, fused)
 
     # entity boost: entities of the candidates that the query names, damped by IDF
+    # (their statistics were read with the candidates' sessions)
     boosts: dict[str, float] = {}
-    if query.strip():
-        if early_keys is not None:
-            # the names the query mentions among the candidates' entities, whose
-            # statistics were read while the sessions were
-            keys = early_keys
-            df, total = entity_stats[1].result() if entity_stats is not None else ({}, 0)
-        else:
-            names = {e["name"] for r in rows.values() for e in (r.get("entities") or ())}
-            keys = {normalize_content(m) for m in query_mentions(query, names)}
-            df, total = _entity_stats(store, scope, keys) if keys else ({}, 0)
-        if keys:
-            idf = {key: entity_idf(df.get(key, 1), total) for key in keys}
-            for pk, r in rows.items():
-                hits = [idf[key] for key in (r.get("entity_keys") or ()) if key in idf]
-                if hits:
-                    boosts[pk] = entity_boost(hits, w.entity_weight)
+    if query.strip() and early_keys:
+        df, total = stats if stats is not None else ({}, 0)
+        idf = {key: entity_idf(df.get(key, 1), total) for key in early_keys}
+        for pk, r in rows.items():
+            hits = [idf[key] for key in (r.get("entity_keys") or ()) if key in idf]
+            if hits:
+                boosts[pk] = entity_boost(hits, w.entity_weight)
 
     raw: dict[str, float] = {}
     pieces: dict[str, tuple[float, float, float, float]] = {}
@@ -823,6 +1108,8 @@ def search(
     final = order_after_successors(raw, successor)
 
     order = sorted(rows, key=lambda pk: (-final[pk], rows[pk]["memory_id"]))
+    if reranker is None:
+        order = order[:k]  # the reranker sees every candidate; without one, k suffice
     results = []
     for pk in order:
         f, rec, sup, ent = pieces[pk]

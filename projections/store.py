@@ -21,8 +21,10 @@ Indexes (created by :meth:`LanceStore.ensure_indexes`, kept current by
   five times faster (78 s against 385 s for 1M rows on 2 cores, see STACK-NOTES):
   the index is rebuilt from the worker, and a long build delays everything behind it.
 * **Scalar**: BTree indexes on ``team_id`` and ``user_id`` of every scoped table, and on
-  the lookup columns (``memories.content_hash`` / ``memory_id``, ``entities.name_key``,
-  ``links.to_pk`` / ``from_pk``), created with the (empty) tables. The isolation
+  the lookup columns (``memories.content_hash`` / ``memory_id``, ``messages.message_id``,
+  ``entities.name_key``, ``links.to_pk`` / ``from_pk``), created with the (empty)
+  tables, or on opening a table set that lacks one. Lookups by id go through the id
+  column's index and the scoped ``pk`` (:meth:`LanceStore.ids_where`). The isolation
   prefilter of every search goes through them: measured at 40k rows, a prefiltered
   vector search took about 5 times longer without them. Never on ``pk``, the merge
   key (see ``memstream.projections.schema`` for the LanceDB bugs this avoids; an
@@ -63,6 +65,7 @@ from memstream.projections.schema import (
     REFLECTIONS,
     TABLE_NAMES,
     schema_for,
+    scoped_key,
 )
 from memstream.settings import Settings
 
@@ -90,7 +93,7 @@ _INDEX_RECHECK_S = 30.0
 _FTS_CONFIG = FTS(with_position=False, stem=True, remove_stop_words=True, ascii_folding=True)
 SCALAR_INDEXES: dict[str, tuple[str, ...]] = {
     MEMORIES: ("team_id", "user_id", "content_hash", "memory_id"),
-    MESSAGES: ("team_id", "user_id"),
+    MESSAGES: ("team_id", "user_id", "message_id"),
     LINKS: ("team_id", "user_id", "to_pk", "from_pk"),
     ENTITIES: ("team_id", "user_id", "name_key"),
     REFLECTIONS: ("team_id", "user_id"),
@@ -182,7 +185,7 @@ class LanceStore:
             self._tables[name] = tbl
         self._vector_index_checked = float("-inf")
         self._vector_index = False
-        self._ensure_base_indexes()
+        self.ensure_base_indexes()
 
     @classmethod
     def from_settings(
@@ -344,7 +347,7 @@ class LanceStore:
         self.upsert(POSITIONS, rows)
 
     # ---------------------------------------------------------------- maintenance
-    def _ensure_base_indexes(self) -> dict[str, list[str]]:
+    def ensure_base_indexes(self) -> dict[str, list[str]]:
         """FTS on ``memories.content`` and the scalar BTrees; cheap on empty tables,
         which is when they are normally made."""
         created: dict[str, list[str]] = {}
@@ -364,18 +367,31 @@ class LanceStore:
         table. FTS and scalar indexes exist from the start (re-created here if missing);
         the IVF_PQ vector index from ``vector_index_threshold`` memories on. A vector
         index build takes minutes at a million rows: call this from a thread that can
-        wait."""
-        created = self._ensure_base_indexes()
-        mem = self.table(MEMORIES)
-        n = mem.count_rows()
-        if n >= max(self.vector_index_threshold, 256) and not self._has_index(MEMORIES, "vector"):
-            dim = self.embedding_dim
-            subs = dim // 8 if dim % 8 == 0 and dim >= 16 else None
-            mem.create_index("vector", config=IvfPq(distance_type="cosine", num_sub_vectors=subs))
-            created.setdefault(MEMORIES, []).append("vector:IVF_PQ")
-            self._vector_index_checked = float("-inf")
-            log.info("built the IVF_PQ vector index over %d memories", n)
+        wait (the worker builds it beside the writer, see :meth:`build_vector_index`)."""
+        created = self.ensure_base_indexes()
+        if self.vector_index_due():
+            created.setdefault(MEMORIES, []).append(self.build_vector_index())
         return created
+
+    def vector_index_due(self) -> bool:
+        """Whether ``memories`` is big enough for its IVF_PQ index and has none yet."""
+        mem = self.table(MEMORIES)
+        return mem.count_rows() >= max(self.vector_index_threshold, 256) and not self._has_index(MEMORIES, "vector")
+
+    def build_vector_index(self) -> str:
+        """Train and write the IVF_PQ index over ``memories.vector`` (minutes at a million
+        rows). Safe beside the projector's writes: rows committed meanwhile are simply
+        not in the index yet (searched exactly until the next optimize folds them in).
+        Do not run it beside :meth:`optimize`, whose compaction rewrites the fragments
+        the index is being built over."""
+        mem = self.table(MEMORIES)
+        dim = self.embedding_dim
+        subs = dim // 8 if dim % 8 == 0 and dim >= 16 else None
+        started = time.monotonic()
+        mem.create_index("vector", config=IvfPq(distance_type="cosine", num_sub_vectors=subs))
+        self._vector_index_checked = float("-inf")
+        log.info("built the IVF_PQ vector index over %d memories in %.0fs", mem.count_rows(), time.monotonic() - started)
+        return "vector:IVF_PQ"
 
     def has_vector_index(self) -> bool:
         """Whether ``memories.vector`` has an ANN index (checked at most every
@@ -422,31 +438,44 @@ class LanceStore:
                     best[h] = (rank, mid)
         return {h: mid for h, (_, mid) in best.items()}
 
+    @staticmethod
+    def ids_where(scope: Scope, id_column: str, ids: Sequence[str]) -> str:
+        """The filter for the rows of the scope's space whose ``id_column`` (the id the
+        table's ``pk`` is scoped from: ``memory_id``, ``message_id``...) is in ``ids``:
+        ``<id_column> IN (...) AND pk IN (<the scoped keys>)``. The id column's BTree
+        finds the rows; the scoped key (``team|user|id``, see
+        ``memstream.projections.schema``) confines them to the space exactly, so no
+        ``team_id`` / ``user_id`` predicate is needed, and none is used: in a large
+        space their indexes each return every row of the space, which cost 3 to 5 ms
+        at 100,000 rows against about 1 ms for the id lookup itself."""
+        s = require_scope(scope)
+        keys = [scoped_key(s.team_id, s.user_id, i) for i in ids]
+        return f"{in_list(id_column, ids)} AND {in_list('pk', keys)}"
+
     def get_memories(
         self, scope: Scope, memory_ids: Sequence[str], *, with_vector: bool = False
     ) -> list[dict[str, Any]]:
         """The rows of these memories within the scope's space (others are ignored),
         JSON fields parsed, in the order asked."""
-        base = space_where(scope)
         ids = list(dict.fromkeys(memory_ids))
         columns = None
         if not with_vector:
             columns = [f.name for f in schema_for(MEMORIES, self.embedding_dim) if f.name != "vector"]
         by_id: dict[str, dict[str, Any]] = {}
         for chunk in chunked(ids):
-            for r in self.rows(MEMORIES, f"{base} AND {in_list('memory_id', chunk)}", columns).to_pylist():
+            for r in self.rows(MEMORIES, self.ids_where(scope, "memory_id", chunk), columns).to_pylist():
                 by_id[r["memory_id"]] = _memory_dict(r)
-        return [by_id[m] for m in dict.fromkeys(memory_ids) if m in by_id]
+        return [by_id[m] for m in ids if m in by_id]
 
     def get_messages(self, scope: Scope, message_ids: Sequence[str]) -> list[dict[str, Any]]:
         """The L0 turns with these ids in the scope's space, in the order asked."""
-        base = space_where(scope)
+        ids = list(dict.fromkeys(message_ids))
         by_id: dict[str, dict[str, Any]] = {}
-        for chunk in chunked(list(dict.fromkeys(message_ids))):
-            for r in self.rows(MESSAGES, f"{base} AND {in_list('message_id', chunk)}").to_pylist():
+        for chunk in chunked(ids):
+            for r in self.rows(MESSAGES, self.ids_where(scope, "message_id", chunk)).to_pylist():
                 r["metadata"] = _json_or_none(r.get("metadata"))
                 by_id[r["message_id"]] = r
-        return [by_id[m] for m in dict.fromkeys(message_ids) if m in by_id]
+        return [by_id[m] for m in ids if m in by_id]
 
     def links_of(self, scope: Scope, memory_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """(outgoing, incoming) links of a memory in the scope's space, oldest first."""

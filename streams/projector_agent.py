@@ -137,6 +137,10 @@ class _ApplyResult(Protocol):
 class _Projector(Protocol):
     def apply(self, batch: Sequence[PositionedEvent]) -> Any: ...
 
+    def positions(self) -> dict[tuple[str, int], int]: ...
+
+    def save_positions(self, next_offsets: dict[tuple[str, int], int]) -> None: ...
+
 
 class LanceDirBusyError(RuntimeError):
     """Another process (a worker, a replay's swap) owns the LanceDB directory."""
@@ -215,7 +219,7 @@ def decode_batch(records: Sequence[RawRecord]) -> DecodedBatch:
     return DecodedBatch(events=events, dead=dead, next_offsets=next_offsets)
 
 
-def apply_decoded(projector: _Projector, store: Any, decoded: DecodedBatch) -> _ApplyResult:
+def apply_decoded(projector: _Projector, decoded: DecodedBatch) -> _ApplyResult:
     """Apply a decoded batch and make the stored positions cover *all* its records.
 
     ``Projector.apply`` stores positions for the events it was given; records that
@@ -231,10 +235,7 @@ def apply_decoded(projector: _Projector, store: Any, decoded: DecodedBatch) -> _
         covered[key] = max(covered.get(key, 0), item.position.offset + 1)
     tail = {k: v for k, v in decoded.next_offsets.items() if v > covered.get(k, 0)}
     if tail:
-        stored = store.positions()
-        forward = {k: v for k, v in tail.items() if v > stored.get(k, 0)}
-        if forward:
-            store.save_positions(forward)
+        projector.save_positions(tail)
     return cast(_ApplyResult, result)
 
 
@@ -288,6 +289,8 @@ class ProjectorRuntime:
         )
         self._open_lock = threading.Lock()
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-lance")
+        self._indexer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-index")
+        self._index_build: asyncio.Future[None] | None = None
         self.stats = ProjectorStats()
         self._window_records = 0
         self._window_started = time.monotonic()
@@ -329,7 +332,11 @@ class ProjectorRuntime:
         try:
             await self._dead_letters.stop()
         finally:
-            await asyncio.get_running_loop().run_in_executor(None, self._writer.shutdown, True)
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, self._writer.shutdown, True)
+            # An index build in progress is abandoned (nothing is committed until it
+            # ends; the next worker starts it again).
+            self._indexer.shutdown(wait=False, cancel_futures=True)
 
     # --- positions ---------------------------------------------------------------------
 
@@ -343,7 +350,7 @@ class ProjectorRuntime:
     # --- the batch -----------------------------------------------------------------------
 
     def _apply(self, decoded: DecodedBatch) -> _ApplyResult:
-        return apply_decoded(self.projector, self.store, decoded)
+        return apply_decoded(self.projector, decoded)
 
     async def publish_decode_dead(self, batch: "FeedBatch") -> None:
         """Publish a batch's decode-stage dead letters (retried until the broker acks):
@@ -442,20 +449,36 @@ class ProjectorRuntime:
             self._window_records, self._window_started = 0, now
 
     async def maintain(self) -> None:
-        """Compact fragments and keep indexes current (one writer, never concurrent
-        with a batch)."""
+        """Compact fragments and fold new rows into the indexes (on the writer thread:
+        never concurrent with a batch), and start the vector index build when it is due.
 
-        def run() -> None:
-            self.store.optimize()
-            self.store.ensure_indexes()
-
+        The IVF_PQ build takes minutes at large sizes, so it runs on its own thread
+        beside the writer: projection goes on meanwhile (rows written during the build
+        are searched exactly until the next optimize indexes them). Compaction waits
+        until the build is done, since it rewrites the fragments being indexed."""
+        building = self._index_build is not None and not self._index_build.done()
         started = time.monotonic()
         try:
-            await self._in_writer(run)
+            if not building:
+                await self._in_writer(self.store.optimize)
+            due = not building and await self._in_writer(self._indexes_due)
         except Exception as exc:  # noqa: BLE001 - maintenance failing must not stop projection
             log.warning("LanceDB maintenance failed (will retry next time): %s: %s", type(exc).__name__, exc)
             return
         log.debug("LanceDB maintenance took %.2fs", time.monotonic() - started)
+        if due:
+            loop = asyncio.get_running_loop()
+            self._index_build = loop.run_in_executor(self._indexer, self._build_vector_index)
+
+    def _indexes_due(self) -> bool:
+        self.store.ensure_base_indexes()
+        return bool(self.store.vector_index_due())
+
+    def _build_vector_index(self) -> None:
+        try:
+            self.store.build_vector_index()
+        except Exception as exc:  # noqa: BLE001 - retried at the next maintenance
+            log.warning("building the vector index failed (will retry): %s: %s", type(exc).__name__, exc)
 
 
 def projector_group(settings: Settings) -> str:

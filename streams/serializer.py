@@ -186,6 +186,10 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not allowed (JSON has no NaN or Infinity)")
 
 
+_DECODER = json.JSONDecoder(parse_float=_finite_float, parse_constant=_reject_constant)
+"""One decoder for every record (``json.loads`` with hooks builds a new one per call)."""
+
+
 def decode_json_body(value: bytes | bytearray | memoryview | None, *, max_bytes: int = MAX_RECORD_BYTES) -> dict[str, Any]:
     """Bytes -> JSON object, with the checks every memstream reader shares.
 
@@ -204,7 +208,7 @@ def decode_json_body(value: bytes | bytearray | memoryview | None, *, max_bytes:
     except UnicodeDecodeError as exc:
         raise DecodeError(f"not UTF-8: invalid byte at position {exc.start}", "not-utf8") from None
     try:
-        body = json.loads(text, parse_float=_finite_float, parse_constant=_reject_constant)
+        body = _DECODER.decode(text)
     except json.JSONDecodeError as exc:
         raise DecodeError(
             f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", "not-json"

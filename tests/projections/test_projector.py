@@ -83,7 +83,8 @@ def test_apply_twice_and_overlapping_batches_give_identical_digests(tmp_path: Pa
     p_three.apply(batch)
     three.table(POSITIONS).delete("true")
     assert three.positions() == {}
-    redo = p_three.apply(batch)
+    restarted = Projector(three, LocalEmbedder(DIM))  # a crash means a new process
+    redo = restarted.apply(batch)
     assert redo.applied == len(batch)
     assert three.table_digest() == expected
     assert three.count(MEMORIES) == 5  # no duplicates

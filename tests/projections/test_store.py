@@ -146,3 +146,41 @@ def test_digest_depends_on_content_not_on_batching(tmp_path: Path) -> None:
     assert d["links"] == digests[0]["links"]  # the very same link event
     assert d["positions"] == digests[0]["positions"]
     assert store.positions() == {(EVENTS_TOPIC, 0): 21}
+
+
+def test_vector_index_builds_beside_the_writer(tmp_path: Path) -> None:
+    """The worker trains IVF_PQ on its own thread while batches keep being written:
+    LanceDB must accept both commits, and no row may be lost to the race."""
+    import threading
+
+    store = LanceStore(tmp_path / "lance", embedding_dim=DIM, vector_index_threshold=300)
+    projector = Projector(store, LocalEmbedder(DIM))
+    projector.apply(positioned([memory(ALICE, f"m{i}", f"seed memory number {i}") for i in range(3000)]))
+    assert store.vector_index_due()
+
+    failure: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            store.build_vector_index()
+        except BaseException as exc:  # noqa: BLE001 - reported to the test thread
+            failure.append(exc)
+
+    builder = threading.Thread(target=build)
+    builder.start()
+    written_during_build = 0
+    offset = 3000
+    while builder.is_alive() or written_during_build == 0:
+        batch = [memory(ALICE, f"w{offset + i}", f"written while indexing {offset + i}") for i in range(50)]
+        projector.apply(positioned(batch, start=offset))
+        offset += 50
+        if builder.is_alive():
+            written_during_build += 50
+    builder.join()
+    assert not failure, failure
+    assert written_during_build > 0
+    assert store.has_vector_index() and not store.vector_index_due()
+    assert store.count(MEMORIES) == offset  # every row of every batch, none twice
+    assert projector.positions() == store.positions() == {(EVENTS_TOPIC, 0): offset}
+    hits = vector_search(store, LocalEmbedder(DIM), ALICE, f"written while indexing {offset - 1}", k=1)
+    assert hits[0].memory_id == f"w{offset - 1}"  # a row newer than the index is found
