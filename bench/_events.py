@@ -790,15 +790,30 @@ def wait_for_count(
 
 
 # ----------------------------------------------------------------------------- the worker
+def _stat_fields(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def process_cpu_seconds(pid: int | None) -> float | None:
-    """User + system CPU time of process ``pid`` so far (Linux ``/proc``), or None."""
+    """User + system CPU time so far (Linux ``/proc``) of process ``pid`` and of its
+    live child processes (the worker's decoder process), or None."""
     if pid is None:
         return None
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        fields = _stat_fields(pid)
     except (OSError, ValueError, IndexError):
         return None
+    ticks = int(fields[11]) + int(fields[12])
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == pid:
+            continue
+        try:
+            child = _stat_fields(int(entry.name))
+            if int(child[1]) == pid:  # field 4 of stat: the parent pid
+                ticks += int(child[11]) + int(child[12])
+        except (OSError, ValueError, IndexError):
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 class WorkerProcess(_CommonWorker):

@@ -231,7 +231,7 @@ def run(
             (
                 "worker_cpu_per_wall",
                 "-" if result["worker_cpu_per_wall"] is None else f"{result['worker_cpu_per_wall']:.2f}",
-                "CPU seconds per second of the worker (1.0 = one core busy)",
+                "CPU s per s of the worker + its decoder process (1.0 = one core)",
             ),
             *cpu_rows(cpu_us, "projector"),
             ("produce_eps", f"{produced.eps:,.0f}", f"durable SDK producer, {result['record_bytes_avg']:,.0f} B/record"),

@@ -50,7 +50,6 @@ from datetime import datetime, timezone
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-import numpy as np
 from annotated_types import Ge, Le
 from pydantic import (
     AfterValidator,
@@ -62,7 +61,6 @@ from pydantic import (
     GetCoreSchemaHandler,
     GetJsonSchemaHandler,
     JsonValue,
-    PrivateAttr,
     Strict,
     StringConstraints,
     ValidationError,
@@ -464,8 +462,6 @@ class EmbeddingPayload(_Frozen):
     dim: Annotated[int, Ge(1), Le(8192), Number]
     data: Annotated[str, _SchemaExtra((("pattern", _BASE64_PATTERN),))]
 
-    _raw: bytes | None = PrivateAttr(default=None)
-
     @model_validator(mode="after")
     def _check_payload(self) -> "EmbeddingPayload":
         try:
@@ -476,9 +472,6 @@ class EmbeddingPayload(_Frozen):
         # overflow a double sum, so it is non-finite exactly when one value is.
         if not math.isfinite(float(arr.sum(dtype="float64"))):
             raise ValueError("embedding holds NaN or infinite values")
-        # The decoded bytes are kept so a reader does not decode the payload twice
-        # (bytes, not the array: pydantic compares private attributes in ``==``).
-        self._raw = arr.tobytes()
         return self
 
     @classmethod
@@ -490,20 +483,11 @@ class EmbeddingPayload(_Frozen):
         """The float32 values, exactly as encoded."""
         return [float(x) for x in self.to_array()]
 
-    def __eq__(self, other: object) -> bool:
-        # The fields are the payload; the decoded cache is not part of its identity.
-        if not isinstance(other, EmbeddingPayload):
-            return NotImplemented
-        return (self.model, self.dim, self.data) == (other.model, other.dim, other.data)
-
-    def __hash__(self) -> int:
-        return hash((self.model, self.dim, self.data))
-
     def to_array(self) -> Any:
         """The values as a read-only little-endian float32 numpy array."""
-        if self._raw is None:
-            self._raw = decode_array(self.data, self.dim).tobytes()
-        return np.frombuffer(self._raw, dtype="<f4")
+        # Validated when the payload was built: decoding again is one C call (cheaper
+        # than caching it on a pydantic model, whose private attributes are slow).
+        return decode_array(self.data, self.dim)
 
 
 class Provenance(_Frozen):

@@ -91,7 +91,7 @@ class RawRecord:
     offset: int
     key: bytes | None
     value: bytes | None
-    headers: tuple[tuple[str, bytes], ...] = ()
+    headers: tuple[tuple[str, bytes | None], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -257,7 +257,7 @@ def project_dead_letters(
                 source_offset=pos.offset,
                 original_value=rec.value if rec else None,
                 original_key=rec.key if rec else None,
-                original_headers=rec.headers if rec else (),
+                original_headers=tuple((k, v if v is not None else b"") for k, v in rec.headers) if rec else (),
                 stage="project",
             )
         )

@@ -93,8 +93,15 @@ class WorkerProcess:
 
     def kill(self) -> None:
         assert self.proc is not None
+        children = child_pids(self.proc.pid)
         self.proc.kill()  # SIGKILL: no cleanup of any kind
         self.proc.wait(timeout=30)
+        # Its helper processes (the decoder) must not outlive it.
+        deadline = time.monotonic() + 10
+        while any(Path(f"/proc/{pid}").exists() for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = [pid for pid in children if Path(f"/proc/{pid}").exists()]
+        assert not left, f"child processes {left} outlived the killed worker"
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
         assert self.proc is not None
@@ -115,6 +122,20 @@ class WorkerProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+def child_pids(pid: int) -> list[int]:
+    """Live child processes of ``pid`` (Linux ``/proc``)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == pid:
+                out.append(int(entry.name))
+    return out
 
 
 def read_positions(lance_dir: Path) -> dict[tuple[str, int], int]:
