@@ -412,6 +412,21 @@ class LanceStore:
                 warnings.simplefilter("ignore", UserWarning)
                 tbl.optimize(cleanup_older_than=self.keep_versions)
 
+    def optimize_indexes(self) -> None:
+        """Fold rows written since the last call into every table's indexes (FTS,
+        BTree, vector), without compacting. Safe beside the projector's writes
+        (LanceDB rebases either commit over the other), not beside :meth:`optimize`,
+        whose compaction it would preempt."""
+        for name in TABLE_NAMES:
+            tbl = self.table(name)
+            if not tbl.list_indices():
+                continue
+            # At the newest version, not this handle's: another index update may have
+            # been committed since the writer's last commit.
+            ds = tbl.to_lance()
+            ds = ds.checkout_version(ds.latest_version)
+            ds.optimize.optimize_indices()
+
     # ---------------------------------------------------------------- lookups
     def find_hashes(self, scope: Scope, hashes: Iterable[str]) -> dict[str, str]:
         """``content_hash -> memory_id`` for the hashes already stored in the scope's

@@ -1,20 +1,17 @@
-"""The projector agent: Kafka records -> LanceDB views, in batches, resumable, never stuck.
+"""The projector inside the worker: Kafka records -> LanceDB views, in batches,
+resumable, never stuck.
 
-It consumes ``<prefix>events`` and ``<prefix>messages`` as raw bytes (Faust's
-``value_serializer="raw"``; decoding is the serializer's job, so a bad record becomes
-a dead letter instead of a Faust deserialisation crash) with
-``stream.take_events(size, within=seconds)``: ``take_events`` (not ``take``) because
-each record's topic, partition, offset, key and headers are needed.
+Records are read by :class:`~memstream.streams.projector_feed.ProjectorFeed` (fetch,
+decode and write overlap; see there why not through a Faust stream) and handed over
+per batch:
 
-Per batch (:meth:`ProjectorRuntime.process`):
-
-1. decode every record (off the event loop); records that are not valid events are
+1. decoded (in the decoder process); records that are not valid events are
    published to the dead-letter topic (stage ``decode``) and acknowledged by the
-   broker *before* anything is written, so a crash can duplicate a dead letter but
-   never lose one;
+   broker *before* anything of their batch is written
+   (:meth:`ProjectorRuntime.publish_decode_dead`), so a crash can duplicate a dead
+   letter but never lose one;
 2. :meth:`Projector.apply` writes the rows and the positions in one call, in a
-   single dedicated writer thread (LanceDB writes never block the loop and never
-   overlap with the periodic optimise);
+   single dedicated writer thread (LanceDB writes never block the loop);
 3. events the projector could not apply become dead letters (stage ``project``).
 
 Positions always cover the whole batch, dead letters included (:func:`apply_decoded`),
@@ -22,16 +19,16 @@ so a restart neither re-reads them nor stalls before them, and a replay can prov
 reached the end of the log.
 
 Failures (LanceDB I/O, broker unavailable) are retried with back-off, the same
-batch again, until they succeed or the worker stops: ``take_events`` acknowledges the
-batch in a ``finally`` whatever happens, so giving up on a batch would let Kafka's
-commit move past it. That is also why the worker resumes from the *stored*
-positions (see :mod:`memstream.streams.app`), never from Kafka's commits alone.
+batch again, until they succeed or the worker stops: giving up on a batch would let
+the next batch's positions pass it. The worker resumes from the *stored* positions,
+never from Kafka's commits (the projector commits its progress to the group
+``<app_id>.projector`` only as a hint for lag monitors).
 
-The optimise/index maintenance (``settings.optimize_every_s``) runs from this one
-place, on the same writer thread. A worker holds :class:`LanceDirLock` on its
-directory for as long as it runs (one writer per table set; a replay never swaps
-under it). If anything escapes the batch loop itself, the worker stops (fail-stop)
-rather than let Faust restart the agent past the failed batch.
+Maintenance (:meth:`ProjectorRuntime.maintain`) keeps the indexes current beside the
+writer and compacts on the writer thread now and then. A worker holds
+:class:`LanceDirLock` on its directory for as long as it runs (one writer per table
+set; a replay never swaps under it). If the feed itself fails, the worker stops
+(fail-stop) rather than restart in place past the failed batch.
 """
 
 from __future__ import annotations
@@ -291,6 +288,7 @@ class ProjectorRuntime:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-lance")
         self._indexer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-index")
         self._index_build: asyncio.Future[None] | None = None
+        self._compacted_at = time.monotonic()
         self.stats = ProjectorStats()
         self._window_records = 0
         self._window_started = time.monotonic()
@@ -449,36 +447,42 @@ class ProjectorRuntime:
             self._window_records, self._window_started = 0, now
 
     async def maintain(self) -> None:
-        """Compact fragments and fold new rows into the indexes (on the writer thread:
-        never concurrent with a batch), and start the vector index build when it is due.
+        """Keep the table set fast to read without stalling the writer.
 
-        The IVF_PQ build takes minutes at large sizes, so it runs on its own thread
-        beside the writer: projection goes on meanwhile (rows written during the build
-        are searched exactly until the next optimize indexes them). Compaction waits
-        until the build is done, since it rewrites the fragments being indexed."""
-        building = self._index_build is not None and not self._index_build.done()
-        started = time.monotonic()
-        try:
-            if not building:
-                await self._in_writer(self.store.optimize)
-            due = not building and await self._in_writer(self._indexes_due)
-        except Exception as exc:  # noqa: BLE001 - maintenance failing must not stop projection
-            log.warning("LanceDB maintenance failed (will retry next time): %s: %s", type(exc).__name__, exc)
+        Every call (``optimize_every_s``) folds the rows written since into the indexes
+        on the indexer thread, beside the writer (a reader meanwhile scans the few
+        unindexed rows exactly), then starts the IVF_PQ build there once it is due
+        (minutes at a million rows). Every ``compact_every_s`` it compacts fragments
+        and drops old versions instead, on the writer thread: compaction rewrites
+        fragments, so it cannot run beside a write or an index update (LanceDB would
+        preempt it), and it pauses projection for its length (measured in
+        docs/benchmarks.md). Nothing starts while the indexer is still busy."""
+        if self._index_build is not None and not self._index_build.done():
             return
-        log.debug("LanceDB maintenance took %.2fs", time.monotonic() - started)
-        if due:
-            loop = asyncio.get_running_loop()
-            self._index_build = loop.run_in_executor(self._indexer, self._build_vector_index)
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        if now - self._compacted_at >= self.settings.compact_every_s:
+            started = now
+            try:
+                await self._in_writer(self.store.optimize)
+            except Exception as exc:  # noqa: BLE001 - maintenance failing must not stop projection
+                log.warning("LanceDB compaction failed (will retry): %s: %s", type(exc).__name__, exc)
+                return
+            self._compacted_at = time.monotonic()
+            log.info("compacted the tables in %.2fs (projection paused meanwhile)", self._compacted_at - started)
+            return
+        self._index_build = loop.run_in_executor(self._indexer, self._update_indexes)
 
-    def _indexes_due(self) -> bool:
-        self.store.ensure_base_indexes()
-        return bool(self.store.vector_index_due())
-
-    def _build_vector_index(self) -> None:
+    def _update_indexes(self) -> None:
         try:
-            self.store.build_vector_index()
+            started = time.monotonic()
+            self.store.optimize_indexes()
+            self.store.ensure_base_indexes()
+            log.debug("index update took %.2fs", time.monotonic() - started)
+            if self.store.vector_index_due():
+                self.store.build_vector_index()
         except Exception as exc:  # noqa: BLE001 - retried at the next maintenance
-            log.warning("building the vector index failed (will retry): %s: %s", type(exc).__name__, exc)
+            log.warning("index maintenance failed (will retry): %s: %s", type(exc).__name__, exc)
 
 
 def projector_group(settings: Settings) -> str:

@@ -184,3 +184,47 @@ def test_vector_index_builds_beside_the_writer(tmp_path: Path) -> None:
     assert projector.positions() == store.positions() == {(EVENTS_TOPIC, 0): offset}
     hits = vector_search(store, LocalEmbedder(DIM), ALICE, f"written while indexing {offset - 1}", k=1)
     assert hits[0].memory_id == f"w{offset - 1}"  # a row newer than the index is found
+
+
+def test_index_updates_run_beside_the_writer(tmp_path: Path) -> None:
+    """The worker folds new rows into the indexes on its own thread while batches
+    (new memories and re-added ones) keep being written: neither may fail, and the
+    indexes end up covering the rows."""
+    import threading
+
+    store = LanceStore(tmp_path / "lance", embedding_dim=DIM)
+    projector = Projector(store, LocalEmbedder(DIM))
+    projector.apply(positioned([memory(ALICE, f"m{i}", f"seed memory number {i}") for i in range(500)]))
+
+    stop = threading.Event()
+    updates: list[int] = []
+    failure: list[BaseException] = []
+
+    def index_loop() -> None:
+        try:
+            while not stop.is_set():
+                store.optimize_indexes()
+                updates.append(1)
+        except BaseException as exc:  # noqa: BLE001 - reported to the test thread
+            failure.append(exc)
+
+    indexer = threading.Thread(target=index_loop)
+    indexer.start()
+    offset = 500
+    try:
+        for round_ in range(30):
+            batch = [memory(ALICE, f"w{offset + i}", f"fresh row {offset + i}") for i in range(20)]
+            batch += [memory(ALICE, f"m{round_}", f"seed memory number {round_}, revised")]
+            projector.apply(positioned(batch, start=offset))
+            offset += len(batch)
+    finally:
+        stop.set()
+        indexer.join()
+    assert not failure, failure
+    assert len(updates) >= 2  # the index updates really overlapped the writes
+    assert store.count(MEMORIES) == 500 + 30 * 20  # re-added memories replaced in place
+    store.optimize_indexes()
+    mem = store.table(MEMORIES)
+    mem.checkout_latest()
+    assert all(mem.index_stats(ix.name).num_unindexed_rows == 0 for ix in mem.list_indices())
+    assert [h.memory_id for h in text_search(store, None, ALICE, "revised", k=40)].count("m29") == 1

@@ -411,7 +411,8 @@ async def test_sigkill_under_load_equals_a_full_replay(
         fresh_topics,
         projector_batch_size=300,
         projector_batch_seconds=0.1,
-        optimize_every_s=4.0,  # maintenance runs (and may get killed) too
+        optimize_every_s=2.0,  # maintenance runs (and may get killed) too:
+        compact_every_s=5.0,  # index updates beside the writer, and compactions
     )
     worker = make_worker(settings)
     expected: dict[str, set[str]] = {"memories": set(), "messages": set()}
