@@ -89,10 +89,9 @@ class Settings(BaseSettings):
     lance_dir: Path = Path("data/lance")
     vector_index_threshold: int = Field(default=100_000, ge=1)
     optimize_every_s: float = Field(default=10.0, gt=0)
-    """How often the worker folds new rows into the indexes (beside the writer)."""
-    compact_every_s: float = Field(default=300.0, gt=0)
-    """How often the worker compacts fragments and drops old versions (this pauses
-    projection for the length of the compaction: under a second at 100,000 rows here)."""
+    """How often the worker compacts recent fragments and updates the indexes."""
+    cleanup_every_s: float = Field(default=300.0, gt=0)
+    """How often the worker drops table versions older than five minutes."""
 
     # --- Embeddings -------------------------------------------------------------------
     embedder: str = "local"

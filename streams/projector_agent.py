@@ -288,7 +288,7 @@ class ProjectorRuntime:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-lance")
         self._indexer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-index")
         self._index_build: asyncio.Future[None] | None = None
-        self._compacted_at = time.monotonic()
+        self._cleaned_at = time.monotonic()
         self.stats = ProjectorStats()
         self._window_records = 0
         self._window_started = time.monotonic()
@@ -449,29 +449,36 @@ class ProjectorRuntime:
     async def maintain(self) -> None:
         """Keep the table set fast to read without stalling the writer.
 
-        Every call (``optimize_every_s``) folds the rows written since into the indexes
-        on the indexer thread, beside the writer (a reader meanwhile scans the few
-        unindexed rows exactly), then starts the IVF_PQ build there once it is due
-        (minutes at a million rows). Every ``compact_every_s`` it compacts fragments
-        and drops old versions instead, on the writer thread: compaction rewrites
-        fragments, so it cannot run beside a write or an index update (LanceDB would
-        preempt it), and it pauses projection for its length (measured in
-        docs/benchmarks.md). Nothing starts while the indexer is still busy."""
+        Every call (``optimize_every_s``) first merges the small fragments of recent
+        batches on the writer thread (compaction rewrites fragments, so it cannot run
+        beside a write or an index update: LanceDB would preempt it; with a small
+        target fragment size it rewrites only recent rows and pauses projection for
+        about 0.15 s), and every ``cleanup_every_s`` also drops old versions. Then it
+        folds the new rows into the indexes on the indexer thread, beside the writer
+        (a reader meanwhile scans the few unindexed rows exactly), and starts the
+        IVF_PQ build there once it is due (minutes at a million rows). Nothing starts
+        while the indexer is still busy."""
         if self._index_build is not None and not self._index_build.done():
             return
         loop = asyncio.get_running_loop()
-        now = time.monotonic()
-        if now - self._compacted_at >= self.settings.compact_every_s:
-            started = now
-            try:
-                await self._in_writer(self.store.optimize)
-            except Exception as exc:  # noqa: BLE001 - maintenance failing must not stop projection
-                log.warning("LanceDB compaction failed (will retry): %s: %s", type(exc).__name__, exc)
-                return
-            self._compacted_at = time.monotonic()
-            log.info("compacted the tables in %.2fs (projection paused meanwhile)", self._compacted_at - started)
-            return
+        started = time.monotonic()
+        cleanup = started - self._cleaned_at >= self.settings.cleanup_every_s
+        try:
+            compacted = await self._in_writer(self._compact, cleanup)
+        except Exception as exc:  # noqa: BLE001 - maintenance failing must not stop projection
+            log.warning("LanceDB compaction failed (will retry): %s: %s", type(exc).__name__, exc)
+        else:
+            if cleanup:
+                self._cleaned_at = time.monotonic()
+            if compacted:
+                log.debug("compacted %d tables in %.2fs (projection paused meanwhile)", compacted, time.monotonic() - started)
         self._index_build = loop.run_in_executor(self._indexer, self._update_indexes)
+
+    def _compact(self, cleanup: bool) -> int:
+        compacted = int(self.store.compact())
+        if cleanup:
+            self.store.cleanup_versions()
+        return compacted
 
     def _update_indexes(self) -> None:
         try:

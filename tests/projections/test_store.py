@@ -228,3 +228,20 @@ def test_index_updates_run_beside_the_writer(tmp_path: Path) -> None:
     mem.checkout_latest()
     assert all(mem.index_stats(ix.name).num_unindexed_rows == 0 for ix in mem.list_indices())
     assert [h.memory_id for h in text_search(store, None, ALICE, "revised", k=40)].count("m29") == 1
+
+
+def test_compact_merges_small_fragments_only(tmp_path: Path) -> None:
+    store = LanceStore(tmp_path / "lance", embedding_dim=DIM)
+    projector = Projector(store, LocalEmbedder(DIM))
+    for i in range(12):  # twelve batches: twelve small fragments
+        projector.apply(positioned([memory(ALICE, f"m{i}-{j}", f"batch {i} row {j}") for j in range(25)], start=i * 25))
+    fragments = lambda: store.table(MEMORIES).to_lance().get_fragments()  # noqa: E731
+    assert len(fragments()) >= 12
+    assert store.compact(target_rows=100) >= 1
+    sizes = sorted(f.count_rows() for f in fragments())
+    assert sum(sizes) == 300 and len(sizes) <= 4  # 300 rows in fragments of about 100
+    assert store.compact(target_rows=100) == 0 or len(fragments()) <= 4  # nothing left to merge
+    store.optimize_indexes()
+    assert [h.memory_id for h in text_search(store, None, ALICE, "batch 11 row 24", k=1)] == ["m11-24"]
+    store.cleanup_versions()
+    assert store.count(MEMORIES) == 300
