@@ -81,6 +81,11 @@ class Settings(BaseSettings):
     projector_batch_size: int = Field(default=10_000, ge=1)
     """Most records the projector writes in one LanceDB commit. Batches only grow this
     big under a backlog (what was fetched while the previous batch was written)."""
+    projector_decode_process: bool = False
+    """Decode (validate) records in a separate process instead of a thread: validation
+    is pure Python and takes turns with the writer on the interpreter lock, but the
+    round trip costs pickling; on the 2-core benchmark machine the thread was faster
+    (5,261 against 3,922 events/s, docs/benchmarks.md). Try it with idle cores."""
     projector_batch_seconds: float = Field(default=0.2, gt=0)
     """Longest wait of one fetch for new records when the projector is caught up."""
     table_store: str = "memory://"

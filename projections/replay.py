@@ -258,6 +258,8 @@ async def _consume_into(
     batch_size: int,
     on_progress: Callable[[ReplayProgress], None] | None,
     expected: int,
+    *,
+    decode_in_process: bool = False,
 ) -> None:
     """Read every partition from its beginning to its snapshot end through the same
     pipelined feed as the worker (fetch, decode and write overlap)."""
@@ -283,6 +285,7 @@ async def _consume_into(
         end_offsets={(tp.topic, tp.partition): ends[tp] for tp in partitions},
         list_partitions=lambda names: _listed(partitions),
         name="replay",
+        decode_in_process=decode_in_process,
         max_batch=batch_size,
         fetch_records=min(batch_size, 5_000),
     )
@@ -432,6 +435,7 @@ async def _replay(
             batch_size,
             on_progress,
             report.expected_records,
+            decode_in_process=settings.projector_decode_process,
         )
     finally:
         await consumer.stop()

@@ -564,6 +564,7 @@ class ProjectorService(Service):
                 max_batch=rt.settings.projector_batch_size,
                 fetch_records=min(2_000, rt.settings.projector_batch_size),
                 poll_ms=max(1, int(rt.settings.projector_batch_seconds * 1000)),
+                decode_in_process=rt.settings.projector_decode_process,
             )
             await feed.run()
         except asyncio.CancelledError:

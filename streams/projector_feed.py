@@ -10,12 +10,12 @@ buffering) cost more CPU than decoding and writing the record did, and it ran th
 stages one after another. Here:
 
 * **fetch** (the event loop): ``getmany`` of up to ``fetch_records`` records;
-* **decode** (a decoder process, or a thread): :func:`decode_batch` of the fetched
+* **decode** (a decoder thread, or process): :func:`decode_batch` of the fetched
   records, while the previous batch is being written. Validation is pure Python
   (pydantic) and so is much of the write path: in one process they take turns on
-  the interpreter lock, so by default a separate process decodes (the records go
-  there and the validated events come back pickled, about a fifth of the cost of
-  validating them);
+  the interpreter lock. A separate decoder process avoids that at the price of
+  pickling the records there and the events back (about a fifth of the cost of
+  validating them); on a machine without idle cores the thread is faster;
 * **apply** (the caller's ``apply``, which runs in its own writer thread): everything
   decoded meanwhile is coalesced into one batch of up to ``max_batch`` records. Under
   a backlog batches grow (LanceDB upserts cost less per row in bigger batches); when
@@ -154,7 +154,7 @@ class ProjectorFeed:
         refresh_s: float = 30.0,
         list_partitions: Callable[[Sequence[str]], Awaitable[Mapping[str, Sequence[int]]]],
         name: str = "projector",
-        decode_in_process: bool = True,
+        decode_in_process: bool = False,
     ) -> None:
         if max_batch < 1 or fetch_records < 1:
             raise ValueError("batch sizes must be at least 1")

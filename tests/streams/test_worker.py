@@ -413,6 +413,7 @@ async def test_sigkill_under_load_equals_a_full_replay(
         projector_batch_seconds=0.1,
         optimize_every_s=2.0,  # maintenance runs (and may get killed) too:
         cleanup_every_s=5.0,  # compactions, index updates beside the writer, cleanups
+        projector_decode_process=True,  # the decoder process must die with its worker
     )
     worker = make_worker(settings)
     expected: dict[str, set[str]] = {"memories": set(), "messages": set()}
