@@ -13,30 +13,25 @@ way, so the plumbing lives once:
 * log offsets (:func:`end_offsets`, :func:`group_offsets`) and
   :func:`wait_caught_up`: "ingest is done" means the extractor has committed every turn
   and the projector's *stored* positions reached the end of both source topics;
-* :class:`OpenAICompatServer`: a small OpenAI-compatible HTTP server that serves a
-  real memstream embedder on ``/v1/embeddings`` (so a second system can be fed the very
-  same vectors) and a scripted model on ``/v1/chat/completions`` (a flaky LLM);
 * rich output: tables to stdout, progress bars to stderr (the JSON summary the CLI
   prints last stays the last line of stdout).
+
+The scripted OpenAI-compatible model server the benchmarks (and the tests) share is
+:mod:`memstream.bench.openai_fake`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import math
 import os
 import signal
-import struct
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +58,6 @@ __all__ = [
     "group_offsets",
     "wait_caught_up",
     "CatchUp",
-    "ChatReply",
-    "OpenAICompatServer",
 ]
 
 console = Console(highlight=False, soft_wrap=False, width=120)
@@ -401,204 +394,3 @@ async def wait_caught_up(
         if time.monotonic() > deadline:
             raise TimeoutError(f"the worker is still {state.behind(extraction=extraction)} records behind")
         await asyncio.sleep(poll)
-
-
-# ------------------------------------------------------------------------------ HTTP model server
-@dataclass
-class ChatReply:
-    """What the scripted chat model answers to one request: assistant ``content``, or an
-    HTTP error ``status``, after ``delay`` seconds; ``raw`` bytes are sent verbatim as
-    the body (garbage); ``drop`` closes the connection without answering."""
-
-    content: str | None = None
-    status: int = 200
-    delay: float = 0.0
-    raw: bytes | None = None
-    drop: bool = False
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: "_HTTPServer"
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib name
-        return
-
-    def _send(self, status: int, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        try:
-            self.wfile.write(body)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-
-    def _error(self, status: int, message: str) -> None:
-        self._send(status, json.dumps({"error": {"message": message, "type": "server_error"}}).encode())
-
-    def do_GET(self) -> None:  # noqa: N802 - stdlib name
-        if self.path.rstrip("/").endswith("/models"):
-            owner = self.server.owner
-            data = [{"id": owner.embedding_model, "object": "model"}, {"id": owner.chat_model, "object": "model"}]
-            self._send(200, json.dumps({"object": "list", "data": data}).encode())
-        else:
-            self._error(404, "not found")
-
-    def do_POST(self) -> None:  # noqa: N802 - stdlib name
-        length = int(self.headers.get("Content-Length") or 0)
-        try:
-            body = json.loads(self.rfile.read(length) or b"{}")
-        except ValueError:
-            self._error(400, "body is not JSON")
-            return
-        owner = self.server.owner
-        path = self.path.rstrip("/")
-        if path.endswith("/embeddings"):
-            self._embeddings(owner, body)
-        elif path.endswith("/chat/completions"):
-            self._chat(owner, body)
-        else:
-            self._error(404, "not found")
-
-    def _embeddings(self, owner: "OpenAICompatServer", body: dict[str, Any]) -> None:
-        inputs = body.get("input")
-        texts = [inputs] if isinstance(inputs, str) else list(inputs or [])
-        if not texts or not all(isinstance(t, str) for t in texts):
-            self._error(400, "input must be a string or a list of strings")
-            return
-        if owner.embedder is None:
-            self._error(500, "this server has no embedding model")
-            return
-        start = time.perf_counter()
-        with owner._embed_lock:
-            vectors = owner.embedder.embed(texts)
-        owner.embed_seconds += time.perf_counter() - start
-        owner.embedded_texts += len(texts)
-        as_base64 = body.get("encoding_format") == "base64"
-        data = []
-        for i, vec in enumerate(vectors):
-            emb: Any = (
-                base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode()
-                if as_base64
-                else [float(x) for x in vec]
-            )
-            data.append({"object": "embedding", "index": i, "embedding": emb})
-        tokens = sum(max(1, len(t) // 4) for t in texts)
-        payload = {
-            "object": "list",
-            "data": data,
-            "model": body.get("model") or owner.embedding_model,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
-        self._send(200, json.dumps(payload).encode())
-
-    def _chat(self, owner: "OpenAICompatServer", body: dict[str, Any]) -> None:
-        if owner.chat is None:
-            self._error(500, "this server has no chat model")
-            return
-        reply = owner.chat(body)
-        with owner._count_lock:
-            owner.chat_calls += 1
-            if reply.status != 200 or reply.raw is not None or reply.drop or reply.delay >= owner.timeout_hint_s:
-                owner.chat_failures += 1
-        if reply.delay:
-            time.sleep(reply.delay)
-        if reply.drop:
-            self.close_connection = True
-            try:
-                self.connection.shutdown(2)
-            except OSError:
-                pass
-            return
-        if reply.raw is not None:
-            self._send(reply.status, reply.raw)
-            return
-        if reply.status != 200:
-            self._error(reply.status, "scripted failure")
-            return
-        content = reply.content or ""
-        tokens = max(1, len(content) // 4)
-        payload = {
-            "id": "chatcmpl-bench",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.get("model") or owner.chat_model,
-            "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
-            ],
-            "usage": {"prompt_tokens": 1, "completion_tokens": tokens, "total_tokens": tokens + 1},
-        }
-        self._send(200, json.dumps(payload).encode())
-
-
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    owner: "OpenAICompatServer"
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that hung up (a timeout, a scripted dropped connection) is not an
-        error worth a traceback on stderr; anything else still is."""
-        exc = sys.exc_info()[1]
-        if isinstance(exc, (ConnectionError, TimeoutError)):
-            return
-        super().handle_error(request, client_address)
-
-
-class OpenAICompatServer:
-    """An OpenAI-compatible server on 127.0.0.1 (a free port), in a background thread.
-
-    ``/v1/embeddings`` answers with ``embedder`` (any memstream :class:`Embedder`), so a
-    system configured with ``base_url`` gets exactly the vectors memstream computes;
-    ``/v1/chat/completions`` answers what ``chat(request_body)`` returns (a
-    :class:`ChatReply`). Counts calls and failures for the report.
-    """
-
-    def __init__(
-        self,
-        embedder: Any | None = None,
-        chat: Callable[[dict[str, Any]], ChatReply] | None = None,
-        *,
-        embedding_model: str | None = None,
-        chat_model: str = "bench-scripted-llm",
-        timeout_hint_s: float = math.inf,
-    ) -> None:
-        self.embedder = embedder
-        self.chat = chat
-        self.embedding_model = embedding_model or (getattr(embedder, "model_id", None) or "none")
-        self.chat_model = chat_model
-        self.timeout_hint_s = timeout_hint_s
-        self.chat_calls = 0
-        self.chat_failures = 0
-        self.embedded_texts = 0
-        self.embed_seconds = 0.0
-        self._embed_lock = threading.Lock()
-        self._count_lock = threading.Lock()
-        self._server: _HTTPServer | None = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def base_url(self) -> str:
-        if self._server is None:
-            raise RuntimeError("server not started")
-        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
-
-    def start(self) -> "OpenAICompatServer":
-        server = _HTTPServer(("127.0.0.1", 0), _Handler)
-        server.owner = self
-        self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, name="bench-openai", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    def __enter__(self) -> "OpenAICompatServer":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

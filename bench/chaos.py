@@ -59,8 +59,6 @@ from pathlib import Path
 from typing import Any
 
 from memstream.bench._common import (
-    ChatReply,
-    OpenAICompatServer,
     WorkerProcess,
     console,
     err_console,
@@ -68,6 +66,8 @@ from memstream.bench._common import (
     table,
     wait_caught_up,
 )
+from memstream.bench.openai_fake import OpenAICompatServer
+from memstream.bench.openai_fake import Reply as ChatReply
 from memstream.domain.events import EventBase, MemoryAdded, MessageObserved, Scope
 from memstream.domain.log import LogPosition
 from memstream.settings import Settings

@@ -5,7 +5,7 @@ get the same conversations, the same questions, the same memory text and *the sa
 vectors*, so the comparison measures the systems, not the models:
 
 * the benchmark starts an OpenAI-compatible embedding server
-  (:class:`~memstream.bench._common.OpenAICompatServer`) serving one embedder (the
+  (:class:`~memstream.bench.openai_fake.OpenAICompatServer`) serving one embedder (the
   local hashing embedder by default, all-MiniLM-L6-v2 with ``--embedder minilm``);
   memstream's worker (``MEMSTREAM_EMBEDDER=openai``) and Mem0 (``embedder.provider =
   openai``) are both pointed at it;
@@ -39,7 +39,6 @@ from typing import Any
 
 from memstream.bench._common import (
     LatencyLog,
-    OpenAICompatServer,
     console,
     err_console,
     progress,
@@ -57,6 +56,7 @@ from memstream.bench.locomo import (
     load_locomo,
     scope_of,
 )
+from memstream.bench.openai_fake import OpenAICompatServer
 from memstream.settings import Settings
 
 __all__ = ["mem0_config", "Mem0Notes", "Mem0Runner", "run"]
