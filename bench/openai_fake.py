@@ -211,6 +211,11 @@ def _approx_tokens(text: str) -> int:
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
+    # TCP_NODELAY: the headers and the body go out as two writes; with Nagle on, a
+    # small body waits for the client's delayed ACK of the headers, about 40 ms per
+    # request on a kept-alive connection (measured: 44 ms for one embedding instead
+    # of 2 ms), which real providers do not cost and which swamped search latency.
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib name
         return

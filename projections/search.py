@@ -48,16 +48,17 @@ An empty query lists instead of searching: the memories that pass the filters (e
 everything known about ``--entity NAME``), newest first, at most
 ``BROWSE_LIMIT`` of them scored by recency and supersession only.
 
-How :func:`search` reads (latency is the point of this layout): two waits on LanceDB,
-each a set of concurrent queries on LanceDB's own event loop through the tables'
-asynchronous handles (the same plans the synchronous builders run, without their
-per-query schema round trips). First the vector and BM25 lists; then, together, the
-candidates' sessions (turns and memories), the source turns of candidates outside any
-session, the successors of superseded candidates and the entity statistics. Rows are
-looked up by id as ``<id> IN (...) AND pk IN (...)``: the BTree on the id column
-finds them and the scoped key (``team|user|id``) confines them to the space, without
-the space predicate, which in a large space costs more than the lookup (the
-``team_id`` and ``user_id`` indexes each return every row of the space).
+How :func:`search` reads (latency is the point of this layout): one wait on LanceDB's
+event loop, through the tables' asynchronous handles (the same plans the synchronous
+builders run, without their per-query schema round trips): the vector and BM25 lists
+together, then, together, every read their candidates need (the sessions' turns and
+memories, the source turns of candidates outside any session, the first hop of their
+successors, the statistics of the entities the query names), one query per kind.
+Rows are looked up by id as ``<id> IN (...) AND pk IN (...)``
+(``LanceStore.ids_where``): the BTree on the id column finds them and the scoped key
+(``team|user|id``) confines them to the space, without the space predicate, which in
+a large space costs more than the lookup (the ``team_id`` and ``user_id`` indexes
+each return every row of the space).
 """
 
 from __future__ import annotations
@@ -149,6 +150,10 @@ RESULT_COLUMNS: tuple[str, ...] = (
 )
 BROWSE_LIMIT = 1_000
 _SUCCESSOR_HOPS = 3
+_READ_COLUMNS: tuple[str, ...] = tuple(c for c in RESULT_COLUMNS if c not in ("pk", "team_id", "user_id"))
+"""What search reads of a memory row: :data:`RESULT_COLUMNS` but the key and the space,
+which every row read in a space has by construction (see :func:`_rows_of`) and which
+would cost a column read each, in every list and lookup."""
 
 
 @dataclass(frozen=True)
@@ -317,10 +322,12 @@ def _wait(work: Awaitable[_T]) -> _T:
 async def _vector_query(
     table: Any, vector: Sequence[float], where: str, limit: int, refine: int | None
 ) -> pa.Table:
+    """The ``limit`` nearest memories by cosine distance under the prefilter ``where``
+    (re-ranked on the full vectors, ``refine`` times as many, with an IVF_PQ index)."""
     q = (
         table.query()
         .limit(limit)
-        .select([*RESULT_COLUMNS, "_distance"])
+        .select([*_READ_COLUMNS, "_distance"])
         .where(where)
         .nearest_to(list(vector))
         .distance_range(None, None)
@@ -332,9 +339,11 @@ async def _vector_query(
 
 
 async def _text_query(table: Any, query: str, where: str, limit: int) -> pa.Table | None:
+    """The ``limit`` best BM25 matches of ``query`` under the prefilter ``where``
+    (``None`` for a blank query: nothing to match)."""
     if not query.strip():
         return None
-    q = table.query().limit(limit).select([*RESULT_COLUMNS, "_score"]).where(where)
+    q = table.query().limit(limit).select([*_READ_COLUMNS, "_score"]).where(where)
     return await q.nearest_to_text(_match(query), None).to_arrow()
 
 
@@ -363,16 +372,31 @@ async def _by_ids(
         _scan(table, " AND ".join([store.ids_where(scope, id_column, chunk), *extra]), columns)
         for chunk in chunked(list(ids))
     ]
-    parts = await asyncio.gather(*reads)
+    parts = await _all(reads)
     return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 
 
+def _rows_of(table: pa.Table, scope: Scope) -> list[dict[str, Any]]:
+    """The row dicts of a read of :data:`_READ_COLUMNS` in the scope's space, with the
+    columns it leaves out: ``team_id`` / ``user_id``, the space's (every row read under
+    the space's prefilter or by its scoped keys has them), and ``pk``,
+    ``scoped_key(team_id, user_id, memory_id)`` (how every memory row is keyed, see
+    ``memstream.projections.schema``)."""
+    team, user = scope.team_id, scope.user_id
+    rows: list[dict[str, Any]] = table.to_pylist()
+    for r in rows:
+        r["pk"] = scoped_key(team, user, r["memory_id"])
+        r["team_id"] = team
+        r["user_id"] = user
+    return rows
+
+
 def _vector_rows(
-    store: LanceStore, vector: Sequence[float], where: str, limit: int
+    store: LanceStore, scope: Scope, vector: Sequence[float], where: str, limit: int
 ) -> list[dict[str, Any]]:
     refine = VECTOR_REFINE_FACTOR if store.has_vector_index() else None
     table: pa.Table = _wait(_vector_query(_native(store, MEMORIES), vector, where, limit, refine))
-    return table.to_pylist()
+    return _rows_of(table, scope)
 
 
 def _match(query: str) -> MatchQuery:
@@ -391,43 +415,44 @@ def _match(query: str) -> MatchQuery:
     )
 
 
-def _text_rows(store: LanceStore, query: str, where: str, limit: int) -> list[dict[str, Any]]:
+def _text_rows(store: LanceStore, scope: Scope, query: str, where: str, limit: int) -> list[dict[str, Any]]:
     table = _wait(_text_query(_native(store, MEMORIES), query, where, limit))
-    return table.to_pylist() if table is not None else []
+    return _rows_of(table, scope) if table is not None else []
 
 
 def _both_lists(
     store: LanceStore,
     embedder: Embedder,
+    scope: Scope,
     query: str,
     where: str,
     n: int,
     text_query: str | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The vector and BM25 candidate lists, both queries awaited together (LanceDB
-    executes them natively, so they overlap): a hybrid search costs about the slower
-    of the two, not their sum. ``text_query`` (default ``query``) is what the BM25 leg
-    searches."""
+    """The vector and BM25 candidate lists, both queries awaited together in one wait.
+    ``text_query`` (default ``query``) is what the BM25 leg searches."""
     vector = _query_vector(embedder, store, query)
     refine = VECTOR_REFINE_FACTOR if store.has_vector_index() else None
     table = _native(store, MEMORIES)
     text = query if text_query is None else text_query
 
     async def both() -> tuple[pa.Table, pa.Table | None]:
-        v, t = await asyncio.gather(
-            _vector_query(table, vector, where, n, refine), _text_query(table, text, where, n)
-        )
+        v, t = await _all([_vector_query(table, vector, where, n, refine), _text_query(table, text, where, n)])
         return v, t
 
     vtable, ttable = _wait(both())
-    return vtable.to_pylist(), (ttable.to_pylist() if ttable is not None else [])
+    return _rows_of(vtable, scope), (_rows_of(ttable, scope) if ttable is not None else [])
 
 
-def _query_vector(embedder: Embedder, store: LanceStore, query: str) -> list[float]:
+def _check_dim(embedder: Embedder, store: LanceStore) -> None:
     if embedder.dim != store.embedding_dim:
         raise ValueError(
             f"the embedder makes {embedder.dim}-dimension vectors; the store holds {store.embedding_dim}"
         )
+
+
+def _query_vector(embedder: Embedder, store: LanceStore, query: str) -> list[float]:
+    _check_dim(embedder, store)
     return list(embedder.embed([query])[0])
 
 
@@ -484,7 +509,7 @@ def vector_search(
     _check_k(k)
     vec = list(vector) if vector is not None else _query_vector(embedder, store, query)
     out = []
-    for row in _vector_rows(store, vec, where, k):
+    for row in _vector_rows(store, require_scope(scope), vec, where, k):
         sim = 1.0 - float(row["_distance"])
         out.append(_result(row, sim, ScoreParts(sim, None, sim, 1.0, 1.0, 0.0, sim)))
     return out
@@ -502,7 +527,7 @@ def text_search(
     where = build_where(scope, filters)
     _check_k(k)
     out = []
-    for row in _text_rows(store, query, where, k):
+    for row in _text_rows(store, require_scope(scope), query, where, k):
         bm25 = float(row["_score"])
         out.append(_result(row, bm25, ScoreParts(None, bm25, bm25, 1.0, 1.0, 0.0, bm25)))
     return out
@@ -524,7 +549,7 @@ def rrf_search(
     where = build_where(scope, filters)
     _check_k(k)
     n = candidates or _default_candidates(k)
-    vrows, trows = _both_lists(store, embedder, query, where, n)
+    vrows, trows = _both_lists(store, embedder, require_scope(scope), query, where, n)
     rows: dict[str, dict[str, Any]] = {}
     for r in [*vrows, *trows]:
         rows.setdefault(r["pk"], r)
@@ -582,10 +607,10 @@ class _Successors:
         return list(out)
 
     async def read(self, ids: Sequence[str]) -> None:
-        table = await _by_ids(self.store, MEMORIES, self.scope, "memory_id", ids, RESULT_COLUMNS, self.extra)
+        table = await _by_ids(self.store, MEMORIES, self.scope, "memory_id", ids, _READ_COLUMNS, self.extra)
         for mid in ids:
             self.found.setdefault(mid, None)
-        for row in table.to_pylist():
+        for row in _rows_of(table, self.scope):
             self.found[row["memory_id"]] = row
 
     def rows(self, ids: Sequence[str]) -> list[dict[str, Any]]:
@@ -698,25 +723,30 @@ def _sources(row: Mapping[str, Any]) -> list[str]:
     return list(row.get("source_message_ids") or ())
 
 
-def _citing(table: pa.Table, message_ids: Iterable[str]) -> list[dict[str, Any]]:
-    """The rows of a memories read that were drawn from any of ``message_ids``, in
-    the read's order (the filter runs in Arrow: a session holds far more memories
-    than the few next to the candidates)."""
+def _citing(
+    table: pa.Table, message_ids: Iterable[str], known: Iterable[str], scope: Scope
+) -> list[dict[str, Any]]:
+    """The rows of a memories read (:data:`_READ_COLUMNS`, the scope's space) that were
+    drawn from any of ``message_ids``, minus the memories whose id is ``known``, in the
+    read's order. The filter runs in Arrow: a session holds far more memories than the
+    few next to the candidates, and most of those are candidates already."""
     wanted = sorted(set(message_ids))
     if not wanted or table.num_rows == 0:
         return []
     lists = table.column("source_message_ids").combine_chunks()
     hits = pc.is_in(pc.list_flatten(lists), value_set=pa.array(wanted, pa.string()))
-    parents = pc.filter(pc.list_parent_indices(lists), hits)
+    parents = pc.unique(pc.filter(pc.list_parent_indices(lists), hits))
     if len(parents) == 0:
         return []
-    return table.take(pc.unique(parents)).to_pylist()
+    picked = table.take(parents)
+    new = pc.invert(pc.is_in(picked.column("memory_id"), value_set=pa.array(list(known), pa.string())))
+    return _rows_of(picked.filter(new), scope)
 
 
 @dataclass
 class _Context:
-    """What the reads that depend on the candidates returned (see :class:`_Reads`); a
-    field stays ``None`` when the search did not need it."""
+    """What the reads that depend on the candidates returned (see
+    :func:`_read_context`); a field stays ``None`` when the search did not need it."""
 
     session_turns: pa.Table | None = None
     session_memories: pa.Table | None = None
@@ -724,16 +754,75 @@ class _Context:
     entity_stats: tuple[dict[str, int], int] | None = None
 
 
-def _concat(tables: Sequence[pa.Table]) -> pa.Table | None:
-    if not tables:
-        return None
-    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+_SPACE_FACTS_MAX = 4096
+"""Most memory spaces (and entity names per space) whose counts are kept."""
+_SIZES: dict[tuple[str, str, str], tuple[int, int]] = {}
+_FREQUENCIES: dict[tuple[str, str, str], tuple[int, dict[str, int]]] = {}
+_FACTS_LOCK = threading.Lock()
 
 
-class _Reads:
-    """The reads that depend on the candidates, started for each candidate list as
-    soon as it arrives: the BM25 list usually comes back well before the vector list,
-    and the reads for its candidates then run beside the vector search.
+async def _space_size(store: LanceStore, scope: Scope) -> int:
+    """How many memories the space holds (``LanceStore.count_memories``), counted once
+    per version of the memories table: every search that names an entity needs it
+    for the IDF, and counting a large space through its ``team_id`` / ``user_id``
+    indexes costs about as much as a lookup. Kept only when no write landed while
+    counting, so a count is never filed under a version it does not belong to."""
+    table = _native(store, MEMORIES)
+    key = (str(store.root), scope.team_id, scope.user_id)
+    version = await table.version()
+    with _FACTS_LOCK:
+        hit = _SIZES.get(key)
+    if hit is not None and hit[0] == version:
+        return hit[1]
+    total = int(await table.count_rows(space_where(scope)))
+    if await table.version() == version:
+        with _FACTS_LOCK:
+            if len(_SIZES) >= _SPACE_FACTS_MAX:
+                _SIZES.clear()
+            _SIZES[key] = (version, total)
+    return total
+
+
+async def _entity_stats(store: LanceStore, scope: Scope, keys: Iterable[str]) -> tuple[dict[str, int], int]:
+    """How many memories of the space name each entity, and how many there are (what
+    ``LanceStore.entity_frequencies`` and ``count_memories`` return). The counts are
+    kept per version of their table, like :func:`_space_size`: a conversation's
+    questions keep naming its few participants."""
+    names = sorted({normalize_content(n) for n in keys if normalize_content(n)})
+    entities = _native(store, ENTITIES)
+    key = (str(store.root), scope.team_id, scope.user_id)
+    version = await entities.version()
+    with _FACTS_LOCK:
+        hit = _FREQUENCIES.get(key)
+    known = dict(hit[1]) if hit is not None and hit[0] == version else {}
+    missing = [n for n in names if n not in known]
+    space = space_where(scope)
+    reads = [_scan(entities, f"{space} AND {in_list('name_key', chunk)}", ["name_key"]) for chunk in chunked(missing)]
+    *tables, total = await _all([*reads, _space_size(store, scope)])
+    counted = {k: 0 for k in missing}
+    for tbl in tables:
+        for name in tbl.column("name_key").to_pylist():
+            counted[name] = counted.get(name, 0) + 1
+    if missing and await entities.version() == version:
+        known.update(counted)
+        with _FACTS_LOCK:
+            if len(_FREQUENCIES) >= _SPACE_FACTS_MAX:
+                _FREQUENCIES.clear()
+            _FREQUENCIES[key] = (version, known if len(known) <= _SPACE_FACTS_MAX else counted)
+    return {k: known.get(k, counted.get(k, 0)) for k in names}, int(total)
+
+
+async def _read_context(
+    store: LanceStore,
+    scope: Scope,
+    where: str,
+    rows: Mapping[str, Mapping[str, Any]],
+    *,
+    conversational: bool,
+    entity_keys: set[str],
+    successors: _Successors | None,
+) -> _Context:
+    """Every read that depends on the candidates, issued together:
 
     * conversational ranking: every turn and every memory of the candidates' sessions
       (the memories under the search's own prefilter: the neighbours of a candidate's
@@ -742,167 +831,90 @@ class _Reads:
     * the statistics of the entities the query names among the candidates;
     * the first hop of the candidates' successors (:class:`_Successors`).
 
-    Each list's reads cover only what earlier lists did not ask for, so together they
-    return what one read over all candidates returns; a session read reaching
-    ``_MAX_TURNS`` rows is redone over all sessions at once, so the cut stays the one
-    a single read makes. Runs on LanceDB's event loop (see :func:`_wait`)."""
+    One read per kind for all candidates, not one per candidate list started as each
+    list arrives: LanceDB runs the queries of one process largely one after the other
+    here (two cores), and a query costs 1 to 3 ms before it reads a row."""
+    space = space_where(scope)
+    jobs: dict[str, Awaitable[Any]] = {}
+    if conversational:
+        sessions = sorted({r["session_id"] for r in rows.values() if r.get("session_id") and _sources(r)})
+        if sessions:
+            listed = ", ".join(quote(x) for x in sessions)
+            jobs["session_turns"] = _scan(
+                _native(store, MESSAGES), f"{space} AND session_id IN ({listed})", _TURN_COLUMNS, _MAX_TURNS
+            )
+            jobs["session_memories"] = _scan(
+                _native(store, MEMORIES), f"{where} AND session_id IN ({listed})", _READ_COLUMNS, _MAX_TURNS
+            )
+        loose = sorted({m for r in rows.values() if not r.get("session_id") for m in _sources(r)})
+        if loose:
+            jobs["loose_turns"] = _by_ids(store, MESSAGES, scope, "message_id", loose, _TURN_COLUMNS)
+    if entity_keys:
+        jobs["entity_stats"] = _entity_stats(store, scope, entity_keys)
+    work: list[Awaitable[Any]] = list(jobs.values())
+    if successors is not None:
+        first_hop = successors.wanted(rows)
+        if first_hop:
+            work.append(successors.read(first_hop))
+    done = await _all(work)
+    return _Context(**dict(zip(jobs, done)))
 
-    def __init__(
-        self,
-        store: LanceStore,
-        scope: Scope,
-        where: str,
-        query: str,
-        *,
-        conversational: bool,
-        successors: _Successors | None,
-    ) -> None:
-        self.store = store
-        self.scope = scope
-        self.space = space_where(scope)
-        self.where = where
-        self.query = query
-        self.conversational = conversational
-        self.successors = successors
-        self.rows: dict[str, dict[str, Any]] = {}
-        self.sessions: list[str] = []
-        self.loose: set[str] = set()
-        self.names: set[str] = set()
-        self.keys: set[str] = set()
-        self.asked_successors: set[str] = set()
-        self.turn_reads: list[asyncio.Future[pa.Table]] = []
-        self.memory_reads: list[asyncio.Future[pa.Table]] = []
-        self.loose_reads: list[asyncio.Future[pa.Table]] = []
-        self.key_reads: list[asyncio.Future[pa.Table]] = []
-        self.count: asyncio.Future[int] | None = None
-        self.other: list[asyncio.Future[Any]] = []
 
-    def _start(self, work: Awaitable[_T], into: list[asyncio.Future[_T]]) -> None:
-        into.append(asyncio.ensure_future(work))
-
-    def _session_filter(self, base: str, sessions: Sequence[str]) -> str:
-        return f"{base} AND session_id IN ({', '.join(quote(x) for x in sessions)})"
-
-    def add(self, batch: Sequence[dict[str, Any]]) -> None:
-        """Start the reads that the candidates of ``batch`` need and no earlier batch
-        asked for."""
-        for r in batch:
-            self.rows.setdefault(r["pk"], r)
-        if self.conversational:
-            sessions = sorted({r["session_id"] for r in batch if r.get("session_id") and _sources(r)} - set(self.sessions))
-            if sessions:
-                self.sessions += sessions
-                self._start(
-                    _scan(
-                        _native(self.store, MESSAGES),
-                        self._session_filter(self.space, sessions),
-                        _TURN_COLUMNS,
-                        _MAX_TURNS,
-                    ),
-                    self.turn_reads,
-                )
-                self._start(
-                    _scan(
-                        _native(self.store, MEMORIES),
-                        self._session_filter(self.where, sessions),
-                        RESULT_COLUMNS,
-                        _MAX_TURNS,
-                    ),
-                    self.memory_reads,
-                )
-            loose = sorted({m for r in batch if not r.get("session_id") for m in _sources(r)} - self.loose)
-            if loose:
-                self.loose.update(loose)
-                self._start(_by_ids(self.store, MESSAGES, self.scope, "message_id", loose, _TURN_COLUMNS), self.loose_reads)
-        names = {e["name"] for r in batch for e in (r.get("entities") or ())} - self.names
-        self.names |= names
-        keys = {normalize_content(m) for m in query_mentions(self.query, names)} - self.keys
-        if keys:
-            self.keys |= keys
-            entities = _native(self.store, ENTITIES)
-            for chunk in chunked(sorted(k for k in keys if k)):
-                self._start(
-                    _scan(entities, f"{self.space} AND {in_list('name_key', chunk)}", ["name_key"]), self.key_reads
-                )
-            if self.count is None:
-                self.count = asyncio.ensure_future(_native(self.store, MEMORIES).count_rows(self.space))
-        if self.successors is not None:
-            ids = [m for m in self.successors.wanted(self.rows) if m not in self.asked_successors]
-            if ids:
-                self.asked_successors.update(ids)
-                self._start(self.successors.read(ids), self.other)
-
-    async def _all_or_again(self, reads: list[asyncio.Future[pa.Table]], table: str, base: str, columns: Sequence[str]) -> pa.Table | None:
-        tables = list(await asyncio.gather(*reads))
-        if len(tables) > 1 and sum(t.num_rows for t in tables) >= _MAX_TURNS:
-            tables = [await _scan(_native(self.store, table), self._session_filter(base, sorted(self.sessions)), columns, _MAX_TURNS)]
-        return _concat(tables)
-
-    async def finish(self) -> _Context:
-        """Wait for every read started; the entity statistics are what
-        ``LanceStore.entity_frequencies`` and ``count_memories`` return."""
-        ctx = _Context()
-        ctx.session_turns = await self._all_or_again(self.turn_reads, MESSAGES, self.space, _TURN_COLUMNS)
-        ctx.session_memories = await self._all_or_again(self.memory_reads, MEMORIES, self.where, RESULT_COLUMNS)
-        ctx.loose_turns = _concat(list(await asyncio.gather(*self.loose_reads)))
-        if self.count is not None:
-            counts = {k: 0 for k in self.keys if k}
-            for tbl in await asyncio.gather(*self.key_reads):
-                for key in tbl.column("name_key").to_pylist():
-                    counts[key] = counts.get(key, 0) + 1
-            ctx.entity_stats = (counts, int(await self.count))
-        await asyncio.gather(*self.other)
-        return ctx
-
-    async def cancel(self) -> None:
-        """Cancel every read started and wait until they have all stopped."""
-        started: list[asyncio.Future[Any]] = [
-            *self.turn_reads, *self.memory_reads, *self.loose_reads, *self.key_reads, *self.other
-        ]
-        if self.count is not None:
-            started.append(self.count)
-        for fut in started:
-            fut.cancel()
-        await asyncio.gather(*started, return_exceptions=True)
+async def _all(work: Sequence[Awaitable[Any]]) -> list[Any]:
+    """``asyncio.gather`` that, when one of them fails, cancels the others and waits
+    for them before raising: no read outlives the search that started it."""
+    tasks = [asyncio.ensure_future(w) for w in work]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def _candidates(
     store: LanceStore,
-    vector: Sequence[float],
+    scope: Scope,
+    embed: Callable[[], list[float]],
     refine: int | None,
+    query: str,
     text_query: str,
     where: str,
     n: int,
-    reads: _Reads,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], _Context]:
-    """The vector and BM25 lists (run together: a hybrid search costs about the
-    slower of the two, not their sum), each handed to ``reads`` as it arrives, then
-    everything ``reads`` started."""
+    *,
+    conversational: bool,
+    successors: _Successors | None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], set[str], _Context]:
+    """The vector and BM25 lists, then every read their candidates need
+    (:func:`_read_context`), in one wait: ``(vector rows, BM25 rows, the entity keys the
+    query names among the candidates, the reads)``. The BM25 list, which needs no
+    vector, starts first and runs while ``embed`` computes the query's (in a worker
+    thread: an embedding endpoint's round trip, or a local model, costs milliseconds)."""
     table = _native(store, MEMORIES)
-    legs: dict[asyncio.Future[pa.Table | None], str] = {
-        asyncio.ensure_future(_vector_query(table, vector, where, n, refine)): "vector",
-        asyncio.ensure_future(_text_query(table, text_query, where, n)): "text",
-    }
-    lists: dict[str, list[dict[str, Any]]] = {}
-    pending: set[asyncio.Future[pa.Table | None]] = set(legs)
+    text = asyncio.ensure_future(_text_query(table, text_query, where, n))
     try:
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for fut in sorted(done, key=lambda f: legs[f]):
-                result = fut.result()
-                lists[legs[fut]] = result.to_pylist() if result is not None else []
-                reads.add(lists[legs[fut]])
-        ctx = await reads.finish()
+        vector = await asyncio.to_thread(embed)
     except BaseException:
-        for fut in pending:
-            fut.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        await reads.cancel()
+        text.cancel()
+        await asyncio.gather(text, return_exceptions=True)
         raise
-    return lists["vector"], lists["text"], ctx
+    vtable, ttable = await _all([_vector_query(table, vector, where, n, refine), text])
+    vrows = _rows_of(vtable, scope)
+    trows = _rows_of(ttable, scope) if ttable is not None else []
+    rows: dict[str, dict[str, Any]] = {}
+    for r in [*vrows, *trows]:
+        rows.setdefault(r["pk"], r)
+    names = {e["name"] for r in rows.values() for e in (r.get("entities") or ())}
+    keys = {normalize_content(m) for m in query_mentions(query, names)}
+    ctx = await _read_context(
+        store, scope, where, rows, conversational=conversational, entity_keys=keys, successors=successors
+    )
+    return vrows, trows, keys, ctx
 
 
 def _neighbours(
+    scope: Scope,
     rows: dict[str, dict[str, Any]],
     turns: dict[str, _Turn],
     session_memories: pa.Table | None,
@@ -939,7 +951,8 @@ def _neighbours(
             before[pk], after[pk], lasts[pk] = step(src[0], False), step(src[-1], True), src[-1]
     wanted = {m for m in [*before.values(), *after.values()] if m}
     if session_memories is not None:
-        for row in _citing(session_memories, wanted):
+        known = [r["memory_id"] for r in rows.values()]
+        for row in _citing(session_memories, wanted, known, scope):
             rows.setdefault(row["pk"], row)
     by_message: dict[str, list[str]] = {}
     for pk, row in rows.items():
@@ -1006,19 +1019,22 @@ def search(
         text_query = lexical_query(query, named) if w.query_processing else query
         context_on = w.context_forward > 0 or w.context_forward_statement > 0 or w.context_backward > 0
         conversational = context_on or w.speaker_weight > 0 or w.temporal_weight > 0
-        vector = _query_vector(embedder, store, query)
+        _check_dim(embedder, store)
         refine = VECTOR_REFINE_FACTOR if store.has_vector_index() else None
-        reads = _Reads(store, scope, where, query, conversational=conversational, successors=successors)
-        # one wait: both lists, then the sessions, loose turns, entity statistics and
-        # first successor hop of their candidates, started as each list arrives
-        vrows, trows, ctx = _wait(_candidates(store, vector, refine, text_query, where, n, reads))
+        # one wait: both lists (the query embedded meanwhile), then the sessions, loose
+        # turns, entity statistics and first successor hop of their candidates
+        vrows, trows, early_keys, ctx = _wait(
+            _candidates(
+                store, scope, lambda: _query_vector(embedder, store, query), refine, query, text_query, where, n,
+                conversational=conversational, successors=successors,
+            )
+        )
         for r in vrows:
             rows.setdefault(r["pk"], r)
             vsim[r["pk"]] = 1.0 - float(r["_distance"])
         for r in trows:
             rows.setdefault(r["pk"], r)
             tscore[r["pk"]] = float(r["_score"])
-        early_keys = reads.keys
         stats = ctx.entity_stats
         if w.fusion == "score":
             fused = score_fusion(tscore, vsim, w.text_weight, w.fusion_vector_weight)
@@ -1036,7 +1052,7 @@ def search(
             if ctx.loose_turns is not None:
                 _add_turns(turns, ctx.loose_turns, replace=False)
             if context_on and turns:
-                previous, questions = _neighbours(rows, turns, ctx.session_memories, fused)
+                previous, questions = _neighbours(scope, rows, turns, ctx.session_memories, fused)
                 context = propagate_context(fused, previous, questions, w)
             speakers = {t.speaker for t in turns.values() if t.speaker}
             named_keys = {normalize_content(s) for s in query_mentions(query, speakers)}

@@ -424,21 +424,25 @@ async def test_sigkill_under_load_equals_a_full_replay(
     rng = random.Random(11)
     progress = 0
     behind_at_kill = []
+    kills = 0
     worker.start()
-    while len(behind_at_kill) < 3:
+    while len([b for b in behind_at_kill if b > 0]) < 3 and kills < 12:
         # Kill only after the worker stored new positions: mid-stream, mid-write.
         await wait_progress(worker, progress)
         await asyncio.sleep(rng.uniform(0.0, 0.6))
         await wait_backlog(worker, fresh_topics)
         worker.kill()
+        kills += 1
         progress = sum(read_positions(settings.lance_dir).values())
         ends = await end_offsets(settings, [fresh_topics.events, fresh_topics.messages])
         behind_at_kill.append(sum(ends.values()) - progress)
         worker.start()
     kills_done.set()
     await load
-    # Each kill hit a worker with records still to project (a backlog or a live stream).
-    assert all(backlog > 0 for backlog in behind_at_kill), behind_at_kill
+    # Three kills hit a worker with records still to project (a backlog or a live
+    # stream). A fast worker can catch up between seeing the backlog and the kill;
+    # such a kill still tests recovery but does not count.
+    assert len([b for b in behind_at_kill if b > 0]) >= 3, behind_at_kill
 
     await wait_caught_up(worker, fresh_topics)
     assert worker.stop(signal.SIGTERM) == 0, worker.log_text()[-3000:]
