@@ -77,6 +77,7 @@ log = logging.getLogger(__name__)
 
 _MAX_BACKOFF_S = 30.0
 _PROGRESS_EVERY_S = 10.0
+_HINT_EVERY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -411,17 +412,6 @@ class ProjectorRuntime:
                 )
                 await asyncio.sleep(delay)
 
-    async def process(self, records: Sequence[RawRecord]) -> BatchOutcome:
-        """Decode and apply one batch of records (the whole path, for callers that
-        hold records rather than a feed)."""
-        from memstream.streams.projector_feed import FeedBatch
-
-        loop = asyncio.get_running_loop()
-        decoded = await loop.run_in_executor(None, decode_batch, list(records))
-        batch = FeedBatch(list(records), decoded)
-        await self.publish_decode_dead(batch)
-        return await self.apply_batch(batch)
-
     def _count(self, outcome: BatchOutcome) -> None:
         t = self.stats
         t.batches += 1
@@ -530,6 +520,8 @@ class ProjectorService(Service):
         self.runtime = runtime
         self._consumer: Any = None
         self._task: asyncio.Task[None] | None = None
+        self._hint: dict[tuple[str, int], int] = {}
+        self._hinted_at = 0.0
 
     async def on_start(self) -> None:
         await self.runtime.open()
@@ -576,13 +568,21 @@ class ProjectorService(Service):
 
     async def _apply(self, batch: "FeedBatch") -> None:
         await self.runtime.apply_batch(batch)
-        await self._commit_hint(batch.decoded.next_offsets)
+        self._hint.update(batch.decoded.next_offsets)
+        if time.monotonic() - self._hinted_at >= _HINT_EVERY_S:
+            await self._commit_hint()
 
-    async def _commit_hint(self, next_offsets: Mapping[tuple[str, int], int]) -> None:
+    async def _commit_hint(self) -> None:
+        """Commit the progress hint (at most every ``_HINT_EVERY_S`` while running, and
+        once on stop): a broker round trip per batch would sit on the write path."""
         from aiokafka import TopicPartition
 
+        if not self._hint:
+            return
+        offsets = {TopicPartition(t, p): o for (t, p), o in self._hint.items()}
+        self._hint, self._hinted_at = {}, time.monotonic()
         try:
-            await self._consumer.commit({TopicPartition(t, p): o for (t, p), o in next_offsets.items()})
+            await self._consumer.commit(offsets)
         except Exception as exc:  # noqa: BLE001 - a hint; the stored positions are the truth
             log.debug("could not commit the projector's progress hint: %s: %s", type(exc).__name__, exc)
 
@@ -592,6 +592,7 @@ class ProjectorService(Service):
                 self._task.cancel()
                 await asyncio.gather(self._task, return_exceptions=True)
             if self._consumer is not None:
+                await self._commit_hint()
                 await self._consumer.stop()
         finally:
             await self.runtime.close()

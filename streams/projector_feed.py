@@ -67,7 +67,8 @@ class FeedBatch:
 
 
 def raw_record(r: ConsumerRecord) -> RawRecord:  # type: ignore[type-arg]
-    """An aiokafka record as the decoder's input (headers as bytes, never None)."""
+    """An aiokafka record as the decoder's input (the decoder refuses a header
+    without a value; dead letters store it as empty bytes)."""
     return RawRecord(
         topic=r.topic,
         partition=r.partition,
