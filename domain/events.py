@@ -90,6 +90,7 @@ __all__ = [
     "Rating",
     "EntityKind",
     "Entity",
+    "lenient_entity_kind",
     "EmbeddingPayload",
     "Provenance",
     "EventBase",
@@ -444,11 +445,21 @@ class Entity(_Frozen):
     @field_validator("kind", mode="before")
     @classmethod
     def _lenient_kind(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            k = v.strip().lower()
-            k = {"organisation": "organization", "org": "organization", "location": "place"}.get(k, k)
-            return k if k in EntityKind.__members__ else "other"
-        return v
+        return lenient_entity_kind(v)
+
+
+_ENTITY_KIND_ALIASES = {"organisation": "organization", "org": "organization", "location": "place"}
+
+
+def lenient_entity_kind(v: Any) -> Any:
+    """An extractor's entity kind as one of :class:`EntityKind`'s values: case and
+    spacing ignored, a few aliases mapped, anything else ``other``. Non-strings are
+    passed on unchanged (for the enum check to refuse)."""
+    if isinstance(v, str):
+        k = v.strip().lower()
+        k = _ENTITY_KIND_ALIASES.get(k, k)
+        return k if k in EntityKind.__members__ else "other"
+    return v
 
 
 _BASE64_PATTERN = "^[A-Za-z0-9+/]*={0,2}$"

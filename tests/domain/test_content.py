@@ -146,3 +146,10 @@ def test_known_hash_value() -> None:
 def test_functions_are_total_on_lone_surrogates() -> None:
     assert HASH_FORMAT.match(content_hash("a\ud800b"))
     assert normalize_content("A\ud800") == "a\ud800"
+
+
+@given(st.text(alphabet=st.characters(max_codepoint=127)))
+def test_ascii_shortcut_equals_the_general_normal_form(text: str) -> None:
+    # The general path, spelled out: NFKC, casefold, NFKC, whitespace runs collapsed.
+    general = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", text).casefold())
+    assert normalize_content(text) == re.sub(r"\s+", " ", general).strip()
