@@ -38,6 +38,7 @@ from memstream.bench._events import (
     status,
 )
 from memstream.bench.projector import cpu_figures, cpu_rows, measure_ceilings
+from memstream.gc_tuning import tune_gc
 from memstream.projections.replay import ReplayProgress, replay
 from memstream.settings import Settings
 
@@ -64,6 +65,7 @@ def measure_replay(settings: Settings, n: int, *, repeat: int) -> dict[str, Any]
                 cpu_marks.append(time.process_time())
                 bar.update(task, completed=p.done, total=max(p.total, 1))
 
+            tune_gc(settings.gc_threshold)  # what `memstream replay` does first
             started = time.perf_counter()
             report = asyncio.run(replay(run_settings, on_progress=on_progress))
             wall = time.perf_counter() - started

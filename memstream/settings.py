@@ -86,6 +86,15 @@ class Settings(BaseSettings):
     is pure Python and takes turns with the writer on the interpreter lock, but the
     round trip costs pickling; on the 2-core benchmark machine the thread was faster
     (5,261 against 3,922 events/s, docs/benchmarks.md). Try it with idle cores."""
+    projector_fast_path: bool = True
+    """Read canonical ``MemoryAdded`` records carrying a vector of the configured model
+    on the fast path (``memstream.streams.fast_decode``: msgspec, column-built rows;
+    proven to agree with the general path). Off: every record is validated by the
+    pydantic model and projected row by row (slower, same tables)."""
+    gc_threshold: int = Field(default=50_000, ge=0)
+    """Allocations between the garbage collector's youngest-generation runs in the
+    worker and in a replay (``memstream.gc_tuning``; Python's default is 700, which
+    costs the decode path up to half its time). 0 keeps Python's default."""
     projector_batch_seconds: float = Field(default=0.2, gt=0)
     """Longest wait of one fetch for new records when the projector is caught up."""
     table_store: str = "memory://"

@@ -41,7 +41,6 @@ the deadline, kept as a row rather than deleted); ``OutcomeObserved`` has no vie
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -63,8 +62,9 @@ from memstream.domain.events import (
     MessageObserved,
     OutcomeObserved,
 )
-from memstream.domain.log import PositionedEvent
+from memstream.domain.log import PositionedEvent, PositionedMemories
 from memstream.projections.embedder import Embedder, check_vectors
+from memstream.projections.memory_rows import canonical_json, entity_row, memories_table, unique_entities
 from memstream.projections.schema import (
     DECISIONS,
     ENTITIES,
@@ -106,14 +106,7 @@ def _pos_key(pe: PositionedEvent) -> tuple[str, int, int]:
     return (p.topic, p.partition, p.offset)
 
 
-_ENCODER = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
-
-
-def _json(value: Any) -> str:
-    """Canonical JSON (sorted keys), so equal metadata always stores equal text."""
-    if not value:
-        return "{}" if isinstance(value, dict) else _ENCODER.encode(value)
-    return _ENCODER.encode(value)
+_json = canonical_json
 
 
 def _provenance(model: Any) -> str | None:
@@ -185,6 +178,9 @@ class _Plan:
     links: dict[str, dict[str, Any]] = field(default_factory=dict)
     reflections: dict[str, dict[str, Any]] = field(default_factory=dict)
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    fast: dict[str, int] = field(default_factory=dict)
+    """Memories read on the fast path: pk -> row of ``fast_source``."""
+    fast_source: PositionedMemories | None = None
 
 
 class Projector:
@@ -232,24 +228,39 @@ class Projector:
         self._positions.update(forward)
 
     # ------------------------------------------------------------------ apply
-    def apply(self, batch: Sequence[PositionedEvent]) -> ApplyResult:
+    def apply(
+        self, batch: Sequence[PositionedEvent], memories: PositionedMemories | None = None
+    ) -> ApplyResult:
+        """Apply events, and ``memories`` the fast read path decoded (columnar, with
+        vectors of this projector's model), as one batch in log order."""
         result = ApplyResult()
-        if not batch:
+        if memories is not None and len(memories):
+            self._check_fast(memories)
+        elif not batch:
             return result
         stored = self.positions()
-        fresh: dict[tuple[str, int, int], PositionedEvent] = {}
+        fresh: dict[tuple[str, int, int], PositionedEvent | int] = {}
         for pe in batch:
             p = pe.position
             if p.offset < stored.get((p.topic, p.partition), 0):
                 result.skipped += 1
             else:
                 fresh[_pos_key(pe)] = pe  # one record read twice counts once
+        for i, key in enumerate(memories.positions if memories is not None else ()):
+            if key[2] < stored.get((key[0], key[1]), 0):
+                result.skipped += 1
+            else:
+                fresh[key] = i
         if not fresh:
             return result
-        ordered = [fresh[k] for k in sorted(fresh)]
 
-        plan = _Plan()
-        for pe in ordered:
+        plan = _Plan(fast_source=memories)
+        for key in sorted(fresh):
+            item = fresh[key]
+            if isinstance(item, int):
+                self._on_fast_memory(item, plan)
+                continue
+            pe = item
             handler = self._handlers.get(type(pe.event))
             try:
                 if handler is None:
@@ -262,7 +273,7 @@ class Projector:
                 # raise is about this event, and retrying the batch would never end.
                 log.warning("cannot project %s", pe.position, exc_info=True)
                 result.failed.append((pe, f"cannot project: {type(exc).__name__}: {exc}"))
-        result.applied = len(ordered) - len(result.failed)
+        result.applied = len(fresh) - len(result.failed)
 
         self._embed_missing(plan)
         self._write(plan)
@@ -300,6 +311,23 @@ class Projector:
             **_log_fields(pe),
         }
 
+    def _check_fast(self, memories: PositionedMemories) -> None:
+        dim = self.store.embedding_dim
+        if memories.model != self.embedder.model_id or memories.vectors.shape != (len(memories), dim):
+            raise ValueError(
+                f"fast-path memories carry {memories.vectors.shape} vectors of {memories.model!r}; "
+                f"this projector stores {dim}-dimension vectors of {self.embedder.model_id!r}"
+            )
+
+    def _on_fast_memory(self, i: int, plan: _Plan) -> None:
+        assert plan.fast_source is not None
+        f = plan.fast_source.fields[i]
+        pk = scoped_key(f.team_id, f.user_id, f.memory_id)
+        plan.memories.pop(pk, None)  # a later position wins
+        plan.vectors.pop(pk, None)
+        plan.fast.pop(pk, None)
+        plan.fast[pk] = i
+
     def _on_memory(self, pe: PositionedEvent, plan: _Plan) -> None:
         e = pe.event
         assert isinstance(e, MemoryAdded)
@@ -314,13 +342,8 @@ class Projector:
             vector = emb.to_array()
         team, user = e.scope.team_id, e.scope.user_id
         pk = scoped_key(team, user, e.memory_id)
-        entities: list[dict[str, str]] = []
-        seen: set[str] = set()
-        for ent in e.entities:
-            key = normalize_content(ent.name)
-            if key and key not in seen:
-                seen.add(key)
-                entities.append({"name": ent.name, "kind": ent.kind.value, "key": key})
+        entities, entity_keys = unique_entities((ent.name, ent.kind.value) for ent in e.entities)
+        plan.fast.pop(pk, None)  # a later position wins
         plan.memories[pk] = {
             "pk": pk,
             "memory_id": e.memory_id,
@@ -337,8 +360,8 @@ class Projector:
             "timestamp_start": _utc(e.timestamp_start),
             "timestamp_end": _utc(e.timestamp_end),
             "source_message_ids": list(e.source_message_ids),
-            "entities": [{"name": x["name"], "kind": x["kind"]} for x in entities],
-            "entity_keys": [x["key"] for x in entities],
+            "entities": entities,
+            "entity_keys": entity_keys,
             "metadata": _json(e.metadata),
             "provenance": _provenance(e.provenance),
             "embedding_model": self.embedder.model_id,
@@ -469,7 +492,7 @@ class Projector:
             self.store.upsert(REFLECTIONS, _table(REFLECTIONS, dim, list(plan.reflections.values())))
         if plan.decisions:
             self._write_decisions(plan.decisions)
-        if plan.memories or plan.links:
+        if plan.memories or plan.links or plan.fast:
             self._write_memories(plan)
 
     def _write_decisions(self, updates: list[dict[str, Any]]) -> None:
@@ -513,13 +536,14 @@ class Projector:
         dim = self.store.embedding_dim
         rows: dict[str, dict[str, Any]] = dict(plan.memories)
         vectors: dict[str, np.ndarray] = {pk: v for pk, v in plan.vectors.items() if v is not None}
+        fast = plan.fast
         # memories whose view a link of this batch may change, but that are not in it
         touched = {
             (link["to_pk"] if link["relation"] in SUPERSEDING_RELATIONS else link["from_pk"])
             for link in plan.links.values()
             if link["relation"] in SUPERSEDING_RELATIONS or link["relation"] == _DUPLICATES
         }
-        stored_keys = sorted(touched - rows.keys())
+        stored_keys = sorted(touched - rows.keys() - fast.keys())
         existing: set[str] = set()
         if stored_keys:
             tbl = self.store.rows_by_keys(MEMORIES, stored_keys)
@@ -529,7 +553,7 @@ class Projector:
                 vectors[r["pk"]] = vec
                 existing.add(r["pk"])
 
-        links = self._links_concerning(sorted(rows))
+        links = self._links_concerning(sorted(rows.keys() | fast.keys()))
         changed: list[str] = []
         for pk, row in rows.items():
             view = derive_view(row["memory_id"], links.get(pk, []))
@@ -537,44 +561,39 @@ class Projector:
             row["superseded_by"], row["canonical_id"], row["status"] = view
             if pk not in existing or view != old:
                 changed.append(pk)
-        if not changed:
+        if not changed and not fast:
             return
-        out = [rows[pk] for pk in changed]
-        matrix = np.stack([vectors[pk] for pk in changed]).astype(np.float32, copy=False)
-        _, updated = self.store.upsert(MEMORIES, _table(MEMORIES, dim, out, matrix))
+        parts: list[pa.Table] = []
+        if changed:
+            out = [rows[pk] for pk in changed]
+            matrix = np.stack([vectors[pk] for pk in changed]).astype(np.float32, copy=False)
+            parts.append(_table(MEMORIES, dim, out, matrix))
+        ent_rows: list[dict[str, Any]] = []
+        if fast:
+            assert plan.fast_source is not None
+            views = {
+                pk: derive_view(plan.fast_source.fields[i].memory_id, links[pk])
+                for pk, i in fast.items()
+                if pk in links
+            }
+            fast_rows, ent_rows = memories_table(plan.fast_source, fast, views, dim=dim)
+            parts.append(fast_rows)
+        _, updated = self.store.upsert(MEMORIES, parts[0] if len(parts) == 1 else pa.concat_tables(parts))
 
         new = [pk for pk in changed if pk in plan.memories]
         # Memories re-added under an existing id may leave entity rows that their new
         # version no longer names; when every memory of the batch was an insert there
         # can be none (entity rows are only written after their memory row).
         readded = updated > sum(1 for pk in changed if pk in existing)
-        if new:
-            ent_rows = []
-            for pk in new:
-                m = plan.memories[pk]
-                for ent, key in zip(m["entities"], m["entity_keys"]):
-                    ent_rows.append(
-                        {
-                            "pk": f"{pk}|{key}",
-                            "team_id": m["team_id"],
-                            "user_id": m["user_id"],
-                            "name_key": key,
-                            "name": ent["name"],
-                            "kind": ent["kind"],
-                            "memory_id": m["memory_id"],
-                            "memory_pk": pk,
-                            "agent_id": m["agent_id"],
-                            "occurred_at": m["created_at"],
-                            "log_topic": m["log_topic"],
-                            "log_partition": m["log_partition"],
-                            "log_offset": m["log_offset"],
-                            "event_id": m["event_id"],
-                        }
-                    )
+        for pk in new:
+            m = plan.memories[pk]
+            ent_rows.extend(entity_row(pk, key, ent, m) for ent, key in zip(m["entities"], m["entity_keys"]))
+        if new or fast:
             ents = _table(ENTITIES, dim, ent_rows)
+            owners = new + list(fast)
             if readded:
-                self.store.replace_rows(ENTITIES, ents, "memory_pk", new)
-            else:
+                self.store.replace_rows(ENTITIES, ents, "memory_pk", owners)
+            elif ent_rows:
                 self.store.upsert(ENTITIES, ents)
 
 

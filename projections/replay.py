@@ -55,6 +55,7 @@ from aiokafka.errors import KafkaError
 
 from memstream.settings import Settings
 from memstream.streams.admin import topic_partitions
+from memstream.streams.fast_decode import FastMemoryDecoder
 from memstream.streams.projector_agent import LanceDirBusyError, LanceDirLock, apply_decoded
 from memstream.streams.projector_feed import FeedBatch, ProjectorFeed
 from memstream.streams.topics import Topics
@@ -259,6 +260,7 @@ async def _consume_into(
     expected: int,
     *,
     decode_in_process: bool = False,
+    fast_path: bool = True,
 ) -> None:
     """Read every partition from its beginning to its snapshot end through the same
     pipelined feed as the worker (fetch, decode and write overlap)."""
@@ -285,6 +287,7 @@ async def _consume_into(
         list_partitions=lambda names: _listed(partitions),
         name="replay",
         decode_in_process=decode_in_process,
+        fast_decoder=FastMemoryDecoder.for_projector(projector, fast_path),
         max_batch=batch_size,
         fetch_records=min(batch_size, 5_000),
     )
@@ -434,6 +437,7 @@ async def _replay(
             on_progress,
             report.expected_records,
             decode_in_process=settings.projector_decode_process,
+            fast_path=settings.projector_fast_path,
         )
     finally:
         await consumer.stop()

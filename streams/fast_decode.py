@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from datetime import datetime, timezone
-from typing import Annotated, Any, Literal, NamedTuple, get_args
+from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 import numpy as np
@@ -41,6 +41,7 @@ from memstream.domain.events import (
     ShortText,
     lenient_entity_kind,
 )
+from memstream.domain.log import MemoryAddedFields
 from memstream.streams.serializer import (
     CONTENT_TYPE_JSON,
     HEADER_CONTENT_TYPE,
@@ -49,41 +50,8 @@ from memstream.streams.serializer import (
     MAX_RECORD_BYTES,
 )
 
-__all__ = ["MemoryAddedFields", "FastMemoryDecoder"]
+__all__ = ["FastMemoryDecoder", "MemoryAddedFields"]
 
-
-class MemoryAddedFields(NamedTuple):
-    """The values of a valid ``MemoryAdded`` v2 record, as the model would hold them
-    (times in UTC, ``event_id`` as canonical text, defaults filled in)."""
-
-    event_id: str
-    occurred_at: datetime
-    recorded_at: datetime
-    team_id: str
-    user_id: str
-    agent_id: str
-    session_id: str | None
-    memory_id: str
-    content: str
-    content_hash: str
-    memory_type: str
-    priority: int
-    scene: str | None
-    source_message_ids: list[str]
-    timestamp: datetime | None
-    timestamp_start: datetime | None
-    timestamp_end: datetime | None
-    entities: list[tuple[str, str]]
-    """``(name, kind)`` with the kind as the model maps it."""
-    metadata: dict[str, Any]
-    provenance: dict[str, Any] | None
-    """As the model dumps it (``model_dump(mode="json")``), defaults included."""
-    embedding_data: bytes
-    """The vector's little-endian float32 bytes (``dim * 4``), not yet checked for
-    finiteness: :meth:`FastMemoryDecoder.vectors` does that for a whole batch."""
-
-
-# --- the wire shape, checked by msgspec in C ----------------------------------------------
 
 # Identifiers as the model's ``Identifier``, checked for a whole record in one match of
 # the ids joined by newlines (no id can hold one). Faster than a pattern per field.
@@ -201,6 +169,16 @@ class FastMemoryDecoder:
         except ValueError:  # the model refuses such a model name: nothing can match
             self.enabled = False
 
+    @classmethod
+    def for_projector(cls, projector: Any, enabled: bool = True) -> "FastMemoryDecoder | None":
+        """The decoder matching a projector's embedder and table dimension, or ``None``
+        when turned off or when the projector has no such pair (a stand-in)."""
+        embedder = getattr(projector, "embedder", None)
+        store = getattr(projector, "store", None)
+        if not enabled or embedder is None or store is None:
+            return None
+        return cls(str(embedder.model_id), int(store.embedding_dim))
+
     def decode(self, value: bytes | None, headers: Sequence[tuple[str, bytes | None]] | None) -> MemoryAddedFields | None:
         """The record's values, or ``None`` when the general path must decide."""
         if not self.enabled or value is None or len(value) > MAX_RECORD_BYTES:
@@ -279,4 +257,4 @@ class FastMemoryDecoder:
             return np.zeros((0, dim), dtype=np.float32), np.zeros(0, dtype=bool)
         raw = b"".join(item.embedding_data for item in items)
         matrix = np.frombuffer(raw, dtype="<f4").reshape(n, dim).astype(np.float32, copy=False)
-        return matrix, np.isfinite(matrix).all(axis=1)
+        return matrix, np.asarray(np.isfinite(matrix).all(axis=1), dtype=bool)

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from mode import Service
 
-from memstream.domain.log import PositionedEvent
+from memstream.domain.log import PositionedEvent, PositionedMemories
 from memstream.settings import Settings
 from memstream.streams.consumer import decode_or_dead_letter
 from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher
@@ -54,6 +54,7 @@ from memstream.streams.topics import Topics
 
 if TYPE_CHECKING:
     from memstream.streams.app import MemstreamApp
+    from memstream.streams.fast_decode import FastMemoryDecoder
     from memstream.streams.projector_feed import FeedBatch
 
 __all__ = [
@@ -94,12 +95,25 @@ class RawRecord:
 
 @dataclass(frozen=True)
 class DecodedBatch:
-    """One batch after decoding: the events (read order) and the dead letters."""
+    """One batch after decoding: the events (read order), the dead letters, and the
+    ``MemoryAdded`` events the fast read path decoded (columnar, apart)."""
 
     events: list[PositionedEvent]
     dead: list[DeadLetter]
     next_offsets: dict[tuple[str, int], int]
     """Per partition, the offset after the batch's last record (dead letters included)."""
+    memories: PositionedMemories | None = None
+
+    def covered(self) -> dict[tuple[str, int], int]:
+        """Per partition, the offset after the last *event* (fast or not)."""
+        out: dict[tuple[str, int], int] = {}
+        for item in self.events:
+            key = (item.position.topic, item.position.partition)
+            out[key] = max(out.get(key, 0), item.position.offset + 1)
+        for topic, partition, offset in self.memories.positions if self.memories else ():
+            key = (topic, partition)
+            out[key] = max(out.get(key, 0), offset + 1)
+        return out
 
 
 @dataclass
@@ -133,7 +147,7 @@ class _ApplyResult(Protocol):
 
 
 class _Projector(Protocol):
-    def apply(self, batch: Sequence[PositionedEvent]) -> Any: ...
+    def apply(self, batch: Sequence[PositionedEvent], memories: PositionedMemories | None = None) -> Any: ...
 
     def positions(self) -> dict[tuple[str, int], int]: ...
 
@@ -199,12 +213,45 @@ class LanceDirLock:
         self.release()
 
 
-def decode_batch(records: Sequence[RawRecord]) -> DecodedBatch:
-    """Decode records (pure CPU work: call it off the event loop for big batches)."""
+def decode_batch(records: Sequence[RawRecord], fast: "FastMemoryDecoder | None" = None) -> DecodedBatch:
+    """Decode records (pure CPU work: call it off the event loop for big batches).
+
+    With ``fast``, canonical ``MemoryAdded`` records carrying a vector of its model
+    take the fast read path (:mod:`memstream.streams.fast_decode`) and come out
+    columnar in ``memories``; every other record, and any the fast path is unsure
+    of, takes the general path (which dead-letters what is invalid)."""
     events: list[PositionedEvent] = []
     dead: list[DeadLetter] = []
     next_offsets: dict[tuple[str, int], int] = {}
+    quick: list[RawRecord] = []
+    quick_fields = []
+    general: list[RawRecord] = []
     for rec in records:
+        got = fast.decode(rec.value, rec.headers) if fast is not None else None
+        if got is None:
+            general.append(rec)
+        else:
+            quick.append(rec)
+            quick_fields.append(got)
+        key = (rec.topic, rec.partition)
+        next_offsets[key] = max(next_offsets.get(key, 0), rec.offset + 1)
+    memories: PositionedMemories | None = None
+    if fast is not None and quick:
+        vectors, finite = fast.vectors(quick_fields)
+        if not finite.all():  # the model refuses these: let the general path say why
+            general.extend(rec for rec, ok in zip(quick, finite) if not ok)
+            keep = [i for i, ok in enumerate(finite) if ok]
+            quick = [quick[i] for i in keep]
+            quick_fields = [quick_fields[i] for i in keep]
+            vectors = vectors[finite]
+        if quick:
+            memories = PositionedMemories(
+                model=fast.model,
+                positions=[(r.topic, r.partition, r.offset) for r in quick],
+                fields=quick_fields,
+                vectors=vectors,
+            )
+    for rec in general:
         item = decode_or_dead_letter(
             rec.topic, rec.partition, rec.offset, rec.key, rec.value, rec.headers
         )
@@ -212,9 +259,7 @@ def decode_batch(records: Sequence[RawRecord]) -> DecodedBatch:
             dead.append(item)
         else:
             events.append(item)
-        key = (rec.topic, rec.partition)
-        next_offsets[key] = max(next_offsets.get(key, 0), rec.offset + 1)
-    return DecodedBatch(events=events, dead=dead, next_offsets=next_offsets)
+    return DecodedBatch(events=events, dead=dead, next_offsets=next_offsets, memories=memories)
 
 
 def apply_decoded(projector: _Projector, decoded: DecodedBatch) -> _ApplyResult:
@@ -226,11 +271,8 @@ def apply_decoded(projector: _Projector, decoded: DecodedBatch) -> _ApplyResult:
     this a restart would dead-letter them again, and a replay could never verify that
     its positions reached the end offsets. Blocking: call it in the writer thread.
     """
-    result = projector.apply(decoded.events)
-    covered: dict[tuple[str, int], int] = {}
-    for item in decoded.events:
-        key = (item.position.topic, item.position.partition)
-        covered[key] = max(covered.get(key, 0), item.position.offset + 1)
+    result = projector.apply(decoded.events, decoded.memories)
+    covered = decoded.covered()
     tail = {k: v for k, v in decoded.next_offsets.items() if v > covered.get(k, 0)}
     if tail:
         projector.save_positions(tail)
@@ -534,6 +576,7 @@ class ProjectorService(Service):
 
     async def _run(self) -> None:
         from memstream.streams.admin import topic_partitions
+        from memstream.streams.fast_decode import FastMemoryDecoder
         from memstream.streams.projector_feed import ProjectorFeed
 
         rt = self.runtime
@@ -557,6 +600,7 @@ class ProjectorService(Service):
                 fetch_records=min(2_000, rt.settings.projector_batch_size),
                 poll_ms=max(1, int(rt.settings.projector_batch_seconds * 1000)),
                 decode_in_process=rt.settings.projector_decode_process,
+                fast_decoder=FastMemoryDecoder.for_projector(rt.projector, rt.settings.projector_fast_path),
             )
             await feed.run()
         except asyncio.CancelledError:

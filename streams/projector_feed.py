@@ -46,6 +46,8 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
+from memstream.domain.log import PositionedMemories
+from memstream.streams.fast_decode import FastMemoryDecoder
 from memstream.streams.projector_agent import DecodedBatch, RawRecord, decode_batch
 
 __all__ = ["FeedBatch", "ProjectorFeed", "raw_record", "merge_batches", "decoder_pool"]
@@ -94,7 +96,10 @@ def merge_batches(batches: Sequence[FeedBatch]) -> FeedBatch:
         dead.extend(b.decoded.dead)
         for k, v in b.decoded.next_offsets.items():
             next_offsets[k] = max(next_offsets.get(k, 0), v)
-    return FeedBatch(records, DecodedBatch(events=events, dead=dead, next_offsets=next_offsets))
+    memories = PositionedMemories.concat([b.decoded.memories for b in batches if b.decoded.memories])
+    return FeedBatch(
+        records, DecodedBatch(events=events, dead=dead, next_offsets=next_offsets, memories=memories)
+    )
 
 
 def _decoder_ready() -> bool:
@@ -138,6 +143,8 @@ class ProjectorFeed:
     of existing topics (:func:`memstream.streams.admin.topic_partitions`). ``on_decoded`` runs on the loop for
     every fetched batch right after decoding, in order, before that batch can reach
     ``apply`` (the worker publishes decode-stage dead letters there).
+    ``fast_decoder`` (the projector's embedding model and dimension) turns on the fast
+    read path for canonical ``MemoryAdded`` records (:func:`decode_batch`).
     """
 
     def __init__(
@@ -156,6 +163,7 @@ class ProjectorFeed:
         list_partitions: Callable[[Sequence[str]], Awaitable[Mapping[str, Sequence[int]]]],
         name: str = "projector",
         decode_in_process: bool = False,
+        fast_decoder: FastMemoryDecoder | None = None,
     ) -> None:
         if max_batch < 1 or fetch_records < 1:
             raise ValueError("batch sizes must be at least 1")
@@ -179,6 +187,7 @@ class ProjectorFeed:
             maxsize=max(2, -(-max_batch // self.fetch_records))
         )
         self._decoder = decoder_pool(decode_in_process)
+        self._fast = fast_decoder
         self.fetched = 0
 
     # ------------------------------------------------------------------ assignment
@@ -238,7 +247,7 @@ class ProjectorFeed:
                         self.consumer.pause(tp)
             if records:
                 self.fetched += len(records)
-                decoded = await loop.run_in_executor(self._decoder, decode_batch, records)
+                decoded = await loop.run_in_executor(self._decoder, decode_batch, records, self._fast)
                 batch = FeedBatch(records, decoded)
                 if self._on_decoded is not None:
                     await self._on_decoded(batch)

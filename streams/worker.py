@@ -29,6 +29,7 @@ from typing import Any
 
 import faust
 
+from memstream.gc_tuning import tune_gc
 from memstream.settings import Settings, parse_log_level
 from memstream.streams.admin import TopicCreationError, ensure_topics
 from memstream.streams.app import AGENT_NAMES, FAUST_LOGGER, build_app
@@ -138,6 +139,7 @@ def run_worker(
         loop.close()
         raise WorkerError(str(exc)) from exc
 
+    tune_gc(settings.gc_threshold)
     worker = _Worker(
         app,
         settings,

@@ -77,7 +77,10 @@ def replay(
     from memstream.projections.replay import ReplayError, RichProgress
     from memstream.projections.replay import replay as run_replay
 
+    from memstream.gc_tuning import tune_gc
+
     settings = get_settings()
+    tune_gc(settings.gc_threshold)  # as the worker does: decoding allocates heavily
     try:
         if progress:
             with RichProgress() as bar:
