@@ -105,9 +105,14 @@ class PositionedMemories:
             return parts[0]
         if len({p.model for p in parts}) != 1:
             raise ValueError("memories of different embedding models cannot be merged")
+        positions: list[tuple[str, int, int]] = []
+        fields: list[MemoryAddedFields] = []
+        for p in parts:
+            positions.extend(p.positions)
+            fields.extend(p.fields)
         return cls(
             model=parts[0].model,
-            positions=[x for p in parts for x in p.positions],
-            fields=[x for p in parts for x in p.fields],
+            positions=positions,
+            fields=fields,
             vectors=np.concatenate([p.vectors for p in parts]),
         )

@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
 from mode import Service
 
@@ -81,9 +81,9 @@ _PROGRESS_EVERY_S = 10.0
 _HINT_EVERY_S = 1.0
 
 
-@dataclass(frozen=True)
-class RawRecord:
-    """A record as read from Kafka, before decoding (the same for Faust and aiokafka)."""
+class RawRecord(NamedTuple):
+    """A record as read from Kafka, before decoding (the same for Faust and aiokafka).
+    A named tuple: one is built per record read, and a tuple builds fastest."""
 
     topic: str
     partition: int

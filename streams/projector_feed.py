@@ -11,11 +11,12 @@ stages one after another. Here:
 
 * **fetch** (the event loop): ``getmany`` of up to ``fetch_records`` records;
 * **decode** (a decoder thread, or process): :func:`decode_batch` of the fetched
-  records, while the previous batch is being written. Validation is pure Python
-  (pydantic) and so is much of the write path: in one process they take turns on
-  the interpreter lock. A separate decoder process avoids that at the price of
-  pickling the records there and the events back (about a fifth of the cost of
-  validating them); on a machine without idle cores the thread is faster;
+  records, while the next fetch runs and the previous batch is being written.
+  Decoding is Python (the fast path for canonical ``MemoryAdded`` records, pydantic
+  for the rest) and so is part of the write path: in one process they take turns
+  on the interpreter lock (LanceDB's own work runs beside them). A separate decoder
+  process avoids that at the price of pickling the records there and the results
+  back; on a machine without idle cores the thread is faster;
 * **apply** (the caller's ``apply``, which runs in its own writer thread): everything
   decoded meanwhile is coalesced into one batch of up to ``max_batch`` records. Under
   a backlog batches grow (LanceDB upserts cost less per row in bigger batches); when
@@ -71,15 +72,9 @@ class FeedBatch:
 def raw_record(r: ConsumerRecord) -> RawRecord:  # type: ignore[type-arg]
     """An aiokafka record as the decoder's input (the decoder refuses a header
     without a value; dead letters store it as empty bytes)."""
-    return RawRecord(
-        topic=r.topic,
-        partition=r.partition,
-        offset=r.offset,
-        key=r.key,
-        value=r.value,
-        # aiokafka delivers header values as bytes (None for a header without a value)
-        headers=tuple(r.headers) if r.headers else (),
-    )
+    # positional, and aiokafka delivers header values as bytes (None for a header
+    # without a value)
+    return RawRecord(r.topic, r.partition, r.offset, r.key, r.value, tuple(r.headers) if r.headers else ())
 
 
 def merge_batches(batches: Sequence[FeedBatch]) -> FeedBatch:
@@ -188,6 +183,10 @@ class ProjectorFeed:
         )
         self._decoder = decoder_pool(decode_in_process)
         self._fast = fast_decoder
+        # Fetched batches being decoded, in fetch order (two in flight at most).
+        self._decoding: asyncio.Queue[tuple[list[RawRecord], asyncio.Future[DecodedBatch]] | None] = asyncio.Queue(
+            maxsize=2
+        )
         self.fetched = 0
 
     # ------------------------------------------------------------------ assignment
@@ -221,7 +220,9 @@ class ProjectorFeed:
     def _finished(self) -> bool:
         return self._ends is not None and all(self._reached_end(tp) for tp in self.consumer.assignment())
 
-    async def _fetch_and_decode(self) -> None:
+    async def _fetch(self) -> None:
+        """Fetch, and hand each fetched batch to the decoder at once: the next fetch
+        overlaps the decoding of the last (they wait in order in ``_decoding``)."""
         loop = asyncio.get_running_loop()
         last_refresh = time.monotonic()
         while not self._finished():
@@ -247,14 +248,25 @@ class ProjectorFeed:
                         self.consumer.pause(tp)
             if records:
                 self.fetched += len(records)
-                decoded = await loop.run_in_executor(self._decoder, decode_batch, records, self._fast)
-                batch = FeedBatch(records, decoded)
-                if self._on_decoded is not None:
-                    await self._on_decoded(batch)
-                await self._queue.put(batch)
+                decoding = loop.run_in_executor(self._decoder, decode_batch, records, self._fast)
+                await self._decoding.put((records, decoding))
             if self._ends is None and time.monotonic() - last_refresh >= self.refresh_s:
                 last_refresh = time.monotonic()
                 await self._maybe_add_partitions()
+        await self._decoding.put(None)
+
+    async def _decoded_in_order(self) -> None:
+        """Batches leave decoding in the order they were fetched (one decoder: in order
+        anyway), go through ``on_decoded``, then queue for the applier."""
+        while True:
+            item = await self._decoding.get()
+            if item is None:
+                break
+            records, decoding = item
+            batch = FeedBatch(records, await decoding)
+            if self._on_decoded is not None:
+                await self._on_decoded(batch)
+            await self._queue.put(batch)
         await self._queue.put(None)  # read to the end: the applier drains and returns
 
     async def _maybe_add_partitions(self) -> None:
@@ -297,15 +309,19 @@ class ProjectorFeed:
             len(self.consumer.assignment()),
             ", ".join(self.topics),
         )
-        producer = asyncio.ensure_future(self._fetch_and_decode())
-        consumer = asyncio.ensure_future(self._apply_loop())
+        tasks = [
+            asyncio.ensure_future(self._fetch()),
+            asyncio.ensure_future(self._decoded_in_order()),
+            asyncio.ensure_future(self._apply_loop()),
+        ]
         try:
-            done, _ = await asyncio.wait({producer, consumer}, return_when=asyncio.FIRST_EXCEPTION)
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
                 task.result()  # the first failure, if any
+            await asyncio.gather(*tasks)  # the applier ended: the others have too
         finally:
-            for task in (producer, consumer):
+            for task in tasks:
                 if not task.done():
                     task.cancel()
-            await asyncio.gather(producer, consumer, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
             self._decoder.shutdown(wait=True)

@@ -12,7 +12,7 @@ from memstream.domain.content import content_hash
 from memstream.domain.events import Scope
 from memstream.projections.embedder import LocalEmbedder
 from memstream.projections.projector import Projector
-from memstream.projections.schema import MEMORIES, TABLE_NAMES
+from memstream.projections.schema import ENTITIES, MEMORIES, MESSAGES, POSITIONS, TABLE_NAMES
 from memstream.projections.search import text_search, vector_search
 from memstream.projections.store import LanceStore, ScopeRequiredError, StoreError, quote, space_where
 
@@ -245,3 +245,44 @@ def test_compact_merges_small_fragments_only(tmp_path: Path) -> None:
     assert [h.memory_id for h in text_search(store, None, ALICE, "batch 11 row 24", k=1)] == ["m11-24"]
     store.cleanup_versions()
     assert store.count(MEMORIES) == 300
+
+
+def test_positions_are_appended_read_as_the_furthest_and_pruned(tmp_path: Path) -> None:
+    store = LanceStore(tmp_path / "lance", embedding_dim=DIM)
+    for offset in (5, 9, 12):
+        store.save_positions({("t", 0): offset, ("t", 1): offset * 2})
+    store.save_positions({("u", 0): 3})
+    assert store.positions() == {("t", 0): 12, ("t", 1): 24, ("u", 0): 3}
+    digest = store.table_digest()[POSITIONS]
+    assert store.table(POSITIONS).count_rows() == 7
+    assert store.prune_positions() == 4
+    assert store.table(POSITIONS).count_rows() == 3
+    assert store.positions() == {("t", 0): 12, ("t", 1): 24, ("u", 0): 3}
+    assert store.table_digest()[POSITIONS] == digest
+    assert store.prune_positions() == 0
+
+
+def test_new_keys_are_appended_known_ones_merged(tmp_path: Path) -> None:
+    """Rows of unseen keys take the cheap append; a key the table holds (even one
+    written before the store was reopened) is updated in place, never duplicated."""
+    store = LanceStore(tmp_path / "lance", embedding_dim=DIM)
+    projector = Projector(store, LocalEmbedder(DIM))
+    alice = Scope(team_id="acme", user_id="alice")
+    projector.apply(positioned([memory(alice, f"m{i}", f"fact number {i}") for i in range(5)]))
+    assert store.count(MEMORIES) == 5
+    reopened = LanceStore(tmp_path / "lance", embedding_dim=DIM)
+    again = Projector(reopened, LocalEmbedder(DIM))
+    batch = positioned(
+        [memory(alice, "m2", "fact number two, restated"), memory(alice, "m9", "a new fact")], start=5
+    )
+    result = again.apply(batch)
+    assert result.applied == 2
+    assert reopened.count(MEMORIES) == 6
+    assert reopened.get_memories(alice, ["m2"])[0]["content"] == "fact number two, restated"
+    # the same upsert twice (a crash before the positions were saved) adds nothing
+    rows = reopened.table(MEMORIES).to_arrow()
+    assert reopened.upsert(MEMORIES, rows) == (0, 6)
+    assert reopened.count(MEMORIES) == 6
+    for name in (MEMORIES, MESSAGES, ENTITIES):
+        pks = reopened.table(name).to_arrow().column("pk").to_pylist()
+        assert len(pks) == len(set(pks))
