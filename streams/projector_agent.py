@@ -284,6 +284,8 @@ def project_dead_letters(
 ) -> list[DeadLetter]:
     """Dead letters (stage ``project``) for events the projector refused, carrying the
     original record bytes."""
+    if not failed:
+        return []
     by_position = {(r.topic, r.partition, r.offset): r for r in records}
     out: list[DeadLetter] = []
     for item, reason in failed:
