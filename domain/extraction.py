@@ -40,6 +40,8 @@ from datetime import date, datetime, time, timedelta, timezone
 from enum import StrEnum
 from typing import Any, Literal
 
+from pydantic import TypeAdapter
+
 from memstream.domain.content import content_hash
 from memstream.domain.events import (
     MAX_MEMORY_CHARS,
@@ -47,6 +49,7 @@ from memstream.domain.events import (
     Entity,
     EntityKind,
     EventBase,
+    JsonObject,
     LinkRelation,
     MemoryAdded,
     MemoryLinked,
@@ -56,6 +59,8 @@ from memstream.domain.events import (
     Scope,
 )
 from memstream.domain.quality import GateResult, gate
+
+_JSON_OBJECT: TypeAdapter[dict[str, Any]] = TypeAdapter(JsonObject)
 
 __all__ = [
     "MAX_TURN_CHARS_IN_PROMPT",
@@ -1172,6 +1177,27 @@ def build_events(
     note_parts = [n for n in (extraction.note, judgment.note if judgment else None) if n]
     note = "; ".join(note_parts)[:2000] or None
 
+    # The batch's part of every provenance is validated once; each event adds its own
+    # decision in front (validated alone) to a copy: validating the whole record per
+    # event made a window of n memories cost n² (measured: most of build_events).
+    base_provenance = _provenance(
+        extraction, input_refs=input_refs, output_refs=added, decisions=shared_record, status=status, note=note
+    )
+    link_bases: dict[bool, Provenance] = {}
+
+    def with_own(base: Provenance, own: dict[str, Any]) -> Provenance:
+        return base.model_copy(update={"decisions": (_JSON_OBJECT.validate_python(own), *base.decisions)})
+
+    def link_provenance(draft: MemoryDraft, by_llm: bool, own: dict[str, Any]) -> Provenance:
+        base = link_bases.get(by_llm)
+        if base is None:
+            stage = judgment if by_llm and judgment is not None else StageReport("rule")
+            base = link_bases[by_llm] = _provenance(
+                stage, input_refs=(), output_refs=added, decisions=shared_record, status=status, note=note
+            )
+        # input refs are the draft's own turns
+        return with_own(base, own).model_copy(update={"input_refs": tuple(draft.source_message_ids)})
+
     events: list[EventBase] = []
     for i, draft in enumerate(drafts):
         decision = decision_of(i)
@@ -1182,16 +1208,7 @@ def build_events(
             mine["judgment"] = judge_info
         if draft.notes:
             mine["draft_notes"] = list(draft.notes)
-        record = [mine] + shared_record
         by_llm = judgment is not None and decision.decided_by == "llm"
-        link_prov = _provenance(
-            judgment if by_llm and judgment is not None else StageReport("rule"),
-            input_refs=draft.source_message_ids,
-            output_refs=added,
-            decisions=record,
-            status=status,
-            note=note,
-        )
         if decision.action is Action.merge:
             if decision.target and decision.target != ids[i]:
                 events.append(
@@ -1204,21 +1221,13 @@ def build_events(
                         relation=LinkRelation.duplicates,
                         decided_by=decision.decided_by,
                         reason=decision.reason or "same statement as an existing memory",
-                        provenance=link_prov,
+                        provenance=link_provenance(draft, by_llm, mine),
                     )
                 )
             continue
-        provenance = _provenance(
-            extraction,
-            input_refs=input_refs,
-            output_refs=added,
-            decisions=record,
-            status=status,
-            note=note,
-        )
         # Validated in pass 1; the provenance is a validated model too, so a copy with
         # it set needs no second validation of the memory (and its embedding).
-        events.append(checked[i].model_copy(update={"provenance": provenance}))
+        events.append(checked[i].model_copy(update={"provenance": with_own(base_provenance, mine)}))
         relations: list[tuple[str, LinkRelation]] = []
         if decision.action is Action.update and decision.target:
             relations.append((decision.target, LinkRelation.supersedes))
@@ -1236,7 +1245,7 @@ def build_events(
                     relation=relation,
                     decided_by=decision.decided_by,
                     reason=decision.reason,
-                    provenance=link_prov,
+                    provenance=link_provenance(draft, by_llm, mine),
                 )
             )
     return BuiltEvents(tuple(events), tuple(rejected))

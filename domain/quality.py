@@ -167,11 +167,18 @@ _QUESTION_MARKS = frozenset("?？¿⸮")
 
 def _has_word_char(text: str) -> bool:
     """True when some character is a letter or a digit in any script."""
+    if text.isascii():  # the common case, without a Python step per character
+        return _ASCII_WORD.search(text) is not None
     return any(unicodedata.category(ch)[0] in ("L", "N") for ch in text)
+
+
+_ASCII_WORD = re.compile("[A-Za-z0-9]")
 
 
 def _strip_invisible(text: str) -> str:
     """Whitespace plus format characters (zero-width space, joiners, BOM) removed."""
+    if text.isascii():  # ASCII has no format (Cf) characters; split() drops whitespace
+        return "".join(text.split())
     return "".join(
         ch for ch in text if not ch.isspace() and unicodedata.category(ch) != "Cf"
     )

@@ -580,6 +580,17 @@ def test_actions_map_to_add_only_events() -> None:
     assert {e.correlation_id for e in built.events} == {"x-run"}
     assert {e.session_id for e in built.events} == {"s1"}
     assert all(e.producer == "memstream-extractor" for e in built.events)
+    # provenance: a link names the draft's own turns and the judgment that decided it;
+    # every event's record starts with its own decision, then the batch's; all valid
+    assert supersedes.provenance is not None and merge.provenance is not None
+    assert supersedes.provenance.input_refs == drafts[0].source_message_ids
+    assert supersedes.provenance.method == "llm" and supersedes.provenance.prompt_id == JUDGMENT.prompt_id
+    assert merge.provenance.decisions[0]["memory_id"] == merge.from_memory_id
+    assert tea.provenance is not None and tea.provenance.method == EXTRACTION.method
+    assert tea.provenance.decisions[0]["memory_id"] == tea.memory_id  # type: ignore[union-attr]
+    assert tea.provenance.decisions[1:] == pepperoni.provenance.decisions[1:]  # type: ignore[union-attr]
+    for event in built.events:
+        assert parse_event(event.model_dump(mode="json")) == event
 
 
 def test_every_event_carries_provenance_and_drops_stay_on_record() -> None:

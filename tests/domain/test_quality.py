@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import unicodedata
 
 import pytest
 from hypothesis import given
@@ -151,3 +152,13 @@ def test_gate_is_total_and_deterministic(text: str) -> None:
     assert first.passed == (first.rule is None)
     if first.passed:
         assert first.text.strip()
+
+
+@given(st.text(alphabet=st.characters(max_codepoint=127)))
+def test_ascii_shortcuts_equal_the_general_rules(text: str) -> None:
+    from memstream.domain import quality
+
+    general_strip = "".join(ch for ch in text if not ch.isspace() and unicodedata.category(ch) != "Cf")
+    general_word = any(unicodedata.category(ch)[0] in ("L", "N") for ch in text)
+    assert quality._strip_invisible(text) == general_strip
+    assert quality._has_word_char(text) == general_word
