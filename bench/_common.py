@@ -333,6 +333,8 @@ class CatchUp:
     event_ends: Mapping[tuple[str, int], int]
     projected: Mapping[tuple[str, int], int]
     extracted: Mapping[tuple[str, int], int]
+    observed_at: float = 0.0
+    """``time.perf_counter()`` when this state was read (the start of the reads)."""
 
     def behind(self, *, extraction: bool) -> int:
         """Records not yet projected (both topics), plus, with ``extraction``, turns
@@ -343,19 +345,51 @@ class CatchUp:
         return lag
 
 
-async def _catch_up(settings: Settings, positions: Callable[[], Mapping[tuple[str, int], int]]) -> CatchUp:
-    topics = Topics.from_settings(settings)
-    ends = await end_offsets(settings.bootstrap_servers, [topics.messages, topics.events])
-    from memstream.streams.extractor_agent import consumer_group
+class _LogWatch:
+    """One consumer (end offsets) and one admin client (the extractor's commits), kept
+    open across polls: connecting per poll took longer than the poll interval."""
 
-    extracted = await group_offsets(settings.bootstrap_servers, consumer_group(settings))
-    projected = await asyncio.to_thread(positions)
-    return CatchUp(
-        message_ends={tp: o for tp, o in ends.items() if tp[0] == topics.messages},
-        event_ends={tp: o for tp, o in ends.items() if tp[0] == topics.events},
-        projected=dict(projected),
-        extracted=extracted,
-    )
+    def __init__(self, settings: Settings) -> None:
+        from aiokafka import AIOKafkaConsumer
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        from memstream.streams.extractor_agent import consumer_group
+
+        self.topics = Topics.from_settings(settings)
+        self.group = consumer_group(settings)
+        self.consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False)
+        self.admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+
+    async def __aenter__(self) -> "_LogWatch":
+        await self.consumer.start()
+        await self.admin.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.consumer.stop()
+        await self.admin.close()
+
+    async def read(self, positions: Callable[[], Mapping[tuple[str, int], int]]) -> CatchUp:
+        from aiokafka import TopicPartition
+
+        observed = time.perf_counter()
+        tps: list[TopicPartition] = []
+        for name in (self.topics.messages, self.topics.events):
+            parts = self.consumer.partitions_for_topic(name)
+            if not parts:
+                await self.consumer._client.force_metadata_update()  # noqa: SLF001 - fresh topics
+                parts = self.consumer.partitions_for_topic(name) or set()
+            tps.extend(TopicPartition(name, p) for p in sorted(parts))
+        ends = await self.consumer.end_offsets(tps) if tps else {}
+        committed = await self.admin.list_consumer_group_offsets(self.group)
+        projected = await asyncio.to_thread(positions)
+        return CatchUp(
+            message_ends={(tp.topic, tp.partition): int(o) for tp, o in ends.items() if tp.topic == self.topics.messages},
+            event_ends={(tp.topic, tp.partition): int(o) for tp, o in ends.items() if tp.topic == self.topics.events},
+            projected=dict(projected),
+            extracted={(tp.topic, tp.partition): int(m.offset) for tp, m in committed.items() if m.offset >= 0},
+            observed_at=observed,
+        )
 
 
 async def wait_caught_up(
@@ -364,33 +398,32 @@ async def wait_caught_up(
     *,
     extraction: bool = True,
     timeout: float = 600.0,
-    poll: float = 0.5,
+    poll: float = 0.1,
     alive: Callable[[], bool] | None = None,
     on_poll: Callable[[CatchUp], None] | None = None,
 ) -> CatchUp:
     """Wait until the worker has extracted every turn (its group committed the end of
     ``messages``) and projected everything (stored positions at the end of both
-    topics), twice in a row (the second look catches memories the extractor produced
-    in between). Raises ``TimeoutError`` (or ``RuntimeError`` if ``alive()`` turns
-    false) with the last state."""
+    topics), and a second look finds no new event (the extractor could have produced
+    memories in between). Returns the *first* caught-up state of that streak: its
+    ``observed_at`` is when the work was seen done; the second look only confirms it.
+    Raises ``TimeoutError`` (or ``RuntimeError`` if ``alive()`` turns false) with the
+    last state."""
     deadline = time.monotonic() + timeout
-    settled = 0
-    last: CatchUp | None = None
-    while True:
-        state = await _catch_up(settings, positions)
-        if on_poll is not None:
-            on_poll(state)
-        if state.behind(extraction=extraction) == 0 and (
-            last is not None and dict(last.event_ends) == dict(state.event_ends)
-        ):
-            settled += 1
-            if settled >= 2:
-                return state
-        else:
-            settled = 0
-        last = state
-        if alive is not None and not alive():
-            raise RuntimeError(f"the worker died while catching up ({state.behind(extraction=extraction)} behind)")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the worker is still {state.behind(extraction=extraction)} records behind")
-        await asyncio.sleep(poll)
+    first: CatchUp | None = None
+    async with _LogWatch(settings) as watch:
+        while True:
+            state = await watch.read(positions)
+            if on_poll is not None:
+                on_poll(state)
+            if state.behind(extraction=extraction) == 0:
+                if first is not None and dict(first.event_ends) == dict(state.event_ends):
+                    return first
+                first = state
+            else:
+                first = None
+            if alive is not None and not alive():
+                raise RuntimeError(f"the worker died while catching up ({state.behind(extraction=extraction)} behind)")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the worker is still {state.behind(extraction=extraction)} records behind")
+            await asyncio.sleep(poll)

@@ -389,10 +389,11 @@ def ingest(settings: Settings, conversations: Sequence[Conversation], workdir: P
                 done = sum(min(end, state.extracted.get(tp, 0)) for tp, end in state.message_ends.items())
                 bar.update(task, completed=done)
 
-            asyncio.run(
+            done = asyncio.run(
                 wait_caught_up(settings, positions, timeout=900.0, alive=worker.alive, on_poll=on_poll)
             )
-        ingest_s = time.perf_counter() - t0
+        # when everything was first seen extracted and projected (polled every 0.1 s)
+        ingest_s = done.observed_at - t0
     except BaseException:
         err_console.print(f"[red]worker log tail:[/red]\n{worker.tail(40)}")
         raise
