@@ -28,11 +28,13 @@ from datetime import datetime, timezone
 from typing import Annotated, Any, Literal, get_args
 
 import msgspec
+from annotated_types import Ge, Le
 import numpy as np
 from pydantic import ValidationError
 
 from memstream.domain.content import content_hash
 from memstream.domain.events import (
+    MemoryAdded,
     MemoryText,
     MemoryType,
     Name,
@@ -60,6 +62,17 @@ _IDS = re.compile(r"[A-Za-z0-9_.:@/+=\-]{1,128}(?:\n[A-Za-z0-9_.:@/+=\-]{1,128})
 # ``+hh:mm``. Other forms the model accepts take the general path.
 _TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,6})?(?:Z|[+-]\d{2}:\d{2})")
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def _priority_rule() -> tuple[int, int, int]:
+    """The model's own bounds and default of ``priority`` (so the two cannot drift)."""
+    field = MemoryAdded.model_fields["priority"]
+    ge: Any = next(m.ge for m in field.metadata if isinstance(m, Ge))
+    le: Any = next(m.le for m in field.metadata if isinstance(m, Le))
+    return int(ge), int(le), int(field.default)
+
+
+_PRIORITY_MIN, _PRIORITY_MAX, _PRIORITY_DEFAULT = _priority_rule()
 
 
 class _Scope(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -95,7 +108,7 @@ class _MemoryAdded(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     content: str
     content_hash: str = ""
     memory_type: str = "episodic"
-    priority: Annotated[int, msgspec.Meta(ge=0, le=100)] = 50
+    priority: Annotated[int, msgspec.Meta(ge=_PRIORITY_MIN, le=_PRIORITY_MAX)] = _PRIORITY_DEFAULT
     scene: str | None = None
     source_message_ids: list[str] = msgspec.field(default_factory=list)
     timestamp: str | None = None
