@@ -488,15 +488,18 @@ class LanceStore:
                 warnings.simplefilter("ignore", UserWarning)
                 tbl.optimize(cleanup_older_than=self.keep_versions)
 
-    def compact(self, target_rows: int = COMPACT_TARGET_ROWS) -> int:
+    def compact(self, target_rows: int = COMPACT_TARGET_ROWS, *, refresh: bool = True) -> int:
         """Merge the small fragments that batched writes leave behind into fragments
         of up to ``target_rows`` rows; returns how many tables were compacted.
 
         Why not :meth:`optimize`: LanceDB's optimize compacts towards million-row
         fragments, so every run rewrites the whole still-growing fragment (0.2-0.8 s
         at 60,000 rows here, more as the table grows), and the writer must wait for
-        it. A small target rewrites only the recent rows. Compaction rewrites data,
-        so it must not run beside a write or an index update (LanceDB preempts it)."""
+        it. A small target rewrites only the recent rows. Compaction rewrites data:
+        beside a write it commits when the write appends (LanceDB rebases the append)
+        and loses to one that updates the same rows (retry it later). With
+        ``refresh=False`` this store's table handles are left as they are (for a
+        caller beside the writer, which owns them; its next commit rebases)."""
         self.prune_positions()
         done = 0
         for name in TABLE_NAMES:
@@ -507,7 +510,8 @@ class LanceStore:
             if small < 2:
                 continue
             ds.optimize.compact_files(target_rows_per_fragment=target_rows)
-            tbl.checkout_latest()
+            if refresh:  # beside the writer, leave its handle to it (its commits rebase)
+                tbl.checkout_latest()
             done += 1
         return done
 

@@ -230,6 +230,48 @@ def test_index_updates_run_beside_the_writer(tmp_path: Path) -> None:
     assert [h.memory_id for h in text_search(store, None, ALICE, "revised", k=40)].count("m29") == 1
 
 
+def test_compaction_runs_beside_an_appending_writer(tmp_path: Path) -> None:
+    """The worker compacts on its maintenance thread while batches of new memories
+    keep being appended: the writer never fails, compactions commit, and afterwards
+    every row is there exactly once with few fragments left."""
+    import threading
+
+    store = LanceStore(tmp_path / "lance", embedding_dim=DIM)
+    projector = Projector(store, LocalEmbedder(DIM))
+    stop = threading.Event()
+    compactions: list[int] = []
+    failure: list[BaseException] = []
+
+    def compact_loop() -> None:
+        while not stop.is_set():
+            try:
+                compactions.append(store.compact(target_rows=1_000, refresh=False))
+            except Exception as exc:  # noqa: BLE001 - only a lost race is acceptable
+                if "conflict" not in str(exc).lower():
+                    failure.append(exc)
+
+    compactor = threading.Thread(target=compact_loop)
+    compactor.start()
+    offset = 0
+    try:
+        for _ in range(40):
+            batch = [memory(ALICE, f"n{offset + i}", f"appended row {offset + i}") for i in range(25)]
+            projector.apply(positioned(batch, start=offset))
+            offset += len(batch)
+    finally:
+        stop.set()
+        compactor.join()
+    assert not failure, failure
+    assert sum(compactions) >= 2  # compactions really committed while the writer wrote
+    mem = store.table(MEMORIES)
+    mem.checkout_latest()
+    pks = mem.to_arrow().column("pk").to_pylist()
+    assert len(pks) == len(set(pks)) == 1_000
+    assert store.positions() == {(EVENTS_TOPIC, 0): 1_000}
+    store.compact(target_rows=1_000)
+    assert len(mem.to_lance().get_fragments()) <= 3
+
+
 def test_compact_merges_small_fragments_only(tmp_path: Path) -> None:
     store = LanceStore(tmp_path / "lance", embedding_dim=DIM)
     projector = Projector(store, LocalEmbedder(DIM))
