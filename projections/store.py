@@ -373,6 +373,10 @@ class LanceStore:
     def positions(self) -> dict[tuple[str, int], int]:
         """The next offset to read per (topic, partition): the furthest one written
         (the table is append-only, see :meth:`save_positions`)."""
+        return self._positions_and_rows()[0]
+
+    def _positions_and_rows(self) -> tuple[dict[tuple[str, int], int], int]:
+        """The positions and how many rows hold them, from one read."""
         tbl = self.rows(POSITIONS, None, ["topic", "partition", "next_offset"])
         out: dict[tuple[str, int], int] = {}
         for t, p, o in zip(
@@ -382,7 +386,7 @@ class LanceStore:
         ):
             key = (t, int(p))
             out[key] = max(out.get(key, 0), int(o))
-        return out
+        return out, tbl.num_rows
 
     def save_positions(self, next_offsets: Mapping[tuple[str, int], int], *, now: datetime | None = None) -> None:
         """Record positions. Positions only move forward (the projector takes the max
@@ -410,9 +414,10 @@ class LanceStore:
         """Delete position rows behind the furthest one of their partition; returns
         how many there were. The view never changes (it is the maximum)."""
         tbl = self.table(POSITIONS)
-        current = self.positions()
-        stale = tbl.count_rows() - len(current)
-        if stale > 0:
+        # one read for both: beside the writer, a second read could see newer rows
+        current, rows = self._positions_and_rows()
+        stale = rows - len(current)
+        if stale > 0 and current:
             tbl.delete(
                 " OR ".join(
                     f"(topic = {quote(t)} AND partition = {p} AND next_offset < {o})"
