@@ -48,6 +48,7 @@ from mode import Service
 
 from memstream.domain.log import PositionedEvent, PositionedMemories
 from memstream.settings import Settings
+from memstream.streams.connect import until_reachable
 from memstream.streams.consumer import decode_or_dead_letter
 from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher
 from memstream.streams.topics import Topics
@@ -575,10 +576,17 @@ class ProjectorService(Service):
     async def on_start(self) -> None:
         await self.runtime.open()
         settings = self.runtime.settings
-        self._consumer = feed_consumer(
-            settings, f"{settings.app_id}-projector", group_id=projector_group(settings)
-        )
-        await self._consumer.start()
+
+        async def attempt() -> Any:
+            consumer = feed_consumer(settings, f"{settings.app_id}-projector", group_id=projector_group(settings))
+            try:
+                await consumer.start()
+            except BaseException:
+                await consumer.stop()
+                raise
+            return consumer
+
+        self._consumer = await until_reachable(attempt, "projector consumer")
         self._task = asyncio.ensure_future(self._run())
 
     async def _run(self) -> None:
