@@ -30,7 +30,11 @@ async def ensure_topics(
     """
     specs = topics.catalogue() + list(extra or [])
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, client_id="memstream-admin")
-    await admin.start()
+    try:
+        await admin.start()
+    except BaseException:
+        await admin.close()
+        raise
     try:
         existing = set(await admin.list_topics())
         missing = [s for s in specs if s.name not in existing]

@@ -33,6 +33,7 @@ from memstream.gc_tuning import tune_gc
 from memstream.settings import Settings, parse_log_level
 from memstream.streams.admin import TopicCreationError, ensure_topics
 from memstream.streams.app import AGENT_NAMES, FAUST_LOGGER, build_app
+from memstream.streams.connect import until_reachable
 from memstream.streams.projector_agent import LanceDirBusyError, LanceDirLock
 from memstream.streams.topics import Topics
 
@@ -119,7 +120,10 @@ def run_worker(
     asyncio.set_event_loop(loop)
     topics = Topics.from_settings(settings)
     try:
-        loop.run_until_complete(ensure_topics(settings.bootstrap_servers, topics))
+        # A worker started while the broker (re)starts waits for it instead of dying.
+        loop.run_until_complete(
+            until_reachable(lambda: ensure_topics(settings.bootstrap_servers, topics), "creating topics")
+        )
     except TopicCreationError as exc:
         loop.close()
         raise WorkerError(str(exc)) from exc
