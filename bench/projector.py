@@ -84,7 +84,8 @@ def cpu_figures(ceilings: list[dict[str, float]], product_cpu_us: list[float], n
     comparison, since on a shared machine wall-clock rates follow the neighbours."""
     consume = median(c["consume_cpu_us"] for c in ceilings)
     add = median(c["add_cpu_us"] for c in ceilings)
-    product = median(product_cpu_us) if product_cpu_us else None
+    measured = [x for x in product_cpu_us if x > 0]  # 0: below the CPU clock's resolution
+    product = median(measured) if measured else None
     return {
         "raw_consume": consume,
         "raw_lance_add": add,
@@ -144,6 +145,8 @@ def measure_projector(settings: Settings, workdir: Path, n: int, *, repeat: int)
     shutil.rmtree(run_settings.lance_dir, ignore_errors=True)
     shutil.rmtree(run_settings.home, ignore_errors=True)
     busy = None if cpu is None or cpu_ready is None else cpu - cpu_ready
+    if busy is not None and busy <= 0:
+        busy = None  # shorter than the CPU clock's tick (a small smoke run): not measured
     return {
         "eps": n / (done - ready),
         "eps_incl_startup": n / (done - worker.started_at),
