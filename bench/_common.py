@@ -10,7 +10,7 @@ way, so the plumbing lives once:
   configured only through ``MEMSTREAM_*`` variables built from a :class:`Settings`
   (:func:`settings_env`), in its own working directory so no ``.env`` leaks in; it can
   be stopped gracefully, SIGKILLed and restarted (the chaos benchmark does);
-* log offsets (:func:`end_offsets`, :func:`group_offsets`) and
+* log offsets (:func:`group_offsets`, the end offsets a wait reads) and
   :func:`wait_caught_up`: "ingest is done" means the extractor has committed every turn
   and the projector's *stored* positions reached the end of both source topics;
 * rich output: tables to stdout, progress bars to stderr (the JSON summary the CLI
@@ -53,7 +53,6 @@ __all__ = [
     "fmt",
     "settings_env",
     "WorkerProcess",
-    "end_offsets",
     "delete_topics",
     "group_offsets",
     "wait_caught_up",
@@ -272,26 +271,6 @@ class WorkerProcess:
 
 
 # ------------------------------------------------------------------------------ offsets
-async def end_offsets(bootstrap: str, topic_names: Sequence[str]) -> dict[tuple[str, int], int]:
-    """The log end offset of every partition of ``topic_names``."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        tps: list[TopicPartition] = []
-        for name in topic_names:
-            parts = consumer.partitions_for_topic(name)
-            if parts is None:
-                await consumer._client.force_metadata_update()  # noqa: SLF001 - fresh topics
-                parts = consumer.partitions_for_topic(name) or set()
-            tps.extend(TopicPartition(name, p) for p in sorted(parts))
-        ends = await consumer.end_offsets(tps) if tps else {}
-        return {(tp.topic, tp.partition): int(off) for tp, off in ends.items()}
-    finally:
-        await consumer.stop()
-
-
 async def group_offsets(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
     """The offsets consumer group ``group`` committed (``{}`` if it has none)."""
     from aiokafka.admin import AIOKafkaAdminClient

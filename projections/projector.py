@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from memstream.domain.content import content_hash, normalize_content
+from memstream.domain.content import content_hash
 from memstream.domain.events import (
     DecisionExpired,
     DecisionRecorded,
@@ -106,11 +106,8 @@ def _pos_key(pe: PositionedEvent) -> tuple[str, int, int]:
     return (p.topic, p.partition, p.offset)
 
 
-_json = canonical_json
-
-
 def _provenance(model: Any) -> str | None:
-    return None if model is None else _json(model.model_dump(mode="json"))
+    return None if model is None else canonical_json(model.model_dump(mode="json"))
 
 
 def _utc(dt: datetime | None) -> datetime | None:
@@ -305,7 +302,7 @@ class Projector:
             "speaker": e.speaker,
             "content": e.content,
             "content_hash": content_hash(e.content),
-            "metadata": _json(e.metadata),
+            "metadata": canonical_json(e.metadata),
             "occurred_at": _utc(e.occurred_at),
             "recorded_at": _utc(e.recorded_at),
             **_log_fields(pe),
@@ -362,7 +359,7 @@ class Projector:
             "source_message_ids": list(e.source_message_ids),
             "entities": entities,
             "entity_keys": entity_keys,
-            "metadata": _json(e.metadata),
+            "metadata": canonical_json(e.metadata),
             "provenance": _provenance(e.provenance),
             "embedding_model": self.embedder.model_id,
             "created_at": _utc(e.occurred_at),

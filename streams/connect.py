@@ -14,15 +14,24 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar
 
 from aiokafka.errors import KafkaConnectionError
 
-__all__ = ["until_reachable"]
+__all__ = ["until_reachable", "until_started"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+class _Client(Protocol):
+    async def start(self) -> Any: ...
+
+    async def stop(self) -> Any: ...
+
+
+C = TypeVar("C", bound=_Client)
 
 _FIRST_DELAY_S = 0.5
 _MAX_DELAY_S = 5.0
@@ -51,3 +60,19 @@ async def until_reachable(attempt: Callable[[], Awaitable[T]], what: str, *, max
         if failures:
             log.info("%s: connected after %d failed attempt(s)", what, failures)
         return result
+
+
+async def until_started(make: Callable[[], C], what: str, *, max_delay_s: float = _MAX_DELAY_S) -> C:
+    """A started client from ``make()``, retried as :func:`until_reachable` does; a
+    client whose start failed is stopped before the next one is made."""
+
+    async def attempt() -> C:
+        client = make()
+        try:
+            await client.start()
+        except BaseException:
+            await client.stop()
+            raise
+        return client
+
+    return await until_reachable(attempt, what, max_delay_s=max_delay_s)

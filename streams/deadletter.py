@@ -37,7 +37,7 @@ from aiokafka.errors import MessageSizeTooLargeError
 
 from memstream.domain.log import LogPosition
 from memstream.settings import Settings, get_settings
-from memstream.streams.connect import until_reachable
+from memstream.streams.connect import until_started
 from memstream.streams.producer import create_kafka_producer
 from memstream.streams.serializer import EncodedRecord
 
@@ -195,19 +195,12 @@ class DeadLetterPublisher:
     async def start(self) -> None:
         if self._started:
             return
-
-        async def attempt() -> AIOKafkaProducer:
-            producer = create_kafka_producer(
+        self._producer = await until_started(
+            lambda: create_kafka_producer(
                 self._settings, bootstrap_servers=self._bootstrap, client_id=self._client_id
-            )
-            try:
-                await producer.start()
-            except BaseException:
-                await producer.stop()
-                raise
-            return producer
-
-        self._producer = await until_reachable(attempt, f"dead-letter producer ({self.topic})")
+            ),
+            f"dead-letter producer ({self.topic})",
+        )
         self._started = True
 
     async def stop(self) -> None:

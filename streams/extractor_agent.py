@@ -50,7 +50,7 @@ from memstream.domain.events import MessageObserved
 from memstream.domain.log import LogPosition
 from memstream.llm import ChatModel, build_llm
 from memstream.settings import Settings
-from memstream.streams.connect import until_reachable
+from memstream.streams.connect import until_started
 from memstream.streams.consumer import decode_or_dead_letter
 from memstream.streams.deadletter import DeadLetter
 from memstream.streams.extractor import (
@@ -190,22 +190,16 @@ class ExtractorRunner:
         if self._producer is None:
             from memstream.streams.producer import MemstreamProducer
 
-            async def start_producer() -> MemstreamProducer:
-                producer = MemstreamProducer(settings, topics=self.topics, client_id="memstream-extractor")
-                try:
-                    await producer.start()
-                except BaseException:
-                    await producer.stop()
-                    raise
-                return producer
-
-            producer = await until_reachable(start_producer, "extractor producer")
+            producer = await until_started(
+                lambda: MemstreamProducer(settings, topics=self.topics, client_id="memstream-extractor"),
+                "extractor producer",
+            )
             self._producer = self._own_producer = producer
         self.extractor = Extractor(settings, llm, self._embedder, None, self._producer)
         if self._store is not None:
             self._attach_store(self._store)
 
-        async def start_consumer() -> AIOKafkaConsumer:
+        def make_consumer() -> AIOKafkaConsumer:
             consumer = AIOKafkaConsumer(
                 bootstrap_servers=settings.bootstrap_servers,
                 group_id=consumer_group(settings),
@@ -214,14 +208,9 @@ class ExtractorRunner:
                 auto_offset_reset="earliest",
             )
             consumer.subscribe([self.topics.messages], listener=_Listener(self))
-            try:
-                await consumer.start()
-            except BaseException:
-                await consumer.stop()
-                raise
             return consumer
 
-        self._consumer = await until_reachable(start_consumer, "extractor consumer")
+        self._consumer = await until_started(make_consumer, "extractor consumer")
         self._loop_task = asyncio.create_task(self._run(), name="memstream-extractor")
         log.info(
             "extractor started (%s) on %s as group %s",

@@ -34,6 +34,7 @@ from pydantic import ValidationError
 
 from memstream.domain.content import content_hash
 from memstream.domain.events import (
+    Identifier,
     MemoryAdded,
     MemoryText,
     MemoryType,
@@ -55,9 +56,18 @@ from memstream.streams.serializer import (
 __all__ = ["FastMemoryDecoder", "MemoryAddedFields"]
 
 
-# Identifiers as the model's ``Identifier``, checked for a whole record in one match of
-# the ids joined by newlines (no id can hold one). Faster than a pattern per field.
-_IDS = re.compile(r"[A-Za-z0-9_.:@/+=\-]{1,128}(?:\n[A-Za-z0-9_.:@/+=\-]{1,128})*")
+
+def _ids_pattern() -> re.Pattern[str]:
+    """Identifiers as the model's ``Identifier`` (its character class and length,
+    taken from it), checked for a whole record in one match of the ids joined by
+    newlines (no id can hold one): faster than a pattern per field."""
+    rule = get_args(Identifier)[1]
+    chars = rule.pattern.removeprefix("^").removesuffix("+$")
+    one = f"{chars}{{{rule.min_length},{rule.max_length}}}"
+    return re.compile(rf"{one}(?:\n{one})*")
+
+
+_IDS = _ids_pattern()
 # The one ISO 8601 shape the SDK writes: date, time, up to microseconds, ``Z`` or
 # ``+hh:mm``. Other forms the model accepts take the general path.
 _TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,6})?(?:Z|[+-]\d{2}:\d{2})")

@@ -48,7 +48,7 @@ from mode import Service
 
 from memstream.domain.log import PositionedEvent, PositionedMemories
 from memstream.settings import Settings
-from memstream.streams.connect import until_reachable
+from memstream.streams.connect import until_started
 from memstream.streams.consumer import decode_or_dead_letter
 from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher
 from memstream.streams.topics import Topics
@@ -577,16 +577,10 @@ class ProjectorService(Service):
         await self.runtime.open()
         settings = self.runtime.settings
 
-        async def attempt() -> Any:
-            consumer = feed_consumer(settings, f"{settings.app_id}-projector", group_id=projector_group(settings))
-            try:
-                await consumer.start()
-            except BaseException:
-                await consumer.stop()
-                raise
-            return consumer
-
-        self._consumer = await until_reachable(attempt, "projector consumer")
+        self._consumer = await until_started(
+            lambda: feed_consumer(settings, f"{settings.app_id}-projector", group_id=projector_group(settings)),
+            "projector consumer",
+        )
         self._task = asyncio.ensure_future(self._run())
 
     async def _run(self) -> None:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Callable
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord
 
-__all__ = ["SAFETY_S", "free_port", "read_records", "wait_until"]
+__all__ = ["SAFETY_S", "free_port", "read_records", "wait_until", "json_paths"]
 
 SAFETY_S = 60.0
 """Upper bound of a wait on the broker, so a broken broker fails the test instead of
@@ -55,3 +56,15 @@ async def wait_until(predicate: Callable[[], object], timeout: float = 30.0, wha
     while not predicate():
         assert loop.time() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.05)
+
+
+def json_paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every path (keys and list indexes) into a JSON tree, for mutation fuzzing."""
+    out = [prefix] if prefix else []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            out.extend(json_paths(value, prefix + (key,)))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            out.extend(json_paths(value, prefix + (index,)))
+    return out

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.support import json_paths
 
 from memstream.domain.content import content_hash
 from memstream.domain.embedding import encode_vector
@@ -397,23 +398,12 @@ def test_fuzz_known_types_with_junk_bodies(etype: str, body: dict[Any, Any]) -> 
     _check_parse({**body, "type": etype, "scope": body.get("scope", SCOPE)})
 
 
-def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix] if prefix else []
-    if isinstance(node, dict):
-        for key, value in node.items():
-            out.extend(_paths(value, prefix + (key,)))
-    elif isinstance(node, list):
-        for index, value in enumerate(node):
-            out.extend(_paths(value, prefix + (index,)))
-    return out
-
-
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), etype=st.sampled_from(sorted(EVENT_TYPES)))
 def test_fuzz_mutations_of_valid_events(data: st.DataObject, etype: str) -> None:
     raw = valid_raw()[etype]
     for _ in range(data.draw(st.integers(1, 3), label="mutations")):
-        paths = _paths(raw)
+        paths = json_paths(raw)
         path = data.draw(st.sampled_from(paths), label="path")
         parent: Any = raw
         for part in path[:-1]:

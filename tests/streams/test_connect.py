@@ -3,42 +3,30 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError
+from tests.support import free_port
 
 from memstream.streams import connect
-from memstream.streams.connect import until_reachable
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])  # nothing listens once the socket is closed
+from memstream.streams.connect import until_reachable, until_started
 
 
 async def test_a_client_is_retried_until_the_broker_answers(kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first attempts point at a port where nothing listens (a real connection
     refusal from aiokafka); then the broker is "back" (the real one)."""
     monkeypatch.setattr(connect, "_FIRST_DELAY_S", 0.05)
-    dead = f"127.0.0.1:{_closed_port()}"
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
     targets = [dead, dead, kafka_bootstrap]
     tried: list[str] = []
 
-    async def attempt() -> AIOKafkaProducer:
+    def make() -> AIOKafkaProducer:
         target = targets[min(len(tried), len(targets) - 1)]
         tried.append(target)
-        producer = AIOKafkaProducer(bootstrap_servers=target, request_timeout_ms=2000)
-        try:
-            await producer.start()
-        except BaseException:
-            await producer.stop()
-            raise
-        return producer
+        return AIOKafkaProducer(bootstrap_servers=target, request_timeout_ms=2000)
 
-    producer = await until_reachable(attempt, "test producer", max_delay_s=0.1)
+    producer = await until_started(make, "test producer", max_delay_s=0.1)
     try:
         assert tried == [dead, dead, kafka_bootstrap]
         assert producer.client.cluster.brokers()  # bootstrapped: it knows the broker

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.support import json_paths
 
 from memstream.domain.embedding import encode_vector
 from memstream.domain.events import MemoryAdded
@@ -247,23 +248,12 @@ json_values = st.recursive(
 )
 
 
-def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix] if prefix else []
-    if isinstance(node, dict):
-        for key, value in node.items():
-            out.extend(_paths(value, prefix + (key,)))
-    elif isinstance(node, list):
-        for index, value in enumerate(node):
-            out.extend(_paths(value, prefix + (index,)))
-    return out
-
-
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_mutated_bodies_never_pass_what_the_model_refuses(data: st.DataObject) -> None:
     body = canonical()
     for _ in range(data.draw(st.integers(1, 3), label="mutations")):
-        path = data.draw(st.sampled_from(_paths(body)), label="path")
+        path = data.draw(st.sampled_from(json_paths(body)), label="path")
         parent: Any = body
         for part in path[:-1]:
             parent = parent[part]
