@@ -51,20 +51,25 @@ everything known about ``--entity NAME``), newest first, at most
 How :func:`search` reads (latency is the point of this layout): one wait on LanceDB's
 event loop, through the tables' asynchronous handles (the same plans the synchronous
 builders run, without their per-query schema round trips): the vector and BM25 lists
-together, then, together, every read their candidates need (the sessions' turns and
-memories, the source turns of candidates outside any session, the first hop of their
-successors, the statistics of the entities the query names), one query per kind.
-Rows are looked up by id as ``<id> IN (...) AND pk IN (...)``
-(``LanceStore.ids_where``): the BTree on the id column finds them and the scoped key
-(``team|user|id``) confines them to the space, without the space predicate, which in
-a large space costs more than the lookup (the ``team_id`` and ``user_id`` indexes
-each return every row of the space).
+together, with the versions of ``memories`` and ``messages``; then, together, every
+read their candidates need that the space's cache (``memstream.projections.
+search_cache``) does not hold at those versions: the candidates' sessions (every turn,
+every memory), their rows, the source turns of candidates outside any session, the
+first hop of their successors; then the statistics of the entities the query names.
+The cache holds whole sessions and rows by id per memory space and table version, so
+a table that moved is read again and nothing new is ever hidden; once it holds a
+space's rows, the two lists read only ids (``_LIST_COLUMNS``). Results are the same
+with a cold cache or a warm one. Rows are looked up by id as ``<id> IN (...)
+AND pk IN (...)`` (``LanceStore.ids_where``): the BTree on the id column finds them
+and the scoped key (``team|user|id``) confines them to the space, without the space
+predicate, which in a large space costs more than the lookup (the ``team_id`` and
+``user_id`` indexes each return every row of the space). Measured on LoCoMo (2
+cores): about 20 ms per search with every context read per search, 8 with the cache.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -97,8 +102,19 @@ from memstream.domain.ranking import (
     recency_score,
     supersession_factor,
 )
+from memstream.projections import search_cache
 from memstream.projections.embedder import Embedder
 from memstream.projections.schema import ENTITIES, MEMORIES, MESSAGES, scoped_key
+from memstream.projections.search_cache import (
+    Line,
+    SessionMemories,
+    SessionTurns,
+    SpaceCache,
+    Turn,
+    Version,
+    step,
+    table_identity,
+)
 from memstream.projections.store import (
     VECTOR_REFINE_FACTOR,
     LanceStore,
@@ -154,6 +170,10 @@ _READ_COLUMNS: tuple[str, ...] = tuple(c for c in RESULT_COLUMNS if c not in ("p
 """What search reads of a memory row: :data:`RESULT_COLUMNS` but the key and the space,
 which every row read in a space has by construction (see :func:`_rows_of`) and which
 would cost a column read each, in every list and lookup."""
+_LIST_COLUMNS: tuple[str, ...] = ("memory_id", "session_id", "source_message_ids")
+"""What :func:`search`'s two lists read when the space's cache is expected to hold the
+candidates' rows: enough to plan the reads of their sessions and source turns. Half
+the cost of reading whole rows with the lists (measured on LoCoMo, 2 cores)."""
 
 
 @dataclass(frozen=True)
@@ -294,6 +314,7 @@ def _filter_parts(filters: SearchFilters | None) -> list[str]:
 
 # ------------------------------------------------------------------------------ retrieval
 _T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
 def _native(store: LanceStore, name: str) -> Any:
@@ -320,14 +341,20 @@ def _wait(work: Awaitable[_T]) -> _T:
 
 
 async def _vector_query(
-    table: Any, vector: Sequence[float], where: str, limit: int, refine: int | None
+    table: Any,
+    vector: Sequence[float],
+    where: str,
+    limit: int,
+    refine: int | None,
+    columns: Sequence[str] = _READ_COLUMNS,
 ) -> pa.Table:
     """The ``limit`` nearest memories by cosine distance under the prefilter ``where``
-    (re-ranked on the full vectors, ``refine`` times as many, with an IVF_PQ index)."""
+    (re-ranked on the full vectors, ``refine`` times as many, with an IVF_PQ index):
+    ``columns`` and ``_distance``."""
     q = (
         table.query()
         .limit(limit)
-        .select([*_READ_COLUMNS, "_distance"])
+        .select([*columns, "_distance"])
         .where(where)
         .nearest_to(list(vector))
         .distance_range(None, None)
@@ -338,12 +365,14 @@ async def _vector_query(
     return await q.column("vector").to_arrow()
 
 
-async def _text_query(table: Any, query: str, where: str, limit: int) -> pa.Table | None:
-    """The ``limit`` best BM25 matches of ``query`` under the prefilter ``where``
-    (``None`` for a blank query: nothing to match)."""
+async def _text_query(
+    table: Any, query: str, where: str, limit: int, columns: Sequence[str] = _READ_COLUMNS
+) -> pa.Table | None:
+    """The ``limit`` best BM25 matches of ``query`` under the prefilter ``where``:
+    ``columns`` and ``_score`` (``None`` for a blank query: nothing to match)."""
     if not query.strip():
         return None
-    q = table.query().limit(limit).select([*_READ_COLUMNS, "_score"]).where(where)
+    q = table.query().limit(limit).select([*columns, "_score"]).where(where)
     return await q.nearest_to_text(_match(query), None).to_arrow()
 
 
@@ -593,16 +622,98 @@ def _successor_of(row: Mapping[str, Any]) -> str | None:
     return row.get("superseded_by") or row.get("canonical_id")
 
 
+class _Unknown:
+    """The type of :data:`_UNKNOWN`."""
+
+
+_UNKNOWN = _Unknown()
+"""What :class:`_View` answers for an id it has no answer for (``None`` means: looked
+up, not in the space)."""
+
+
+class _View:
+    """One search's view of its memory space: the cache entry of the table versions it
+    started from (``memstream.projections.search_cache``), plus what this search read
+    itself (filed in the entry too, unless the entry moved on or the read was cut at
+    ``_MAX_TURNS``: then only here). Every row in it was read under the space's
+    predicate or its scoped keys."""
+
+    def __init__(self, entry: SpaceCache, memories_version: Version, messages_version: Version) -> None:
+        self.entry = entry
+        self.memories_version = memories_version
+        self.messages_version = messages_version
+        self.memories: dict[str, dict[str, Any] | None] = {}
+        self.turns: dict[str, Turn | None] = {}
+        self.session_turns: dict[str, SessionTurns] = {}
+        self.session_memories: dict[str, SessionMemories] = {}
+
+    def memory(self, memory_id: str) -> dict[str, Any] | None | _Unknown:
+        if memory_id in self.memories:
+            return self.memories[memory_id]
+        return self.entry.memories.get(memory_id, _UNKNOWN)
+
+    def turn(self, message_id: str) -> Turn | None | _Unknown:
+        if message_id in self.turns:
+            return self.turns[message_id]
+        return self.entry.turns.get(message_id, _UNKNOWN)
+
+    def turns_of(self, session: str) -> SessionTurns | None:
+        return self.session_turns.get(session) or self.entry.session_turns.get(session)
+
+    def memories_of(self, session: str) -> SessionMemories | None:
+        return self.session_memories.get(session) or self.entry.session_memories.get(session)
+
+    def file_memories(
+        self,
+        rows: Sequence[dict[str, Any]],
+        absent: Sequence[str] = (),
+        sessions: Mapping[str, SessionMemories] | None = None,
+        *,
+        keep: bool = True,
+    ) -> None:
+        """Rows read at this search's version of ``memories`` (``absent``: ids an
+        unfiltered lookup did not find; ``sessions``: sessions read whole); filed in
+        the cache unless ``keep`` is false."""
+        for row in rows:
+            self.memories[row["memory_id"]] = row
+        for mid in absent:
+            self.memories.setdefault(mid, None)
+        if sessions:
+            self.session_memories.update(sessions)
+        if keep:
+            search_cache.add_memories(self.entry, self.memories_version, rows, absent, sessions)
+
+    def file_turns(
+        self,
+        turns: Sequence[Turn],
+        absent: Sequence[str] = (),
+        sessions: Mapping[str, SessionTurns] | None = None,
+        *,
+        keep: bool = True,
+    ) -> None:
+        """As :meth:`file_memories`, for turns of ``messages``."""
+        for t in turns:
+            self.turns[t.message_id] = t
+        for mid in absent:
+            self.turns.setdefault(mid, None)
+        if sessions:
+            self.session_turns.update(sessions)
+        if keep:
+            search_cache.add_turns(self.entry, self.messages_version, turns, absent, sessions)
+
+
 class _Successors:
     """The successor rows read so far for one search: ``memory_id -> row``, ``None``
     for an id that was looked up and is not in the space or fails the filters. The
-    first hop is read with the other context reads; later hops, and the successors of
-    memories that joined as neighbours, are read here on demand."""
+    first hop is resolved with the candidates' other reads; later hops, and the
+    successors of memories that joined as neighbours, here on demand. Without filters
+    (``extra``) the space's cache answers first and what is read is filed in it."""
 
-    def __init__(self, store: LanceStore, scope: Scope, extra: Sequence[str]) -> None:
+    def __init__(self, store: LanceStore, scope: Scope, extra: Sequence[str], view: _View | None = None) -> None:
         self.store = store
         self.scope = scope
         self.extra = tuple(extra)
+        self.view = view
         self.found: dict[str, dict[str, Any] | None] = {}
 
     def wanted(self, rows: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -616,11 +727,26 @@ class _Successors:
         return list(out)
 
     async def read(self, ids: Sequence[str]) -> None:
-        table = await _by_ids(self.store, MEMORIES, self.scope, "memory_id", ids, _READ_COLUMNS, self.extra)
-        for mid in ids:
+        cached = self.view if self.view is not None and not self.extra else None
+        unread = list(ids)
+        if cached is not None:
+            unread = []
+            for mid in ids:
+                hit = cached.memory(mid)
+                if isinstance(hit, _Unknown):
+                    unread.append(mid)
+                else:
+                    self.found[mid] = hit
+        if not unread:
+            return
+        table = await _by_ids(self.store, MEMORIES, self.scope, "memory_id", unread, _READ_COLUMNS, self.extra)
+        rows = _rows_of(table, self.scope)
+        for mid in unread:
             self.found.setdefault(mid, None)
-        for row in _rows_of(table, self.scope):
+        for row in rows:
             self.found[row["memory_id"]] = row
+        if cached is not None:
+            cached.file_memories(rows, [m for m in unread if self.found[m] is None])
 
     def rows(self, ids: Sequence[str]) -> list[dict[str, Any]]:
         """The rows of ``ids`` that exist and pass the filters (read if not yet)."""
@@ -670,6 +796,8 @@ def _pull_successors(
 # ------------------------------------------------------------------------------ conversation
 _TURN_COLUMNS = ("message_id", "session_id", "speaker", "content", "log_partition", "log_offset")
 _MAX_TURNS = 20_000
+"""Most turns (and memories) read for the candidates' sessions at once. A read cut
+here is used by its search but not cached: the cache holds whole sessions only."""
 SPEAKERS_TTL_S = 30.0
 """How long a memory space's list of speakers is reused for query processing (a
 speaker who joins meanwhile only misses the name removal, never the speaker prior)."""
@@ -695,96 +823,41 @@ def _space_speakers(store: LanceStore, scope: Scope) -> frozenset[str]:
     return speakers
 
 
-class _Turn:
-    """The L0 turn a memory was drawn from: who said it, where it sits in the log.
-    Whether it asks something is worked out only for the turns that need it (a
-    search reads whole sessions and looks at a few of their turns)."""
-
-    __slots__ = ("message_id", "session_id", "partition", "offset", "speaker", "_content", "_question")
-
-    def __init__(
-        self, message_id: str, session_id: str | None, partition: int, offset: int, speaker: str | None, content: str
-    ) -> None:
-        self.message_id = message_id
-        self.session_id = session_id
-        self.partition = partition
-        self.offset = offset
-        self.speaker = speaker
-        self._content = content
-        self._question: bool | None = None
-
-    @property
-    def question(self) -> bool:
-        if self._question is None:
-            self._question = is_question(self._content)
-        return self._question
-
-
-def _add_turns(turns: dict[str, _Turn], table: pa.Table, *, replace: bool) -> None:
-    """Add the turns of a ``_TURN_COLUMNS`` read (``replace``: over those present)."""
+def _turns_of(table: pa.Table) -> list[Turn]:
+    """The turns of a ``_TURN_COLUMNS`` read."""
     columns = [table.column(c).to_pylist() for c in _TURN_COLUMNS]
-    for mid, session, speaker, content, partition, offset in zip(*columns):
-        if replace or mid not in turns:
-            turns[mid] = _Turn(mid, session, int(partition or 0), int(offset or 0), speaker, content or "")
+    return [
+        Turn(mid, session, int(partition or 0), int(offset or 0), speaker, content or "")
+        for mid, session, speaker, content, partition, offset in zip(*columns)
+    ]
 
 
-def _sources(row: Mapping[str, Any]) -> list[str]:
-    return list(row.get("source_message_ids") or ())
-
-
-def _citing(
-    table: pa.Table, message_ids: Iterable[str], known: Iterable[str], scope: Scope
-) -> list[dict[str, Any]]:
-    """The rows of a memories read (:data:`_READ_COLUMNS`, the scope's space) that were
-    drawn from any of ``message_ids``, minus the memories whose id is ``known``, in the
-    read's order. The filter runs in Arrow: a session holds far more memories than the
-    few next to the candidates, and most of those are candidates already."""
-    wanted = sorted(set(message_ids))
-    if not wanted or table.num_rows == 0:
-        return []
-    lists = table.column("source_message_ids").combine_chunks()
-    hits = pc.is_in(pc.list_flatten(lists), value_set=pa.array(wanted, pa.string()))
-    parents = pc.unique(pc.filter(pc.list_parent_indices(lists), hits))
-    if len(parents) == 0:
-        return []
-    picked = table.take(parents)
-    new = pc.invert(pc.is_in(picked.column("memory_id"), value_set=pa.array(list(known), pa.string())))
-    return _rows_of(picked.filter(new), scope)
-
-
-@dataclass
-class _Context:
-    """What the reads that depend on the candidates returned (see
-    :func:`_read_context`); a field stays ``None`` when the search did not need it."""
-
-    session_turns: pa.Table | None = None
-    session_memories: pa.Table | None = None
-    loose_turns: pa.Table | None = None
-    entity_stats: tuple[dict[str, int], int] | None = None
+def _sources(row: Mapping[str, Any]) -> Sequence[str]:
+    return row.get("source_message_ids") or ()  # type: ignore[no-any-return]
 
 
 _SPACE_FACTS_MAX = 4096
 """Most memory spaces (and entity names per space) whose counts are kept."""
-_SIZES: dict[tuple[str, str, str], tuple[int, int]] = {}
-_FREQUENCIES: dict[tuple[str, str, str], tuple[int, dict[str, int]]] = {}
+_SIZES: dict[tuple[str, str, str], tuple[Version, int]] = {}
+_FREQUENCIES: dict[tuple[str, str, str], tuple[Version, dict[str, int]]] = {}
 _FACTS_LOCK = threading.Lock()
 
 
 async def _space_size(store: LanceStore, scope: Scope) -> int:
     """How many memories the space holds (``LanceStore.count_memories``), counted once
-    per version of the memories table: every search that names an entity needs it
+    per version of the memories table (``search_cache.Version``): every search that names an entity needs it
     for the IDF, and counting a large space through its ``team_id`` / ``user_id``
     indexes costs about as much as a lookup. Kept only when no write landed while
     counting, so a count is never filed under a version it does not belong to."""
     table = _native(store, MEMORIES)
     key = (str(store.root), scope.team_id, scope.user_id)
-    version = await table.version()
+    version = (*table_identity(key[0], MEMORIES), int(await table.version()))
     with _FACTS_LOCK:
         hit = _SIZES.get(key)
     if hit is not None and hit[0] == version:
         return hit[1]
     total = int(await table.count_rows(space_where(scope)))
-    if await table.version() == version:
+    if await table.version() == version[2]:
         with _FACTS_LOCK:
             if len(_SIZES) >= _SPACE_FACTS_MAX:
                 _SIZES.clear()
@@ -800,7 +873,7 @@ async def _entity_stats(store: LanceStore, scope: Scope, keys: Iterable[str]) ->
     names = sorted({normalize_content(n) for n in keys if normalize_content(n)})
     entities = _native(store, ENTITIES)
     key = (str(store.root), scope.team_id, scope.user_id)
-    version = await entities.version()
+    version = (*table_identity(key[0], ENTITIES), int(await entities.version()))
     with _FACTS_LOCK:
         hit = _FREQUENCIES.get(key)
     known = dict(hit[1]) if hit is not None and hit[0] == version else {}
@@ -812,61 +885,13 @@ async def _entity_stats(store: LanceStore, scope: Scope, keys: Iterable[str]) ->
     for tbl in tables:
         for name in tbl.column("name_key").to_pylist():
             counted[name] = counted.get(name, 0) + 1
-    if missing and await entities.version() == version:
+    if missing and await entities.version() == version[2]:
         known.update(counted)
         with _FACTS_LOCK:
             if len(_FREQUENCIES) >= _SPACE_FACTS_MAX:
                 _FREQUENCIES.clear()
             _FREQUENCIES[key] = (version, known if len(known) <= _SPACE_FACTS_MAX else counted)
     return {k: known.get(k, counted.get(k, 0)) for k in names}, int(total)
-
-
-async def _read_context(
-    store: LanceStore,
-    scope: Scope,
-    where: str,
-    rows: Mapping[str, Mapping[str, Any]],
-    *,
-    conversational: bool,
-    entity_keys: set[str],
-    successors: _Successors | None,
-) -> _Context:
-    """Every read that depends on the candidates, issued together:
-
-    * conversational ranking: every turn and every memory of the candidates' sessions
-      (the memories under the search's own prefilter: the neighbours of a candidate's
-      turns are among them), and the source turns of the candidates outside any
-      session (they still get their speaker);
-    * the statistics of the entities the query names among the candidates;
-    * the first hop of the candidates' successors (:class:`_Successors`).
-
-    One read per kind for all candidates, not one per candidate list started as each
-    list arrives: LanceDB runs the queries of one process largely one after the other
-    here (two cores), and a query costs 1 to 3 ms before it reads a row."""
-    space = space_where(scope)
-    jobs: dict[str, Awaitable[Any]] = {}
-    if conversational:
-        sessions = sorted({r["session_id"] for r in rows.values() if r.get("session_id") and _sources(r)})
-        if sessions:
-            listed = ", ".join(quote(x) for x in sessions)
-            jobs["session_turns"] = _scan(
-                _native(store, MESSAGES), f"{space} AND session_id IN ({listed})", _TURN_COLUMNS, _MAX_TURNS
-            )
-            jobs["session_memories"] = _scan(
-                _native(store, MEMORIES), f"{where} AND session_id IN ({listed})", _READ_COLUMNS, _MAX_TURNS
-            )
-        loose = sorted({m for r in rows.values() if not r.get("session_id") for m in _sources(r)})
-        if loose:
-            jobs["loose_turns"] = _by_ids(store, MESSAGES, scope, "message_id", loose, _TURN_COLUMNS)
-    if entity_keys:
-        jobs["entity_stats"] = _entity_stats(store, scope, entity_keys)
-    work: list[Awaitable[Any]] = list(jobs.values())
-    if successors is not None:
-        first_hop = successors.wanted(rows)
-        if first_hop:
-            work.append(successors.read(first_hop))
-    done = await _all(work)
-    return _Context(**dict(zip(jobs, done)))
 
 
 async def _all(work: Sequence[Awaitable[Any]]) -> list[Any]:
@@ -882,6 +907,141 @@ async def _all(work: Sequence[Awaitable[Any]]) -> list[Any]:
         raise
 
 
+async def _versions(store: LanceStore) -> tuple[Version, Version]:
+    """The versions of ``memories`` and ``messages`` this search reads at (see
+    ``search_cache.Version``; with a ``read_consistency_interval``, asking is what
+    makes the handles look for newer commits, as a query would)."""
+    root = str(store.root)
+    memories_dir, messages_dir = table_identity(root, MEMORIES), table_identity(root, MESSAGES)
+    memories, messages = await _all([_native(store, MEMORIES).version(), _native(store, MESSAGES).version()])
+    return (*memories_dir, int(memories)), (*messages_dir, int(messages))
+
+
+@dataclass
+class _Gathered:
+    """What :func:`_candidates` brings back: the two lists in rank order (``memory_id``
+    with the cosine distance, and with the BM25 score), the candidates' rows (``pk ->
+    row``, vector list first), the sessions and session-less source turns of the
+    candidates (conversational ranking), the entity keys the query names among them
+    and their statistics, and the view the rest of the search reads from."""
+
+    vector: list[tuple[str, float]]
+    text: list[tuple[str, float]]
+    rows: dict[str, dict[str, Any]]
+    sessions: list[str]
+    loose: list[str]
+    entity_keys: set[str]
+    entity_stats: tuple[dict[str, int], int] | None
+    view: _View
+
+
+def _scores(table: pa.Table | None, column: str) -> list[tuple[str, float]]:
+    """``(memory_id, score)`` of a list, in its order."""
+    if table is None:
+        return []
+    ids = table.column("memory_id").to_pylist()
+    return [(mid, float(v)) for mid, v in zip(ids, table.column(column).to_pylist())]
+
+
+def _by_session(
+    rows: Sequence[_R], session_of: Callable[[_R], str | None], sessions: Iterable[str]
+) -> dict[str, list[_R]]:
+    """``rows`` per session among ``sessions`` (in the read's order)."""
+    out: dict[str, list[_R]] = {s: [] for s in sessions}
+    for row in rows:
+        group = out.get(session_of(row) or "")
+        if group is not None:
+            group.append(row)
+    return out
+
+
+def _turn_session(turn: Turn) -> str | None:
+    return turn.session_id
+
+
+def _row_session(row: Mapping[str, Any]) -> str | None:
+    return row.get("session_id")
+
+
+async def _lists(
+    store: LanceStore,
+    embed: Callable[[], list[float]],
+    refine: int | None,
+    text_query: str,
+    where: str,
+    n: int,
+    columns: Sequence[str],
+) -> tuple[pa.Table, pa.Table | None, Version, Version]:
+    """The vector and BM25 lists (``columns`` of each candidate) and the versions of
+    ``memories`` and ``messages``. The BM25 list, which needs no vector, starts first
+    and runs while ``embed`` computes the query's (in a worker thread: an embedding
+    endpoint's round trip, or a local model, costs milliseconds)."""
+    table = _native(store, MEMORIES)
+    text = asyncio.ensure_future(_text_query(table, text_query, where, n, columns))
+    versions = asyncio.ensure_future(_versions(store))
+    try:
+        vector = await asyncio.to_thread(embed)
+    except BaseException:
+        for pending in (text, versions):
+            pending.cancel()
+        await asyncio.gather(text, versions, return_exceptions=True)
+        raise
+    vtable, ttable, (memories, messages) = await _all(
+        [_vector_query(table, vector, where, n, refine, columns), text, versions]
+    )
+    return vtable, ttable, memories, messages
+
+
+async def _fill(
+    store: LanceStore,
+    scope: Scope,
+    view: _View,
+    listed: Mapping[str, tuple[str | None, Sequence[str]]],
+    sessions: Sequence[str],
+    loose: Sequence[str],
+) -> None:
+    """Read, together, what the candidates (``listed``: memory id -> session, source
+    turns) need and ``view`` does not hold: the sessions' turns and memories (a
+    session read whole gives its candidates' rows too), the other candidates' rows,
+    the session-less source turns (``loose``); and file it in the view."""
+    turn_reads = [s for s in sessions if view.turns_of(s) is None]
+    member_reads = [s for s in sessions if view.memories_of(s) is None]
+    covered = set(member_reads)
+    row_reads = [m for m, (s, _) in listed.items() if not isinstance(view.memory(m), dict) and s not in covered]
+    turn_lookups = [m for m in loose if isinstance(view.turn(m), _Unknown)]
+    space = space_where(scope)
+    jobs: dict[str, Awaitable[Any]] = {}
+    if turn_reads:
+        where = f"{space} AND {in_list('session_id', turn_reads)}"
+        jobs["turns"] = _scan(_native(store, MESSAGES), where, _TURN_COLUMNS, _MAX_TURNS)
+    if member_reads:
+        where = f"{space} AND {in_list('session_id', member_reads)}"
+        jobs["members"] = _scan(_native(store, MEMORIES), where, _READ_COLUMNS, _MAX_TURNS)
+    if row_reads:
+        jobs["rows"] = _by_ids(store, MEMORIES, scope, "memory_id", row_reads, _READ_COLUMNS)
+    if turn_lookups:
+        jobs["loose"] = _by_ids(store, MESSAGES, scope, "message_id", turn_lookups, _TURN_COLUMNS)
+    if not jobs:
+        return
+    done = dict(zip(jobs, await _all(list(jobs.values()))))
+    if "turns" in done:  # a read cut at _MAX_TURNS serves this search only
+        groups = _by_session(_turns_of(done["turns"]), _turn_session, turn_reads)
+        sessions_read = {s: SessionTurns(g) for s, g in groups.items()}
+        view.file_turns((), sessions=sessions_read, keep=done["turns"].num_rows < _MAX_TURNS)
+    if "members" in done:
+        rows = _rows_of(done["members"], scope)
+        members = {s: SessionMemories(g) for s, g in _by_session(rows, _row_session, member_reads).items()}
+        view.file_memories(rows, sessions=members, keep=done["members"].num_rows < _MAX_TURNS)
+    if "rows" in done:
+        rows = _rows_of(done["rows"], scope)
+        found = {r["memory_id"] for r in rows}
+        view.file_memories(rows, [m for m in row_reads if m not in found])
+    if "loose" in done:
+        turns = _turns_of(done["loose"])
+        seen = {t.message_id for t in turns}
+        view.file_turns(turns, [m for m in turn_lookups if m not in seen])
+
+
 async def _candidates(
     store: LanceStore,
     scope: Scope,
@@ -893,75 +1053,139 @@ async def _candidates(
     n: int,
     *,
     conversational: bool,
-    successors: _Successors | None,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], set[str], _Context]:
-    """The vector and BM25 lists, then every read their candidates need
-    (:func:`_read_context`), in one wait: ``(vector rows, BM25 rows, the entity keys the
-    query names among the candidates, the reads)``. The BM25 list, which needs no
-    vector, starts first and runs while ``embed`` computes the query's (in a worker
-    thread: an embedding endpoint's round trip, or a local model, costs milliseconds)."""
-    table = _native(store, MEMORIES)
-    text = asyncio.ensure_future(_text_query(table, text_query, where, n))
-    try:
-        vector = await asyncio.to_thread(embed)
-    except BaseException:
-        text.cancel()
-        await asyncio.gather(text, return_exceptions=True)
-        raise
-    vtable, ttable = await _all([_vector_query(table, vector, where, n, refine), text])
-    vrows = _rows_of(vtable, scope)
-    trows = _rows_of(ttable, scope) if ttable is not None else []
-    rows: dict[str, dict[str, Any]] = {}
-    for r in [*vrows, *trows]:
-        rows.setdefault(r["pk"], r)
-    names = {e["name"] for r in rows.values() for e in (r.get("entities") or ())}
-    keys = {normalize_content(m) for m in query_mentions(query, names)}
-    ctx = await _read_context(
-        store, scope, where, rows, conversational=conversational, entity_keys=keys, successors=successors
+    successor_filters: Sequence[str] | None,
+) -> tuple[_Gathered, _Successors | None]:
+    """The vector and BM25 lists (:func:`_lists`), then every read their candidates
+    need that the space's cache cannot answer (:func:`_fill`), then the statistics of
+    the entities the query names and the successors' first hop, in one wait (see the
+    module docstring). ``successor_filters``: the filters successors must pass
+    (``None``: successors are not followed)."""
+    root = str(store.root)
+    whole = search_cache.lists_need_rows(root, scope)
+    vtable, ttable, mv, tv = await _lists(
+        store, embed, refine, text_query, where, n, _READ_COLUMNS if whole else _LIST_COLUMNS
     )
-    return vrows, trows, keys, ctx
+    entry = search_cache.space_cache(root, scope, mv, tv)
+    view = _View(entry, mv, tv)
+    # the candidates: memory id -> (session, source turns), vector list first
+    listed: dict[str, tuple[str | None, Sequence[str]]] = {}
+    for part in (vtable, ttable):
+        if part is not None:
+            cols = zip(*(part.column(c).to_pylist() for c in ("memory_id", "session_id", "source_message_ids")))
+            for mid, session, sources in cols:
+                listed.setdefault(mid, (session, sources or ()))
+    sessions = sorted({s for s, src in listed.values() if s and src}) if conversational else []
+    loose = sorted({m for s, src in listed.values() if not s for m in src}) if conversational else []
+    fresh = {s for s in sessions if view.memories_of(s) is None}
+    entry.row_misses = sum(1 for m, (s, _) in listed.items() if not isinstance(view.memory(m), dict) and s not in fresh)
+    if whole:
+        view.file_memories(
+            [
+                *_rows_of(vtable.drop_columns(["_distance"]), scope),
+                *(_rows_of(ttable.drop_columns(["_score"]), scope) if ttable is not None else []),
+            ]
+        )
+    await _fill(store, scope, view, listed, sessions, loose)
+    late = [m for m in listed if not isinstance(view.memory(m), dict)]
+    if late:  # only when a session read was cut at _MAX_TURNS, or a write landed meanwhile
+        view.file_memories(_rows_of(await _by_ids(store, MEMORIES, scope, "memory_id", late, _READ_COLUMNS), scope))
+    candidates: dict[str, dict[str, Any]] = {}
+    for mid in listed:
+        row = view.memory(mid)
+        if isinstance(row, dict):
+            candidates[row["pk"]] = row
+
+    # the entity statistics and the successors' first hop need the rows
+    names = {e["name"] for r in candidates.values() for e in (r.get("entities") or ())}
+    keys = {normalize_content(m) for m in query_mentions(query, names)}
+    successors = None if successor_filters is None else _Successors(store, scope, successor_filters, view)
+    follow: list[Awaitable[Any]] = []
+    if keys:
+        follow.append(_entity_stats(store, scope, keys))
+    if successors is not None:
+        first_hop = successors.wanted(candidates)
+        if first_hop:
+            follow.append(successors.read(first_hop))
+    stats = (await _all(follow))[0] if follow else None
+    gathered = _Gathered(
+        _scores(vtable, "_distance"), _scores(ttable, "_score"), candidates, sessions, loose, keys,
+        stats if keys else None, view,
+    )
+    return gathered, successors
+
+
+def _conversation(
+    g: _Gathered,
+) -> tuple[dict[str, Turn], dict[tuple[str | None, int], Line], list[SessionMemories]]:
+    """What the conversational ranking sees of the candidates' turns, as the
+    sessions' reads would show it: every turn of the candidates' sessions and the
+    source turns of the session-less candidates (``message_id -> turn``); their lines
+    in log order per session and partition; the memories of those sessions."""
+    view = g.view
+    turns: dict[str, Turn] = {}
+    lines: dict[tuple[str | None, int], Line] = {}
+    members: list[SessionMemories] = []
+    for s in g.sessions:
+        st = view.turns_of(s)
+        if st is not None:
+            turns.update(st.turns)
+            lines.update(st.lines)
+        sm = view.memories_of(s)
+        if sm is not None:
+            members.append(sm)
+    extra: dict[tuple[str | None, int], Line] = {}
+    for mid in g.loose:
+        t = view.turn(mid)
+        if isinstance(t, Turn) and mid not in turns:
+            turns[mid] = t
+            key = t.line_key
+            if key not in extra:
+                extra[key] = list(lines.get(key, ()))
+            extra[key].append((t.offset, mid))
+    for key, line in extra.items():
+        line.sort()
+        lines[key] = line
+    return turns, lines, members
 
 
 def _neighbours(
-    scope: Scope,
     rows: dict[str, dict[str, Any]],
-    turns: dict[str, _Turn],
-    session_memories: pa.Table | None,
+    turns: Mapping[str, Turn],
+    lines: Mapping[tuple[str | None, int], Line],
+    members: Sequence[SessionMemories],
     scores: Mapping[str, float],
+    join: Callable[[list[str]], list[dict[str, Any]]],
 ) -> tuple[dict[str, str], set[str]]:
     """``(previous, questions)`` for :func:`propagate_context` over the candidates: the
     memory drawn from the turn just before each candidate's first source turn, and the
     candidate each memory drawn from the turn just after a candidate's last source turn
-    follows (same space, session and partition, in log order). ``turns`` holds the
-    sessions' turns; neighbour memories from ``session_memories`` join ``rows``."""
-    lines: dict[tuple[str | None, int], list[tuple[int, str]]] = {}
-    for t in turns.values():
-        lines.setdefault((t.session_id, t.partition), []).append((t.offset, t.message_id))
-    for line in lines.values():
-        line.sort()
+    follows (same space, session and partition, in log order). Memories of the
+    sessions (``members``) drawn from those turns join ``rows`` through ``join`` (which
+    keeps those that pass the search's filters)."""
 
-    def step(t: _Turn, forward: bool) -> str | None:
-        line = lines.get((t.session_id, t.partition), [])
-        i = bisect.bisect_left(line, (t.offset, ""))
-        if forward:
-            j = i + 1 if i < len(line) and line[i][0] == t.offset else i
-            return line[j][1] if j < len(line) else None
-        return line[i - 1][1] if i > 0 else None
-
-    def offset(t: _Turn) -> int:
+    def offset(t: Turn) -> int:
         return t.offset
 
     before: dict[str, str | None] = {}
     after: dict[str, str | None] = {}
-    lasts: dict[str, _Turn] = {}
+    lasts: dict[str, Turn] = {}
     for pk, row in rows.items():
         src = sorted((turns[m] for m in _sources(row) if m in turns), key=offset)
         if src:
-            before[pk], after[pk], lasts[pk] = step(src[0], False), step(src[-1], True), src[-1]
+            first, last = src[0], src[-1]
+            before[pk] = step(lines.get(first.line_key, ()), first, False)
+            after[pk] = step(lines.get(last.line_key, ()), last, True)
+            lasts[pk] = last
     wanted = {m for m in [*before.values(), *after.values()] if m}
-    if session_memories is not None:
-        known = [r["memory_id"] for r in rows.values()]
-        for row in _citing(session_memories, wanted, known, scope):
+    if members and wanted:
+        known = {r["memory_id"] for r in rows.values()}
+        ids: list[str] = []
+        for sm in members:
+            cited = sm.citing.keys() & wanted
+            if cited:
+                hit = {i for m in cited for i in sm.citing[m]}
+                ids.extend(i for i in sm.memory_ids if i in hit and i not in known)
+        for row in join(ids) if ids else ():
             rows.setdefault(row["pk"], row)
     by_message: dict[str, list[str]] = {}
     for pk, row in rows.items():
@@ -991,6 +1215,24 @@ def _neighbours(
     return previous, questions
 
 
+def _joiner(
+    store: LanceStore, scope: Scope, view: _View, extra: Sequence[str]
+) -> Callable[[list[str]], list[dict[str, Any]]]:
+    """How neighbour memories join the candidates: from the view (read with their
+    sessions) when the search has no filters; else only those that pass the filters,
+    read by id with them (in the order asked)."""
+
+    def from_view(ids: list[str]) -> list[dict[str, Any]]:
+        return [row for row in (view.memory(m) for m in ids) if isinstance(row, dict)]
+
+    def filtered(ids: list[str]) -> list[dict[str, Any]]:
+        table = _wait(_by_ids(store, MEMORIES, scope, "memory_id", ids, _READ_COLUMNS, extra))
+        got = {r["memory_id"]: r for r in _rows_of(table, scope)}
+        return [got[m] for m in ids if m in got]
+
+    return filtered if extra else from_view
+
+
 def search(
     store: LanceStore,
     embedder: Embedder,
@@ -1012,8 +1254,9 @@ def search(
     w = weights or RankingWeights()
     now = now or datetime.now(timezone.utc)
     n = candidates or _hybrid_candidates(k)
+    extra = _filter_parts(filters)
     follow = not filters or filters.include_superseded
-    successors = _Successors(store, scope, _filter_parts(filters)) if follow else None
+    successors: _Successors | None = None
 
     rows: dict[str, dict[str, Any]] = {}
     vsim: dict[str, float] = {}
@@ -1030,38 +1273,33 @@ def search(
         conversational = context_on or w.speaker_weight > 0 or w.temporal_weight > 0
         _check_dim(embedder, store)
         refine = VECTOR_REFINE_FACTOR if store.has_vector_index() else None
-        # one wait: both lists (the query embedded meanwhile), then the sessions, loose
-        # turns, entity statistics and first successor hop of their candidates
-        vrows, trows, early_keys, ctx = _wait(
+        # one wait: both lists (the query embedded meanwhile), then what their
+        # candidates need that the space's cache does not hold
+        g, successors = _wait(
             _candidates(
                 store, scope, lambda: _query_vector(embedder, store, query), refine, query, text_query, where, n,
-                conversational=conversational, successors=successors,
+                conversational=conversational, successor_filters=extra if follow else None,
             )
         )
-        for r in vrows:
-            rows.setdefault(r["pk"], r)
-            vsim[r["pk"]] = 1.0 - float(r["_distance"])
-        for r in trows:
-            rows.setdefault(r["pk"], r)
-            tscore[r["pk"]] = float(r["_score"])
-        stats = ctx.entity_stats
+        rows = g.rows
+        team, user = scope.team_id, scope.user_id
+        vpks = [scoped_key(team, user, mid) for mid, _ in g.vector]
+        tpks = [scoped_key(team, user, mid) for mid, _ in g.text]
+        vsim = {pk: 1.0 - distance for pk, (_, distance) in zip(vpks, g.vector)}
+        tscore = {pk: score for pk, (_, score) in zip(tpks, g.text)}
+        early_keys = g.entity_keys
+        stats = g.entity_stats
         if w.fusion == "score":
             fused = score_fusion(tscore, vsim, w.text_weight, w.fusion_vector_weight)
         else:
             fused = normalised_rrf(
-                {"vector": [r["pk"] for r in vrows], "text": [r["pk"] for r in trows]},
-                {"vector": w.vector_weight, "text": w.text_weight},
-                w.rrf_k,
+                {"vector": vpks, "text": tpks}, {"vector": w.vector_weight, "text": w.text_weight}, w.rrf_k
             )
         if conversational:
-            turns: dict[str, _Turn] = {}
-            if ctx.session_turns is not None:
-                _add_turns(turns, ctx.session_turns, replace=True)
-            # memories outside any session still get their speaker
-            if ctx.loose_turns is not None:
-                _add_turns(turns, ctx.loose_turns, replace=False)
+            turns, lines, members = _conversation(g)
             if context_on and turns:
-                previous, questions = _neighbours(scope, rows, turns, ctx.session_memories, fused)
+                join = _joiner(store, scope, g.view, extra)
+                previous, questions = _neighbours(rows, turns, lines, members, fused, join)
                 context = propagate_context(fused, previous, questions, w)
             speakers = {t.speaker for t in turns.values() if t.speaker}
             named_keys = {normalize_content(s) for s in query_mentions(query, speakers)}
@@ -1097,6 +1335,8 @@ def search(
         )
         rows = {r["pk"]: r for r in listing}
         fused = {pk: 1.0 for pk in rows}
+        if follow:
+            successors = _Successors(store, scope, extra)
     if not rows:
         return []
 
@@ -1104,7 +1344,7 @@ def search(
         _pull_successors(successors, rows, fused)
 
     # entity boost: entities of the candidates that the query names, damped by IDF
-    # (their statistics were read with the candidates' sessions)
+    # (their statistics were read with the candidates)
     boosts: dict[str, float] = {}
     if query.strip() and early_keys:
         df, total = stats if stats is not None else ({}, 0)
