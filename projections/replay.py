@@ -68,6 +68,11 @@ __all__ = [
     "replay",
     "replay_sync",
     "RichProgress",
+    "PHASES",
+    "PHASE_COMPACT",
+    "PHASE_VECTOR_INDEX",
+    "PHASE_VERIFY",
+    "PHASE_SWAP",
 ]
 
 log = logging.getLogger(__name__)
@@ -76,6 +81,13 @@ DEFAULT_BATCH = 10_000
 """Replay batch size: LanceDB upserts get much faster with bigger batches."""
 
 Digest = Mapping[str, tuple[int, str]]
+
+PHASE_COMPACT = "compacting"
+PHASE_VECTOR_INDEX = "training the vector index"
+PHASE_VERIFY = "verifying"
+PHASE_SWAP = "swapping in"
+PHASES = (PHASE_COMPACT, PHASE_VECTOR_INDEX, PHASE_VERIFY, PHASE_SWAP)
+"""The steps after the build, in order (the vector index only when one is due)."""
 
 
 class ReplayError(RuntimeError):
@@ -191,6 +203,7 @@ class RichProgress:
             TimeRemainingColumn(),
             transient=False,
         )
+        self._description = description
         self._task = self._progress.add_task(description, total=None, rate=0.0)
 
     def __enter__(self) -> "RichProgress":
@@ -207,6 +220,10 @@ class RichProgress:
 
     def __call__(self, p: ReplayProgress) -> None:
         self._progress.update(self._task, completed=p.done, total=max(p.total, 1), rate=p.rate)
+
+    def phase(self, name: str) -> None:
+        """Show the step after the build (the bar is full by then; elapsed time runs on)."""
+        self._progress.update(self._task, description=f"{self._description}: {name}")
 
 
 def _utc_stamp(now: datetime) -> str:
@@ -349,9 +366,15 @@ async def replay(
     force: bool = False,
     batch_size: int = DEFAULT_BATCH,
     on_progress: Callable[[ReplayProgress], None] | None = None,
+    on_phase: Callable[[str], None] | None = None,
     now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
 ) -> ReplayReport:
     """Rebuild, verify and (unless ``dry_run``) swap in the views. See the module doc.
+
+    ``on_progress`` is called before the first batch and after every batch of the
+    build; ``on_phase`` names each step after it (:data:`PHASES`: compaction, index
+    builds, which take minutes at a million memories, verification, swap), possibly
+    from another thread, so a user is never left looking at a finished bar.
 
     Unless ``dry_run``, the directory's :class:`LanceDirLock` is held from start to
     swap: a running worker makes the replay refuse at once (before any work), and no
@@ -384,6 +407,7 @@ async def replay(
             dry_run=dry_run,
             batch_size=batch_size,
             on_progress=on_progress,
+            on_phase=on_phase or (lambda _: None),
             stamp=stamp,
         )
     finally:
@@ -397,6 +421,7 @@ async def _replay(
     dry_run: bool,
     batch_size: int,
     on_progress: Callable[[ReplayProgress], None] | None,
+    on_phase: Callable[[str], None],
     stamp: str,
 ) -> ReplayReport:
     topics = Topics.from_settings(settings)
@@ -443,8 +468,12 @@ async def _replay(
         await consumer.stop()
 
     def finish() -> None:
+        on_phase(PHASE_COMPACT)
         store.optimize()
+        if store.vector_index_due():
+            on_phase(PHASE_VECTOR_INDEX)
         store.ensure_indexes()
+        on_phase(PHASE_VERIFY)
         report.positions = {k: int(v) for k, v in store.positions().items()}
         report.replay_digest = dict(store.table_digest())
         if live_dir.exists():
@@ -466,6 +495,7 @@ async def _replay(
             )
 
     if not dry_run:
+        on_phase(PHASE_SWAP)
         # With the lock held (unless forced) no worker can have started meanwhile.
         try:
             _swap(report, stamp)

@@ -85,7 +85,14 @@ def replay(
         if progress:
             with RichProgress() as bar:
                 report = asyncio.run(
-                    run_replay(settings, dry_run=dry_run, force=force, batch_size=batch_size, on_progress=bar)
+                    run_replay(
+                        settings,
+                        dry_run=dry_run,
+                        force=force,
+                        batch_size=batch_size,
+                        on_progress=bar,
+                        on_phase=bar.phase,
+                    )
                 )
         else:
             report = asyncio.run(

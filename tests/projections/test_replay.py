@@ -22,7 +22,14 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from memstream.domain.events import MemoryAdded, MemoryLinked, MessageObserved, Scope
-from memstream.projections.replay import ReplayError, ReplayProgress, replay
+from memstream.projections.replay import (
+    PHASE_COMPACT,
+    PHASE_SWAP,
+    PHASE_VERIFY,
+    ReplayError,
+    ReplayProgress,
+    replay,
+)
 from memstream.projections.store import LanceStore
 from memstream.settings import Settings, child_env
 from memstream.streams.producer import MemstreamProducer
@@ -81,7 +88,10 @@ async def test_replay_builds_verifies_compares_and_swaps(
     await produce_log(settings, 0, 30)
 
     seen: list[ReplayProgress] = []
-    first = await replay(settings, dry_run=True, batch_size=25, on_progress=seen.append, now=clock(1))
+    phases: list[str] = []
+    first = await replay(
+        settings, dry_run=True, batch_size=25, on_progress=seen.append, on_phase=phases.append, now=clock(1)
+    )
     assert first.dry_run and not first.swapped and not live_dir.exists()
     assert first.replay_dir == live_dir.with_name("lance.replay-20250102T030401000Z")
     assert first.live_digest is None and first.live_matches is None
@@ -92,11 +102,15 @@ async def test_replay_builds_verifies_compares_and_swaps(
     assert first.positions == {k: v for k, v in first.end_offsets.items() if v > 0}
     assert seen[0].done == 0 and seen[-1].done == total and seen[-1].total == total
     assert all(a.done <= b.done for a, b in zip(seen, seen[1:])) and len(seen) > 3
+    # The steps after the build are named; a dry run never swaps; 60 memories train no index.
+    assert phases == [PHASE_COMPACT, PHASE_VERIFY]
     assert first.replay_digest["memories"][0] == 60 and first.replay_digest["messages"][0] == 60
     assert "dry run" in first.summary() and "\n" not in first.summary()
 
     # A real replay swaps in; two replays of one log are identical.
-    second = await replay(settings, now=clock(2))
+    phases.clear()
+    second = await replay(settings, on_phase=phases.append, now=clock(2))
+    assert phases == [PHASE_COMPACT, PHASE_VERIFY, PHASE_SWAP]
     assert second.swapped and second.old_dir is None and live_dir.is_dir()
     assert not second.replay_dir.exists()
     assert second.replay_digest == first.replay_digest
