@@ -38,6 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime, time, timedelta, timezone
 from enum import StrEnum
+from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import TypeAdapter
@@ -330,8 +331,9 @@ class MemoryDraft:
     entities: tuple[Entity, ...] = ()
     notes: tuple[str, ...] = ()
 
-    @property
+    @cached_property
     def content_hash(self) -> str:
+        """Computed once (dedup, the lookup and the event all ask for it)."""
         return content_hash(self.content)
 
 
@@ -1299,6 +1301,23 @@ greetings, weekdays, months)."""
 _WORD = re.compile(r"[^\W\d_][\w'’.-]*", re.UNICODE)
 
 
+_ENTITY_CACHE_SIZE = 16_384
+_entities_seen: dict[tuple[str, EntityKind], Entity] = {}
+
+
+def _entity(name: str, kind: EntityKind) -> Entity:
+    """``Entity(name=name, kind=kind)``, shared when built before (entities are
+    immutable, and the same speakers and names recur turn after turn)."""
+    key = (name, kind)
+    found = _entities_seen.get(key)
+    if found is None:
+        found = Entity(name=name, kind=kind)
+        if len(_entities_seen) >= _ENTITY_CACHE_SIZE:
+            _entities_seen.clear()
+        _entities_seen[key] = found
+    return found
+
+
 def heuristic_entities(text: str, speaker: str | None) -> tuple[Entity, ...]:
     """Entities without a model: the speaker (a ``person``), then every run of up to four
     capitalised words of two or more letters separated by single spaces (kind ``other``: the heuristic cannot
@@ -1313,7 +1332,7 @@ def heuristic_entities(text: str, speaker: str | None) -> tuple[Entity, ...]:
         key = name.casefold()
         if name and key not in seen and len(found) < MAX_ENTITIES:
             seen.add(key)
-            found.append(Entity(name=name[:200], kind=kind))
+            found.append(_entity(name[:200], kind))
 
     if speaker and speaker.strip():
         add(" ".join(speaker.split()), EntityKind.person)
@@ -1327,6 +1346,13 @@ def heuristic_entities(text: str, speaker: str | None) -> tuple[Entity, ...]:
     last_end = -1
     for match in _WORD.finditer(text):
         word = match.group(0)
+        if not word[0].isupper():
+            # Not a name (the word's first character is its bare form's first: only
+            # its end is ever stripped), which ends any run; most words take this path.
+            if run:
+                flush()
+            last_end = match.end()
+            continue
         bare = word.rstrip(".'’-")
         if bare.endswith(("'s", "’s")):
             bare = bare[:-2]

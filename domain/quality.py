@@ -162,6 +162,42 @@ INJECTION_PATTERNS: tuple[re.Pattern[str], ...] = (
 ordinary talk about instructions ("ignore my last message, I meant Tuesday") must
 still pass, so every pattern needs an instruction-hijacking shape."""
 
+_VERBS = ("ignore", "disregard", "forget", "override", "bypass", "skip")
+_INJECTION_LITERALS: tuple[tuple[str, ...], ...] = (
+    _VERBS,
+    ("above",),
+    ("forget",),
+    ("now",),
+    ("restrictions", "filters", "limits"),
+    ("enable",),
+    ("system",),
+    ("override",),
+    ("##",),
+    ("system", "instructions"),
+    ("<|",),
+    ("inst]", "sys>>"),
+    ("instruction", "rule"),
+)
+"""For each of :data:`INJECTION_PATTERNS`, in order: words one of which every match
+contains (lower case). On ASCII text, where case-insensitive matching is exactly
+matching the lower-cased text, a pattern none of whose words occurs cannot match and
+is not run: most turns then cost a few substring checks instead of 13 regex scans."""
+
+_NOISE_LITERALS: tuple[tuple[str, ...], ...] = (
+    ("<system-reminder>",),
+    ("command-",),
+    ("<tool_", "<function_"),
+    ("heartbeat_ok", "no_re"),
+    ("interrupted",),
+    ("caveat",),
+    ("object]",),
+    ("undefined", "null", "none", "nan"),
+)
+"""The same for :data:`NOISE_PATTERNS` (a pattern that cannot match removes nothing).
+No word holds a space: the patterns run one after the other on the text the earlier
+ones left, and a removal leaves a space, so it can bring words together only across
+that space; a word without one that occurs after a removal occurred before it."""
+
 _QUESTION_MARKS = frozenset("?？¿⸮")
 
 
@@ -184,7 +220,11 @@ def _strip_invisible(text: str) -> str:
     )
 
 
-def _replace_images(text: str) -> tuple[str, int]:
+def _replace_images(text: str, lowered: str | None) -> tuple[str, int]:
+    """``lowered``: the text lower-cased when it is ASCII (else ``None``), for the
+    literal checks that skip patterns which cannot match."""
+    if len(text) < BASE64_BLOB_MIN_CHARS and (lowered is not None and "data:image/" not in lowered):
+        return text, 0  # too short for a blob, and no data URI: nothing to replace
     count = 0
 
     def sub(_: re.Match[str]) -> str:
@@ -199,13 +239,41 @@ def _replace_images(text: str) -> tuple[str, int]:
     return out, count
 
 
+_ALL_LITERALS: tuple[str, ...] = tuple(dict.fromkeys(w for group in (*_INJECTION_LITERALS, *_NOISE_LITERALS) for w in group))
+
+
+def _present(lowered: str | None) -> frozenset[str] | None:
+    """The literals of :data:`_INJECTION_LITERALS` and :data:`_NOISE_LITERALS` that
+    occur in ``lowered``; ``None`` (everything may match) for non-ASCII text, where
+    case-insensitive matching folds characters such as the long s, which lower-casing
+    does not."""
+    if lowered is None:
+        return None
+    return frozenset(w for w in _ALL_LITERALS if w in lowered)
+
+
+def _may_match(literals: tuple[str, ...], present: frozenset[str] | None) -> bool:
+    """Whether a pattern whose every match contains one of ``literals`` can match."""
+    return present is None or not present.isdisjoint(literals)
+
+
 def gate(text: str) -> GateResult:
     """Decide whether one turn may be extracted; see the module docstring for the rules."""
+    return _gate(text, prefilter=True)
+
+
+def _gate(text: str, *, prefilter: bool) -> GateResult:
+    """:func:`gate`; ``prefilter=False`` runs every pattern on every text (the
+    definition the literal checks must agree with, exercised by the tests)."""
     if not _strip_invisible(text):
         return GateResult(GateRule.empty, "", "empty or whitespace only")
 
-    with_images, images = _replace_images(text)
-    denoised, noise = _strip_noise(with_images)
+    lowered = text.lower() if prefilter and text.isascii() else None
+    with_images, images = _replace_images(text, lowered)
+    if images and lowered is not None:
+        lowered = with_images.lower()
+    present = _present(lowered)
+    denoised, noise = _strip_noise(with_images, present)
     if not _has_word_char(denoised.replace("[image]", " ")):
         if images:
             return GateResult(GateRule.base64_image, "", f"only embedded images ({images})")
@@ -227,7 +295,9 @@ def gate(text: str) -> GateResult:
 
     # Checked on the turn as written (images aside), markers included: a hijack attempt
     # hidden inside framework markup is still a hijack attempt.
-    for pattern in INJECTION_PATTERNS:
+    for pattern, literals in zip(INJECTION_PATTERNS, _INJECTION_LITERALS):
+        if not _may_match(literals, present):
+            continue
         match = pattern.search(with_images)
         if match:
             snippet = " ".join(match.group(0).split())[:60]
@@ -236,10 +306,13 @@ def gate(text: str) -> GateResult:
     return GateResult(None, stripped)
 
 
-def _strip_noise(text: str) -> tuple[str, int]:
-    """The text without framework markers, and how many were removed."""
+def _strip_noise(text: str, present: frozenset[str] | None = None) -> tuple[str, int]:
+    """The text without framework markers, and how many were removed (``present``:
+    see :func:`_present`; ``None`` runs every pattern)."""
     removed = 0
-    for pattern in NOISE_PATTERNS:
+    for pattern, literals in zip(NOISE_PATTERNS, _NOISE_LITERALS):
+        if not _may_match(literals, present):
+            continue
         text, n = pattern.subn(" ", text)
         removed += n
     if removed:

@@ -126,9 +126,17 @@ class Settings(BaseSettings):
     # --- extraction ---------------------------------------------------------------------
     extract_min_new_turns: int = Field(default=10, ge=1)
     extract_idle_seconds: float = Field(default=30.0, gt=0)
+    """With an LLM, a session is extracted once it has ``extract_min_new_turns`` new
+    turns or none arrived for this long. Without one, every turn is extracted at once
+    (the heuristic needs no context; see ``extract_batch_turns``)."""
     extract_background_turns: int = Field(default=5, ge=0)
     extract_max_new_turns: int = Field(default=10, ge=1)
     """At most this many new turns go into one extraction (the oldest pending first)."""
+    extract_batch_turns: int = Field(default=500, ge=1)
+    """Without an LLM: about this many new turns (several sessions' windows) go through
+    the extractor together, sharing one exact-dedup lookup per memory space, one
+    embedding call and one produce. Each batch is what was read meanwhile, so a quiet
+    stream still extracts every turn at once and a busy one gets big batches."""
     extract_max_memories: int = Field(default=10, ge=1)
     dedup_candidates_k: int = Field(default=5, ge=1)
     prompts_dir: Path | None = None

@@ -26,6 +26,8 @@ retries) instead of dead-lettering good events.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import math
 import os
@@ -50,6 +52,7 @@ __all__ = [
     "MiniLMEmbedder",
     "build_embedder",
     "check_vectors",
+    "embed_array",
 ]
 
 
@@ -93,6 +96,52 @@ def check_vectors(vectors: Sequence[Sequence[float]], count: int, dim: int, who:
             raise EmbedderUnavailableError(f"{who} returned NaN or infinite values")
 
 
+def _decode_base64(data: str) -> np.ndarray:
+    """An embedding sent as base64 of little-endian float32 values."""
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise EmbedderUnavailableError(f"an embedding is not valid base64: {exc}") from None
+    if len(raw) % 4:
+        raise EmbedderUnavailableError(f"an embedding holds {len(raw)} bytes, not whole float32 values")
+    return np.frombuffer(raw, dtype="<f4")
+
+
+def _checked_matrix(rows: Sequence[np.ndarray], count: int, dim: int, who: str) -> np.ndarray:
+    """``rows`` as a ``(count, dim)`` float32 matrix, under the rules of
+    :func:`check_vectors` (count, width; NaN or infinite values are refused)."""
+    if len(rows) != count:
+        raise EmbedderUnavailableError(f"{who} returned {len(rows)} vectors for {count} texts")
+    for row in rows:
+        if row.shape != (dim,):
+            raise EmbedderUnavailableError(f"{who} returned a vector of dimension {row.size}; {dim} is configured")
+    matrix = np.stack(rows).astype(np.float32, copy=False) if rows else np.zeros((0, dim), dtype=np.float32)
+    if not np.isfinite(matrix).all():
+        raise EmbedderUnavailableError(f"{who} returned NaN or infinite values")
+    return matrix
+
+
+def embed_array(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
+    """``texts`` embedded as one ``(len(texts), embedder.dim)`` float32 matrix, checked
+    like :func:`check_vectors`. Uses the embedder's own ``embed_array`` when it has one
+    (the built-in embedders: no Python list of floats in between, which for a batch
+    of thousands of vectors is most of the cost outside the model), else its
+    ``embed``."""
+    own = getattr(embedder, "embed_array", None)
+    if own is not None:
+        matrix = np.asarray(own(texts), dtype=np.float32)
+        if matrix.shape != (len(texts), embedder.dim):
+            raise EmbedderUnavailableError(
+                f"embedder {embedder.model_id!r} returned a {matrix.shape} matrix for {len(texts)} texts"
+            )
+        if not np.isfinite(matrix).all():
+            raise EmbedderUnavailableError(f"embedder {embedder.model_id!r} returned NaN or infinite values")
+        return matrix
+    vectors = embedder.embed(texts)
+    check_vectors(vectors, len(texts), embedder.dim, f"embedder {embedder.model_id!r}")
+    return np.asarray(vectors, dtype=np.float32).reshape(len(texts), embedder.dim)
+
+
 # --------------------------------------------------------------------------------------
 # Local hashing embedder
 # --------------------------------------------------------------------------------------
@@ -107,6 +156,17 @@ _STOP_WORDS = frozenset(
 _SUFFIXES = ("ing", "ies", "ed", "es", "ly", "s")
 _FAMILY_WEIGHTS = {"w": 1.0, "b": 0.6, "c": 0.3}
 """Weights of the feature families: word unigrams, word bigrams, character trigrams."""
+_SLOT_CACHE_SIZE = 262_144
+"""Features remembered per :class:`LocalEmbedder` (about 40 MB when full; then cleared)."""
+_WORD_CACHE_SIZE = 65_536
+"""Words remembered per :class:`LocalEmbedder` with their features (then cleared)."""
+
+
+def _trigrams(word: str) -> list[str]:
+    """The character trigram features of a word with boundary marks: ``cat`` ->
+    ``c:<ca``, ``c:cat``, ``c:at>``."""
+    padded = f"<{word}>"
+    return ["c:" + padded[i : i + 3] for i in range(len(padded) - 2)]
 
 
 def _stem(word: str) -> str:
@@ -155,39 +215,82 @@ class LocalEmbedder:
             raise EmbedderConfigError("the local embedder needs at least 8 dimensions")
         self.dim = dim
         self.model_id = f"memstream-hash-{self.VERSION}-{dim}"
+        self._slots: dict[str, tuple[int, float]] = {}
+        self._words: dict[str, tuple[str, tuple[str, ...]]] = {}
 
-    def _features(self, text: str) -> Counter[str]:
-        """Occurrence counts of every feature, prefixed by family (w:, b:, c:). A text
-        without word characters ("???") falls back to the character trigrams of its
-        normal form, and an empty one to a single fixed feature, so every vector has
-        unit length (a zero vector has no cosine similarity)."""
+    def _feature_list(self, text: str) -> list[str]:
+        """Every feature occurrence, prefixed by family (w:, b:, c:): the unigrams, then
+        the bigrams, then each word's trigrams, in text order. A text without word
+        characters ("???") falls back to the character trigrams of its normal form,
+        and an empty one to a single fixed feature, so every vector has unit length (a
+        zero vector has no cosine similarity)."""
         normal = normalize_content(text)
         words = _WORD.findall(normal)
         content = [w for w in words if w not in _STOP_WORDS] or words
-        stems = [_stem(w) for w in content]
-        counts: Counter[str] = Counter()
-        counts.update("w:" + s for s in stems)
-        counts.update(f"b:{a} {b}" for a, b in zip(stems, stems[1:]))
-        for w in content or ([normal] if normal else []):
-            padded = f"<{w}>"
-            counts.update("c:" + padded[i : i + 3] for i in range(len(padded) - 2))
-        if not counts:
-            counts["c:<>"] = 1
-        return counts
+        if not content:
+            return _trigrams(normal) if normal else ["c:<>"]
+        per_word = [self._word_features(w) for w in content]
+        features = [unigram for unigram, _ in per_word]
+        stems = [unigram[2:] for unigram in features]
+        features += [f"b:{a} {b}" for a, b in zip(stems, stems[1:])]
+        for _, trigrams in per_word:
+            features += trigrams
+        return features
 
-    def _embed_one(self, text: str) -> list[float]:
-        vec = np.zeros(self.dim, dtype=np.float64)
-        for feature, tf in self._features(text).items():
-            idx, sign = _slot(feature, self.dim)
-            vec[idx] += sign * _FAMILY_WEIGHTS[feature[0]] * (1.0 + math.log(tf))
+    def _word_features(self, word: str) -> tuple[str, tuple[str, ...]]:
+        """A word's unigram feature (its stem) and character trigrams, memoised: the
+        same words recur across texts, and a remembered feature string also keeps its
+        hash for the lookups that follow."""
+        found = self._words.get(word)
+        if found is None:
+            if len(self._words) >= _WORD_CACHE_SIZE:
+                self._words.clear()
+            found = self._words[word] = ("w:" + _stem(word), tuple(_trigrams(word)))
+        return found
+
+    def _features(self, text: str) -> Counter[str]:
+        """Occurrence counts of every feature (:meth:`_feature_list`), in order of first
+        occurrence."""
+        return Counter(self._feature_list(text))
+
+    def _weighted_slot(self, feature: str) -> tuple[int, float]:
+        """``(bucket, sign * family weight)`` of a feature, memoised per embedder (the
+        features of texts repeat: words, trigrams)."""
+        if len(self._slots) >= _SLOT_CACHE_SIZE:
+            self._slots.clear()
+        idx, sign = _slot(feature, self.dim)
+        found = self._slots[feature] = (idx, sign * _FAMILY_WEIGHTS[feature[0]])
+        return found
+
+    def _embed_row(self, text: str) -> np.ndarray:
+        # Each feature adds ``sign * weight * (1 + ln tf)`` to its bucket, in the order
+        # of first occurrence: ``bincount`` sums a bucket's weights in input order in
+        # float64, exactly as a loop of ``vec[idx] += value`` does (same operands, same
+        # order: bit-identical vectors), in one C call instead of a numpy item update
+        # per feature. ``1 + ln 1`` is exactly 1: only repeated features need the log.
+        features = self._feature_list(text)
+        counts = Counter(features)
+        get, miss = self._slots.get, self._weighted_slot
+        buckets, weights = zip(*[get(f) or miss(f) for f in counts])
+        if len(counts) != len(features):
+            weights = tuple(
+                w if tf == 1 else w * (1.0 + math.log(tf)) for w, tf in zip(weights, counts.values())
+            )
+        vec = np.bincount(buckets, weights=weights, minlength=self.dim)
         norm = float(np.linalg.norm(vec))
         if norm == 0.0:  # features that cancelled out exactly: the empty text's vector
             idx, sign = _slot("c:<>", self.dim)
             vec[idx], norm = sign, 1.0
-        return (vec / norm).astype(np.float32).tolist()
+        return (vec / norm).astype(np.float32)
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        return [self._embed_one(t) for t in texts]
+        return [self._embed_row(t).tolist() for t in texts]
+
+    def embed_array(self, texts: Sequence[str]) -> np.ndarray:
+        """The vectors as one float32 matrix (see :func:`embed_array`)."""
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return np.stack([self._embed_row(t) for t in texts])
 
     def __repr__(self) -> str:
         return f"LocalEmbedder(model_id={self.model_id!r})"
@@ -244,27 +347,56 @@ class OpenAIEmbedder:
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         out: list[list[float]] = []
-        for start in range(0, len(texts), self.batch_size):
-            chunk = list(texts[start : start + self.batch_size])
-            out.extend(self._embed_chunk(chunk))
+        for chunk in self._chunks(texts):
+            for item in self._embed_chunk(chunk):
+                out.append(_decode_base64(item).tolist() if isinstance(item, str) else [float(x) for x in item])
+        check_vectors(out, len(texts), self.dim, f"embedding model {self.model_id!r}")
         return out
 
-    def _embed_chunk(self, chunk: list[str]) -> list[list[float]]:
+    def embed_array(self, texts: Sequence[str]) -> np.ndarray:
+        """The vectors as one float32 matrix (see :func:`embed_array`): base64 answers
+        are decoded straight into it, with no Python float per value."""
+        rows: list[np.ndarray] = []
+        for chunk in self._chunks(texts):
+            for item in self._embed_chunk(chunk):
+                rows.append(_decode_base64(item) if isinstance(item, str) else np.asarray(item, dtype=np.float32))
+        return _checked_matrix(rows, len(texts), self.dim, f"embedding model {self.model_id!r}")
+
+    def _chunks(self, texts: Sequence[str]) -> list[list[str]]:
+        return [list(texts[start : start + self.batch_size]) for start in range(0, len(texts), self.batch_size)]
+
+    def _embed_chunk(self, chunk: list[str]) -> list[Any]:
+        """One request; the answer's embeddings in input order, each a base64 string
+        (float32, what the request asks for) or a list of numbers (servers that ignore
+        ``encoding_format``).
+
+        Through the client's plain ``post`` (its retries, timeouts and error types)
+        with the JSON answer as it is: ``embeddings.create`` walks every input through
+        the SDK's type transforms and builds a model object per vector, which for a
+        batch of hundreds of texts cost more than the request itself."""
         if any(not t.strip() for t in chunk):
             raise EmbedderUnavailableError("cannot embed an empty text")
-        kwargs: dict[str, Any] = {"model": self.model_id, "input": chunk}
+        body: dict[str, Any] = {"model": self.model_id, "input": chunk, "encoding_format": "base64"}
         if self._send_dimensions:
-            kwargs["dimensions"] = self.dim
+            body["dimensions"] = self.dim
+        who = f"embedding model {self.model_id!r}"
         try:
-            response = self._client.embeddings.create(**kwargs)
+            answer: Any = self._client.post("/embeddings", body=body, cast_to=object)
         except self._openai.OpenAIError as exc:
             raise EmbedderUnavailableError(
                 f"embedding request to {self.model_id!r} failed: {type(exc).__name__}: {exc}"
             ) from exc
-        data = sorted(response.data, key=lambda d: d.index)
-        vectors = [[float(x) for x in d.embedding] for d in data]
-        check_vectors(vectors, len(chunk), self.dim, f"embedding model {self.model_id!r}")
-        return vectors
+        try:
+            data = sorted(answer["data"], key=lambda d: int(d["index"]))
+            items = [d["embedding"] for d in data]
+        except (TypeError, KeyError, ValueError) as exc:
+            raise EmbedderUnavailableError(f"{who} answered without embeddings: {type(exc).__name__}: {exc}") from None
+        if len(items) != len(chunk):
+            raise EmbedderUnavailableError(f"{who} returned {len(items)} vectors for {len(chunk)} texts")
+        for item in items:
+            if not isinstance(item, (str, list)):
+                raise EmbedderUnavailableError(f"{who} returned an embedding of type {type(item).__name__}")
+        return items
 
     def __repr__(self) -> str:
         return f"OpenAIEmbedder(model_id={self.model_id!r}, dim={self.dim})"
@@ -317,6 +449,19 @@ class MiniLMEmbedder:
         vectors = np.asarray(arr, dtype=np.float32).tolist()
         check_vectors(vectors, len(texts), self.dim, "minilm")
         return vectors
+
+    def embed_array(self, texts: Sequence[str]) -> np.ndarray:
+        """The vectors as one float32 matrix (see :func:`embed_array`)."""
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        arr = self._model.encode(
+            list(texts),
+            batch_size=self.batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        return _checked_matrix(list(np.asarray(arr, dtype=np.float32)), len(texts), self.dim, "minilm")
 
     def __repr__(self) -> str:
         return f"MiniLMEmbedder(model_id={self.model_id!r})"

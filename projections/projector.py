@@ -193,6 +193,7 @@ class Projector:
             )
         self.store = store
         self.embedder = embedder
+        store.prepare_writes()
         # The stored positions, read once: the projector is the table set's only
         # writer (one worker per directory), so after the first read it knows them
         # without a LanceDB query per batch.

@@ -172,8 +172,17 @@ class LanceStore:
         read_consistency_interval: timedelta | None = None,
         vector_index_threshold: int = 100_000,
         keep_versions: timedelta = timedelta(minutes=5),
+        create: bool = True,
     ) -> None:
+        """``create=False`` opens an existing table set for reading only: nothing is
+        created (no directory, table or index), and :class:`StoreError` is raised when
+        a table is missing. A reader in the writer's process uses it to open the
+        tables beside the writer without racing it to create them."""
         self.root = Path(root)
+        if not create:
+            missing = [n for n in TABLE_NAMES if not (self.root / f"{n}.lance").is_dir()]
+            if missing:
+                raise StoreError(f"{self.root} has no table(s) {', '.join(missing)} yet")
         self.root.mkdir(parents=True, exist_ok=True)
         self.embedding_dim = int(embedding_dim)
         self.vector_index_threshold = int(vector_index_threshold)
@@ -186,6 +195,8 @@ class LanceStore:
             if name in existing:
                 tbl = self._db.open_table(name)
                 self._check_schema(name, tbl.schema, schema)
+            elif not create:
+                raise StoreError(f"{self.root} has no table {name} yet")
             else:
                 tbl = self._db.create_table(name, schema=schema, exist_ok=True)
             self._tables[name] = tbl
@@ -193,7 +204,8 @@ class LanceStore:
         self._vector_index = False
         # Built on first write per table (this store is the directory's only writer).
         self._key_filters: dict[str, KeyFilter] = {}
-        self.ensure_base_indexes()
+        if create:
+            self.ensure_base_indexes()
 
     @classmethod
     def from_settings(
@@ -202,12 +214,14 @@ class LanceStore:
         root: Path | None = None,
         *,
         read_consistency_interval: timedelta | None = None,
+        create: bool = True,
     ) -> "LanceStore":
         return cls(
             root if root is not None else settings.lance_dir,
             embedding_dim=settings.embedding_dim,
             read_consistency_interval=read_consistency_interval,
             vector_index_threshold=settings.vector_index_threshold,
+            create=create,
         )
 
     # ---------------------------------------------------------------- plumbing
@@ -303,6 +317,15 @@ class LanceStore:
             .execute(rows)
         )
         return int(result.num_inserted_rows), int(result.num_updated_rows)
+
+    def prepare_writes(self) -> None:
+        """Load what the first write would otherwise load on its way: the key filters of
+        the tables written at the rate of the log (their stored keys) and the Lance
+        modules behind them. A writer calls this when it starts, so the first batch
+        it projects pays none of it (measured: that batch took several times as long
+        as the next ones)."""
+        for name in sorted(_APPEND_WHEN_NEW):
+            self._key_filter(name)
 
     def _key_filter(self, name: str) -> KeyFilter:
         """The table's key filter, (re)built from its stored keys when missing or full."""

@@ -16,6 +16,13 @@ background) through the steps of :mod:`memstream.domain.extraction`:
    has); if it fails after its retry, every memory is stored;
 7. the events, each with its provenance, sent with the producer.
 
+:meth:`Extractor.run_windows` runs several windows as one batch: each window stays its
+own run (steps 1-2 and 5-6, its own provenance and correlation id), while steps 3, 4
+and 7 are shared: one exact-dedup lookup per memory space, one embedding call, one
+produce. Without an LLM those shared round trips were nearly all of the cost of a
+window (a LanceDB query, an embedding request and a broker acknowledgement for a
+dozen turns), so the agent batches whatever it has read across sessions.
+
 Failure rules: if the extraction call fails (timeout, HTTP error, an answer that stays
 unparsable after repair, after its retry), or the memory space cannot be read, or the
 events cannot be produced, the outcome is ``failed`` and lists every new turn as
@@ -24,7 +31,8 @@ never lost and never silently skipped. Memory and link ids are content-derived, 
 run repeated after a partial failure re-sends the same ids.
 
 :class:`TurnBuffer` is the scheduling half of the extractor agent without Kafka or
-Faust: turns grouped per session, the trigger rules (enough new turns, or idle), the
+Faust: turns grouped per session, the trigger rules (enough new turns, or idle; the
+agent makes every turn due at once when no LLM is configured), the
 turns kept after a failure (with back-off), and the offsets that are safe to commit
 (never past a turn that has not been extracted).
 """
@@ -32,6 +40,7 @@ turns kept after a failure (with back-off), and the offsets that are safe to com
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import time
 import uuid
@@ -40,6 +49,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal, Protocol
+
+import numpy as np
 
 from memstream.domain.events import (
     EmbeddingPayload,
@@ -60,6 +71,7 @@ from memstream.domain.extraction import (
     ExtractionParse,
     MemoryDraft,
     StageReport,
+    Window,
     build_events,
     build_window,
     dedupe_batch,
@@ -84,6 +96,7 @@ __all__ = [
     "CandidateRecall",
     "ExtractionOutcome",
     "Extractor",
+    "WindowInput",
     "store_recall",
     "SessionKey",
     "WindowJob",
@@ -217,7 +230,7 @@ class ExtractionOutcome:
 
 
 class _CountingEmbedder:
-    """Counts the provider calls made on behalf of one run."""
+    """Counts the provider calls made on behalf of one batch of runs."""
 
     def __init__(self, inner: _Embedder) -> None:
         self.inner = inner
@@ -229,14 +242,83 @@ class _CountingEmbedder:
         self.calls += 1
         return self.inner.embed(texts)
 
+    def embed_array(self, texts: Sequence[str]) -> np.ndarray:
+        """float32 ``(len(texts), dim)``, through the inner embedder's own matrix form
+        when it has one (:func:`memstream.projections.embedder.embed_array`)."""
+        from memstream.projections.embedder import embed_array
+
+        self.calls += 1
+        return embed_array(self.inner, texts)
+
+
+@dataclass(frozen=True)
+class WindowInput:
+    """One window to extract: a session's new turns and its background turns."""
+
+    scope: Scope
+    session_id: str | None
+    turns: Sequence[MessageObserved]
+    background: Sequence[MessageObserved] = ()
+
+
+_HEURISTIC_NOTE = "no LLM configured: one episodic memory per qualifying turn"
+
+
+@dataclass
+class _Run:
+    """One window's state while its batch goes through the stages; ``outcome`` is set
+    as soon as the run is finished (nothing to extract, or failed)."""
+
+    run_id: str
+    window: Window
+    gate_record: tuple[Mapping[str, Any], ...]
+    outcome: ExtractionOutcome | None = None
+    drafts: list[MemoryDraft] = field(default_factory=list)
+    issues: list[DraftIssue] = field(default_factory=list)
+    extraction: StageReport = field(default_factory=lambda: StageReport("heuristic", note=_HEURISTIC_NOTE))
+    llm_calls: int = 0
+    embed_calls: int = 0
+    batch_dups: list[DraftIssue] = field(default_factory=list)
+    new: list[MemoryDraft] = field(default_factory=list)
+    duplicates: list[tuple[MemoryDraft, str]] = field(default_factory=list)
+    vectors: list[np.ndarray | None] = field(default_factory=list)
+    """float32 little-endian rows (None: no vector for that memory)."""
+    embed_note: str | None = None
+    decisions: dict[int, Decision] = field(default_factory=dict)
+    judgment: StageReport | None = None
+    judged: bool = False
+    events: list[EventBase] = field(default_factory=list)
+    positions: list[LogPosition] = field(default_factory=list)
+    record: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def scope(self) -> Scope:
+        return self.window.scope
+
+    @property
+    def session_id(self) -> str | None:
+        return self.window.session_id
+
+    @property
+    def open(self) -> bool:
+        return self.outcome is None
+
 
 class Extractor:
-    """One extraction run per :meth:`run_window` call (see the module docstring).
+    """Extraction runs, one per window, in batches (see the module docstring).
 
     ``llm`` is ``None`` for the no-LLM heuristic; ``embedder`` ``None`` means events
     carry no embedding (the projector embeds) and recall is by full text; ``store``
     ``None`` means an empty memory space (no dedup against history, no candidates);
     ``recall`` overrides the candidate recall (default: :func:`store_recall`).
+
+    :meth:`run_windows` takes several windows at once: each window is still its own
+    run (its own drafts, decisions, provenance and correlation id: the events are the
+    ones a lone run would make), but the batch shares its I/O: one exact-dedup lookup
+    per memory space, one embedding call, one produce of all the events. That is what
+    makes the heuristic fast on a bulk import (a LanceDB query, an HTTP round trip and
+    a broker round trip per window dominated it); with an LLM each window's calls run
+    concurrently.
     """
 
     def __init__(
@@ -277,194 +359,284 @@ class Extractor:
         background: Sequence[MessageObserved] = (),
     ) -> ExtractionOutcome:
         """Extract memories from ``turns`` (new) with ``background`` as context."""
-        run_id = "x-" + uuid.uuid4().hex
-        window = build_window(
-            scope,
-            session_id,
-            turns,
-            background,
-            max_background=self.settings.extract_background_turns,
+        (outcome,) = await self.run_windows([WindowInput(scope, session_id, turns, background)])
+        return outcome
+
+    async def run_windows(self, windows: Sequence[WindowInput]) -> list[ExtractionOutcome]:
+        """Extract every window; one outcome per window, in order. A failure fails the
+        runs it concerns (a memory space that cannot be read: its windows; the produce:
+        every window that had events), never the others."""
+        if not windows:
+            return []
+        heuristic = self.llm is None
+        # Pure CPU (gate, heuristic drafts, in-batch dedup) off the event loop: a bulk
+        # batch of windows takes tens of milliseconds, which the loop's other work
+        # (Kafka I/O, the projector's feed in the same worker) should not wait for.
+        runs = await asyncio.to_thread(self._open_runs, windows, heuristic)
+        if not heuristic:
+            await asyncio.gather(*(self._llm_drafts(run) for run in runs if run.open))
+            for run in runs:
+                if run.open:
+                    run.drafts, run.batch_dups = dedupe_batch(run.drafts)
+        await self._exact_dedup(runs)
+        await self._embed(runs)
+        if not heuristic and self._recall is not None:
+            await asyncio.gather(*(self._candidates_and_judgment(run) for run in runs if run.open and run.new))
+        await asyncio.to_thread(self._build_events, runs)
+        await self._produce(runs)
+        return [self._finish(run) for run in runs]
+
+    # -- stages --------------------------------------------------------------------------
+    def _open_runs(self, windows: Sequence[WindowInput], heuristic: bool) -> list[_Run]:
+        runs: list[_Run] = []
+        for w in windows:
+            window = build_window(
+                w.scope,
+                w.session_id,
+                w.turns,
+                w.background,
+                max_background=self.settings.extract_background_turns,
+            )
+            run = _Run("x-" + uuid.uuid4().hex, window, tuple(record_items(window, (), ())))
+            if not window.new_turns:
+                log.debug("extraction %s: no qualifying turn among %d", run.run_id, len(window.new_message_ids))
+                run.outcome = ExtractionOutcome(
+                    "nothing",
+                    self.method,
+                    consumed=window.new_message_ids,
+                    record=run.gate_record,
+                    correlation_id=run.run_id,
+                )
+            elif heuristic:
+                run.drafts, run.batch_dups = dedupe_batch(heuristic_drafts(window))
+            runs.append(run)
+        return runs
+
+    def _fail(self, run: _Run, reason: str) -> None:
+        w = run.window
+        log.warning(
+            "extraction %s failed for %s session %s (%d turns kept): %s",
+            run.run_id, w.scope.space, w.session_id, len(w.new_message_ids), reason,
         )
-        method = self.method
-        gate_record = tuple(record_items(window, (), ()))
-        if not window.new_turns:
-            log.debug("extraction %s: no qualifying turn among %d", run_id, len(window.new_message_ids))
-            return ExtractionOutcome(
-                "nothing", method, consumed=window.new_message_ids, record=gate_record, correlation_id=run_id
-            )
+        run.outcome = ExtractionOutcome(
+            "failed",
+            self.method,
+            kept=w.new_message_ids,
+            failure=reason,
+            record=run.gate_record,
+            llm_calls=run.llm_calls,
+            embed_calls=run.embed_calls,
+            correlation_id=run.run_id,
+        )
 
-        def failed(reason: str, llm_calls: int = 0, embed_calls: int = 0) -> ExtractionOutcome:
-            log.warning(
-                "extraction %s failed for %s session %s (%d turns kept): %s",
-                run_id, scope.space, session_id, len(window.new_message_ids), reason,
+    async def _llm_drafts(self, run: _Run) -> None:
+        """ONE extraction call for the window (retried per ``llm_max_retries``)."""
+        assert self.llm is not None
+        window = run.window
+        try:
+            prompt = self.prompts.get("extraction", window.scope)
+            background_text, new_text = render_turns(window)
+            system, user = prompt.render(
+                {
+                    "background": background_text,
+                    "turns": new_text,
+                    "max_memories": self.settings.extract_max_memories,
+                }
             )
-            return ExtractionOutcome(
-                "failed",
-                method,
-                kept=window.new_message_ids,
-                failure=reason,
-                record=gate_record,
-                llm_calls=llm_calls,
-                embed_calls=embed_calls,
-                correlation_id=run_id,
-            )
+        except PromptError as exc:
+            self._fail(run, f"prompt: {exc}")
+            return
+        max_memories = self.settings.extract_max_memories
 
-        # -- 1. drafts ------------------------------------------------------------------
-        llm_calls = 0
-        if self.llm is None:
-            drafts = heuristic_drafts(window)
-            issues: list[DraftIssue] = []
-            extraction = StageReport(
-                "heuristic",
-                note="no LLM configured: one episodic memory per qualifying turn",
+        def parse(text: str) -> tuple[Repaired, ExtractionParse]:
+            repaired = repair_json(text)
+            return repaired, parse_extraction(repaired.value, window, max_memories=max_memories)
+
+        try:
+            call = await call_with_retry(
+                self.llm,
+                system,
+                user,
+                parse=parse,
+                schema=EXTRACTION_SCHEMA,
+                schema_name="memstream_extraction",
+                retries=self.settings.llm_max_retries,
             )
+        except LLMError as exc:
+            run.llm_calls = exc.attempts
+            self._fail(
+                run,
+                f"extraction call: {exc.kind} after {exc.attempts} attempt(s): " + " | ".join(exc.errors),
+            )
+            return
+        run.llm_calls += call.attempts
+        repaired, parsed = call.value
+        run.drafts = list(parsed.drafts)
+        run.issues = list(parsed.issues)
+        run.extraction = _llm_stage(prompt, call, repaired)
+
+    async def _exact_dedup(self, runs: Sequence[_Run]) -> None:
+        """Exact dedup across each memory space: one lookup per space for the batch."""
+        by_space: dict[str, list[_Run]] = {}
+        for run in runs:
+            if run.open and run.drafts and self.store is not None:
+                by_space.setdefault(run.scope.space, []).append(run)
+        known: dict[str, Mapping[str, str] | BaseException] = {}
+        if by_space:
+            store = self.store
+            assert store is not None
+
+            def lookup(members: list[_Run]) -> Mapping[str, str]:
+                return dict(store.find_hashes(members[0].scope, [d.content_hash for r in members for d in r.drafts]))
+
+            # The spaces' lookups side by side (LanceDB runs them on its own threads).
+            results = await asyncio.gather(
+                *(asyncio.to_thread(lookup, members) for members in by_space.values()), return_exceptions=True
+            )
+            for space, result in zip(by_space, results):
+                if isinstance(result, BaseException) and not isinstance(result, Exception):
+                    raise result  # cancellation and the like are not a lookup failure
+                known[space] = result
+        for run in runs:
+            if not run.open:
+                continue
+            found = known.get(run.scope.space, {})
+            if isinstance(found, BaseException):
+                self._fail(run, f"memory space unreadable: {type(found).__name__}: {found}")
+                continue
+            run.new, run.duplicates = split_known(run.drafts, found)
+            run.vectors = [None] * len(run.new)
+
+    async def _embed(self, runs: Sequence[_Run]) -> None:
+        """ONE embedding call for every new memory of the batch (the provider call is
+        counted on the first run that embeds). If it fails, the events go without
+        vectors and the projector embeds them."""
+        todo = [run for run in runs if run.open and run.new]
+        if not todo or self.embedder is None:
+            return
+        embedder = _CountingEmbedder(self.embedder)
+        texts = [d.content for run in todo for d in run.new]
+        try:
+            got = await asyncio.to_thread(embedder.embed_array, texts)
+            if got.shape != (len(texts), embedder.dim):
+                raise ValueError(f"{got.shape[0]} vectors for {len(texts)} texts")
+        except Exception as exc:  # noqa: BLE001 - events go without vectors
+            note = f"embedding failed ({type(exc).__name__}: {exc}); the projector embeds"
+            log.warning("extraction %s: %s", ", ".join(run.run_id for run in todo), note)
+            for run in todo:
+                run.embed_note = note
         else:
-            try:
-                prompt = self.prompts.get("extraction", scope)
-                background_text, new_text = render_turns(window)
-                system, user = prompt.render(
-                    {
-                        "background": background_text,
-                        "turns": new_text,
-                        "max_memories": self.settings.extract_max_memories,
-                    }
-                )
-            except PromptError as exc:
-                return failed(f"prompt: {exc}")
-            max_memories = self.settings.extract_max_memories
+            got = np.ascontiguousarray(got, dtype="<f4")
+            start = 0
+            for run in todo:
+                run.vectors = list(got[start : start + len(run.new)])
+                start += len(run.new)
+        todo[0].embed_calls = embedder.calls
 
-            def parse(text: str) -> tuple[Repaired, ExtractionParse]:
-                repaired = repair_json(text)
-                return repaired, parse_extraction(repaired.value, window, max_memories=max_memories)
+    async def _candidates_and_judgment(self, run: _Run) -> None:
+        """Candidate recall, then ONE batched judgment for the window's new memories."""
+        assert self._recall is not None
+        k = self.settings.dedup_candidates_k
+        contents = [d.content for d in run.new]
+        vectors: list[Sequence[float] | None] = [None if v is None else v.tolist() for v in run.vectors]
+        try:
+            candidates = await asyncio.to_thread(self._recall, run.scope, contents, vectors, k)
+        except Exception as exc:  # noqa: BLE001 - recall degrades to "no candidates"
+            log.warning("extraction %s: candidate recall failed, storing: %s", run.run_id, exc)
+            candidates = [[] for _ in run.new]
+        run.decisions, run.judgment, calls = await self._judge(run.scope, run.new, candidates)
+        run.judged = True
+        run.llm_calls += calls
 
-            try:
-                call = await call_with_retry(
-                    self.llm,
-                    system,
-                    user,
-                    parse=parse,
-                    schema=EXTRACTION_SCHEMA,
-                    schema_name="memstream_extraction",
-                    retries=self.settings.llm_max_retries,
-                )
-            except LLMError as exc:
-                return failed(
-                    f"extraction call: {exc.kind} after {exc.attempts} attempt(s): "
-                    + " | ".join(exc.errors),
-                    llm_calls=exc.attempts,
-                )
-            llm_calls += call.attempts
-            repaired, parsed = call.value
-            drafts = list(parsed.drafts)
-            issues = list(parsed.issues)
-            extraction = _llm_stage(prompt, call, repaired)
-
-        # -- 2. exact dedup ---------------------------------------------------------------
-        drafts, batch_dups = dedupe_batch(drafts)
-        issues.extend(batch_dups)
-        known: Mapping[str, str] = {}
-        if drafts and self.store is not None:
-            try:
-                known = await asyncio.to_thread(
-                    self.store.find_hashes, scope, [d.content_hash for d in drafts]
-                )
-            except Exception as exc:  # noqa: BLE001 - the store is unreadable: retry later
-                return failed(f"memory space unreadable: {type(exc).__name__}: {exc}", llm_calls)
-        new, duplicates = split_known(drafts, known)
-
-        # -- 3. one embedding call ----------------------------------------------------------
-        embedder = _CountingEmbedder(self.embedder) if self.embedder is not None else None
-        vectors: list[list[float] | None] = [None] * len(new)
-        embed_note: str | None = None
-        if new and embedder is not None:
-            try:
-                got = await asyncio.to_thread(embedder.embed, [d.content for d in new])
-                if len(got) != len(new):
-                    raise ValueError(f"{len(got)} vectors for {len(new)} texts")
-                vectors = [list(v) for v in got]
-            except Exception as exc:  # noqa: BLE001 - events go without vectors
-                embed_note = f"embedding failed ({type(exc).__name__}: {exc}); the projector embeds"
-                log.warning("extraction %s: %s", run_id, embed_note)
+    def _payloads(self, run: _Run) -> list[EmbeddingPayload | None]:
+        """The vectors as event payloads: base64 of the little-endian float32 row (what
+        :meth:`EmbeddingPayload.from_vector` makes), straight from the matrix's bytes.
+        Built unvalidated because the event validates its payload anyway (once, not
+        twice); a vector that is not finite goes without, and the projector embeds
+        that memory itself."""
         payloads: list[EmbeddingPayload | None] = []
-        for vec in vectors:
-            if vec is None or embedder is None:
+        model = self.embedder.model_id if self.embedder is not None else None
+        for vec in run.vectors:
+            if vec is None or model is None or not np.isfinite(vec).all():
                 payloads.append(None)
                 continue
-            try:
-                payloads.append(EmbeddingPayload.from_vector(embedder.model_id, vec))
-            except ValueError:
-                payloads.append(None)
+            data = base64.b64encode(vec.tobytes()).decode("ascii")
+            payloads.append(EmbeddingPayload.model_construct(model=model, dim=int(vec.shape[0]), data=data))
+        return payloads
 
-        # -- 4. candidate recall + 5. one judgment ------------------------------------------------
-        judgment: StageReport | None = None
-        if self.llm is not None and new and self._recall is not None:
-            k = self.settings.dedup_candidates_k
-            recall = self._recall
+    def _build_events(self, runs: Sequence[_Run]) -> None:
+        recorded_at = self.clock()
+        for run in runs:
+            if not run.open:
+                continue
+            if not run.judged:
+                reason = "heuristic: no judgment" if self.llm is None else "no similar memories to judge against"
+                run.decisions = store_all(len(run.new), reason)
+            extraction = _with_note(run.extraction, run.embed_note) if run.embed_note else run.extraction
+            record = record_items(run.window, [*run.issues, *run.batch_dups], run.duplicates)
             try:
-                candidates = await asyncio.to_thread(recall, scope, [d.content for d in new], vectors, k)
-            except Exception as exc:  # noqa: BLE001 - recall degrades to "no candidates"
-                log.warning("extraction %s: candidate recall failed, storing: %s", run_id, exc)
-                candidates = [[] for _ in new]
-            decisions, judgment, calls = await self._judge(scope, new, candidates)
-            llm_calls += calls
-        else:
-            reason = "heuristic: no judgment" if self.llm is None else "no similar memories to judge against"
-            decisions = store_all(len(new), reason)
-        if embed_note:
-            extraction = _with_note(extraction, embed_note)
-
-        # -- 6. events ---------------------------------------------------------------------
-        record = record_items(window, issues, duplicates)
-        try:
-            built = build_events(
-                scope=scope,
-                session_id=session_id,
-                drafts=new,
-                decisions=decisions,
-                embeddings=payloads,
-                extraction=extraction,
-                judgment=judgment,
-                input_refs=window.input_refs,
-                batch_record=record,
-                recorded_at=self.clock(),
-                correlation_id=run_id,
-            )
-        except ValueError as exc:
-            return failed(f"events could not be built: {exc}", llm_calls, embedder.calls if embedder else 0)
-        events = list(built.events)
-        record = record + list(built.rejected)
-        positions: list[LogPosition] = []
-        if events:
-            try:
-                positions = list(await self.producer.send_many(events))
-            except Exception as exc:  # noqa: BLE001 - the broker is unavailable: retry later
-                return failed(
-                    f"events not produced: {type(exc).__name__}: {exc}",
-                    llm_calls,
-                    embedder.calls if embedder else 0,
+                built = build_events(
+                    scope=run.scope,
+                    session_id=run.session_id,
+                    drafts=run.new,
+                    decisions=run.decisions,
+                    embeddings=self._payloads(run),
+                    extraction=extraction,
+                    judgment=run.judgment,
+                    input_refs=run.window.input_refs,
+                    batch_record=record,
+                    recorded_at=recorded_at,
+                    correlation_id=run.run_id,
                 )
+            except ValueError as exc:
+                self._fail(run, f"events could not be built: {exc}")
+                continue
+            run.events = list(built.events)
+            run.record = record + list(built.rejected)
+
+    async def _produce(self, runs: Sequence[_Run]) -> None:
+        """ONE produce of every event of the batch, in run order; if it fails, every run
+        that had events fails (its turns are kept; a repeat sends the same ids)."""
+        sending = [run for run in runs if run.open and run.events]
+        if not sending:
+            return
+        try:
+            positions = list(await self.producer.send_many([e for run in sending for e in run.events]))
+        except Exception as exc:  # noqa: BLE001 - the broker is unavailable: retry later
+            for run in sending:
+                self._fail(run, f"events not produced: {type(exc).__name__}: {exc}")
+            return
+        start = 0
+        for run in sending:
+            run.positions = positions[start : start + len(run.events)]
+            start += len(run.events)
+
+    def _finish(self, run: _Run) -> ExtractionOutcome:
+        if run.outcome is not None:
+            return run.outcome
+        window = run.window
         decision_dicts = tuple(
-            {"memory": new[i].content[:200], **decisions[i].as_dict()} for i in sorted(decisions)
+            {"memory": run.new[i].content[:200], **run.decisions[i].as_dict()} for i in sorted(run.decisions)
         )
         log.info(
             "extraction %s (%s) %s session %s: %d turns -> %d memories, %d links, %d duplicates, %d dropped",
-            run_id, self.method, scope.space, session_id, len(window.new_message_ids),
-            sum(isinstance(e, MemoryAdded) for e in events),
-            sum(isinstance(e, MemoryLinked) for e in events),
-            len(duplicates) + len(batch_dups),
-            sum(d.action is Action.drop for d in decisions.values()),
+            run.run_id, self.method, window.scope.space, window.session_id, len(window.new_message_ids),
+            sum(isinstance(e, MemoryAdded) for e in run.events),
+            sum(isinstance(e, MemoryLinked) for e in run.events),
+            len(run.duplicates) + len(run.batch_dups),
+            sum(d.action is Action.drop for d in run.decisions.values()),
         )
         return ExtractionOutcome(
             "extracted",
-            method,
+            self.method,
             consumed=window.new_message_ids,
-            events=tuple(events),
-            positions=tuple(positions),
-            record=tuple(record),
+            events=tuple(run.events),
+            positions=tuple(run.positions),
+            record=tuple(run.record),
             decisions=decision_dicts,
-            llm_calls=llm_calls,
-            embed_calls=embedder.calls if embedder else 0,
-            correlation_id=run_id,
+            llm_calls=run.llm_calls,
+            embed_calls=run.embed_calls,
+            correlation_id=run.run_id,
         )
 
     async def _judge(
@@ -671,10 +843,11 @@ class TurnBuffer:
     def sessions(self) -> int:
         return len(self._sessions)
 
-    def due(self, *, flush: bool = False, limit: int | None = None) -> list[WindowJob]:
+    def due(self, *, flush: bool = False, limit: int | None = None, max_turns: int | None = None) -> list[WindowJob]:
         """Jobs for the sessions that should extract now (marks them in flight), at most
-        ``limit`` of them, the longest-waiting first. ``flush`` makes every session with
-        pending turns due (shutdown, tests)."""
+        ``limit`` of them, the longest-waiting first; with ``max_turns``, no further job
+        once the jobs taken hold that many new turns (the first is always taken).
+        ``flush`` makes every session with pending turns due (shutdown, tests)."""
         now = self.clock()
         jobs: list[WindowJob] = []
         if limit is not None and limit <= 0:
@@ -683,8 +856,11 @@ class TurnBuffer:
             self._sessions.items(),
             key=lambda kv: kv[1].pending[0].arrived if kv[1].pending else 0.0,
         )
+        taken = 0
         for key, session in order:
             if limit is not None and len(jobs) >= limit:
+                break
+            if max_turns is not None and taken >= max_turns:
                 break
             if not session.pending and not session.in_flight:
                 if now - session.last_seen >= self.forget_after:
@@ -706,6 +882,7 @@ class TurnBuffer:
             take = session.pending[: self.max_new]
             background = tuple(session.history)[-self.max_background :] if self.max_background else ()
             session.in_flight = True
+            taken += len(take)
             jobs.append(
                 WindowJob(
                     key=session.key,

@@ -16,6 +16,15 @@ same memory and link ids, which the projection absorbs. Turns whose extraction f
 stay in the buffer and are retried with back-off; while more than
 :data:`MAX_PENDING_TURNS` wait, reading pauses (back-pressure) instead of growing memory.
 
+Without an LLM (the heuristic: one memory per qualifying turn, made from that turn
+alone) nothing is gained by holding turns, so every turn read is due at once and the
+windows of all sessions read meanwhile go through the extractor together, in batches
+of about ``extract_batch_turns`` turns (:meth:`Extractor.run_windows`: one lookup per
+memory space, one embedding call, one produce per batch). A burst is extracted in a
+few large batches and a single turn on a quiet stream at once. With an LLM each
+window is its own task (its LLM calls bound the concurrency). The commit follows as
+soon as a batch leaves nothing pending.
+
 On a rebalance (aiokafka's eager protocol revokes every partition), the safe offsets are
 committed and the buffer forgets the revoked partitions: the next owner reads those
 turns again from the commit. Background turns of a session are kept in memory only, so
@@ -58,6 +67,7 @@ from memstream.streams.extractor import (
     ExtractionOutcome,
     Extractor,
     TurnBuffer,
+    WindowInput,
     WindowJob,
 )
 from memstream.streams.topics import Topics
@@ -80,7 +90,8 @@ log = logging.getLogger(__name__)
 MAX_PENDING_TURNS = 20_000
 """Above this many buffered turns the consumer pauses; it resumes below half."""
 MAX_CONCURRENT_EXTRACTIONS = 4
-"""Extractions (LLM round trips) in flight at once, across sessions."""
+"""Extraction tasks in flight at once, across sessions: with an LLM each is one
+window (its LLM round trips); without one, each is a batch of windows."""
 _POLL_MS = 200
 _COMMIT_EVERY_S = 1.0
 _STOP_GRACE_S = 5.0
@@ -161,13 +172,17 @@ class ExtractorRunner:
         self.stats = ExtractorStats()
         self.extractor: Extractor | None = None
         self._consumer: AIOKafkaConsumer | None = None
-        self._jobs: dict[asyncio.Task[None], WindowJob] = {}
+        self._jobs: dict[asyncio.Task[None], list[WindowJob]] = {}
         self._committed: dict[tuple[str, int], int] = {}
         self._last_commit = 0.0
+        self._commit_lock = asyncio.Lock()
+        self._batching = False
+        """Several sessions' windows per task (set at start when no LLM is configured)."""
         self._paused = False
         self._stopping = False
         self._loop_task: asyncio.Task[None] | None = None
         self._store_lock = asyncio.Lock()
+        self._prefetch: asyncio.Task[None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -196,6 +211,14 @@ class ExtractorRunner:
             )
             self._producer = self._own_producer = producer
         self.extractor = Extractor(settings, llm, self._embedder, None, self._producer)
+        if llm is None:
+            # The heuristic makes each memory from its own turn alone: holding turns
+            # until a session has enough of them, or falls idle, would only delay them
+            # (by up to ``extract_idle_seconds``). Every turn read is due at once, and
+            # the turns read together are extracted together, across sessions, in
+            # batches of about ``extract_batch_turns``.
+            self.buffer.min_new = 1
+            self._batching = True
         if self._store is not None:
             self._attach_store(self._store)
 
@@ -211,6 +234,8 @@ class ExtractorRunner:
             return consumer
 
         self._consumer = await until_started(make_consumer, "extractor consumer")
+        if self.extractor.store is None:
+            self._prefetch = asyncio.create_task(self._prefetch_store(), name="memstream-extractor-store")
         self._loop_task = asyncio.create_task(self._run(), name="memstream-extractor")
         log.info(
             "extractor started (%s) on %s as group %s",
@@ -227,10 +252,29 @@ class ExtractorRunner:
         self.extractor.store = store
         self.extractor._recall = store_recall(store, self._embedder)
 
+    async def _prefetch_store(self) -> None:
+        """Open the table set at start, for reading only, so the first turns do not wait
+        for it (opening took a quarter of a second of the first extraction on a busy
+        machine). Read-only never races the projector creating the tables; if they do
+        not exist yet, :meth:`_ensure_store` opens them when the first turn needs them."""
+        from memstream.projections.store import LanceStore
+
+        try:
+            store = await asyncio.to_thread(
+                LanceStore.from_settings, self.settings, read_consistency_interval=timedelta(0), create=False
+            )
+        except Exception as exc:  # noqa: BLE001 - not there yet: opened on first use
+            log.debug("extractor: table set not opened at start (%s); opening it on first use", exc)
+            return
+        if self.extractor is not None and self.extractor.store is None:
+            self._attach_store(store)
+
     async def _ensure_store(self) -> None:
         if self.extractor is None or self.extractor.store is not None:
             return
         async with self._store_lock:
+            if self._prefetch is not None and not self._prefetch.done():
+                await asyncio.wait([self._prefetch])
             if self.extractor.store is not None:
                 return
             from memstream.projections.store import LanceStore
@@ -243,6 +287,9 @@ class ExtractorRunner:
     async def stop(self) -> None:
         """Stop reading, let running extractions finish briefly, commit, disconnect."""
         self._stopping = True
+        if self._prefetch is not None and not self._prefetch.done():
+            self._prefetch.cancel()
+            await asyncio.gather(self._prefetch, return_exceptions=True)
         if self._loop_task is not None:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
@@ -322,11 +369,19 @@ class ExtractorRunner:
             log.info("extractor resumed reading (%d turns pending)", pending)
 
     def _schedule(self, *, flush: bool = False) -> list[asyncio.Task[None]]:
-        room = self.concurrency - len(self._jobs)
+        """Start extraction tasks for the due sessions while fewer than ``concurrency``
+        run: one window per task with an LLM, a batch of windows without one."""
         started: list[asyncio.Task[None]] = []
-        for job in self.buffer.due(flush=flush, limit=room):
-            task = asyncio.create_task(self._execute(job), name=f"extract:{job.key}")
-            self._jobs[task] = job
+        while len(self._jobs) < self.concurrency:
+            if self._batching:
+                jobs = self.buffer.due(flush=flush, max_turns=self.settings.extract_batch_turns)
+            else:
+                jobs = self.buffer.due(flush=flush, limit=1)
+            if not jobs:
+                break
+            name = f"extract:{jobs[0].key}" + (f"+{len(jobs) - 1}" if len(jobs) > 1 else "")
+            task = asyncio.create_task(self._execute(jobs), name=name)
+            self._jobs[task] = jobs
             task.add_done_callback(self._job_done)
             started.append(task)
         return started
@@ -339,34 +394,45 @@ class ExtractorRunner:
         if not self._stopping:
             self._schedule()
 
-    async def _execute(self, job: WindowJob) -> None:
+    async def _execute(self, jobs: list[WindowJob]) -> None:
         assert self.extractor is not None
         try:
             await self._ensure_store()
-            outcome = await self.extractor.run_window(job.scope, job.session_id, job.turns, job.background)
+            outcomes = await self.extractor.run_windows(
+                [WindowInput(job.scope, job.session_id, job.turns, job.background) for job in jobs]
+            )
         except asyncio.CancelledError:
-            self.buffer.release(job)
+            for job in jobs:
+                self.buffer.release(job)
             raise
         except Exception as exc:  # noqa: BLE001 - a bug must not lose the turns
-            log.exception("extraction of %s crashed; its turns are kept", job.key)
-            outcome = ExtractionOutcome(
-                "failed",
-                self.extractor.method,
-                kept=tuple(m.message_id for m in job.turns),
-                failure=f"unexpected {type(exc).__name__}: {exc}",
-            )
-        self.buffer.complete(job, outcome)
+            log.exception("extraction of %s crashed; its turns are kept", ", ".join(str(j.key) for j in jobs))
+            outcomes = [
+                ExtractionOutcome(
+                    "failed",
+                    self.extractor.method,
+                    kept=tuple(m.message_id for m in job.turns),
+                    failure=f"unexpected {type(exc).__name__}: {exc}",
+                )
+                for job in jobs
+            ]
         s = self.stats
-        s.extractions += 1
-        s.llm_calls += outcome.llm_calls
-        s.embed_calls += outcome.embed_calls
-        if outcome.status == "failed":
-            s.extractions_failed += 1
-        elif outcome.status == "nothing":
-            s.extractions_nothing += 1
-        s.events_sent += len(outcome.positions)
-        s.memories_added += len(outcome.memories)
-        s.recent.append(outcome)
+        for job, outcome in zip(jobs, outcomes):
+            self.buffer.complete(job, outcome)
+            s.extractions += 1
+            s.llm_calls += outcome.llm_calls
+            s.embed_calls += outcome.embed_calls
+            if outcome.status == "failed":
+                s.extractions_failed += 1
+            elif outcome.status == "nothing":
+                s.extractions_nothing += 1
+            s.events_sent += len(outcome.positions)
+            s.memories_added += len(outcome.memories)
+            s.recent.append(outcome)
+        if not self._stopping:
+            # Once everything read is extracted, say so at once (lag monitors and a
+            # restart see it done); otherwise at most every ``_COMMIT_EVERY_S``.
+            await self._commit(force=self.buffer.pending_count == 0)
 
     async def _commit(self, *, force: bool = False) -> None:
         consumer = self._consumer
@@ -375,22 +441,25 @@ class ExtractorRunner:
         loop = asyncio.get_running_loop()
         if not force and loop.time() - self._last_commit < _COMMIT_EVERY_S:
             return
-        self._last_commit = loop.time()
-        assigned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
-        offsets = {
-            TopicPartition(t, p): off
-            for (t, p), off in self.buffer.safe_offsets().items()
-            if (t, p) in assigned and self._committed.get((t, p)) != off
-        }
-        if not offsets:
-            return
-        try:
-            await consumer.commit(offsets)
-        except (CommitFailedError, RebalanceInProgressError, IllegalStateError, KafkaError) as exc:
-            log.info("extractor commit deferred: %s", exc)
-            return
-        for tp, off in offsets.items():
-            self._committed[(tp.topic, tp.partition)] = off
+        # One commit at a time (the poll loop, finished extractions and a rebalance all
+        # commit): each computes its offsets when its turn comes, so they only advance.
+        async with self._commit_lock:
+            self._last_commit = loop.time()
+            assigned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+            offsets = {
+                TopicPartition(t, p): off
+                for (t, p), off in self.buffer.safe_offsets().items()
+                if (t, p) in assigned and self._committed.get((t, p)) != off
+            }
+            if not offsets:
+                return
+            try:
+                await consumer.commit(offsets)
+            except (CommitFailedError, RebalanceInProgressError, IllegalStateError, KafkaError) as exc:
+                log.info("extractor commit deferred: %s", exc)
+                return
+            for tp, off in offsets.items():
+                self._committed[(tp.topic, tp.partition)] = off
 
     async def _on_revoked(self, revoked: list[TopicPartition]) -> None:
         if self._consumer is not None and revoked:
@@ -411,10 +480,11 @@ class ExtractorRunner:
         while loop.time() < deadline:
             failed_before = self.stats.extractions_failed
             started = self._schedule(flush=True)
+            windows = sum(len(self._jobs.get(task, ())) for task in started)
             if not self._jobs:
                 return
             await asyncio.wait(list(self._jobs), timeout=max(0.0, deadline - loop.time()))
-            if started and self.stats.extractions_failed - failed_before >= len(started):
+            if windows and self.stats.extractions_failed - failed_before >= windows:
                 return  # every extraction of this round failed: the turns stay pending
         raise TimeoutError(f"extractions still running after {timeout:g} s")
 

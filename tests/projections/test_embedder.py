@@ -4,15 +4,22 @@ scripted HTTP server through the real ``openai`` client) and the factory."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import math
+import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tests.fakes.openai_server import FakeOpenAI, Reply, hashed_embedding
 from pydantic import SecretStr
 
+from memstream.domain.content import normalize_content
 from memstream.projections.embedder import (
     Embedder,
     EmbedderConfigError,
@@ -20,7 +27,9 @@ from memstream.projections.embedder import (
     LocalEmbedder,
     MiniLMEmbedder,
     OpenAIEmbedder,
+    _slot,
     build_embedder,
+    embed_array,
 )
 from memstream.settings import Settings
 
@@ -64,6 +73,126 @@ def test_local_embedder_is_deterministic_normalised_and_lexical() -> None:
     assert LocalEmbedder(64).embed(["x"])[0] != emb.embed(["x"])[0][:64]
     with pytest.raises(EmbedderConfigError):
         LocalEmbedder(4)
+
+
+_STOP = frozenset(
+    """a an and are as at be been but by can could did do does for from had has have he
+    her hers him his i if in into is it its me my no not of on or our ours she so than
+    that the their them then there these they this those to us was we were what when
+    where which who whom why will with would you your yours""".split()
+)
+_WEIGHTS = {"w": 1.0, "b": 0.6, "c": 0.3}
+
+
+def _reference_vector(text: str, dim: int) -> list[float]:
+    """The local embedder by its definition (the class docstring), one feature at a
+    time: vectors must not change while the model id stays ``v1``, however the
+    implementation is made faster."""
+
+    def stem(word: str) -> str:
+        if len(word) <= 4 or word.isdigit():
+            return word
+        for suffix in ("ing", "ies", "ed", "es", "ly", "s"):
+            if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+                return word[: -len(suffix)] + ("y" if suffix == "ies" else "")
+        return word
+
+    normal = normalize_content(text)
+    words = re.findall(r"\w+", normal)
+    content = [w for w in words if w not in _STOP] or words
+    stems = [stem(w) for w in content]
+    counts: Counter[str] = Counter()
+    counts.update("w:" + s for s in stems)
+    counts.update(f"b:{a} {b}" for a, b in zip(stems, stems[1:]))
+    for w in content or ([normal] if normal else []):
+        padded = f"<{w}>"
+        counts.update("c:" + padded[i : i + 3] for i in range(len(padded) - 2))
+    if not counts:
+        counts["c:<>"] = 1
+    vec = np.zeros(dim, dtype=np.float64)
+    for feature, tf in counts.items():
+        idx, sign = _slot(feature, dim)
+        vec[idx] += sign * _WEIGHTS[feature[0]] * (1.0 + math.log(tf))
+    norm = float(np.linalg.norm(vec))
+    if norm == 0.0:
+        idx, sign = _slot("c:<>", dim)
+        vec[idx], norm = sign, 1.0
+    return [float(x) for x in (vec / norm).astype(np.float32)]
+
+
+_TEXTS = [
+    "I love hiking in the mountains", "hike hiking hiked hikes hikes", "the the a an", "", "???",
+    "Caroline: I went to the LGBTQ support group yesterday and it was so powerful.",
+    "Ünïcödé ﬁne ligatures and ｆｕｌｌｗｉｄｔｈ", "42 42 42 answers", "x", "re-entry re entry",
+]
+
+
+@settings(max_examples=200)
+@given(st.lists(st.sampled_from(_TEXTS) | st.text(max_size=40), min_size=1, max_size=4))
+def test_local_embedder_vectors_are_its_definition(texts: list[str]) -> None:
+    for dim in (384, 16):
+        emb = LocalEmbedder(dim)
+        assert emb.embed(texts) == [_reference_vector(t, dim) for t in texts]
+        # twice: the second pass comes from the embedder's feature caches
+        assert emb.embed(texts) == [_reference_vector(t, dim) for t in texts]
+
+
+def test_embed_array_is_the_vectors_as_one_float32_matrix() -> None:
+    emb = LocalEmbedder(32)
+    texts = ["one memory", "another one", ""]
+    matrix = embed_array(emb, texts)
+    assert matrix.dtype == np.float32 and matrix.shape == (3, 32)
+    assert matrix.tolist() == emb.embed(texts)
+    assert embed_array(emb, []).shape == (0, 32)
+
+    class ListsOnly:
+        """An embedder with only ``embed`` (the protocol's minimum)."""
+
+        model_id, dim = "lists-only", 4
+
+        def __init__(self, vectors: list[list[float]]) -> None:
+            self.vectors = vectors
+
+        def embed(self, texts: Sequence[str]) -> list[list[float]]:
+            return self.vectors[: len(texts)]
+
+    assert embed_array(ListsOnly([[0.5, 0.5, 0.5, 0.5]]), ["a"]).tolist() == [[0.5] * 4]
+    with pytest.raises(EmbedderUnavailableError, match="2 vectors for 1 texts|1 vectors for 2 texts"):
+        embed_array(ListsOnly([[0.5] * 4]), ["a", "b"])
+    with pytest.raises(EmbedderUnavailableError, match="NaN or infinite"):
+        embed_array(ListsOnly([[float("nan")] * 4]), ["a"])
+
+
+def test_openai_embedder_reads_base64_and_plain_answers(fake: FakeOpenAI) -> None:
+    emb = OpenAIEmbedder(model="fake-embedding", dim=16, base_url=fake.base_url, batch_size=2, max_retries=0)
+    texts = ["one", "two", "three"]
+    matrix = emb.embed_array(texts)
+    assert all(r["encoding_format"] == "base64" for r in fake.embeddings.requests)
+    assert matrix.dtype == np.float32 and matrix.shape == (3, 16)
+    assert matrix.tolist() == emb.embed(texts)
+    for text, row in zip(texts, matrix):
+        assert np.allclose(row, hashed_embedding(text, 16), atol=1e-6)
+
+    # a server that ignores encoding_format and answers plain numbers (indexes shuffled)
+    plain = [[0.25] * 16, [0.5] * 16]
+    body = {"object": "list", "model": "fake-embedding",
+            "data": [{"object": "embedding", "index": 1, "embedding": plain[1]},
+                     {"object": "embedding", "index": 0, "embedding": plain[0]}]}
+    fake.embeddings.push(Reply(raw=json.dumps(body).encode()))
+    assert emb.embed(["a", "b"]) == plain
+    fake.embeddings.push(Reply(raw=json.dumps(body).encode()))
+    assert emb.embed_array(["a", "b"]).tolist() == plain
+
+    fake.embeddings.push(Reply(raw=json.dumps(body).encode()))
+    with pytest.raises(EmbedderUnavailableError, match="2 vectors for 1 texts"):
+        emb.embed_array(["only one"])
+    fake.embeddings.push(Reply(raw=b'{"object": "list", "data": "nope"}'))
+    with pytest.raises(EmbedderUnavailableError, match="without embeddings"):
+        emb.embed_array(["garbage"])
+    nan = {"object": "list", "data": [{"index": 0, "embedding": [float("nan")] * 16}]}
+    fake.embeddings.push(Reply(raw=json.dumps(nan).encode()))
+    with pytest.raises(EmbedderUnavailableError, match="NaN or infinite"):
+        emb.embed_array(["not a number"])
 
 
 def test_openai_embedder_batches_and_checks(fake: FakeOpenAI) -> None:

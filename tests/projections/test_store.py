@@ -31,6 +31,21 @@ def test_tables_exist_and_reopen(tmp_path: Path) -> None:
         LanceStore(root, embedding_dim=DIM * 2)
 
 
+def test_a_reader_opens_an_existing_table_set_without_creating_anything(tmp_path: Path) -> None:
+    root = tmp_path / "lance"
+    with pytest.raises(StoreError, match="no table"):
+        LanceStore(root, embedding_dim=DIM, create=False)
+    assert not root.exists()  # nothing created, not even the directory
+    writer = LanceStore(root, embedding_dim=DIM)
+    Projector(writer, LocalEmbedder(DIM)).apply(positioned([memory(ALICE, "a1", "Alice likes tea")]))
+    indexes = {t: [i.name for i in writer.table(t).list_indices()] for t in TABLE_NAMES}
+    reader = LanceStore(root, embedding_dim=DIM, create=False)
+    assert reader.find_hashes(ALICE, [content_hash("Alice likes tea")]) == {content_hash("Alice likes tea"): "a1"}
+    assert {t: [i.name for i in reader.table(t).list_indices()] for t in TABLE_NAMES} == indexes
+    with pytest.raises(StoreError, match="32-dimension"):
+        LanceStore(root, embedding_dim=DIM * 2, create=False)
+
+
 def test_positions_round_trip_and_survive_reopen(tmp_path: Path) -> None:
     store = LanceStore(tmp_path / "lance", embedding_dim=DIM)
     assert store.positions() == {}

@@ -40,7 +40,7 @@ from memstream.projections.schema import MEMORIES
 from memstream.projections.store import LanceStore, space_where
 from memstream.settings import Settings
 from memstream.streams.consumer import decode_or_dead_letter
-from memstream.streams.extractor import ExtractionOutcome, Extractor, TurnBuffer
+from memstream.streams.extractor import ExtractionOutcome, Extractor, TurnBuffer, WindowInput
 from memstream.streams.extractor_agent import ExtractorRunner, consumer_group
 from memstream.streams.producer import MemstreamProducer
 from memstream.streams.topics import Topics
@@ -494,6 +494,101 @@ async def test_heuristic_without_an_llm(env: Env) -> None:
     assert results[0].memory_id == first.memory_id and results[0].source_message_ids == ("m1",)
 
 
+class Counted:
+    """Wraps the store, the embedder or the producer and counts the calls the extractor
+    makes (``fail_for``: the memory spaces whose lookup fails)."""
+
+    def __init__(self, inner: Any, fail: bool = False, fail_for: frozenset[str] = frozenset()) -> None:
+        self.inner, self.fail, self.fail_for = inner, fail, fail_for
+        self.calls: list[Any] = []
+        self.model_id = getattr(inner, "model_id", None)
+        self.dim = getattr(inner, "dim", None)
+
+    def find_hashes(self, scope: Scope, hashes: Sequence[str]) -> dict[str, str]:
+        self.calls.append((scope.space, sorted(hashes)))
+        if scope.space in self.fail_for:
+            raise OSError("disk gone")
+        return self.inner.find_hashes(scope, hashes)
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        self.calls.append(list(texts))
+        return self.inner.embed(texts)
+
+    def embed_array(self, texts: Sequence[str]) -> Any:
+        self.calls.append(list(texts))
+        return self.inner.embed_array(texts)
+
+    async def send_many(self, events: Sequence[Any]) -> list[LogPosition]:
+        self.calls.append(list(events))
+        if self.fail:
+            raise OSError("broker gone")
+        return list(await self.inner.send_many(events))
+
+
+BOB = Scope(team_id="acme", user_id="bob", agent_id="bot")
+
+
+def batch_windows() -> list[WindowInput]:
+    return [
+        WindowInput(SCOPE, "s1", [turn("m1", "I adopted a dog called Rex"), turn("m2", "I work in Leeds", minutes=1)]),
+        WindowInput(SCOPE, "s2", [turn("m3", "/clear", session="s2"), turn("m4", "My sister is Eva", session="s2")]),
+        WindowInput(BOB, "s1", [turn("b1", "I play chess").model_copy(update={"scope": BOB})]),
+        WindowInput(SCOPE, "s3", [turn("m5", "/model gpt-4o", session="s3")]),
+    ]
+
+
+def comparable(outcome: ExtractionOutcome) -> list[dict[str, Any]]:
+    """An outcome's events without what differs between any two runs (event ids,
+    correlation ids, the recording time)."""
+    out = []
+    for e in outcome.events:
+        d = e.model_dump(mode="json", exclude={"event_id", "correlation_id", "recorded_at"})
+        out.append(d)
+    return out
+
+
+async def test_a_batch_of_windows_shares_its_lookups_embedding_and_produce(env: Env) -> None:
+    await env.extractor(llm=None).run_window(SCOPE, "s0", [turn("m0", "I work in Leeds", session="s0")])
+    await env.project()  # one memory of the batch is already in Ana's space
+    alone = [await env.extractor(llm=None).run_window(w.scope, w.session_id, w.turns) for w in batch_windows()]
+    await env.new_events()
+
+    store, embedder, producer = Counted(env.store), Counted(env.embedder), Counted(env.producer)
+    batched = await Extractor(env.settings, None, embedder, store, producer).run_windows(batch_windows())
+    assert [o.status for o in batched] == ["extracted", "extracted", "extracted", "nothing"]
+    assert [o.consumed for o in batched] == [("m1", "m2"), ("m3", "m4"), ("b1",), ("m5",)]
+    # one lookup per memory space, one embedding call, one produce, for four windows
+    assert sorted(space for space, _ in store.calls) == ["acme/ana", "acme/bob"]
+    assert embedder.calls == [["Ana: I adopted a dog called Rex", "Ana: My sister is Eva", "Ana: I play chess"]]
+    (sent,) = producer.calls
+    assert len(sent) == 3 and sum(o.embed_calls for o in batched) == 1
+    # each window is still its own run: the same events as alone, duplicates included
+    assert [comparable(o) for o in batched] == [comparable(o) for o in alone]
+    assert [len(o.memories) for o in batched] == [1, 1, 1, 0]
+    assert {"action": "exact_duplicate", "memory_id": memory_id_for(SCOPE, content_hash("Ana: I work in Leeds")),
+            "content": "Ana: I work in Leeds"} in batched[0].record
+    assert len({o.correlation_id for o in batched}) == 4
+    # every run gets the log positions of its own events
+    logged = {(pe.position.partition, pe.position.offset): pe.event.event_id for pe in await env.new_events()}
+    assert len(logged) == 3
+    for o in batched:
+        assert [logged[(p.partition, p.offset)] for p in o.positions] == [e.event_id for e in o.events]
+
+
+async def test_a_failing_space_or_produce_fails_only_its_runs(env: Env) -> None:
+    store = Counted(env.store, fail_for=frozenset({"acme/bob"}))
+    outcomes = await Extractor(env.settings, None, env.embedder, store, env.producer).run_windows(batch_windows())
+    assert [o.status for o in outcomes] == ["extracted", "extracted", "failed", "nothing"]
+    assert outcomes[2].kept == ("b1",) and "memory space unreadable" in (outcomes[2].failure or "")
+    assert sorted(m.source_message_ids for m in added(await env.new_events())) == [("m1",), ("m2",), ("m4",)]
+
+    producer = Counted(env.producer, fail=True)
+    outcomes = await Extractor(env.settings, None, env.embedder, env.store, producer).run_windows(batch_windows())
+    assert [o.status for o in outcomes] == ["failed", "failed", "failed", "nothing"]
+    assert [o.kept for o in outcomes[:3]] == [("m1", "m2"), ("m3", "m4"), ("b1",)]
+    assert all("events not produced" in (o.failure or "") for o in outcomes[:3])
+
+
 async def test_candidates_stay_inside_the_memory_space(env: Env) -> None:
     extractor = env.extractor()
     other = Scope(team_id="acme", user_id="bob", agent_id="bot")
@@ -556,6 +651,20 @@ def test_buffer_takes_at_most_max_new_and_passes_background() -> None:
     (job,) = buf.due()
     assert [m.message_id for m in job.turns] == ["a3", "a4"]
     assert [m.message_id for m in job.background] == ["a1", "a2"]
+
+
+def test_buffer_batches_sessions_up_to_max_turns() -> None:
+    clock = Clock()
+    buf = TurnBuffer(min_new=1, idle_seconds=10, max_new=3, max_background=0, clock=clock)
+    for i, session in enumerate(["s1", "s1", "s1", "s1", "s2", "s2", "s3"]):
+        buf.add(turn(f"{session}-{i}", "x", session=session), at(i))
+        clock.now += 1
+    first = buf.due(max_turns=4)
+    # the longest-waiting sessions first, until the jobs hold max_turns new turns
+    assert [[m.message_id for m in j.turns] for j in first] == [["s1-0", "s1-1", "s1-2"], ["s2-4", "s2-5"]]
+    (rest,) = buf.due(max_turns=4)
+    assert [m.message_id for m in rest.turns] == ["s3-6"]
+    assert buf.due(max_turns=4) == [] and buf.due(flush=True, max_turns=1) == []  # all in flight
 
 
 def test_buffer_keeps_failed_turns_backs_off_and_never_commits_past_them() -> None:
@@ -670,6 +779,27 @@ async def test_runner_turns_to_searchable_memories(env: Env) -> None:
     finally:
         await runner.stop()
     assert sum((await committed(env.settings, env.topics.messages)).values()) == 4
+
+
+async def test_without_an_llm_every_turn_is_extracted_at_once_across_sessions(env: Env) -> None:
+    # an LLM runner with these settings would hold each session's turns for 10 minutes
+    settings = env.settings.model_copy(update={"extract_min_new_turns": 10, "extract_idle_seconds": 600.0})
+    embedder = Counted(env.embedder)
+    runner = ExtractorRunner(settings, env.topics, llm=None, embedder=embedder, producer=env.producer)
+    await runner.start()
+    try:
+        await wait_until(lambda: runner.extractor is not None and runner.extractor.store is not None,
+                         what="the table set opened at start")
+        turns = [turn(f"m{i}", f"fact {i} about the garden", minutes=i, session=f"s{i % 6}") for i in range(12)]
+        await produce_turns(env, turns)
+        await wait_until(lambda: runner.stats.memories_added == 12, what="every turn extracted")
+        assert runner.stats.extractions == 6 and runner.stats.extractions_failed == 0
+        assert len(embedder.calls) < 6  # sessions read together are embedded together
+        await wait_until(lambda: sum(runner.committed().values()) == 12, what="the commit of every turn")
+        events = await env.project()
+        assert sorted(m.source_message_ids[0] for m in added(events)) == sorted(t.message_id for t in turns)
+    finally:
+        await runner.stop()
 
 
 async def test_llm_down_keeps_turns_and_extracts_them_when_it_returns(env: Env) -> None:
