@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -38,13 +39,23 @@ def kafka_bootstrap() -> Iterator[str]:
 
 
 @pytest.fixture
-def topic_prefix() -> str:
-    return f"t{uuid.uuid4().hex[:10]}."
+def topic_prefix() -> Iterator[str]:
+    """A private topic prefix for one test. Its topics (and the Faust topics of the
+    app ids :func:`settings_for` handed out for it) are deleted after the test: a
+    developer's long-running broker otherwise collects thousands of them and runs out
+    of heap."""
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    yield prefix
+    app_ids = _APP_IDS.pop(prefix, [])
+    settings = Settings()
+    if local.bootstrap_reachable(settings.bootstrap_servers):
+        asyncio.run(_delete_private_topics(settings.bootstrap_servers, (prefix, *(f"{a}-" for a in app_ids))))
 
 
 @pytest.fixture
 async def fresh_topics(kafka_bootstrap: str, topic_prefix: str) -> AsyncIterator[Topics]:
-    """A private, freshly created topic set for one test."""
+    """A private, freshly created topic set for one test (deleted after it, see
+    :func:`topic_prefix`)."""
     from memstream.streams.admin import ensure_topics
 
     topics = Topics(prefix=topic_prefix, partitions=3, replication_factor=1)
@@ -52,20 +63,41 @@ async def fresh_topics(kafka_bootstrap: str, topic_prefix: str) -> AsyncIterator
     yield topics
 
 
+_APP_IDS: dict[str, list[str]] = {}
+"""Topic prefix -> app ids made for it by :func:`settings_for`."""
+
+
+async def _delete_private_topics(bootstrap: str, owned: tuple[str, ...]) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        await admin.start()
+        names = [t for t in await admin.list_topics() if t.startswith(owned)]
+        if names:
+            await admin.delete_topics(names)
+    except Exception as exc:  # noqa: BLE001 - clean-up only: never fails a test
+        warnings.warn(f"could not delete the test topics under {owned[0]}: {exc}", stacklevel=1)
+    finally:
+        await admin.close()
+
+
 @pytest.fixture
 def settings_for(kafka_bootstrap: str, tmp_path):  # type: ignore[no-untyped-def]
     """Build a Settings bound to the test broker, a private topic prefix and tmp dirs."""
 
     def make(topics: Topics, **overrides: object) -> Settings:
+        app_id = f"app-{uuid.uuid4().hex[:8]}"
         base: dict[str, object] = {
             "bootstrap_servers": kafka_bootstrap,
             "topic_prefix": topics.prefix,
             "partitions": topics.partitions,
             "lance_dir": tmp_path / "lance",
             "home": tmp_path / "home",
-            "app_id": f"app-{uuid.uuid4().hex[:8]}",
+            "app_id": app_id,
         }
         base.update(overrides)
+        _APP_IDS.setdefault(topics.prefix, []).append(str(base["app_id"]))
         return Settings(**base)  # type: ignore[arg-type]
 
     return make
