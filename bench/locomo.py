@@ -319,10 +319,9 @@ def conversation_events(conversation: Conversation) -> list[MessageObserved]:
 
 def bench_settings(base: Settings, workdir: Path, *, embedder: str, tag: str) -> Settings:
     """Settings for a private run: own topics, app id and LanceDB directory on the
-    configured broker; the no-LLM extractor with windows of up to 50 turns (it has no
-    prompt to keep short, and a bulk import then needs a fifth of the windows) and a
-    short idle trigger, so the last turns of a session are extracted a second after they
-    arrive instead of 30 s later."""
+    configured broker, and the no-LLM extractor with the product's defaults (without
+    an LLM every turn is due at once, and the turns read together are extracted in
+    one batch: no bench-only tuning)."""
     suffix = uuid.uuid4().hex[:8]
     data = base.model_dump()
     data.update(
@@ -333,8 +332,6 @@ def bench_settings(base: Settings, workdir: Path, *, embedder: str, tag: str) ->
         embedder=embedder,
         llm_base_url=None,
         llm_api_key=None,
-        extract_idle_seconds=1.0,
-        extract_max_new_turns=50,
     )
     return Settings(**data)
 
