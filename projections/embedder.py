@@ -439,15 +439,7 @@ class MiniLMEmbedder:
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         if not texts:
             return []
-        arr = self._model.encode(
-            list(texts),
-            batch_size=self.batch_size,
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        )
-        vectors = np.asarray(arr, dtype=np.float32).tolist()
-        check_vectors(vectors, len(texts), self.dim, "minilm")
+        vectors: list[list[float]] = self.embed_array(texts).tolist()
         return vectors
 
     def embed_array(self, texts: Sequence[str]) -> np.ndarray:
