@@ -398,6 +398,23 @@ class LanceStore:
         (the table is append-only, see :meth:`save_positions`)."""
         return self._positions_and_rows()[0]
 
+    def positions_table(self) -> pa.Table:
+        """The ``positions`` view as rows, every column: the furthest row of each
+        (topic, partition), which is what a reader of the table means by it (the
+        table itself also holds the rows appended before, until they are pruned)."""
+        tbl = self.rows(POSITIONS, None)
+        if tbl.num_rows == 0:
+            return tbl
+        furthest: dict[tuple[str, int], tuple[int, int]] = {}
+        for i, (t, p, o) in enumerate(
+            zip(tbl.column("topic").to_pylist(), tbl.column("partition").to_pylist(), tbl.column("next_offset").to_pylist())
+        ):
+            key = (t, int(p))
+            if key not in furthest or int(o) > furthest[key][0]:
+                furthest[key] = (int(o), i)
+        keep = [furthest[k][1] for k in sorted(furthest)]
+        return tbl.take(pa.array(keep, type=pa.int64()))
+
     def _positions_and_rows(self) -> tuple[dict[tuple[str, int], int], int]:
         """The positions and how many rows hold them, from one read."""
         tbl = self.rows(POSITIONS, None, ["topic", "partition", "next_offset"])

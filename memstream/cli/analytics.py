@@ -12,6 +12,7 @@ They read the LanceDB tables the worker writes (``MEMSTREAM_LANCE_DIR``, or
   name (``memories``, ``messages``, ``links``, ``entities``, ``reflections``,
   ``decisions``, ``positions``); DuckDB scans the datasets directly (no copy to Arrow
   first), which is what makes analytics over a million rows take well under a second.
+  ``positions`` is the view (the furthest row per partition), in ``export`` too.
 * ``export`` writes every table (or ``--table``) as Parquet or JSON lines, streamed in
   record batches so memory stays flat.
 """
@@ -159,8 +160,19 @@ def _connect_duckdb(store: Any) -> Any:
 
     con = duckdb.connect()
     for name in store.table_names:
-        con.register(name, store.table(name).to_lance())
+        con.register(name, _table_source(store, name))
     return con
+
+
+def _table_source(store: Any, name: str) -> Any:
+    """What a table is read from: its Lance dataset (scanned in place), except
+    ``positions``, which is the view of the furthest row per partition (the table
+    holds appended rows until the worker prunes them; a handful of rows either way)."""
+    from memstream.projections.schema import POSITIONS
+
+    if name == POSITIONS:
+        return store.positions_table()
+    return store.table(name).to_lance()
 
 
 def _cell(value: Any) -> str:
@@ -231,7 +243,7 @@ def export_cmd(
     summary.add_column("rows", justify="right")
     summary.add_column("file")
     for name in names:
-        dataset = store.table(name).to_lance()
+        dataset = _table_source(store, name)
         path = directory / f"{name}.{fmt}"
         count = 0
         if fmt == "parquet":

@@ -104,6 +104,24 @@ def test_sql_over_the_tables(cli: typer.Typer, lance_dir: Path) -> None:
         CliRunner().invoke(cli, ["sql", "SELEKT 1"], catch_exceptions=False)
 
 
+def test_positions_read_as_the_furthest_row_per_partition(cli: typer.Typer, lance_dir: Path, tmp_path: Path) -> None:
+    store = LanceStore(lance_dir, embedding_dim=DIM)
+    before = store.positions()
+    (topic, partition), offset = next(iter(sorted(before.items())))
+    # positions are appended; the rows behind stay until the worker prunes them
+    store.save_positions({(topic, partition): offset + 5})
+    store.save_positions({(topic, partition): offset + 9, ("other.topic", 0): 3})
+    assert store.count("positions") == len(before) + 3
+    want = {**{f"{t}|{p}": o for (t, p), o in before.items()}, f"{topic}|{partition}": offset + 9, "other.topic|0": 3}
+    out = _run(cli, "sql", "SELECT topic, partition, next_offset FROM positions", "--json")
+    got = {f"{r['topic']}|{r['partition']}": r["next_offset"] for r in map(json.loads, out.splitlines())}
+    assert got == want and len(out.splitlines()) == len(want)
+    _run(cli, "export", "--table", "positions", str(tmp_path / "pq"))
+    exported = pq.read_table(tmp_path / "pq" / "positions.parquet").to_pylist()
+    assert {r["pk"]: r["next_offset"] for r in exported} == want and len(exported) == len(want)
+    assert all(r["updated_at"] is not None for r in exported)
+
+
 def test_export_parquet_and_jsonl(cli: typer.Typer, lance_dir: Path, tmp_path: Path) -> None:
     _run(cli, "export", str(tmp_path / "pq"))
     assert pq.read_table(tmp_path / "pq" / "memories.parquet").num_rows == 3
