@@ -295,7 +295,7 @@ def _gate(text: str, *, prefilter: bool) -> GateResult:
 
     # Checked on the turn as written (images aside), markers included: a hijack attempt
     # hidden inside framework markup is still a hijack attempt.
-    for pattern, literals in zip(INJECTION_PATTERNS, _INJECTION_LITERALS):
+    for pattern, literals in zip(INJECTION_PATTERNS, _INJECTION_LITERALS, strict=True):
         if not _may_match(literals, present):
             continue
         match = pattern.search(with_images)
@@ -310,7 +310,7 @@ def _strip_noise(text: str, present: frozenset[str] | None = None) -> tuple[str,
     """The text without framework markers, and how many were removed (``present``:
     see :func:`_present`; ``None`` runs every pattern)."""
     removed = 0
-    for pattern, literals in zip(NOISE_PATTERNS, _NOISE_LITERALS):
+    for pattern, literals in zip(NOISE_PATTERNS, _NOISE_LITERALS, strict=True):
         if not _may_match(literals, present):
             continue
         text, n = pattern.subn(" ", text)

@@ -86,7 +86,6 @@ from memstream.domain.content import normalize_content
 from memstream.domain.events import MemoryType, Scope
 from memstream.domain.ranking import (
     asks_for_time,
-    is_question,
     lexical_query,
     mentions_time,
     prior_factor,

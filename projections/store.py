@@ -160,6 +160,19 @@ def _json_or_none(text: str | None) -> Any:
         return text
 
 
+def _furthest_rows(tbl: pa.Table) -> dict[tuple[str, int], tuple[int, int]]:
+    """Per (topic, partition) of a ``positions`` read: the furthest next offset and the
+    index of the row holding it (positions are appended and only move forward)."""
+    furthest: dict[tuple[str, int], tuple[int, int]] = {}
+    for i, (t, p, o) in enumerate(
+        zip(tbl.column("topic").to_pylist(), tbl.column("partition").to_pylist(), tbl.column("next_offset").to_pylist())
+    ):
+        key = (t, int(p))
+        if key not in furthest or int(o) > furthest[key][0]:
+            furthest[key] = (int(o), i)
+    return furthest
+
+
 class LanceStore:
     """The projection's tables under ``root``: memories, messages, links, entities,
     reflections, decisions, positions (schemas in ``memstream.projections.schema``)."""
@@ -179,11 +192,10 @@ class LanceStore:
         a table is missing. A reader in the writer's process uses it to open the
         tables beside the writer without racing it to create them."""
         self.root = Path(root)
-        if not create:
-            missing = [n for n in TABLE_NAMES if not (self.root / f"{n}.lance").is_dir()]
-            if missing:
-                raise StoreError(f"{self.root} has no table(s) {', '.join(missing)} yet")
-        self.root.mkdir(parents=True, exist_ok=True)
+        if create:
+            self.root.mkdir(parents=True, exist_ok=True)
+        elif not self.root.is_dir():
+            raise StoreError(f"{self.root} has no table set yet")
         self.embedding_dim = int(embedding_dim)
         self.vector_index_threshold = int(vector_index_threshold)
         self.keep_versions = keep_versions
@@ -403,30 +415,13 @@ class LanceStore:
         (topic, partition), which is what a reader of the table means by it (the
         table itself also holds the rows appended before, until they are pruned)."""
         tbl = self.rows(POSITIONS, None)
-        if tbl.num_rows == 0:
-            return tbl
-        furthest: dict[tuple[str, int], tuple[int, int]] = {}
-        for i, (t, p, o) in enumerate(
-            zip(tbl.column("topic").to_pylist(), tbl.column("partition").to_pylist(), tbl.column("next_offset").to_pylist())
-        ):
-            key = (t, int(p))
-            if key not in furthest or int(o) > furthest[key][0]:
-                furthest[key] = (int(o), i)
-        keep = [furthest[k][1] for k in sorted(furthest)]
-        return tbl.take(pa.array(keep, type=pa.int64()))
+        furthest = _furthest_rows(tbl)
+        return tbl.take(pa.array([furthest[k][1] for k in sorted(furthest)], type=pa.int64()))
 
     def _positions_and_rows(self) -> tuple[dict[tuple[str, int], int], int]:
         """The positions and how many rows hold them, from one read."""
         tbl = self.rows(POSITIONS, None, ["topic", "partition", "next_offset"])
-        out: dict[tuple[str, int], int] = {}
-        for t, p, o in zip(
-            tbl.column("topic").to_pylist(),
-            tbl.column("partition").to_pylist(),
-            tbl.column("next_offset").to_pylist(),
-        ):
-            key = (t, int(p))
-            out[key] = max(out.get(key, 0), int(o))
-        return out, tbl.num_rows
+        return {k: offset for k, (offset, _) in _furthest_rows(tbl).items()}, tbl.num_rows
 
     def save_positions(self, next_offsets: Mapping[tuple[str, int], int], *, now: datetime | None = None) -> None:
         """Record positions. Positions only move forward (the projector takes the max

@@ -48,7 +48,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
@@ -68,7 +68,6 @@ from memstream.domain.extraction import (
     Candidate,
     Decision,
     DraftIssue,
-    ExtractionParse,
     MemoryDraft,
     StageReport,
     Window,
@@ -105,6 +104,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 class EventSink(Protocol):
@@ -447,20 +448,13 @@ class Extractor:
             self._fail(run, f"prompt: {exc}")
             return
         max_memories = self.settings.extract_max_memories
-
-        def parse(text: str) -> tuple[Repaired, ExtractionParse]:
-            repaired = repair_json(text)
-            return repaired, parse_extraction(repaired.value, window, max_memories=max_memories)
-
         try:
-            call = await call_with_retry(
-                self.llm,
+            call = await self._ask(
                 system,
                 user,
-                parse=parse,
-                schema=EXTRACTION_SCHEMA,
-                schema_name="memstream_extraction",
-                retries=self.settings.llm_max_retries,
+                EXTRACTION_SCHEMA,
+                "memstream_extraction",
+                lambda value: parse_extraction(value, window, max_memories=max_memories),
             )
         except LLMError as exc:
             run.llm_calls = exc.attempts
@@ -639,6 +633,33 @@ class Extractor:
             correlation_id=run.run_id,
         )
 
+    async def _ask(
+        self,
+        system: str,
+        user: str,
+        schema: Mapping[str, Any],
+        schema_name: str,
+        interpret: Callable[[Any], _T],
+    ) -> LLMCall[tuple[Repaired, _T]]:
+        """One structured LLM call (extraction or judgment): the answer's JSON repaired,
+        then read by ``interpret``; retried per ``llm_max_retries`` (raises
+        :class:`LLMError` when every attempt failed)."""
+        assert self.llm is not None
+
+        def parse(text: str) -> tuple[Repaired, _T]:
+            repaired = repair_json(text)
+            return repaired, interpret(repaired.value)
+
+        return await call_with_retry(
+            self.llm,
+            system,
+            user,
+            parse=parse,
+            schema=schema,
+            schema_name=schema_name,
+            retries=self.settings.llm_max_retries,
+        )
+
     async def _judge(
         self, scope: Scope, drafts: Sequence[MemoryDraft], candidates: Sequence[Sequence[Candidate]]
     ) -> tuple[dict[int, Decision], StageReport | None, int]:
@@ -656,19 +677,13 @@ class Extractor:
                 "llm", status="failed", note=reason
             ), 0
 
-        def parse(text: str) -> tuple[Repaired, dict[int, Decision]]:
-            repaired = repair_json(text)
-            return repaired, parse_judgment(repaired.value, plan, len(drafts))
-
         try:
-            call = await call_with_retry(
-                self.llm,
+            call = await self._ask(
                 system,
                 user,
-                parse=parse,
-                schema=JUDGMENT_SCHEMA,
-                schema_name="memstream_judgment",
-                retries=self.settings.llm_max_retries,
+                JUDGMENT_SCHEMA,
+                "memstream_judgment",
+                lambda value: parse_judgment(value, plan, len(drafts)),
             )
         except LLMError as exc:
             reason = f"judgment failed ({exc.kind} after {exc.attempts} attempt(s)): stored all"

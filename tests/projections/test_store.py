@@ -3,6 +3,9 @@ the replay digest."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -201,40 +204,50 @@ def test_vector_index_builds_beside_the_writer(tmp_path: Path) -> None:
     assert hits[0].memory_id == f"w{offset - 1}"  # a row newer than the index is found
 
 
+@contextmanager
+def _repeated_beside(step: Callable[[], None]) -> Iterator[list[BaseException]]:
+    """Run ``step`` over and over on another thread while the body runs, as the
+    worker's maintenance thread runs beside its writer; yields the failure that
+    stopped it, if any."""
+    stop = threading.Event()
+    failure: list[BaseException] = []
+
+    def loop() -> None:
+        try:
+            while not stop.is_set():
+                step()
+        except BaseException as exc:  # noqa: BLE001 - reported to the test thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    try:
+        yield failure
+    finally:
+        stop.set()
+        thread.join()
+
+
 def test_index_updates_run_beside_the_writer(tmp_path: Path) -> None:
     """The worker folds new rows into the indexes on its own thread while batches
     (new memories and re-added ones) keep being written: neither may fail, and the
     indexes end up covering the rows."""
-    import threading
-
     store = LanceStore(tmp_path / "lance", embedding_dim=DIM)
     projector = Projector(store, LocalEmbedder(DIM))
     projector.apply(positioned([memory(ALICE, f"m{i}", f"seed memory number {i}") for i in range(500)]))
-
-    stop = threading.Event()
     updates: list[int] = []
-    failure: list[BaseException] = []
 
-    def index_loop() -> None:
-        try:
-            while not stop.is_set():
-                store.optimize_indexes()
-                updates.append(1)
-        except BaseException as exc:  # noqa: BLE001 - reported to the test thread
-            failure.append(exc)
+    def update_indexes() -> None:
+        store.optimize_indexes()
+        updates.append(1)
 
-    indexer = threading.Thread(target=index_loop)
-    indexer.start()
     offset = 500
-    try:
+    with _repeated_beside(update_indexes) as failure:
         for round_ in range(30):
             batch = [memory(ALICE, f"w{offset + i}", f"fresh row {offset + i}") for i in range(20)]
             batch += [memory(ALICE, f"m{round_}", f"seed memory number {round_}, revised")]
             projector.apply(positioned(batch, start=offset))
             offset += len(batch)
-    finally:
-        stop.set()
-        indexer.join()
     assert not failure, failure
     assert len(updates) >= 2  # the index updates really overlapped the writes
     assert store.count(MEMORIES) == 500 + 30 * 20  # re-added memories replaced in place
@@ -249,33 +262,23 @@ def test_compaction_runs_beside_an_appending_writer(tmp_path: Path) -> None:
     """The worker compacts on its maintenance thread while batches of new memories
     keep being appended: the writer never fails, compactions commit, and afterwards
     every row is there exactly once with few fragments left."""
-    import threading
-
     store = LanceStore(tmp_path / "lance", embedding_dim=DIM)
     projector = Projector(store, LocalEmbedder(DIM))
-    stop = threading.Event()
     compactions: list[int] = []
-    failure: list[BaseException] = []
 
-    def compact_loop() -> None:
-        while not stop.is_set():
-            try:
-                compactions.append(store.compact(target_rows=1_000, refresh=False))
-            except Exception as exc:  # noqa: BLE001 - only a lost race is acceptable
-                if "conflict" not in str(exc).lower():
-                    failure.append(exc)
+    def compact() -> None:
+        try:
+            compactions.append(store.compact(target_rows=1_000, refresh=False))
+        except Exception as exc:  # noqa: BLE001 - only a lost race is acceptable
+            if "conflict" not in str(exc).lower():
+                raise
 
-    compactor = threading.Thread(target=compact_loop)
-    compactor.start()
     offset = 0
-    try:
+    with _repeated_beside(compact) as failure:
         for _ in range(40):
             batch = [memory(ALICE, f"n{offset + i}", f"appended row {offset + i}") for i in range(25)]
             projector.apply(positioned(batch, start=offset))
             offset += len(batch)
-    finally:
-        stop.set()
-        compactor.join()
     assert not failure, failure
     assert sum(compactions) >= 2  # compactions really committed while the writer wrote
     mem = store.table(MEMORIES)
