@@ -31,7 +31,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,7 @@ __all__ = [
     "group_offsets",
     "wait_caught_up",
     "CatchUp",
+    "LogWatch",
 ]
 
 console = Console(highlight=False, soft_wrap=False, width=120)
@@ -320,11 +321,15 @@ class CatchUp:
         not yet committed by the extractor."""
         lag = sum(max(0, end - self.projected.get(tp, 0)) for tp, end in {**self.message_ends, **self.event_ends}.items())
         if extraction:
-            lag += sum(max(0, end - self.extracted.get(tp, 0)) for tp, end in self.message_ends.items())
+            lag += self.extraction_lag()
         return lag
 
+    def extraction_lag(self) -> int:
+        """Turns not yet committed by the extractor."""
+        return sum(max(0, end - self.extracted.get(tp, 0)) for tp, end in self.message_ends.items())
 
-class _LogWatch:
+
+class LogWatch:
     """One consumer (end offsets) and one admin client (the extractor's commits), kept
     open across polls: connecting per poll took longer than the poll interval."""
 
@@ -339,7 +344,7 @@ class _LogWatch:
         self.consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False)
         self.admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
 
-    async def __aenter__(self) -> "_LogWatch":
+    async def __aenter__(self) -> "LogWatch":
         await self.consumer.start()
         await self.admin.start()
         return self
@@ -348,7 +353,13 @@ class _LogWatch:
         await self.consumer.stop()
         await self.admin.close()
 
-    async def read(self, positions: Callable[[], Mapping[tuple[str, int], int]]) -> CatchUp:
+    async def read(
+        self, positions: Callable[[], Mapping[tuple[str, int], int]], *, extraction: bool = False
+    ) -> CatchUp:
+        """The log's ends, the extractor's commits and, unless extraction is still
+        behind (then the work cannot be done yet), the stored positions: reading the
+        LanceDB positions table is most of a poll's CPU, which the benchmark's process
+        (its embedding server included) would otherwise take from the run it measures."""
         from aiokafka import TopicPartition
 
         observed = time.perf_counter()
@@ -361,14 +372,16 @@ class _LogWatch:
             tps.extend(TopicPartition(name, p) for p in sorted(parts))
         ends = await self.consumer.end_offsets(tps) if tps else {}
         committed = await self.admin.list_consumer_group_offsets(self.group)
-        projected = await asyncio.to_thread(positions)
-        return CatchUp(
+        state = CatchUp(
             message_ends={(tp.topic, tp.partition): int(o) for tp, o in ends.items() if tp.topic == self.topics.messages},
             event_ends={(tp.topic, tp.partition): int(o) for tp, o in ends.items() if tp.topic == self.topics.events},
-            projected=dict(projected),
+            projected={},
             extracted={(tp.topic, tp.partition): int(m.offset) for tp, m in committed.items() if m.offset >= 0},
             observed_at=observed,
         )
+        if extraction and state.extraction_lag():
+            return state
+        return replace(state, projected=dict(await asyncio.to_thread(positions)))
 
 
 async def wait_caught_up(
@@ -380,6 +393,7 @@ async def wait_caught_up(
     poll: float = 0.1,
     alive: Callable[[], bool] | None = None,
     on_poll: Callable[[CatchUp], None] | None = None,
+    watch: LogWatch | None = None,
 ) -> CatchUp:
     """Wait until the worker has extracted every turn (its group committed the end of
     ``messages``) and projected everything (stored positions at the end of both
@@ -387,22 +401,29 @@ async def wait_caught_up(
     memories in between). Returns the *first* caught-up state of that streak: its
     ``observed_at`` is when the work was seen done; the second look only confirms it.
     Raises ``TimeoutError`` (or ``RuntimeError`` if ``alive()`` turns false) with the
-    last state."""
+    last state. ``watch``: a :class:`LogWatch` opened before the measured work starts
+    (connecting its clients costs CPU the measured run should not share); without
+    one, a watch is opened here."""
+    if watch is None:
+        async with LogWatch(settings) as own:
+            return await wait_caught_up(
+                settings, positions, extraction=extraction, timeout=timeout, poll=poll,
+                alive=alive, on_poll=on_poll, watch=own,
+            )
     deadline = time.monotonic() + timeout
     first: CatchUp | None = None
-    async with _LogWatch(settings) as watch:
-        while True:
-            state = await watch.read(positions)
-            if on_poll is not None:
-                on_poll(state)
-            if state.behind(extraction=extraction) == 0:
-                if first is not None and dict(first.event_ends) == dict(state.event_ends):
-                    return first
-                first = state
-            else:
-                first = None
-            if alive is not None and not alive():
-                raise RuntimeError(f"the worker died while catching up ({state.behind(extraction=extraction)} behind)")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the worker is still {state.behind(extraction=extraction)} records behind")
-            await asyncio.sleep(poll)
+    while True:
+        state = await watch.read(positions, extraction=extraction)
+        if on_poll is not None:
+            on_poll(state)
+        if state.behind(extraction=extraction) == 0:
+            if first is not None and dict(first.event_ends) == dict(state.event_ends):
+                return first
+            first = state
+        else:
+            first = None
+        if alive is not None and not alive():
+            raise RuntimeError(f"the worker died while catching up ({state.behind(extraction=extraction)} behind)")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the worker is still {state.behind(extraction=extraction)} records behind")
+        await asyncio.sleep(poll)

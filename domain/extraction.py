@@ -1125,12 +1125,19 @@ def build_events(
     batch_record: Sequence[dict[str, Any]],
     recorded_at: datetime,
     correlation_id: str | None = None,
+    own_refs: bool = False,
 ) -> BuiltEvents:
     """The ADD-only events for one run, in a stable order (each memory, then its links).
 
     ``batch_record`` (exact duplicates, gate rejections, parser issues) and every
     ``drop`` decision are written into the provenance of each event, so a decision
     that emitted nothing is still on the record wherever the batch left a trace.
+
+    A memory's provenance names the run's inputs and outputs (what the model read and
+    wrote). With ``own_refs`` (the heuristic, which makes each memory from its own
+    turns alone) it names the memory's own turns and itself instead: the run's lists
+    on every event grow with the square of the window, and the heuristic's windows
+    are whole sessions; the run stays one ``correlation_id``.
     """
     if len(embeddings) != len(drafts):
         raise ValueError("one embedding slot per draft is required")
@@ -1229,7 +1236,13 @@ def build_events(
             continue
         # Validated in pass 1; the provenance is a validated model too, so a copy with
         # it set needs no second validation of the memory (and its embedding).
-        events.append(checked[i].model_copy(update={"provenance": with_own(base_provenance, mine)}))
+        provenance = with_own(base_provenance, mine)
+        if own_refs:
+            # Both are valid refs already: pass 1 validated them as the event's ids.
+            provenance = provenance.model_copy(
+                update={"input_refs": tuple(draft.source_message_ids), "output_refs": (ids[i],)}
+            )
+        events.append(checked[i].model_copy(update={"provenance": provenance}))
         relations: list[tuple[str, LinkRelation]] = []
         if decision.action is Action.update and decision.target:
             relations.append((decision.target, LinkRelation.supersedes))

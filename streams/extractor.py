@@ -43,7 +43,6 @@ import asyncio
 import base64
 import logging
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -59,6 +58,7 @@ from memstream.domain.events import (
     MemoryLinked,
     MessageObserved,
     Scope,
+    new_event_id,
     utcnow,
 )
 from memstream.domain.extraction import (
@@ -398,7 +398,7 @@ class Extractor:
                 w.background,
                 max_background=self.settings.extract_background_turns,
             )
-            run = _Run("x-" + uuid.uuid4().hex, window, tuple(record_items(window, (), ())))
+            run = _Run("x-" + new_event_id().hex, window, tuple(record_items(window, (), ())))
             if not window.new_turns:
                 log.debug("extraction %s: no qualifying turn among %d", run.run_id, len(window.new_message_ids))
                 run.outcome = ExtractionOutcome(
@@ -581,6 +581,7 @@ class Extractor:
                     batch_record=record,
                     recorded_at=recorded_at,
                     correlation_id=run.run_id,
+                    own_refs=self.llm is None,
                 )
             except ValueError as exc:
                 self._fail(run, f"events could not be built: {exc}")

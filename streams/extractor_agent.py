@@ -216,8 +216,14 @@ class ExtractorRunner:
             # until a session has enough of them, or falls idle, would only delay them
             # (by up to ``extract_idle_seconds``). Every turn read is due at once, and
             # the turns read together are extracted together, across sessions, in
-            # batches of about ``extract_batch_turns``.
+            # batches of about ``extract_batch_turns``. A session's pending turns go
+            # in one window, not ``extract_max_new_turns`` at a time (a bound the
+            # LLM's prompt needs): one session at a time is in flight, so a session
+            # read in one burst was extracted in a chain of sequential batches, and
+            # the longest session set the pace (measured: a tail of small batches
+            # after the burst).
             self.buffer.min_new = 1
+            self.buffer.max_new = max(self.buffer.max_new, settings.extract_batch_turns)
             self._batching = True
         if self._store is not None:
             self._attach_store(self._store)

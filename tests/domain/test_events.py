@@ -10,6 +10,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.support import json_paths
@@ -28,7 +29,9 @@ from memstream.domain.events import (
     EventValidationError,
     MemoryAdded,
     MemoryType,
+    Provenance,
     Scope,
+    new_event_id,
     parse_event,
 )
 
@@ -418,3 +421,74 @@ def test_fuzz_mutations_of_valid_events(data: st.DataObject, etype: str) -> None
         else:
             parent.append(data.draw(json_values, label="value"))
     _check_parse(raw)
+
+
+# --- event ids ---------------------------------------------------------------------------
+
+
+def test_event_ids_are_random_version_4_uuids_never_repeated_across_threads() -> None:
+    import threading
+
+    drawn: list[list[uuid.UUID]] = [[] for _ in range(4)]
+
+    def draw(out: list[uuid.UUID]) -> None:
+        out.extend(new_event_id() for _ in range(2_000))  # several refills each
+
+    threads = [threading.Thread(target=draw, args=(out,)) for out in drawn]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ids = [i for out in drawn for i in out]
+    assert len(set(ids)) == len(ids) == 8_000
+    assert {i.version for i in ids} == {4} and {i.variant for i in ids} == {uuid.RFC_4122}
+
+
+@pytest.mark.filterwarnings("ignore:lance is not fork-safe")
+def test_a_forked_child_draws_ids_its_parent_does_not() -> None:
+    import os
+
+    new_event_id()  # the parent holds drawn ids in its pool
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: only draws ids and writes them out
+        try:
+            os.write(write, b"".join(new_event_id().bytes for _ in range(300)))
+        finally:
+            os._exit(0)
+    os.close(write)
+    raw = b""
+    while chunk := os.read(read, 65536):
+        raw += chunk
+    os.close(read)
+    os.waitpid(pid, 0)
+    child = {uuid.UUID(bytes=raw[i : i + 16]) for i in range(0, len(raw), 16)}
+    parent = {new_event_id() for _ in range(300)}
+    assert len(child) == 300 and not child & parent
+
+
+# --- provenance refs ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("refs", "message"),
+    [
+        (["ok", "x\x01y"], "item 1 holds control character U+0001 at position 1"),
+        (["ok", "fine", "  "], "item 2 is empty"),
+        (["a" * 513], "item 0 is 513 characters; the limit is 512"),
+        (["ok", "\ud800"], "item 1 holds an unpaired surrogate U+D800"),
+        (["two\nlines"], "item 0 holds control character U+000A"),
+    ],
+)
+def test_provenance_refs_are_checked_together_with_the_failing_item_named(refs: list[str], message: str) -> None:
+    for field in ("input_refs", "output_refs"):
+        with pytest.raises(ValidationError) as info:
+            Provenance(**{field: refs})
+        (error,) = info.value.errors()
+        assert error["loc"] == (field,) and message in error["msg"]
+
+
+def test_provenance_refs_accept_what_a_single_ref_accepts() -> None:
+    refs = ["memstream.messages:0:12", "D3:14", "mem-" + "a" * 32, "x" * 512, "ünïcode ref ✓"]
+    assert Provenance(input_refs=refs, output_refs=refs[::-1]).input_refs == tuple(refs)
+    assert Provenance().input_refs == ()

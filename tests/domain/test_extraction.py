@@ -539,6 +539,7 @@ def events_for(decisions: dict[int, Decision], drafts: list[MemoryDraft], **kw: 
         batch_record=kw.pop("batch_record", [{"gate": "slash_command", "message_id": "m9"}]),
         recorded_at=T0 + timedelta(seconds=5),
         correlation_id="x-run",
+        own_refs=kw.pop("own_refs", False),
     )
 
 
@@ -618,6 +619,20 @@ def test_every_event_carries_provenance_and_drops_stay_on_record() -> None:
     assert dropped and dropped[0]["content"] == "Ana said hi." and dropped[0]["reason"] == "small talk"
     # the event survives its own wire round trip
     assert parse_event(added.model_dump(mode="json")) == added
+
+
+def test_own_refs_name_each_memory_s_own_turns_and_itself() -> None:
+    drafts = [draft("Ana likes tea."), draft("Bo likes rum.", ("m1",))]
+    shared = events_for(store_all(2, "heuristic"), drafts).events
+    own = events_for(store_all(2, "heuristic"), drafts, own_refs=True).events
+    assert [e.provenance.input_refs for e in shared] == [("m0", "m1")] * 2  # type: ignore[attr-defined]
+    assert [e.provenance.input_refs for e in own] == [d.source_message_ids for d in drafts]  # type: ignore[attr-defined]
+    assert [e.provenance.output_refs for e in own] == [(e.memory_id,) for e in own]  # type: ignore[attr-defined]
+    # nothing else differs, and each event survives its wire round trip
+    for a, b in zip(shared, own):
+        assert a.model_dump(exclude={"event_id", "provenance"}) == b.model_dump(exclude={"event_id", "provenance"})
+        assert a.provenance.decisions == b.provenance.decisions  # type: ignore[attr-defined]
+        assert parse_event(b.model_dump(mode="json")) == b
 
 
 def test_status_combines_a_repaired_extraction_and_a_failed_judgment() -> None:

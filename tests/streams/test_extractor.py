@@ -802,6 +802,29 @@ async def test_without_an_llm_every_turn_is_extracted_at_once_across_sessions(en
         await runner.stop()
 
 
+async def test_without_an_llm_a_session_read_at_once_is_one_window_and_each_memory_names_its_own_turn(
+    env: Env,
+) -> None:
+    # An LLM's windows hold at most 3 new turns here; the heuristic's hold the session.
+    settings = env.settings.model_copy(update={"extract_max_new_turns": 3})
+    turns = [turn(f"m{i}", f"fact {i} about the garden", minutes=i) for i in range(8)]
+    await produce_turns(env, turns)  # all on the log before the runner reads
+    runner = ExtractorRunner(settings, env.topics, llm=None, embedder=env.embedder, producer=env.producer)
+    await runner.start()
+    try:
+        await wait_until(lambda: runner.stats.memories_added == 8, what="every turn extracted")
+        assert runner.stats.extractions == 1
+    finally:
+        await runner.stop()
+    memories = added(await env.project())
+    assert sorted(m.source_message_ids[0] for m in memories) == sorted(t.message_id for t in turns)
+    assert len({m.correlation_id for m in memories}) == 1  # one run
+    for m in memories:
+        assert m.provenance is not None and m.provenance.method == "heuristic"
+        assert m.provenance.input_refs == m.source_message_ids
+        assert m.provenance.output_refs == (m.memory_id,)
+
+
 async def test_llm_down_keeps_turns_and_extracts_them_when_it_returns(env: Env) -> None:
     env.fake.chat.responder = responder
     env.fake.down = True
