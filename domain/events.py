@@ -324,6 +324,8 @@ def _check_json_tree(value: dict[str, JsonValue]) -> dict[str, JsonValue]:
     UTF-8) and walks a small tree several times faster than the generator below, which
     then runs only for a refused or very deep tree, to find the reason.
     """
+    if not value:
+        return value
     try:
         json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8")
         return value

@@ -7,7 +7,7 @@ background) through the steps of :mod:`memstream.domain.extraction`:
 2. ONE LLM call for scenes and memories (retried once), JSON repair, per-memory
    validation; or, with no LLM configured, the documented heuristic;
 3. exact dedup by content hash within the batch and across the whole memory space
-   (``LanceStore.find_hashes``);
+   (``LanceStore.find_hashes_in_spaces``);
 4. ONE embedding call for the remaining memories;
 5. candidate recall per memory, inside the memory's own space: the top
    ``dedup_candidates_k`` current memories by vector (with the vector just computed,
@@ -470,31 +470,42 @@ class Extractor:
         run.extraction = _llm_stage(prompt, call, repaired)
 
     async def _exact_dedup(self, runs: Sequence[_Run]) -> None:
-        """Exact dedup across each memory space: one lookup per space for the batch."""
-        by_space: dict[str, list[_Run]] = {}
+        """Exact dedup across each memory space: one lookup for the whole batch.
+
+        Spaces are keyed by ``(team_id, user_id)``, never by the ``team/user`` string,
+        which two spaces can share (ids may hold ``/``). If the batch's lookup fails,
+        each space is looked up alone, so a space that cannot be read fails only its
+        own windows."""
+        by_space: dict[tuple[str, str], list[_Run]] = {}
         for run in runs:
             if run.open and run.drafts and self.store is not None:
-                by_space.setdefault(run.scope.space, []).append(run)
-        known: dict[str, Mapping[str, str] | BaseException] = {}
+                by_space.setdefault((run.scope.team_id, run.scope.user_id), []).append(run)
+        known: dict[tuple[str, str], Mapping[str, str] | BaseException] = {}
         if by_space:
             store = self.store
             assert store is not None
+            wanted = {space: [d.content_hash for r in members for d in r.drafts] for space, members in by_space.items()}
+            try:
+                found_all = await asyncio.to_thread(store.find_hashes_in_spaces, wanted)
+            except Exception as exc:  # noqa: BLE001 - retried space by space below
+                log.warning("exact-dedup lookup of %d memory spaces failed (%s); one space at a time", len(wanted), exc)
 
-            def lookup(members: list[_Run]) -> Mapping[str, str]:
-                return dict(store.find_hashes(members[0].scope, [d.content_hash for r in members for d in r.drafts]))
+                def lookup(space: tuple[str, str]) -> Mapping[str, str]:
+                    return dict(store.find_hashes(by_space[space][0].scope, wanted[space]))
 
-            # The spaces' lookups side by side (LanceDB runs them on its own threads).
-            results = await asyncio.gather(
-                *(asyncio.to_thread(lookup, members) for members in by_space.values()), return_exceptions=True
-            )
-            for space, result in zip(by_space, results):
-                if isinstance(result, BaseException) and not isinstance(result, Exception):
-                    raise result  # cancellation and the like are not a lookup failure
-                known[space] = result
+                results = await asyncio.gather(
+                    *(asyncio.to_thread(lookup, space) for space in by_space), return_exceptions=True
+                )
+                for space, result in zip(by_space, results):
+                    if isinstance(result, BaseException) and not isinstance(result, Exception):
+                        raise result  # cancellation and the like are not a lookup failure
+                    known[space] = result
+            else:
+                known = {space: found_all.get(space, {}) for space in by_space}
         for run in runs:
             if not run.open:
                 continue
-            found = known.get(run.scope.space, {})
+            found = known.get((run.scope.team_id, run.scope.user_id), {})
             if isinstance(found, BaseException):
                 self._fail(run, f"memory space unreadable: {type(found).__name__}: {found}")
                 continue

@@ -73,6 +73,45 @@ def test_find_hashes_is_scoped_and_exact_across_the_space(store: LanceStore) -> 
     assert store.find_hashes(Scope(team_id="evil", user_id="bob"), wanted) == {}
 
 
+def test_find_hashes_in_spaces_answers_each_space_alone_in_one_query(store: LanceStore) -> None:
+    # two spaces whose "team/user" strings are equal ("a/b" + "c" and "a" + "b/c")
+    left, right = Scope(team_id="a/b", user_id="c"), Scope(team_id="a", user_id="b/c")
+    projector = Projector(store, LocalEmbedder(DIM))
+    projector.apply(
+        positioned(
+            [
+                memory(left, "l0", "shared words"),
+                memory(left, "l1", "only left asked"),
+                memory(right, "r0", "only right has"),
+                memory(right, "r1", "only left asked"),  # stored here, asked only by left
+                memory(ALICE, "a0", "shared words"),
+                memory(BOB, "b0", "bob alone"),
+            ]
+        )
+    )
+    h = content_hash
+    found = store.find_hashes_in_spaces(
+        {
+            ("a/b", "c"): [h("shared words"), h("only left asked")],
+            ("a", "b/c"): [h("shared words"), h("only right has")],
+            ("acme", "alice"): [h("shared words"), h("bob alone"), ""],
+            ("acme", "nobody"): [h("shared words")],
+        }
+    )
+    assert found == {
+        ("a/b", "c"): {h("shared words"): "l0", h("only left asked"): "l1"},
+        ("a", "b/c"): {h("only right has"): "r0"},  # left's "shared words" is not right's
+        ("acme", "alice"): {h("shared words"): "a0"},  # Bob's memory was not Alice's question
+    }
+    # the same answers as one space at a time
+    for (team, user), answer in found.items():
+        asked = [h("shared words"), h("only left asked"), h("only right has"), h("bob alone")]
+        assert {k: v for k, v in store.find_hashes(Scope(team_id=team, user_id=user), asked).items()
+                if k in answer} == answer
+    with pytest.raises(ScopeRequiredError):
+        store.find_hashes_in_spaces({("", "alice"): [h("shared words")]})
+
+
 def test_find_hashes_prefers_the_current_memory(store: LanceStore) -> None:
     projector = Projector(store, LocalEmbedder(DIM))
     projector.apply(

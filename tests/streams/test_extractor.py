@@ -510,6 +510,13 @@ class Counted:
             raise OSError("disk gone")
         return self.inner.find_hashes(scope, hashes)
 
+    def find_hashes_in_spaces(self, wanted: dict[tuple[str, str], Sequence[str]]) -> Any:
+        spaces = sorted(f"{team}/{user}" for team, user in wanted)
+        self.calls.append(("batch", spaces))
+        if self.fail_for & set(spaces):
+            raise OSError("disk gone")
+        return self.inner.find_hashes_in_spaces(wanted)
+
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         self.calls.append(list(texts))
         return self.inner.embed(texts)
@@ -557,8 +564,8 @@ async def test_a_batch_of_windows_shares_its_lookups_embedding_and_produce(env: 
     batched = await Extractor(env.settings, None, embedder, store, producer).run_windows(batch_windows())
     assert [o.status for o in batched] == ["extracted", "extracted", "extracted", "nothing"]
     assert [o.consumed for o in batched] == [("m1", "m2"), ("m3", "m4"), ("b1",), ("m5",)]
-    # one lookup per memory space, one embedding call, one produce, for four windows
-    assert sorted(space for space, _ in store.calls) == ["acme/ana", "acme/bob"]
+    # one lookup for both memory spaces, one embedding call, one produce, for four windows
+    assert store.calls == [("batch", ["acme/ana", "acme/bob"])]
     assert embedder.calls == [["Ana: I adopted a dog called Rex", "Ana: My sister is Eva", "Ana: I play chess"]]
     (sent,) = producer.calls
     assert len(sent) == 3 and sum(o.embed_calls for o in batched) == 1
@@ -581,12 +588,31 @@ async def test_a_failing_space_or_produce_fails_only_its_runs(env: Env) -> None:
     assert [o.status for o in outcomes] == ["extracted", "extracted", "failed", "nothing"]
     assert outcomes[2].kept == ("b1",) and "memory space unreadable" in (outcomes[2].failure or "")
     assert sorted(m.source_message_ids for m in added(await env.new_events())) == [("m1",), ("m2",), ("m4",)]
+    # the batch's lookup failed, then each space was looked up alone
+    assert store.calls[0] == ("batch", ["acme/ana", "acme/bob"])
+    assert sorted(space for space, _ in store.calls[1:]) == ["acme/ana", "acme/bob"]
 
     producer = Counted(env.producer, fail=True)
     outcomes = await Extractor(env.settings, None, env.embedder, env.store, producer).run_windows(batch_windows())
     assert [o.status for o in outcomes] == ["failed", "failed", "failed", "nothing"]
     assert [o.kept for o in outcomes[:3]] == [("m1", "m2"), ("m3", "m4"), ("b1",)]
     assert all("events not produced" in (o.failure or "") for o in outcomes[:3])
+
+
+async def test_exact_dedup_never_crosses_spaces_that_share_a_key_string(env: Env) -> None:
+    # "a/b" + "c" and "a" + "b/c" are two tenants with the same "team/user" string
+    left, right = Scope(team_id="a/b", user_id="c"), Scope(team_id="a", user_id="b/c")
+    assert left.space == right.space
+    await env.extractor(llm=None).run_window(left, "s1", [turn("l1", "I like green tea").model_copy(update={"scope": left})])
+    await env.project()
+    outcomes = await env.extractor(llm=None).run_windows(
+        [
+            WindowInput(left, "s2", [turn("l2", "I like green tea", session="s2").model_copy(update={"scope": left})]),
+            WindowInput(right, "s1", [turn("r1", "I like green tea").model_copy(update={"scope": right})]),
+        ]
+    )
+    assert [len(o.memories) for o in outcomes] == [0, 1]  # left's repeat is a duplicate, right's is new
+    assert outcomes[1].memories[0].scope == right
 
 
 async def test_candidates_stay_inside_the_memory_space(env: Env) -> None:
