@@ -420,8 +420,15 @@ def _one_line(text: str) -> str:
 
 
 class _Frozen(BaseModel):
+    # ``ser_json_inf_nan``: a non-finite number (only in a model built without
+    # validation) is written as a bare ``NaN`` token the serializer can see and refuse,
+    # never silently as ``null``.
     model_config = ConfigDict(
-        frozen=True, extra="forbid", str_strip_whitespace=False, hide_input_in_errors=True
+        frozen=True,
+        extra="forbid",
+        str_strip_whitespace=False,
+        hide_input_in_errors=True,
+        ser_json_inf_nan="constants",
     )
 
 

@@ -16,7 +16,9 @@ the same three guarantees, and they are easy to get subtly wrong with a raw clie
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+import threading
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal
@@ -25,13 +27,14 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError, RebalanceInProgressError
 
+from memstream.domain.events import MessageObserved
 from memstream.domain.log import LogPosition, PositionedEvent
 from memstream.settings import Settings, get_settings
 from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher
 from memstream.streams.serializer import MAX_RECORD_BYTES, DecodeError, decode_record, encode_event
 from memstream.streams.topics import Topics
 
-__all__ = ["ConsumedBatch", "decode_or_dead_letter", "EventConsumer"]
+__all__ = ["ConsumedBatch", "decode_or_dead_letter", "EventConsumer", "MAX_SHARED_TURNS", "sharing_turns"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,71 @@ class ConsumedBatch:
         return not self.events and not self.dead
 
 
+class _SharedTurns:
+    """Turns decoded by one reader of a worker, kept for the other.
+
+    The extractor and the projector each read every record of ``messages`` (each
+    with its own consumer, close behind each other) and each decoded every turn: a
+    sixth of the worker's interpreter time in a bulk ingest. A turn decoded by one is
+    kept here, by position, until the other asks for the same position; it is reused
+    only when the record is the same bytes with the same headers, so the answer is
+    the one decoding would give (decoding is a pure function of those). The first to
+    ask again takes it out; at most :data:`MAX_SHARED_TURNS` turns and 32 MiB of
+    records wait (the oldest go). Turns are kept only while an extractor runs in this
+    process (:func:`sharing_turns`): a worker without one, or a replay, keeps nothing.
+    """
+
+    def __init__(self, bound: int) -> None:
+        self._bound = bound
+        self._lock = threading.Lock()
+        self._waiting: dict[tuple[str, int, int], tuple[bytes, Any, MessageObserved]] = {}
+        self._bytes = 0
+        self.sharers = 0
+
+    def share(self, delta: int) -> None:
+        with self._lock:
+            self.sharers = max(0, self.sharers + delta)
+            if not self.sharers:
+                self._waiting.clear()
+                self._bytes = 0
+
+    def take(self, topic: str, partition: int, offset: int, value: bytes, headers: Any) -> MessageObserved | None:
+        with self._lock:
+            kept = self._waiting.pop((topic, partition, offset), None)
+            if kept is not None:
+                self._bytes -= len(kept[0])
+        if kept is None or kept[0] != value or kept[1] != headers:
+            return None
+        return kept[2]
+
+    def keep(self, topic: str, partition: int, offset: int, value: bytes, headers: Any, event: MessageObserved) -> None:
+        if not self.sharers or len(value) > _MAX_SHARED_TURN_BYTES:
+            return
+        with self._lock:
+            old = self._waiting.pop((topic, partition, offset), None)
+            self._bytes += len(value) - (len(old[0]) if old is not None else 0)
+            self._waiting[(topic, partition, offset)] = (value, headers, event)
+            while self._waiting and (len(self._waiting) > self._bound or self._bytes > _MAX_SHARED_BYTES):
+                self._bytes -= len(self._waiting.pop(next(iter(self._waiting)))[0])
+
+
+MAX_SHARED_TURNS = 4_096
+_MAX_SHARED_BYTES = 32 * 1024 * 1024
+_MAX_SHARED_TURN_BYTES = 64 * 1024
+_shared_turns = _SharedTurns(MAX_SHARED_TURNS)
+
+
+@contextmanager
+def sharing_turns() -> Iterator[None]:
+    """While inside, readers of ``messages`` that pass ``share_turns`` keep the turns
+    they decode for each other (the extractor holds this while it runs)."""
+    _shared_turns.share(+1)
+    try:
+        yield
+    finally:
+        _shared_turns.share(-1)
+
+
 def decode_or_dead_letter(
     topic: str,
     partition: int,
@@ -67,8 +135,18 @@ def decode_or_dead_letter(
     headers: Sequence[tuple[str, bytes]] | None,
     *,
     max_bytes: int = MAX_RECORD_BYTES,
+    share_turns: bool = False,
 ) -> PositionedEvent | DeadLetter:
-    """Decode one record; anything unusable becomes a :class:`DeadLetter` (never raises)."""
+    """Decode one record; anything unusable becomes a :class:`DeadLetter` (never raises).
+
+    ``share_turns``: a reader of ``messages`` in a worker where another reader decodes
+    the same records (see :class:`_SharedTurns`)."""
+    position = LogPosition(topic=topic, partition=partition, offset=offset)
+    frozen_headers = tuple(headers) if headers else ()
+    if share_turns and value is not None:
+        shared = _shared_turns.take(topic, partition, offset, value, frozen_headers)
+        if shared is not None:
+            return PositionedEvent(position=position, event=shared)
     try:
         event = decode_record(value, headers, max_bytes=max_bytes)
     except DecodeError as exc:
@@ -79,12 +157,12 @@ def decode_or_dead_letter(
             source_offset=offset,
             original_value=value,
             original_key=key,
-            original_headers=tuple((k, v if v is not None else b"") for k, v in headers or ()),
+            original_headers=tuple((k, v if v is not None else b"") for k, v in frozen_headers),
             stage="decode",
         )
-    return PositionedEvent(
-        position=LogPosition(topic=topic, partition=partition, offset=offset), event=event
-    )
+    if share_turns and value is not None and isinstance(event, MessageObserved):
+        _shared_turns.keep(topic, partition, offset, value, frozen_headers, event)
+    return PositionedEvent(position=position, event=event)
 
 
 class _Rebalance(ConsumerRebalanceListener):

@@ -254,7 +254,7 @@ def decode_batch(records: Sequence[RawRecord], fast: "FastMemoryDecoder | None" 
             )
     for rec in general:
         item = decode_or_dead_letter(
-            rec.topic, rec.partition, rec.offset, rec.key, rec.value, rec.headers
+            rec.topic, rec.partition, rec.offset, rec.key, rec.value, rec.headers, share_turns=True
         )
         if isinstance(item, DeadLetter):
             dead.append(item)

@@ -353,3 +353,45 @@ def test_valid_memories_round_trip(content: str, team: str, priority: int) -> No
     record = encode_event(event)
     assert decode_record(record.value, record.headers) == event
     assert encode_event(decode_record(record.value)).value == record.value
+
+
+def _old_encoding(event: EventBase) -> bytes:
+    """The encoder's careful path: ``json.dumps`` over ``model_dump``."""
+    body = event.model_dump(mode="json")
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def test_the_fast_writer_writes_what_the_careful_one_writes() -> None:
+    for event in sample_events():
+        assert encode_event(event).value == _old_encoding(event)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(metadata=st.dictionaries(st.text(max_size=10), _JSON, max_size=4), content=st.text(min_size=1, max_size=40))
+def test_any_valid_event_encodes_to_the_same_json_and_round_trips(metadata, content) -> None:  # type: ignore[no-untyped-def]
+    try:
+        event = MessageObserved(
+            scope=SCOPE, message_id="m-1", content=content, metadata=metadata, occurred_at=T0, recorded_at=T0
+        )
+    except ValueError:
+        return  # e.g. blank content, a control character, a lone surrogate: refused earlier
+    value = encode_event(event).value
+    assert json.loads(value) == json.loads(_old_encoding(event))  # floats may be spelled 1e-7 or 1e-07
+    assert decode_record(value, encode_event(event).headers) == event
+
+
+@pytest.mark.parametrize("word", ["NaN", "Infinity", "-Infinity"])
+def test_text_holding_the_words_of_non_finite_numbers_still_encodes(word: str) -> None:
+    event = MessageObserved(scope=SCOPE, message_id="m-1", content=f"{word} bread", occurred_at=T0, recorded_at=T0)
+    assert encode_event(event).value == _old_encoding(event)
+
+
+def test_encode_refuses_infinity_and_lone_surrogates_in_unvalidated_events() -> None:
+    good = sample_events()[0]
+    for bad in (
+        MessageObserved.model_construct(**{**dict(good), "metadata": {"x": float("inf")}}),
+        MessageObserved.model_construct(**{**dict(good), "metadata": {"x": [float("-inf")]}}),
+        MessageObserved.model_construct(**{**dict(good), "content": "a \ud800 b"}),
+    ):
+        with pytest.raises(EncodeError):
+            encode_event(bad)
