@@ -381,7 +381,10 @@ def ingest(settings: Settings, conversations: Sequence[Conversation], workdir: P
             async def measured() -> tuple[float, float, Any]:
                 # The clients connect before the clock starts, as an agent's producer
                 # is connected before its turns arrive.
-                async with LogWatch(settings) as watch, MemstreamProducer(settings, client_id="memstream-bench") as producer:
+                async with (
+                    LogWatch(settings) as watch,
+                    MemstreamProducer(settings, client_id="memstream-bench") as producer,
+                ):
                     t0 = time.perf_counter()
                     # A stream of turns, each enqueued as soon as it is encoded (one
                     # ``send_many`` encodes every event before it sends any), with the
@@ -415,6 +418,7 @@ def ingest(settings: Settings, conversations: Sequence[Conversation], workdir: P
 
 _ZERO = timedelta(0)
 _SEND_CHUNK = 100
+"""Turns enqueued between two turns of the event loop while the benchmark sends."""
 _POLL_S = 0.05
 """How often the ingest's end is looked for: the positions table is read only once
 extraction is done, so polls are cheap, and the figure is at most this late."""

@@ -171,8 +171,8 @@ class _Text:
     multiline: bool = True
     required: bool = True
     per_item: bool = True
-    """False: the rule is checked by the enclosing :func:`_texts` tuple, all items at
-    once (the item's schema still publishes the rule)."""
+    """False: the rule is checked by the enclosing tuple's validator (:meth:`check_all`),
+    all items at once; the item's schema still publishes the rule."""
 
     def __call__(self, value: str) -> str:
         if self.required and not value.strip():
@@ -391,10 +391,11 @@ def new_event_id() -> uuid.UUID:
 
     The randomness is drawn from the OS 256 ids at a time. ``uuid.uuid4()`` makes one
     ``getrandom`` call per id, and that call releases the interpreter lock: a thread
-    building a batch of events, with other threads busy, waited to get the lock back
-    after every id (measured: a sixth of the worker's samples during a bulk extraction
-    were in ``uuid4``). ``list.pop`` is atomic, so threads never share an id; a
-    refill racing another only draws more than needed.
+    building a batch of events, with other threads busy, may wait to get the lock back
+    after every id (py-spy put a sixth of the worker's samples in ``uuid4`` during a
+    bulk extraction; the ingest's wall time did not measurably change). ``list.pop``
+    is atomic, so threads never share an id; a refill racing another only draws more
+    than needed.
     """
     try:
         raw = _random_ids.pop()

@@ -92,9 +92,9 @@ VECTOR_REFINE_FACTOR = 5
 """With an IVF_PQ index, fetch this many times ``k`` by PQ distance and re-rank them on
 the full vectors."""
 IN_LIST_CHUNK = 1_000
+"""Longest ``IN (...)`` list sent in one filter."""
 _SPACES_PER_QUERY = 100
 """Memory spaces named in one query's filter (an OR of their team/user pairs)."""
-"""Longest ``IN (...)`` list sent in one filter."""
 _INDEX_RECHECK_S = 30.0
 COMPACT_TARGET_ROWS = 16_384
 """Fragment size the worker's frequent compaction aims at (see :meth:`LanceStore.compact`)."""

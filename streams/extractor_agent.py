@@ -17,10 +17,11 @@ stay in the buffer and are retried with back-off; while more than
 :data:`MAX_PENDING_TURNS` wait, reading pauses (back-pressure) instead of growing memory.
 
 Without an LLM (the heuristic: one memory per qualifying turn, made from that turn
-alone) nothing is gained by holding turns, so every turn read is due at once and the
-windows of all sessions read meanwhile go through the extractor together, in batches
-of about ``extract_batch_turns`` turns (:meth:`Extractor.run_windows`: one lookup per
-memory space, one embedding call, one produce per batch). A burst is extracted in a
+alone) nothing is gained by holding turns, so every turn read is due at once, a
+session's pending turns are one window, and the windows of all sessions read
+meanwhile go through the extractor together, in batches of about
+``extract_batch_turns`` turns (:meth:`Extractor.run_windows`: one exact-dedup
+query, one embedding call, one produce per batch), a few batches in flight. A burst is extracted in a
 few large batches and a single turn on a quiet stream at once. With an LLM each
 window is its own task (its LLM calls bound the concurrency). The commit follows as
 soon as a batch leaves nothing pending.
@@ -96,9 +97,9 @@ window, most of whose time is its LLM round trips."""
 MAX_CONCURRENT_BATCHES = 3
 """Without an LLM: batches of windows in flight at once. A batch is interpreter work
 but for its lookup, embedding call and produce; other batches fill those waits, and
-beyond that they only take turns on the interpreter lock. Measured on the LoCoMo
-ingest (pairs interleaved): 3 in flight 1.16-1.31 s (median 1.25 of six), 2 in
-flight 1.29-1.41 s, 4 in flight 1.23-1.33 s."""
+beyond that they only take turns on the interpreter lock. On the LoCoMo ingest, 3
+won every interleaved pair against 2 (five pairs) and against 4 (three pairs); see
+docs/benchmarks.md, session 5."""
 _POLL_MS = 200
 _COMMIT_EVERY_S = 1.0
 _STOP_GRACE_S = 5.0
