@@ -272,6 +272,39 @@ async def test_runner_retries_with_backoff_and_delivers_once() -> None:
         await runner.stop()
 
 
+async def test_a_delivered_reflection_never_confirmed_is_written_again_later() -> None:
+    """Its partition moved to another worker, say: after ``redeliver_after`` the decision
+    may be submitted again (the state machine drops the extra candidate if the first
+    one made it after all); before that, and once confirmed, it may not."""
+    writer = FlakyWriter(failures=0)
+    delivered: list[MemoryReflected] = []
+
+    async def deliver(reflection: MemoryReflected, settled: SettledDecision) -> None:
+        delivered.append(reflection)
+
+    async def until(count: int) -> None:
+        for _ in range(500):
+            if len(delivered) >= count:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{count} deliveries expected, got {len(delivered)}")
+
+    runner = ReflectionRunner(writer, deliver, redeliver_after=0.2)
+    item = settled_pair()
+    try:
+        assert runner.submit(item)
+        await until(1)
+        assert not runner.submit(item)  # delivered moments ago, not confirmed yet
+        await asyncio.sleep(0.3)
+        assert runner.submit(item)  # still unconfirmed after redeliver_after: again
+        await until(2)
+        assert writer.calls == 2 and delivered[0].decision_id == delivered[1].decision_id
+        runner.finished(item.key)  # confirmed
+        assert item.key not in runner.in_flight
+    finally:
+        await runner.stop()
+
+
 def test_backoff_grows_and_is_capped() -> None:
     backoff = Backoff(initial=1.0, factor=2.0, maximum=10.0, jitter=0.0)
     assert [backoff.delay(n) for n in (1, 2, 3, 4, 5, 6)] == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
