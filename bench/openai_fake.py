@@ -55,7 +55,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -420,16 +420,17 @@ class OpenAICompatServer:
 
     def embed(self, texts: list[str], dim: int) -> Sequence[Sequence[float]]:
         """Unscripted embeddings of ``texts``: the embedder's (one call at a time, as a
-        model server would run them), else hashed vectors of ``dim`` floats. An
-        embedder with ``embed_array`` answers with its float32 matrix (rows written out
-        as they are, not through Python floats: the server is on the clock of every
-        benchmark that embeds through it)."""
+        model server would run them), else hashed vectors of ``dim`` floats. The
+        embedder's answer is its float32 matrix (:func:`memstream.projections.embedder.embed_array`;
+        rows written out as they are, not through Python floats: the server is on the
+        clock of every benchmark that embeds through it)."""
         start = time.perf_counter()
         vectors: Sequence[Sequence[float]]
         if self.embedder is not None:
+            from memstream.projections.embedder import embed_array
+
             with self._embed_lock:
-                as_array = getattr(self.embedder, "embed_array", None)
-                vectors = as_array(texts) if as_array is not None else self.embedder.embed(texts)
+                vectors = cast(Sequence[Sequence[float]], embed_array(self.embedder, texts))
         else:
             vectors = [hashed_embedding(t, dim) for t in texts]
         with self._lock:

@@ -143,12 +143,14 @@ def decode_or_dead_letter(
 
     ``share_turns``: a reader of ``messages`` in a worker where another reader decodes
     the same records (see :class:`_SharedTurns`)."""
-    position = LogPosition(topic=topic, partition=partition, offset=offset)
-    frozen_headers = tuple(headers) if headers else ()
+    # The headers as one comparable value, only for a reader that shares turns.
+    frozen_headers = (tuple(headers) if headers else ()) if share_turns else ()
     if share_turns and value is not None:
         shared = _shared_turns.take(topic, partition, offset, value, frozen_headers)
         if shared is not None:
-            return PositionedEvent(position=position, event=shared)
+            return PositionedEvent(
+                position=LogPosition(topic=topic, partition=partition, offset=offset), event=shared
+            )
     try:
         event = decode_record(value, headers, max_bytes=max_bytes)
     except DecodeError as exc:
@@ -159,12 +161,12 @@ def decode_or_dead_letter(
             source_offset=offset,
             original_value=value,
             original_key=key,
-            original_headers=tuple((k, v if v is not None else b"") for k, v in frozen_headers),
+            original_headers=tuple((k, v if v is not None else b"") for k, v in headers or ()),
             stage="decode",
         )
     if share_turns and value is not None and isinstance(event, MessageObserved):
         _shared_turns.keep(topic, partition, offset, value, frozen_headers, event)
-    return PositionedEvent(position=position, event=event)
+    return PositionedEvent(position=LogPosition(topic=topic, partition=partition, offset=offset), event=event)
 
 
 class _Rebalance(ConsumerRebalanceListener):
