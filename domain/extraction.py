@@ -1194,8 +1194,10 @@ def build_events(
     )
     link_bases: dict[bool, Provenance] = {}
 
-    def with_own(base: Provenance, own: dict[str, Any]) -> Provenance:
-        return base.model_copy(update={"decisions": (_JSON_OBJECT.validate_python(own), *base.decisions)})
+    def with_own(base: Provenance, own: dict[str, Any], **more: Any) -> Provenance:
+        return base.model_copy(
+            update={"decisions": (_JSON_OBJECT.validate_python(own), *base.decisions), **more}
+        )
 
     def link_provenance(draft: MemoryDraft, by_llm: bool, own: dict[str, Any]) -> Provenance:
         base = link_bases.get(by_llm)
@@ -1236,12 +1238,10 @@ def build_events(
             continue
         # Validated in pass 1; the provenance is a validated model too, so a copy with
         # it set needs no second validation of the memory (and its embedding).
-        provenance = with_own(base_provenance, mine)
-        if own_refs:
-            # Both are valid refs already: pass 1 validated them as the event's ids.
-            provenance = provenance.model_copy(
-                update={"input_refs": tuple(draft.source_message_ids), "output_refs": (ids[i],)}
-            )
+        # With own refs: both are valid refs already (pass 1 validated them as the
+        # event's ids).
+        refs = {"input_refs": tuple(draft.source_message_ids), "output_refs": (ids[i],)} if own_refs else {}
+        provenance = with_own(base_provenance, mine, **refs)
         events.append(checked[i].model_copy(update={"provenance": provenance}))
         relations: list[tuple[str, LinkRelation]] = []
         if decision.action is Action.update and decision.target:

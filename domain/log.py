@@ -78,19 +78,24 @@ class MemoryAddedFields(NamedTuple):
     provenance: dict[str, Any] | None
     """As the model dumps it (``model_dump(mode="json")``), defaults included."""
     embedding_data: bytes
-    """The vector as little-endian float32 bytes (``dim * 4``)."""
+    """The vector as little-endian float32 bytes (``dim * 4``); empty when the event
+    carries no vector (the reader embeds its content)."""
 
 
 @dataclass
 class PositionedMemories:
     """``MemoryAdded`` events read on the fast path, column-friendly: row ``i`` is
     ``fields[i]`` read at ``positions[i]`` (topic, partition, offset), with the
-    finite vector ``vectors[i]`` of embedding model ``model``."""
+    finite vector ``vectors[i]`` of embedding model ``model``.
+
+    ``unembedded`` lists the rows whose event carried no vector: their row of
+    ``vectors`` is zeros until the reader embeds the content and fills it in."""
 
     model: str
     positions: list[tuple[str, int, int]] = field(default_factory=list)
     fields: list[MemoryAddedFields] = field(default_factory=list)
     vectors: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.float32))
+    unembedded: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -107,7 +112,9 @@ class PositionedMemories:
             raise ValueError("memories of different embedding models cannot be merged")
         positions: list[tuple[str, int, int]] = []
         fields: list[MemoryAddedFields] = []
+        unembedded: list[int] = []
         for p in parts:
+            unembedded.extend(len(positions) + i for i in p.unembedded)
             positions.extend(p.positions)
             fields.extend(p.fields)
         return cls(
@@ -115,4 +122,5 @@ class PositionedMemories:
             positions=positions,
             fields=fields,
             vectors=np.concatenate([p.vectors for p in parts]),
+            unembedded=unembedded,
         )

@@ -63,7 +63,7 @@ from memstream.domain.events import (
     OutcomeObserved,
 )
 from memstream.domain.log import PositionedEvent, PositionedMemories
-from memstream.projections.embedder import Embedder, check_vectors
+from memstream.projections.embedder import Embedder, embed_array
 from memstream.projections.memory_rows import canonical_json, entity_row, memories_table, unique_entities
 from memstream.projections.schema import (
     DECISIONS,
@@ -470,14 +470,26 @@ class Projector:
 
     # ------------------------------------------------------------------ embeddings
     def _embed_missing(self, plan: _Plan) -> None:
+        """Embed, in one call, every memory of the batch that arrived without a vector
+        of this projector's model: the general path's and the fast path's (only the
+        rows that will be written; their zero rows are filled in)."""
         missing = [pk for pk, vec in plan.vectors.items() if vec is None]
-        if not missing:
+        source = plan.fast_source
+        fast_rows: list[int] = []
+        if source is not None and source.unembedded and plan.fast:
+            wanted = set(source.unembedded)
+            fast_rows = [i for i in plan.fast.values() if i in wanted]
+        if not missing and not fast_rows:
             return
         texts = [plan.memories[pk]["content"] for pk in missing]
-        vectors = self.embedder.embed(texts)
-        check_vectors(vectors, len(texts), self.store.embedding_dim, f"embedder {self.embedder.model_id!r}")
-        for pk, vec in zip(missing, vectors):
-            plan.vectors[pk] = np.asarray(vec, dtype=np.float32)
+        if source is not None:
+            texts += [source.fields[i].content for i in fast_rows]
+        matrix = embed_array(self.embedder, texts)  # checked: shape (the table's width), finite
+        for pk, vec in zip(missing, matrix):
+            plan.vectors[pk] = vec
+        if fast_rows:
+            assert source is not None
+            source.vectors[fast_rows] = matrix[len(missing):]
 
     # ------------------------------------------------------------------ writing
     def _write(self, plan: _Plan) -> None:

@@ -31,6 +31,7 @@ from memstream.domain.events import MessageObserved
 from memstream.domain.log import LogPosition, PositionedEvent
 from memstream.settings import Settings, get_settings
 from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher
+from memstream.streams.fast_decode import decode_turn
 from memstream.streams.serializer import MAX_RECORD_BYTES, DecodeError, decode_record, encode_event
 from memstream.streams.topics import Topics
 
@@ -152,7 +153,9 @@ def decode_or_dead_letter(
                 position=LogPosition(topic=topic, partition=partition, offset=offset), event=shared
             )
     try:
-        event = decode_record(value, headers, max_bytes=max_bytes)
+        # Turns, most of what readers of ``messages`` see, take the fast read path
+        # when they are in the canonical form (the same event, or ``None``).
+        event = decode_turn(value, headers, max_bytes=max_bytes) or decode_record(value, headers, max_bytes=max_bytes)
     except DecodeError as exc:
         return DeadLetter(
             reason=exc.reason,

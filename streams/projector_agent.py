@@ -217,8 +217,8 @@ class LanceDirLock:
 def decode_batch(records: Sequence[RawRecord], fast: "FastMemoryDecoder | None" = None) -> DecodedBatch:
     """Decode records (pure CPU work: call it off the event loop for big batches).
 
-    With ``fast``, canonical ``MemoryAdded`` records carrying a vector of its model
-    take the fast read path (:mod:`memstream.streams.fast_decode`) and come out
+    With ``fast``, canonical ``MemoryAdded`` records carrying a vector of its model, or
+    none, take the fast read path (:mod:`memstream.streams.fast_decode`) and come out
     columnar in ``memories``; every other record, and any the fast path is unsure
     of, takes the general path (which dead-letters what is invalid)."""
     events: list[PositionedEvent] = []
@@ -251,6 +251,7 @@ def decode_batch(records: Sequence[RawRecord], fast: "FastMemoryDecoder | None" 
                 positions=[(r.topic, r.partition, r.offset) for r in quick],
                 fields=quick_fields,
                 vectors=vectors,
+                unembedded=[i for i, f in enumerate(quick_fields) if not f.embedding_data],
             )
     for rec in general:
         item = decode_or_dead_letter(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -35,8 +36,9 @@ def _m(scope: Scope, mid: str, content: str, seed: int, **fields: Any) -> Any:
 
 def _log() -> list[EventBase]:
     """Memories of every shape (most with a vector of the projector's model, so they
-    take the fast path), links before and after their memories, a re-added id, a
-    memory without a vector and one of another model (general path), a message."""
+    take the fast path), links before and after their memories, a re-added id,
+    memories without a vector (fast path, embedded by the projector), one of another
+    model (general path), a message."""
     later = T0.replace(hour=18)
     return [
         MessageObserved(scope=ALICE, message_id="turn-1", content="I love cheese pizza", occurred_at=T0),
@@ -101,7 +103,7 @@ def test_fast_path_tables_equal_general_path_tables(tmp_path: Path, cuts: list[i
     general, _ = _project(tmp_path, "general", records, cuts, fast=False)
     fast, batches = _project(tmp_path, "fast", records, cuts, fast=True)
     taken = sum(len(b.memories) for b in batches if b.memories is not None)
-    assert taken == 7  # every memory with a vector of the projector's model
+    assert taken == 9  # every memory with a vector of the projector's model, or none
     assert _tables(fast) == _tables(general)
     view = {r["pk"]: (r["superseded_by"], r["canonical_id"], r["status"]) for r in _tables(fast)["memories"]}
     assert view["acme|alice|m1"] == ("m4", None, "superseded")
@@ -143,3 +145,39 @@ def test_a_non_finite_vector_is_dead_lettered_by_the_general_path(tmp_path: Path
     assert decoded.memories is not None and decoded.memories.positions == [(EVENTS_TOPIC, 0, 1)]
     assert [d.source_offset for d in decoded.dead] == [0]
     assert "NaN or infinite" in decoded.dead[0].reason
+
+
+class _CountingEmbedder(LocalEmbedder):
+    """The local embedder, recording each batch of texts it is asked for."""
+
+    def __init__(self) -> None:
+        super().__init__(DIM)
+        self.calls: list[list[str]] = []
+
+    def embed_array(self, texts: Sequence[str]) -> np.ndarray:
+        self.calls.append(list(texts))
+        return super().embed_array(texts)
+
+
+def test_memories_without_a_vector_are_embedded_once_per_batch_in_one_call(tmp_path: Path) -> None:
+    records = _records([
+        memory(ALICE, "a", "Alice walks her dog at dawn"),
+        memory(BOB, "b", "Bob reads novels", embedding=carried(_vec(6), "another-model")),
+        _m(ALICE, "c", "Alice has a vector already", 3),
+        memory(ALICE, "a", "Alice walks her dog at dusk"),  # re-added: only this version is written
+    ])
+    decoded = decode_batch(records, FastMemoryDecoder(EMBEDDER.model_id, DIM))
+    assert decoded.memories is not None and decoded.memories.unembedded == [0, 2]
+    embedder = _CountingEmbedder()
+    store = LanceStore(tmp_path / "s", embedding_dim=DIM)
+    assert apply_decoded(Projector(store, embedder), decoded).failed == []
+    # one call: the general path's memory of another model, then the fast path's
+    assert embedder.calls == [["Bob reads novels", "Alice walks her dog at dusk"]]
+    rows = {r["memory_id"]: r for r in store.table("memories").to_arrow().to_pylist()}
+    for mid in ("a", "b"):
+        want = EMBEDDER.embed_array([rows[mid]["content"]])[0]
+        assert np.array_equal(np.asarray(rows[mid]["vector"], dtype=np.float32), want)
+    assert np.array_equal(np.asarray(rows["c"]["vector"], dtype=np.float32), np.asarray(_vec(3), dtype=np.float32))
+    # applied again (positions already stored): nothing is embedded
+    assert apply_decoded(Projector(store, embedder), decoded).applied == 0
+    assert len(embedder.calls) == 1

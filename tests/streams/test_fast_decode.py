@@ -52,8 +52,8 @@ HEADERS = [("memstream-type", b"MemoryAdded"), ("memstream-schema-version", b"2"
 
 
 def model_values(event: MemoryAdded) -> MemoryAddedFields:
-    """What the fast path must return for ``event``: the model's own values."""
-    assert event.embedding is not None
+    """What the fast path must return for ``event``: the model's own values (no vector:
+    empty bytes)."""
     return MemoryAddedFields(
         event_id=str(event.event_id),
         occurred_at=event.occurred_at,
@@ -75,7 +75,7 @@ def model_values(event: MemoryAdded) -> MemoryAddedFields:
         entities=[(e.name, e.kind.value) for e in event.entities],
         metadata=event.metadata,
         provenance=None if event.provenance is None else event.provenance.model_dump(mode="json"),
-        embedding_data=event.embedding.to_array().tobytes(),
+        embedding_data=b"" if event.embedding is None else event.embedding.to_array().tobytes(),
     )
 
 
@@ -111,8 +111,19 @@ def assert_agrees(body: Any, headers: Any = HEADERS) -> MemoryAddedFields | None
             offset = mine.utcoffset()
             assert offset is not None and offset.total_seconds() == 0
     matrix, _ = DECODER.vectors([got])
-    assert np.array_equal(matrix[0], event.embedding.to_array())
+    if event.embedding is None:
+        assert not matrix[0].any()  # a zero row, for the projector to fill in
+    else:
+        assert np.array_equal(matrix[0], event.embedding.to_array())
     return got
+
+
+@pytest.mark.parametrize("body", [{"embedding": None}, {}], ids=["null", "absent"])
+def test_a_memory_without_a_vector_takes_the_fast_path_for_the_projector_to_embed(body: dict[str, Any]) -> None:
+    record = canonical()
+    del record["embedding"]
+    got = assert_agrees({**record, **body})
+    assert got is not None and got.embedding_data == b""
 
 
 def test_the_canonical_form_takes_the_fast_path() -> None:
@@ -153,13 +164,15 @@ def test_sdk_encoded_events_take_the_fast_path() -> None:
         ("explicit null default", {"memory_type": None}),
         ("null entities", {"entities": None}),
         ("vector of another model", {"embedding": {"model": "other", "dim": DIM, "data": encode_vector(VECTOR)}}),
-        ("no vector", {"embedding": None}),
         ("unknown field", {"colour": "red"}),
         ("blank content", {"content": " \t "}),
         ("control character", {"content": "a\x00b"}),
         ("wrong hash", {"content_hash": "sha256:" + "0" * 64}),
         ("end before start", {"timestamp_end": "2025-01-01T00:00:00Z"}),
         ("bad id", {"memory_id": "has space"}),
+        ("id holding a newline", {"memory_id": "a\nb"}),
+        ("source id holding a newline", {"source_message_ids": ["msg-1", "a\nb"]}),
+        ("scope id holding a newline", {"scope": {"team_id": "acme\nu-1"}}),
         ("NaN in metadata", {"metadata": {"x": float("nan")}}),
         ("bad provenance", {"provenance": {"method": "magic"}}),
         ("non-finite vector", {"embedding": {"model": MODEL, "dim": DIM, "data": encode_vector([1.0, float("inf"), 0.0])}}),
@@ -229,6 +242,47 @@ def test_a_batch_with_one_bad_vector_flags_only_that_row() -> None:
 )
 def test_edge_times_agree_with_the_model(when: str) -> None:
     assert_agrees({**canonical(), "occurred_at": when, "recorded_at": None})
+
+
+def test_the_wire_provenance_has_the_models_fields_and_defaults() -> None:
+    from memstream.domain.events import Provenance
+    from memstream.streams.fast_decode import _Provenance
+
+    assert list(_Provenance.__struct_fields__) == list(Provenance.model_fields)
+    # decoded from an empty object, the wire form dumps as the model's defaults
+    assert fast({**canonical(), "provenance": {}}).provenance == Provenance().model_dump(mode="json")  # type: ignore[union-attr]
+
+
+FULL_PROVENANCE = {
+    "method": "llm", "prompt_id": "extract", "prompt_version": "3", "prompt_sha256": "ab" * 32,
+    "model": "gpt", "input_refs": ["memstream.messages:0:1", "memstream.messages:0:2"],
+    "output_refs": ["mem-1"], "latency_ms": 12, "token_usage": {"prompt": 10, "completion": 0},
+    "status": "ok+judgment_failed", "decisions": [{"memory_id": "m", "action": "store", "n": [1, 2.5, None]}],
+    "note": "line one\nline two",
+}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{}, {"latency_ms": 0.5}, {"latency_ms": None}, {"decisions": []}, {"note": None}, {"input_refs": []}],
+)
+def test_provenance_in_the_writers_forms_takes_the_fast_path(change: dict[str, Any]) -> None:
+    assert assert_agrees({**canonical(), "provenance": {**FULL_PROVENANCE, **change}}) is not None
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"latency_ms": True}, {"latency_ms": -1}, {"latency_ms": "12"}, {"token_usage": {"p": -1}},
+     {"token_usage": {"p": True}}, {"token_usage": {"a\x01": 1}}, {"method": "oracle"}, {"method": None},
+     {"status": "x" * 201}, {"status": None}, {"model": "a\nb"}, {"input_refs": ["ok", "bad\nref"]},
+     {"output_refs": [""]}, {"output_refs": ["r" * 513]}, {"note": "n" * 2001}, {"decisions": [1]},
+     {"decisions": {"a": 1}}, {"extra": 1}],
+)
+def test_provenance_the_model_refuses_is_left_to_it(change: dict[str, Any]) -> None:
+    body = {**canonical(), "provenance": {**FULL_PROVENANCE, **change}}
+    with pytest.raises(DecodeError):
+        decode_record(wire(body), HEADERS)
+    assert fast(body) is None
 
 
 # --- generated bodies ---------------------------------------------------------------
