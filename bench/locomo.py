@@ -399,12 +399,12 @@ def ingest(settings: Settings, conversations: Sequence[Conversation], workdir: P
                     produced = time.perf_counter()
                     done = await wait_caught_up(
                         settings, positions, timeout=900.0, poll=_POLL_S, alive=worker.alive, on_poll=on_poll,
-                        watch=watch,
+                        watch=watch, settle_poll=_SETTLE_POLL_S,
                     )
                     return t0, produced - t0, done
 
             t0, produce_s, done = asyncio.run(measured())
-        # when everything was first seen extracted and projected (polled every _POLL_S)
+        # when everything was first seen extracted and projected (see _SETTLE_POLL_S)
         ingest_s = done.observed_at - t0
     except BaseException:
         err_console.print(f"[red]worker log tail:[/red]\n{worker.tail(40)}")
@@ -420,8 +420,12 @@ _ZERO = timedelta(0)
 _SEND_CHUNK = 100
 """Turns enqueued between two turns of the event loop while the benchmark sends."""
 _POLL_S = 0.05
-"""How often the ingest's end is looked for: the positions table is read only once
-extraction is done, so polls are cheap, and the figure is at most this late."""
+"""How often the ingest's end is looked for while extraction is still behind (cheap
+polls: the log's ends and the extractor's commits)."""
+_SETTLE_POLL_S = 0.01
+"""The interval once extraction is done and only the projection of its last events
+is left (each poll then reads the positions table): the figure is at most about this
+late (plus one read)."""
 
 
 # ------------------------------------------------------------------------------ search
