@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import json
 import math
 import os
 import re
@@ -37,6 +38,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any, Protocol, runtime_checkable
 
+import msgspec
 import numpy as np
 
 from memstream.domain.content import normalize_content
@@ -119,6 +121,35 @@ def _checked_matrix(rows: Sequence[np.ndarray], count: int, dim: int, who: str) 
     if not np.isfinite(matrix).all():
         raise EmbedderUnavailableError(f"{who} returned NaN or infinite values")
     return matrix
+
+
+class _AnswerItem(msgspec.Struct):
+    index: int
+    embedding: bytes  # base64 in the JSON, decoded by the parser
+
+
+class _Answer(msgspec.Struct):
+    data: list[_AnswerItem]
+
+
+_ANSWER = msgspec.json.Decoder(_Answer)
+
+
+def _base64_answer(raw: bytes, count: int, dim: int) -> np.ndarray | None:
+    """An embeddings answer in its usual form (``count`` base64 vectors of ``dim``
+    float32 values, finite, in input order) as a writable ``(count, dim)`` float32
+    matrix; ``None`` for any other answer, left to the general reader."""
+    try:
+        items = _ANSWER.decode(raw).data
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    width = dim * 4
+    if len(items) != count or any(item.index != i or len(item.embedding) != width for i, item in enumerate(items)):
+        return None
+    matrix = np.frombuffer(b"".join(item.embedding for item in items), dtype="<f4").reshape(count, dim)
+    if not np.isfinite(matrix).all():
+        return None
+    return matrix.astype(np.float32)  # a writable copy in native order
 
 
 def embed_array(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
@@ -346,57 +377,70 @@ class OpenAIEmbedder:
         )
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        out: list[list[float]] = []
-        for chunk in self._chunks(texts):
-            for item in self._embed_chunk(chunk):
-                out.append(_decode_base64(item).tolist() if isinstance(item, str) else [float(x) for x in item])
-        check_vectors(out, len(texts), self.dim, f"embedding model {self.model_id!r}")
+        out: list[list[float]] = self.embed_array(texts).tolist()
         return out
 
     def embed_array(self, texts: Sequence[str]) -> np.ndarray:
         """The vectors as one float32 matrix (see :func:`embed_array`): base64 answers
         are decoded straight into it, with no Python float per value."""
-        rows: list[np.ndarray] = []
-        for chunk in self._chunks(texts):
-            for item in self._embed_chunk(chunk):
-                rows.append(_decode_base64(item) if isinstance(item, str) else np.asarray(item, dtype=np.float32))
-        return _checked_matrix(rows, len(texts), self.dim, f"embedding model {self.model_id!r}")
+        parts = [self._embed_chunk(chunk) for chunk in self._chunks(texts)]
+        if not parts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def _chunks(self, texts: Sequence[str]) -> list[list[str]]:
         return [list(texts[start : start + self.batch_size]) for start in range(0, len(texts), self.batch_size)]
 
-    def _embed_chunk(self, chunk: list[str]) -> list[Any]:
-        """One request; the answer's embeddings in input order, each a base64 string
-        (float32, what the request asks for) or a list of numbers (servers that ignore
-        ``encoding_format``).
+    def _embed_chunk(self, chunk: list[str]) -> np.ndarray:
+        """One request; the answer's vectors in input order as a checked
+        ``(len(chunk), dim)`` float32 matrix.
 
         Through the client's plain ``post`` (its retries, timeouts and error types)
-        with the JSON answer as it is: ``embeddings.create`` walks every input through
-        the SDK's type transforms and builds a model object per vector, which for a
-        batch of hundreds of texts cost more than the request itself."""
+        with the answer's bytes as they are: ``embeddings.create`` walks every input
+        through the SDK's type transforms and builds a model object per vector, which
+        for a batch of hundreds of texts cost more than the request itself. The usual
+        answer (base64 float32 of the right width, in input order) is read by
+        ``msgspec``, which decodes the base64 in C while it parses; anything else
+        (plain numbers, shuffled indexes, a malformed answer) is read by the general
+        path below, which also says what is wrong."""
         if any(not t.strip() for t in chunk):
             raise EmbedderUnavailableError("cannot embed an empty text")
         body: dict[str, Any] = {"model": self.model_id, "input": chunk, "encoding_format": "base64"}
         if self._send_dimensions:
             body["dimensions"] = self.dim
-        who = f"embedding model {self.model_id!r}"
         try:
-            answer: Any = self._client.post("/embeddings", body=body, cast_to=object)
+            raw: bytes = self._client.post("/embeddings", body=body, cast_to=bytes)
         except self._openai.OpenAIError as exc:
             raise EmbedderUnavailableError(
                 f"embedding request to {self.model_id!r} failed: {type(exc).__name__}: {exc}"
             ) from exc
+        quick = _base64_answer(raw, len(chunk), self.dim)
+        if quick is not None:
+            return quick
+        return self._general_answer(raw, len(chunk))
+
+    def _general_answer(self, raw: bytes, count: int) -> np.ndarray:
+        who = f"embedding model {self.model_id!r}"
         try:
+            answer: Any = json.loads(raw)
             data = sorted(answer["data"], key=lambda d: int(d["index"]))
             items = [d["embedding"] for d in data]
         except (TypeError, KeyError, ValueError) as exc:
             raise EmbedderUnavailableError(f"{who} answered without embeddings: {type(exc).__name__}: {exc}") from None
-        if len(items) != len(chunk):
-            raise EmbedderUnavailableError(f"{who} returned {len(items)} vectors for {len(chunk)} texts")
+        if len(items) != count:
+            raise EmbedderUnavailableError(f"{who} returned {len(items)} vectors for {count} texts")
+        rows: list[np.ndarray] = []
         for item in items:
-            if not isinstance(item, (str, list)):
+            if isinstance(item, str):
+                rows.append(_decode_base64(item))
+            elif isinstance(item, list):
+                try:
+                    rows.append(np.asarray(item, dtype=np.float32))
+                except (TypeError, ValueError):
+                    raise EmbedderUnavailableError(f"{who} returned an embedding that is not numbers") from None
+            else:
                 raise EmbedderUnavailableError(f"{who} returned an embedding of type {type(item).__name__}")
-        return items
+        return _checked_matrix(rows, count, self.dim, who)
 
     def __repr__(self) -> str:
         return f"OpenAIEmbedder(model_id={self.model_id!r}, dim={self.dim})"

@@ -3,6 +3,8 @@ scripted HTTP server through the real ``openai`` client) and the factory."""
 
 from __future__ import annotations
 
+import base64
+
 import importlib.util
 import json
 import math
@@ -193,6 +195,35 @@ def test_openai_embedder_reads_base64_and_plain_answers(fake: FakeOpenAI) -> Non
     fake.embeddings.push(Reply(raw=json.dumps(nan).encode()))
     with pytest.raises(EmbedderUnavailableError, match="NaN or infinite"):
         emb.embed_array(["not a number"])
+
+
+def test_openai_embedder_reads_base64_answers_in_any_order_and_refuses_bad_ones(fake: FakeOpenAI) -> None:
+    emb = OpenAIEmbedder(model="fake-embedding", dim=4, base_url=fake.base_url, max_retries=0)
+
+    def b64(values: list[float]) -> str:
+        return base64.b64encode(np.asarray(values, dtype="<f4").tobytes()).decode()
+
+    rows = [[0.25, 0.5, 0.75, 1.0], [-1.0, 0.0, 2.5, 3.0], [0.125, 7.0, -7.0, 0.5]]
+    shuffled = {"object": "list", "data": [{"object": "embedding", "index": i, "embedding": b64(rows[i])}
+                                           for i in (2, 0, 1)]}
+    fake.embeddings.push(Reply(raw=json.dumps(shuffled).encode()))
+    got = emb.embed_array(["a", "b", "c"])
+    assert got.tolist() == rows and got.dtype == np.float32 and got.flags.writeable
+
+    in_order = {"data": [{"index": i, "embedding": b64(r)} for i, r in enumerate(rows)], "usage": {"total_tokens": 3}}
+    fake.embeddings.push(Reply(raw=json.dumps(in_order).encode()))
+    assert emb.embed_array(["a", "b", "c"]).tolist() == rows
+
+    for answer, error in [
+        ({"data": [{"index": 0, "embedding": b64([1.0, float("inf"), 0.0, 0.0])}]}, "NaN or infinite"),
+        ({"data": [{"index": 0, "embedding": b64([1.0, 2.0])}]}, "dimension 2"),
+        ({"data": [{"index": 0, "embedding": "not base64!"}]}, "not valid base64"),
+        ({"data": [{"index": 0, "embedding": b64(rows[0])}, {"index": 1, "embedding": b64(rows[1])}]}, "2 vectors for 1"),
+        ({"data": [{"index": 0, "embedding": 42}]}, "of type int"),
+    ]:
+        fake.embeddings.push(Reply(raw=json.dumps(answer).encode()))
+        with pytest.raises(EmbedderUnavailableError, match=error):
+            emb.embed_array(["one text"])
 
 
 def test_openai_embedder_batches_and_checks(fake: FakeOpenAI) -> None:
