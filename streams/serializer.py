@@ -116,12 +116,20 @@ def record_key(scope: Scope) -> bytes:
 
 
 def event_headers(event: EventBase) -> list[tuple[str, bytes]]:
-    """The record headers describing ``event`` (type, schema version, content type)."""
-    return [
-        (HEADER_TYPE, event.type.encode("ascii")),
-        (HEADER_SCHEMA_VERSION, str(event.schema_version).encode("ascii")),
-        (HEADER_CONTENT_TYPE, CONTENT_TYPE_JSON.encode("ascii")),
-    ]
+    """The record headers describing ``event`` (type, schema version, content type):
+    a new list each time, of headers made once per event type and version."""
+    key = (event.type, event.schema_version)
+    made = _HEADERS.get(key)
+    if made is None:
+        made = _HEADERS[key] = (
+            (HEADER_TYPE, event.type.encode("ascii")),
+            (HEADER_SCHEMA_VERSION, str(event.schema_version).encode("ascii")),
+            (HEADER_CONTENT_TYPE, CONTENT_TYPE_JSON.encode("ascii")),
+        )
+    return list(made)
+
+
+_HEADERS: dict[tuple[str, int], tuple[tuple[str, bytes], ...]] = {}
 
 
 def encode_event(event: EventBase, *, max_bytes: int = MAX_RECORD_BYTES) -> EncodedRecord:

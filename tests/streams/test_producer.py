@@ -9,6 +9,8 @@ from collections import defaultdict
 from datetime import datetime, timezone
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from aiokafka.errors import MessageSizeTooLargeError
 from tests.support import SAFETY_S, read_records
 
@@ -213,6 +215,28 @@ async def test_send_many_reports_per_event_results(kafka_bootstrap: str, fresh_t
     assert decode_record(records[0].value) == small[0]
 
 
+@pytest.mark.parametrize(("in_flight", "batch_bytes"), [(10_000, 256 * 1024), (10_000, 1024), (3, 1024), (1, 4096)])
+async def test_send_many_positions_name_each_event_whatever_the_batching(
+    kafka_bootstrap: str, fresh_topics: Topics, settings_for, in_flight: int, batch_bytes: int
+) -> None:
+    """``send_many`` builds record batches per partition: small batches (several per
+    partition) and a bound below the batch's size (sent in parts, never stuck) still
+    give every event the position it landed at, in order within its memory space."""
+    settings = settings_for(fresh_topics, producer_max_in_flight=in_flight, producer_max_batch_bytes=batch_bytes)
+    events = memories(60, spaces=4)
+    async with MemstreamProducer(settings, topics=fresh_topics) as producer:
+        positions = await producer.send_many(events)
+        assert producer._in_flight is not None and producer._in_flight._value == in_flight  # every permit returned
+    records = await read_records(kafka_bootstrap, fresh_topics.events, len(events))
+    landed = {(r.partition, r.offset): decode_record(r.value, r.headers) for r in records}
+    assert len(landed) == len(events)
+    assert [landed[(p.partition, p.offset)] for p in positions] == events
+    for space in {e.scope.space for e in events}:
+        mine = [p for p, e in zip(positions, events) if e.scope.space == space]
+        assert len({p.partition for p in mine}) == 1
+        assert [p.offset for p in mine] == sorted(p.offset for p in mine)
+
+
 async def test_producer_must_be_started(fresh_topics: Topics, settings_for) -> None:
     producer = MemstreamProducer(settings_for(fresh_topics), topics=fresh_topics)
     with pytest.raises(ProducerClosedError):
@@ -255,3 +279,17 @@ def test_sync_producer_reports_an_unreachable_broker(topic_prefix: str) -> None:
     with pytest.raises(Exception, match="127.0.0.1"):
         producer.send(memories(1, 1)[0])
     producer.close()
+
+
+@settings(max_examples=300)
+@given(keys=st.lists(st.binary(max_size=40), min_size=1, max_size=20), n=st.integers(1, 64))
+def test_the_key_partitioner_places_keys_as_the_default_partitioner(keys: list[bytes], n: int) -> None:
+    from aiokafka.partitioner import DefaultPartitioner
+
+    from memstream.streams.producer import KeyPartitioner
+
+    partitions = list(range(n))
+    mine, theirs = KeyPartitioner(), DefaultPartitioner()
+    for key in keys + keys:  # the second time from the remembered hash
+        assert mine(key, partitions, partitions) == theirs(key, partitions, partitions)
+    assert mine(None, partitions, partitions[:1]) == 0  # no key: an available partition
