@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from memstream.domain.content import normalize_content
 from memstream.domain.log import PositionedMemories
-from memstream.projections.schema import MEMORIES, schema_for
+from memstream.projections.schema import ENTITIES, MEMORIES, schema_for
 
 __all__ = ["unique_entities", "entity_row", "canonical_json", "memories_table"]
 
@@ -77,7 +77,7 @@ def memories_table(
     views: Mapping[str, View],
     *,
     dim: int,
-) -> tuple[pa.Table, list[dict[str, Any]]]:
+) -> tuple[pa.Table, pa.Table]:
     """The ``memories`` rows of ``picks`` (pk -> row of ``memories``) with their derived
     ``views`` (default: active), and the ``entities`` rows they name."""
     pks = list(picks)
@@ -90,7 +90,12 @@ def memories_table(
      entities, metadata, provenance, _data) = (list(c) for c in zip(*rows)) if n else ([],) * 21
     ents: list[list[dict[str, str]]] = []
     keys: list[list[str]] = []
-    entity_rows: list[dict[str, Any]] = []
+    # The entities rows, column by column (a row per memory and entity): the memory's
+    # values repeated once per entity it names.
+    owners: list[int] = []
+    ent_keys: list[str] = []
+    ent_names: list[str] = []
+    ent_kinds: list[str] = []
     for j, found in enumerate(entities):
         if not found:
             ents.append([])
@@ -99,12 +104,10 @@ def memories_table(
         e, k = unique_entities(found)
         ents.append(e)
         keys.append(k)
-        memory = {
-            "team_id": team_id[j], "user_id": user_id[j], "memory_id": memory_id[j],
-            "agent_id": agent_id[j], "created_at": occurred_at[j], "log_topic": positions[j][0],
-            "log_partition": positions[j][1], "log_offset": positions[j][2], "event_id": event_id[j],
-        }
-        entity_rows.extend(entity_row(pks[j], key, ent, memory) for ent, key in zip(e, k))
+        owners.extend([j] * len(k))
+        ent_keys.extend(k)
+        ent_names.extend(x["name"] for x in e)
+        ent_kinds.extend(x["kind"] for x in e)
     view = [views.get(pk, _ACTIVE) for pk in pks]
     schema = schema_for(MEMORIES, dim)
     ts = schema.field("created_at").type
@@ -141,8 +144,29 @@ def memories_table(
         "log_offset": [p[2] for p in positions],
         "event_id": event_id,
     }
+    entity_columns: dict[str, Any] = {
+        "pk": [f"{pks[j]}|{key}" for j, key in zip(owners, ent_keys)],
+        "team_id": [team_id[j] for j in owners],
+        "user_id": [user_id[j] for j in owners],
+        "name_key": ent_keys,
+        "name": ent_names,
+        "kind": ent_kinds,
+        "memory_id": [memory_id[j] for j in owners],
+        "memory_pk": [pks[j] for j in owners],
+        "agent_id": [agent_id[j] for j in owners],
+        "occurred_at": pa.array([occurred_at[j] for j in owners], ts),
+        "log_topic": [positions[j][0] for j in owners],
+        "log_partition": [positions[j][1] for j in owners],
+        "log_offset": [positions[j][2] for j in owners],
+        "event_id": [event_id[j] for j in owners],
+    }
+    return _from_columns(schema, columns), _from_columns(schema_for(ENTITIES, dim), entity_columns)
+
+
+def _from_columns(schema: pa.Schema, columns: Mapping[str, Any]) -> pa.Table:
+    """A table of ``schema`` from one list (or Arrow array) per column."""
     arrays = [
         col if isinstance(col, pa.Array) else pa.array(col, type=f.type)
         for f, col in ((f, columns[f.name]) for f in schema)
     ]
-    return pa.Table.from_arrays(arrays, schema=schema), entity_rows
+    return pa.Table.from_arrays(arrays, schema=schema)

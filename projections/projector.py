@@ -578,7 +578,7 @@ class Projector:
             out = [rows[pk] for pk in changed]
             matrix = np.stack([vectors[pk] for pk in changed]).astype(np.float32, copy=False)
             parts.append(_table(MEMORIES, dim, out, matrix))
-        ent_rows: list[dict[str, Any]] = []
+        fast_entities: pa.Table | None = None
         if fast:
             assert plan.fast_source is not None
             views = {
@@ -586,7 +586,7 @@ class Projector:
                 for pk, i in fast.items()
                 if pk in links
             }
-            fast_rows, ent_rows = memories_table(plan.fast_source, fast, views, dim=dim)
+            fast_rows, fast_entities = memories_table(plan.fast_source, fast, views, dim=dim)
             parts.append(fast_rows)
         _, updated = self.store.upsert(MEMORIES, parts[0] if len(parts) == 1 else pa.concat_tables(parts))
 
@@ -595,15 +595,18 @@ class Projector:
         # version no longer names; when every memory of the batch was an insert there
         # can be none (entity rows are only written after their memory row).
         readded = updated > sum(1 for pk in changed if pk in existing)
+        ent_rows: list[dict[str, Any]] = []
         for pk in new:
             m = plan.memories[pk]
             ent_rows.extend(entity_row(pk, key, ent, m) for ent, key in zip(m["entities"], m["entity_keys"]))
         if new or fast:
             ents = _table(ENTITIES, dim, ent_rows)
+            if fast_entities is not None:
+                ents = pa.concat_tables([ents, fast_entities]) if ents.num_rows else fast_entities
             owners = new + list(fast)
             if readded:
                 self.store.replace_rows(ENTITIES, ents, "memory_pk", owners)
-            elif ent_rows:
+            elif ents.num_rows:
                 self.store.upsert(ENTITIES, ents)
 
 
