@@ -1,4 +1,5 @@
-"""A fast, conservative read path for the record the log holds most of: ``MemoryAdded``.
+"""Fast, conservative read paths for the records the log holds most of: ``MemoryAdded``
+(:class:`FastMemoryDecoder`) and the turns, ``MessageObserved`` (:func:`decode_turn`).
 
 Why: the projector and replay read every record of the log, and the general path
 (JSON into Python objects, then pydantic with twenty-odd Python validator calls)
@@ -11,14 +12,16 @@ in UTC, the vector's values) — those are the model's own rule objects, called 
 The contract is one-sided, so the shortcut can never admit what the model refuses:
 :meth:`FastMemoryDecoder.decode` returns a record's values only when the record
 certainly is a valid ``MemoryAdded`` v2 with a vector of the projector's embedding
-model, or with no vector at all (as the extractor writes them: the projector embeds
-the content), and the values are those
-:func:`~memstream.streams.serializer.decode_record` would give. Anything unusual (an older schema version, another event type, a time in
-an uncommon ISO form, ``50.0`` for an integer, an explicit ``null`` where the model
-has a default, another model's vector, odd headers, any JSON the C parser dislikes)
-returns ``None``, and the caller takes the general path, which also produces the
-exact error for the dead-letter topic. ``tests/streams/test_fast_decode.py`` proves
-the contract on generated valid and corrupted records.
+model, or with no vector at all (a memory an agent added without one, or one whose
+extraction could not embed it: the projector embeds the content), and the values
+are those :func:`~memstream.streams.serializer.decode_record` would give. Anything
+unusual (an older schema version, another event type, a time in an uncommon ISO
+form, ``50.0`` for an integer, an explicit ``null`` where the model has a default,
+another model's vector, odd headers, any JSON the C parser dislikes) returns
+``None``, and the caller takes the general path, which also produces the exact error
+for the dead-letter topic. :func:`decode_turn` keeps the same contract for turns.
+``tests/streams/test_fast_decode.py`` and ``tests/streams/test_fast_decode_turns.py``
+prove it on generated valid and corrupted records.
 """
 
 from __future__ import annotations
