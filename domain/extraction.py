@@ -1133,6 +1133,12 @@ def build_events(
     ``drop`` decision are written into the provenance of each event, so a decision
     that emitted nothing is still on the record wherever the batch left a trace.
 
+    ``embeddings`` are payloads as the model validates them (``EmbeddingPayload(...)``,
+    or built so that they hold, as the extractor builds them from a checked matrix):
+    they are attached to the validated memories as they are, not validated a second
+    time (a payload's check decodes its whole vector; it was half the cost of building
+    a memory event).
+
     A memory's provenance names the run's inputs and outputs (what the model read and
     wrote). With ``own_refs`` (the heuristic, which makes each memory from its own
     turns alone) it names the memory's own turns and itself instead: the run's lists
@@ -1162,7 +1168,7 @@ def build_events(
             valid.add(i)
             continue
         try:
-            checked[i] = _memory_event(envelope, ids[i], draft, embeddings[i], None)
+            checked[i] = _memory_event(envelope, ids[i], draft, None, None)
         except ValueError as exc:
             reason = " ".join(str(exc).split())[:300]
             rejected.append({"issue": "invalid_memory", "detail": reason, "content": draft.content[:200]})
@@ -1236,13 +1242,16 @@ def build_events(
                     )
                 )
             continue
-        # Validated in pass 1; the provenance is a validated model too, so a copy with
-        # it set needs no second validation of the memory (and its embedding).
+        # Validated in pass 1; the provenance and the payload are validated models too,
+        # so a copy with them set needs no second validation of the memory.
         # With own refs: both are valid refs already (pass 1 validated them as the
         # event's ids).
         refs = {"input_refs": tuple(draft.source_message_ids), "output_refs": (ids[i],)} if own_refs else {}
         provenance = with_own(base_provenance, mine, **refs)
-        events.append(checked[i].model_copy(update={"provenance": provenance}))
+        update: dict[str, Any] = {"provenance": provenance}
+        if embeddings[i] is not None:
+            update["embedding"] = embeddings[i]
+        events.append(checked[i].model_copy(update=update))
         relations: list[tuple[str, LinkRelation]] = []
         if decision.action is Action.update and decision.target:
             relations.append((decision.target, LinkRelation.supersedes))

@@ -556,17 +556,36 @@ class Extractor:
     def _payloads(self, run: _Run) -> list[EmbeddingPayload | None]:
         """The vectors as event payloads: base64 of the little-endian float32 row (what
         :meth:`EmbeddingPayload.from_vector` makes), straight from the matrix's bytes.
-        Built unvalidated because the event validates its payload anyway (once, not
-        twice); a vector that is not finite goes without, and the projector embeds
-        that memory itself."""
+
+        Valid by construction, which ``build_events`` relies on (it does not validate
+        them again): each row is ``dim`` finite float32 values (a row that is not goes
+        without a vector, and the projector embeds that memory itself), and the first
+        payload of each model and dimension is validated by the model, so the model
+        name and the dimension are checked too."""
         payloads: list[EmbeddingPayload | None] = []
         model = self.embedder.model_id if self.embedder is not None else None
+        checked: set[tuple[str, int]] = set()
+        refused: set[tuple[str, int]] = set()
         for vec in run.vectors:
-            if vec is None or model is None or not np.isfinite(vec).all():
+            if vec is None or model is None or vec.ndim != 1 or not np.isfinite(vec).all():
                 payloads.append(None)
                 continue
-            data = base64.b64encode(vec.tobytes()).decode("ascii")
-            payloads.append(EmbeddingPayload.model_construct(model=model, dim=int(vec.shape[0]), data=data))
+            dim = int(vec.shape[0])
+            if (model, dim) in refused:
+                payloads.append(None)
+                continue
+            data = base64.b64encode(np.asarray(vec, dtype="<f4").tobytes()).decode("ascii")
+            if (model, dim) in checked:
+                payloads.append(EmbeddingPayload.model_construct(model=model, dim=dim, data=data))
+                continue
+            try:
+                payloads.append(EmbeddingPayload(model=model, dim=dim, data=data))
+            except ValueError as exc:  # e.g. a model name the event model refuses
+                log.warning("extraction %s: vectors of %r go without (%s); the projector embeds", run.run_id, model, exc)
+                payloads.append(None)
+                refused.add((model, dim))
+                continue
+            checked.add((model, dim))
         return payloads
 
     def _build_events(self, runs: Sequence[_Run]) -> None:

@@ -21,15 +21,17 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from tests.fakes.openai_server import FakeOpenAI, Reply, fake_llm  # noqa: F401 - the fixture
 from tests.support import wait_until
 
 from memstream.domain.content import content_hash
-from memstream.domain.events import LinkRelation, MemoryAdded, MemoryLinked, MessageObserved, Scope
+from memstream.domain.events import EmbeddingPayload, LinkRelation, MemoryAdded, MemoryLinked, MessageObserved, Scope
 from memstream.domain.extraction import memory_id_for
 from memstream.domain.log import LogPosition, PositionedEvent
 from memstream.llm import LLMClient
@@ -43,6 +45,7 @@ from memstream.streams.consumer import decode_or_dead_letter
 from memstream.streams.extractor import ExtractionOutcome, Extractor, TurnBuffer, WindowInput
 from memstream.streams.extractor_agent import ExtractorRunner, consumer_group
 from memstream.streams.producer import MemstreamProducer
+from memstream.streams.serializer import decode_record, encode_event
 from memstream.streams.topics import Topics
 
 pytestmark = [pytest.mark.kafka]
@@ -492,6 +495,34 @@ async def test_heuristic_without_an_llm(env: Env) -> None:
     await env.project()
     results = await asyncio.to_thread(search, env.store, env.embedder, SCOPE, "Bob Smith Lisbon", 3)
     assert results[0].memory_id == first.memory_id and results[0].source_message_ids == ("m1",)
+
+
+async def test_extracted_memories_carry_the_embedders_vectors_as_valid_payloads(env: Env) -> None:
+    """The extractor builds its payloads without a second validation in the event: they
+    equal the payloads the model validates, and readers accept the events."""
+    outcome = await env.extractor(llm=None).run_window(
+        SCOPE, "s1", [turn("m1", "I adopted a dog called Rex"), turn("m2", "I work in Leeds", minutes=1)]
+    )
+    assert len(outcome.memories) == 2
+    vectors = env.embedder.embed_array([m.content for m in outcome.memories])
+    for memory, vector in zip(outcome.memories, vectors):
+        assert memory.embedding == EmbeddingPayload.from_vector(env.embedder.model_id, vector.tolist())
+        assert decode_record(encode_event(memory).value) == memory
+
+
+def test_payloads_leave_out_vectors_the_model_would_refuse(env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    extractor = env.extractor(llm=None)
+    rows = [np.array([0.5, -1.0], dtype=np.float32), np.array([np.nan, 1.0], dtype=np.float32), None,
+            np.array([2.0, 0.25], dtype=np.float32)]
+    run = SimpleNamespace(run_id="x-1", vectors=rows)
+    got = extractor._payloads(run)  # type: ignore[arg-type]
+    model = env.embedder.model_id
+    assert got == [EmbeddingPayload.from_vector(model, [0.5, -1.0]), None, None,
+                   EmbeddingPayload.from_vector(model, [2.0, 0.25])]
+    # a model name the event model refuses (one line only): no payload, one warning
+    extractor.embedder = SimpleNamespace(model_id="bad\nname", dim=2)  # type: ignore[assignment]
+    assert extractor._payloads(run) == [None, None, None, None]  # type: ignore[arg-type]
+    assert sum("go without" in r.getMessage() for r in caplog.records) == 1
 
 
 class Counted:
