@@ -363,10 +363,16 @@ class Extractor:
         (outcome,) = await self.run_windows([WindowInput(scope, session_id, turns, background)])
         return outcome
 
-    async def run_windows(self, windows: Sequence[WindowInput]) -> list[ExtractionOutcome]:
+    async def run_windows(
+        self, windows: Sequence[WindowInput], *, producing: Callable[[], None] | None = None
+    ) -> list[ExtractionOutcome]:
         """Extract every window; one outcome per window, in order. A failure fails the
         runs it concerns (a memory space that cannot be read: its windows; the produce:
-        every window that had events), never the others."""
+        every window that had events), never the others.
+
+        ``producing`` is called once the extraction's own work is done and only the
+        produce (mostly waiting for the broker's acknowledgements) is left: a caller
+        that bounds how many extractions run at once can start the next one then."""
         if not windows:
             return []
         heuristic = self.llm is None
@@ -384,6 +390,8 @@ class Extractor:
         if not heuristic and self._recall is not None:
             await asyncio.gather(*(self._candidates_and_judgment(run) for run in runs if run.open and run.new))
         await asyncio.to_thread(self._build_events, runs)
+        if producing is not None:
+            producing()
         await self._produce(runs)
         return [self._finish(run) for run in runs]
 

@@ -184,6 +184,9 @@ class ExtractorRunner:
         self.extractor: Extractor | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._jobs: dict[asyncio.Task[None], list[WindowJob]] = {}
+        self._computing: set[asyncio.Task[None]] = set()
+        """The jobs still extracting (not yet only waiting for the produce to be
+        acknowledged): at most ``concurrency`` of them."""
         self._committed: dict[tuple[str, int], int] = {}
         self._last_commit = 0.0
         self._commit_lock = asyncio.Lock()
@@ -391,9 +394,11 @@ class ExtractorRunner:
 
     def _schedule(self, *, flush: bool = False) -> list[asyncio.Task[None]]:
         """Start extraction tasks for the due sessions while fewer than ``concurrency``
-        run: one window per task with an LLM, a batch of windows without one."""
+        are extracting (tasks only waiting for their produce to be acknowledged do not
+        count, up to as many again): one window per task with an LLM, a batch of
+        windows without one."""
         started: list[asyncio.Task[None]] = []
-        while len(self._jobs) < self.concurrency:
+        while len(self._computing) < self.concurrency and len(self._jobs) < 2 * self.concurrency:
             if self._batching:
                 jobs = self.buffer.due(flush=flush, max_turns=self.settings.extract_batch_turns)
             else:
@@ -403,6 +408,7 @@ class ExtractorRunner:
             name = f"extract:{jobs[0].key}" + (f"+{len(jobs) - 1}" if len(jobs) > 1 else "")
             task = asyncio.create_task(self._execute(jobs), name=name)
             self._jobs[task] = jobs
+            self._computing.add(task)
             task.add_done_callback(self._job_done)
             started.append(task)
         return started
@@ -412,15 +418,28 @@ class ExtractorRunner:
         with the topic drained a poll waits its full timeout, which capped extraction
         at ``concurrency`` windows per poll interval (about 20 windows/s)."""
         self._jobs.pop(task, None)
+        self._computing.discard(task)
+        if not self._stopping:
+            self._schedule()
+
+    def _producing(self, task: "asyncio.Task[None] | None") -> None:
+        """A job's extraction is done and its produce is under way: the broker's
+        acknowledgements (a tenth of a second for a bulk batch, measured) need no
+        slot, so the next due batch starts meanwhile. Its commit still waits for them."""
+        if task is None or task not in self._computing:
+            return
+        self._computing.discard(task)
         if not self._stopping:
             self._schedule()
 
     async def _execute(self, jobs: list[WindowJob]) -> None:
         assert self.extractor is not None
+        me = asyncio.current_task()
         try:
             await self._ensure_store()
             outcomes = await self.extractor.run_windows(
-                [WindowInput(job.scope, job.session_id, job.turns, job.background) for job in jobs]
+                [WindowInput(job.scope, job.session_id, job.turns, job.background) for job in jobs],
+                producing=lambda: self._producing(me),
             )
         except asyncio.CancelledError:
             for job in jobs:

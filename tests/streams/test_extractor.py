@@ -859,6 +859,44 @@ async def test_without_an_llm_every_turn_is_extracted_at_once_across_sessions(en
         await runner.stop()
 
 
+class GatedSink:
+    """A producer whose sends wait at a gate (the broker's acknowledgements delayed)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.gate = asyncio.Event()
+        self.waiting = 0
+
+    async def send_many(self, events: Sequence[Any]) -> list[LogPosition]:
+        self.waiting += 1
+        await self.gate.wait()
+        return list(await self.inner.send_many(events))
+
+
+async def test_the_next_batch_is_extracted_while_a_produce_awaits_its_acknowledgements(env: Env) -> None:
+    settings = env.settings.model_copy(update={"extract_batch_turns": 1})
+    sink = GatedSink(env.producer)
+    runner = ExtractorRunner(settings, env.topics, llm=None, embedder=env.embedder, producer=sink, concurrency=1)
+    await runner.start()
+    try:
+        turns = [turn(f"m{i}", f"fact {i} about the garden", minutes=i, session=f"s{i}") for i in range(3)]
+        await produce_turns(env, turns)
+        # one batch at a time extracts, but a batch waiting for the broker holds no slot:
+        # the second reaches its produce while the first is unacknowledged; the third
+        # waits (at most twice ``concurrency`` batches are in flight)
+        await wait_until(lambda: sink.waiting == 2, what="two batches producing at once")
+        await asyncio.sleep(0.5)
+        assert sink.waiting == 2 and len(runner._jobs) == 2
+        assert runner.stats.memories_added == 0
+        assert sum(runner.committed().values()) == 0  # nothing is committed before its acknowledgement
+        sink.gate.set()
+        await wait_until(lambda: runner.stats.memories_added == 3, what="every turn extracted")
+        await wait_until(lambda: sum(runner.committed().values()) == 3, what="the commit of every turn")
+    finally:
+        sink.gate.set()
+        await runner.stop()
+
+
 async def test_without_an_llm_a_session_read_at_once_is_one_window_and_each_memory_names_its_own_turn(
     env: Env,
 ) -> None:
