@@ -148,9 +148,9 @@ class _Provenance(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     note: str | None = None
 
 
-class _MemoryAdded(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    type: Literal["MemoryAdded"]
-    schema_version: Literal[2]
+class _Envelope(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The fields every event carries (``EventBase``), as the wire holds them."""
+
     event_id: str
     occurred_at: str
     recorded_at: str | None = None
@@ -160,6 +160,11 @@ class _MemoryAdded(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     causation_id: str | None = None
     correlation_id: str | None = None
     producer: str | None = None
+
+
+class _MemoryAdded(_Envelope, forbid_unknown_fields=True, kw_only=True):
+    type: Literal["MemoryAdded"]
+    schema_version: Literal[2]
     memory_id: str
     content: str
     content_hash: str = ""
@@ -377,18 +382,9 @@ class FastMemoryDecoder:
 # --------------------------------------------------------------------------------------
 
 
-class _MessageObserved(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class _MessageObserved(_Envelope, forbid_unknown_fields=True, kw_only=True):
     type: Literal["MessageObserved"]
     schema_version: Literal[1]
-    event_id: str
-    occurred_at: str
-    recorded_at: str | None = None
-    scope: _Scope
-    session_id: str | None = None
-    task_id: str | None = None
-    causation_id: str | None = None
-    correlation_id: str | None = None
-    producer: str | None = None
     message_id: str
     role: str = "user"
     speaker: str | None = None

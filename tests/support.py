@@ -68,3 +68,56 @@ def json_paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]
         for index, value in enumerate(node):
             out.extend(json_paths(value, prefix + (index,)))
     return out
+
+
+def json_values(tricky: list[Any], keys: list[str]) -> Any:
+    """A hypothesis strategy of JSON values for mutation fuzzing: scalars, ``tricky``
+    values (fresh copies: a mutation test edits them in place), and lists and objects
+    of them whose keys are often the record's own field names ``keys``."""
+    import copy
+
+    from hypothesis import strategies as st
+
+    leaves = st.sampled_from(tricky).map(copy.deepcopy)
+    return st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12) | leaves,
+        lambda inner: st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(max_size=6) | st.sampled_from(keys), inner, max_size=4),
+        max_leaves=12,
+    )
+
+
+def mutate(data: Any, body: dict[str, Any], values: Any) -> dict[str, Any]:
+    """``body`` after one to three random edits drawn from ``data`` (a hypothesis
+    ``st.data()``): a value anywhere in the tree replaced by one of ``values``, or a
+    key deleted."""
+    from hypothesis import strategies as st
+
+    for _ in range(data.draw(st.integers(1, 3), label="mutations")):
+        path = data.draw(st.sampled_from(json_paths(body)), label="path")
+        parent: Any = body
+        for part in path[:-1]:
+            parent = parent[part]
+        action = data.draw(st.sampled_from(["replace", "delete"]), label="action")
+        if action == "delete" and isinstance(parent, dict):
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = data.draw(values, label="value")
+    return body
+
+
+def event_strategies() -> tuple[Any, Any, Any]:
+    """Hypothesis strategies for generated events: texts (valid UTF-8, no lone
+    surrogates), ids (the ``Identifier`` alphabet) and aware times (UTC or any zone,
+    1900-2200)."""
+    from datetime import datetime, timezone
+
+    from hypothesis import strategies as st
+
+    texts = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=40)
+    ids = st.from_regex(r"[A-Za-z0-9_.:@/+=-]{1,20}", fullmatch=True)
+    times = st.datetimes(
+        min_value=datetime(1900, 1, 1), max_value=datetime(2200, 1, 1),
+        timezones=st.sampled_from([timezone.utc]) | st.timezones(),
+    )
+    return texts, ids, times

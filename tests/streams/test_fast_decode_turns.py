@@ -4,7 +4,6 @@ the same types, and the same bytes once encoded again)."""
 
 from __future__ import annotations
 
-import copy
 import json
 from datetime import datetime, timezone
 from typing import Any
@@ -12,7 +11,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.support import json_paths
+from tests.support import json_values as json_values_of
+from tests.support import event_strategies, mutate
 
 from memstream.domain.events import MessageObserved, Scope
 from memstream.streams.consumer import decode_or_dead_letter
@@ -150,43 +150,20 @@ def test_the_consumer_reads_turns_on_the_fast_path_and_still_dead_letters_bad_on
 
 # --- generated bodies ---------------------------------------------------------------
 
-FIELDS = list(canonical())
-tricky = st.sampled_from(
-    [None, True, 0, 1, -1, 2.0, float("inf"), "", " ", "x", "a b", "a\nb", "a\tb", "a\x01b", "user",
-     "assistant", "system", "tool", "USER", T0, EID, "2025-01-31T09:30:00", "2025-01-31T09:30:00+02:00",
-     "x" * 129, "y" * 300, [], {}, ["msg-1"], {"team_id": "t"}, {"team_id": "t", "user_id": None},
-     {"a": [1, {"b": None}]}, "\ud800", "é" * 3]
-).map(copy.deepcopy)  # fresh objects: the mutation test edits values in place
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12) | tricky,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6) | st.sampled_from(FIELDS), inner, max_size=4),
-    max_leaves=12,
-)
+TRICKY = [None, True, 0, 1, -1, 2.0, float("inf"), "", " ", "x", "a b", "a\nb", "a\tb", "a\x01b", "user",
+          "assistant", "system", "tool", "USER", T0, EID, "2025-01-31T09:30:00", "2025-01-31T09:30:00+02:00",
+          "x" * 129, "y" * 300, [], {}, ["msg-1"], {"team_id": "t"}, {"team_id": "t", "user_id": None},
+          {"a": [1, {"b": None}]}, "\ud800", "é" * 3]
+json_values = json_values_of(TRICKY, list(canonical()))
 
 
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_mutated_bodies_never_pass_what_the_model_refuses(data: st.DataObject) -> None:
-    body = canonical()
-    for _ in range(data.draw(st.integers(1, 3), label="mutations")):
-        path = data.draw(st.sampled_from(json_paths(body)), label="path")
-        parent: Any = body
-        for part in path[:-1]:
-            parent = parent[part]
-        action = data.draw(st.sampled_from(["replace", "delete"]), label="action")
-        if action == "delete" and isinstance(parent, dict):
-            del parent[path[-1]]
-        else:
-            parent[path[-1]] = data.draw(json_values, label="value")
-    assert_agrees(body)
+    assert_agrees(mutate(data, canonical(), json_values))
 
 
-texts = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=40)
-ids = st.from_regex(r"[A-Za-z0-9_.:@/+=-]{1,20}", fullmatch=True)
-times = st.datetimes(
-    min_value=datetime(1900, 1, 1), max_value=datetime(2200, 1, 1),
-    timezones=st.sampled_from([timezone.utc]) | st.timezones(),
-)
+texts, ids, times = event_strategies()
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
