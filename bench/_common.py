@@ -430,5 +430,7 @@ async def wait_caught_up(
             raise RuntimeError(f"the worker died while catching up ({state.behind(extraction=extraction)} behind)")
         if time.monotonic() > deadline:
             raise TimeoutError(f"the worker is still {state.behind(extraction=extraction)} records behind")
-        settling = settle_poll is not None and extraction and not state.extraction_lag()
-        await asyncio.sleep(settle_poll if settling and settle_poll is not None else poll)
+        interval = poll
+        if settle_poll is not None and extraction and not state.extraction_lag():
+            interval = settle_poll  # only the projection of extraction's last events is left
+        await asyncio.sleep(interval)

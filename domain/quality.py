@@ -252,7 +252,7 @@ def _present(lowered: str | None) -> frozenset[str] | None:
     return frozenset(w for w in _ALL_LITERALS if w in lowered)
 
 
-_NONE: frozenset[str] = frozenset()
+_NO_LITERALS: frozenset[str] = frozenset()
 
 
 def _may_match(literals: tuple[str, ...], present: frozenset[str] | None) -> bool:
@@ -298,7 +298,7 @@ def _gate(text: str, *, prefilter: bool) -> GateResult:
 
     # Checked on the turn as written (images aside), markers included: a hijack attempt
     # hidden inside framework markup is still a hijack attempt.
-    if present == _NONE:  # most turns: no literal of any pattern, so none can match
+    if present == _NO_LITERALS:  # most turns: no literal of any pattern, so none can match
         return GateResult(None, stripped)
     for pattern, literals in zip(INJECTION_PATTERNS, _INJECTION_LITERALS, strict=True):
         if not _may_match(literals, present):
@@ -314,7 +314,7 @@ def _gate(text: str, *, prefilter: bool) -> GateResult:
 def _strip_noise(text: str, present: frozenset[str] | None = None) -> tuple[str, int]:
     """The text without framework markers, and how many were removed (``present``:
     see :func:`_present`; ``None`` runs every pattern)."""
-    if present == _NONE:  # most turns: no literal of any pattern, nothing to remove
+    if present == _NO_LITERALS:  # most turns: no literal of any pattern, nothing to remove
         return text, 0
     removed = 0
     for pattern, literals in zip(NOISE_PATTERNS, _NOISE_LITERALS, strict=True):

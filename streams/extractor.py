@@ -572,28 +572,26 @@ class Extractor:
         name and the dimension are checked too."""
         payloads: list[EmbeddingPayload | None] = []
         model = self.embedder.model_id if self.embedder is not None else None
-        checked: set[tuple[str, int]] = set()
-        refused: set[tuple[str, int]] = set()
+        valid: dict[int, bool] = {}  # per dimension: did the model accept its first payload?
         for vec in run.vectors:
             if vec is None or model is None or vec.ndim != 1 or not np.isfinite(vec).all():
                 payloads.append(None)
                 continue
             dim = int(vec.shape[0])
-            if (model, dim) in refused:
+            if valid.get(dim) is False:
                 payloads.append(None)
                 continue
             data = base64.b64encode(np.asarray(vec, dtype="<f4").tobytes()).decode("ascii")
-            if (model, dim) in checked:
+            if valid.get(dim):
                 payloads.append(EmbeddingPayload.model_construct(model=model, dim=dim, data=data))
                 continue
             try:
                 payloads.append(EmbeddingPayload(model=model, dim=dim, data=data))
+                valid[dim] = True
             except ValueError as exc:  # e.g. a model name the event model refuses
                 log.warning("extraction %s: vectors of %r go without (%s); the projector embeds", run.run_id, model, exc)
                 payloads.append(None)
-                refused.add((model, dim))
-                continue
-            checked.add((model, dim))
+                valid[dim] = False
         return payloads
 
     def _build_events(self, runs: Sequence[_Run]) -> None:

@@ -383,24 +383,32 @@ class MemstreamProducer:
         sent: list[tuple[asyncio.Future[Any], list[int]]] = []
         positions: dict[int, LogPosition | BaseException] = {}
         held: list[int] = []  # records in the batch being built, each holding a permit
+        builder = producer.create_batch()
+
+        async def hand_over(members: list[int], target: str, partition: int) -> None:
+            """Send the batch being built (holding ``members``); start a new one."""
+            nonlocal builder
+            sent.append((await self._send_batch(producer, builder, target, partition, members), members))
+            builder = producer.create_batch()
+
+        def add(record: EncodedRecord) -> bool:
+            return builder.append(timestamp=None, key=record.key, value=record.value, headers=record.headers) is not None
+
         try:
             for (target, partition), members in groups.items():
-                builder = producer.create_batch()
                 for i in members:
-                    record = records[i][1]
                     if self._in_flight.locked() and held:  # waiting for permits: send what is held first
-                        sent.append((await self._send_batch(producer, builder, target, partition, held), held))
-                        builder, held = producer.create_batch(), []
+                        await hand_over(held, target, partition)
+                        held = []
                     await self._in_flight.acquire()
                     held.append(i)
-                    if builder.append(timestamp=None, key=record.key, value=record.value, headers=record.headers) is None:
-                        sent.append((await self._send_batch(producer, builder, target, partition, held[:-1]), held[:-1]))
-                        builder, held = producer.create_batch(), [i]
-                        # A fresh batch takes its first record whatever its size.
-                        if builder.append(timestamp=None, key=record.key, value=record.value, headers=record.headers) is None:
+                    if not add(records[i][1]):  # the batch is full
+                        await hand_over(held[:-1], target, partition)
+                        held = [i]
+                        if not add(records[i][1]):  # a fresh batch takes its first record whatever its size
                             raise RuntimeError("an empty record batch refused a record")
                 if held:
-                    sent.append((await self._send_batch(producer, builder, target, partition, held), held))
+                    await hand_over(held, target, partition)
                     held = []
         except BaseException as exc:
             # The client failed a batch outright: its records and those not yet handed

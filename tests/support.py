@@ -1,5 +1,6 @@
 """Helpers several test packages share: free loopback ports, reading a topic from the
-start, and waiting for a condition with an upper bound.
+start, waiting for a condition with an upper bound, and the strategies of the
+mutation fuzzing that the fast read paths' contract tests share.
 
 One copy each, so every test waits and reads the same way. The bounds only keep a
 broken broker from hanging a test; no test asserts anything about time.
@@ -8,13 +9,19 @@ broken broker from hanging a test; no test asserts anything about time.
 from __future__ import annotations
 
 import asyncio
+import copy
 import socket
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord
+from hypothesis import strategies as st
 
-__all__ = ["SAFETY_S", "free_port", "read_records", "wait_until", "json_paths"]
+__all__ = [
+    "SAFETY_S", "free_port", "read_records", "wait_until", "json_paths", "json_values", "mutate",
+    "event_strategies",
+]
 
 SAFETY_S = 60.0
 """Upper bound of a wait on the broker, so a broken broker fails the test instead of
@@ -74,10 +81,6 @@ def json_values(tricky: list[Any], keys: list[str]) -> Any:
     """A hypothesis strategy of JSON values for mutation fuzzing: scalars, ``tricky``
     values (fresh copies: a mutation test edits them in place), and lists and objects
     of them whose keys are often the record's own field names ``keys``."""
-    import copy
-
-    from hypothesis import strategies as st
-
     leaves = st.sampled_from(tricky).map(copy.deepcopy)
     return st.recursive(
         st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12) | leaves,
@@ -91,8 +94,6 @@ def mutate(data: Any, body: dict[str, Any], values: Any) -> dict[str, Any]:
     """``body`` after one to three random edits drawn from ``data`` (a hypothesis
     ``st.data()``): a value anywhere in the tree replaced by one of ``values``, or a
     key deleted."""
-    from hypothesis import strategies as st
-
     for _ in range(data.draw(st.integers(1, 3), label="mutations")):
         path = data.draw(st.sampled_from(json_paths(body)), label="path")
         parent: Any = body
@@ -110,10 +111,6 @@ def event_strategies() -> tuple[Any, Any, Any]:
     """Hypothesis strategies for generated events: texts (valid UTF-8, no lone
     surrogates), ids (the ``Identifier`` alphabet) and aware times (UTC or any zone,
     1900-2200)."""
-    from datetime import datetime, timezone
-
-    from hypothesis import strategies as st
-
     texts = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=40)
     ids = st.from_regex(r"[A-Za-z0-9_.:@/+=-]{1,20}", fullmatch=True)
     times = st.datetimes(
