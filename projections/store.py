@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import lancedb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from lancedb.index import FTS, BTree, IvfPq
@@ -340,6 +341,9 @@ class LanceStore:
         as the next ones)."""
         for name in sorted(_APPEND_WHEN_NEW):
             self._key_filter(name)
+        # Arrow's first conversion of a NumPy array (the vector column) imports NumPy's
+        # masked arrays: about 10 ms, once, in the middle of the first batch otherwise.
+        pa.array(np.zeros(1, dtype=np.float32))
 
     def _key_filter(self, name: str) -> KeyFilter:
         """The table's key filter, (re)built from its stored keys when missing or full."""

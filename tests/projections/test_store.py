@@ -424,3 +424,30 @@ def test_new_keys_are_appended_known_ones_merged(tmp_path: Path) -> None:
     for name in (MEMORIES, MESSAGES, ENTITIES):
         pks = reopened.table(name).to_arrow().column("pk").to_pylist()
         assert len(pks) == len(set(pks))
+
+
+_FIRST_WRITE = """
+import sys, tempfile
+from pathlib import Path
+from tests.projections.projection_helpers import DIM, memory, positioned
+from memstream.domain.events import Scope
+from memstream.projections.embedder import LocalEmbedder
+from memstream.projections.projector import Projector
+from memstream.projections.store import LanceStore
+projector = Projector(LanceStore(Path(tempfile.mkdtemp()), embedding_dim=DIM), LocalEmbedder(DIM))
+before = set(sys.modules)
+projector.apply(positioned([memory(Scope(team_id="t", user_id="u"), "m1", "Alice likes tea")]))
+print(sorted(set(sys.modules) - before))
+"""
+
+
+def test_the_first_write_imports_nothing() -> None:
+    """What the first batch would load on its way is loaded when the writer starts
+    (``prepare_writes``), in a fresh interpreter as the worker is."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", _FIRST_WRITE], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
