@@ -33,10 +33,12 @@ import json
 import math
 import os
 import re
+import threading
 from collections import Counter
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any, Protocol, runtime_checkable
+from itertools import chain
+from typing import Any, Protocol, cast, runtime_checkable
 
 import msgspec
 import numpy as np
@@ -187,10 +189,12 @@ _STOP_WORDS = frozenset(
 _SUFFIXES = ("ing", "ies", "ed", "es", "ly", "s")
 _FAMILY_WEIGHTS = {"w": 1.0, "b": 0.6, "c": 0.3}
 """Weights of the feature families: word unigrams, word bigrams, character trigrams."""
-_SLOT_CACHE_SIZE = 262_144
-"""Features remembered per :class:`LocalEmbedder` (about 40 MB when full; then cleared)."""
+_FEATURE_TABLE_SIZE = 262_144
+"""Features a :class:`LocalEmbedder` numbers and remembers (about 40 MB when full; then
+it starts again from an empty table)."""
 _WORD_CACHE_SIZE = 65_536
-"""Words remembered per :class:`LocalEmbedder` with their features (then cleared)."""
+"""Words remembered per :class:`LocalEmbedder` with their feature numbers (cleared with
+the feature table, or when full)."""
 
 
 def _trigrams(word: str) -> list[str]:
@@ -237,6 +241,14 @@ class LocalEmbedder:
     product. Deterministic: the same text gives the same vector everywhere, which
     keeps replays and tests exact. ``model_id`` is ``memstream-hash-v1-<dim>``; any
     change to the features must bump the version so stored vectors are re-embedded.
+
+    How it is computed (the vectors are those of the definition above, bit for bit):
+    every feature gets a number the first time it is seen, with its bucket and signed
+    weight in two arrays; a word remembers the numbers of its unigram and trigrams, a
+    pair of unigrams the number of its bigram. A text is then a list of numbers,
+    counted in order of first occurrence, and a whole batch is summed by one
+    ``bincount`` over (row, bucket) in that order: the same operands added in the same
+    order as one ``vec[bucket] += weight`` per feature, in float64.
     """
 
     VERSION = "v1"
@@ -246,12 +258,57 @@ class LocalEmbedder:
             raise EmbedderConfigError("the local embedder needs at least 8 dimensions")
         self.dim = dim
         self.model_id = f"memstream-hash-{self.VERSION}-{dim}"
-        self._slots: dict[str, tuple[int, float]] = {}
-        self._words: dict[str, tuple[str, tuple[str, ...]]] = {}
+        self._lock = threading.Lock()  # the tables below are shared by every caller
+        self._clear()
 
-    def _feature_list(self, text: str) -> list[str]:
-        """Every feature occurrence, prefixed by family (w:, b:, c:): the unigrams, then
-        the bigrams, then each word's trigrams, in text order. A text without word
+    def _clear(self) -> None:
+        # Number 0 is never given, so a lookup's miss (``None``) and a found number
+        # are told apart by truth.
+        self._ids: dict[str, int] = {}
+        self._names: list[str] = [""]
+        self._buckets = np.zeros(1024, dtype=np.intp)
+        self._weights = np.zeros(1024, dtype=np.float64)
+        self._words: dict[str, tuple[int, tuple[int, ...]]] = {}
+        self._pairs: dict[tuple[int, int], int] = {}
+
+    def _id(self, feature: str) -> int:
+        """The number of ``feature``, given (with its bucket and signed weight) when new."""
+        found = self._ids.get(feature)
+        if found is not None:
+            return found
+        n = len(self._names)
+        if n == len(self._buckets):
+            self._buckets = np.concatenate([self._buckets, np.zeros(n, dtype=np.intp)])
+            self._weights = np.concatenate([self._weights, np.zeros(n, dtype=np.float64)])
+        bucket, sign = _slot(feature, self.dim)
+        self._buckets[n] = bucket
+        self._weights[n] = sign * _FAMILY_WEIGHTS[feature[0]]
+        self._ids[feature] = n
+        self._names.append(feature)
+        return n
+
+    def _word(self, word: str) -> tuple[int, tuple[int, ...]]:
+        """A word's unigram (its stem) and character trigrams, as feature numbers."""
+        found = self._words.get(word)
+        if found is None:
+            if len(self._words) >= _WORD_CACHE_SIZE:
+                self._words.clear()
+            found = self._words[word] = (
+                self._id("w:" + _stem(word)),
+                tuple(self._id(t) for t in _trigrams(word)),
+            )
+        return found
+
+    def _pair(self, a: int, b: int) -> int:
+        """The bigram of two unigrams (by number): ``b:<stem a> <stem b>``."""
+        found = self._pairs.get((a, b))
+        if found is None:
+            found = self._pairs[(a, b)] = self._id(f"b:{self._names[a][2:]} {self._names[b][2:]}")
+        return found
+
+    def _feature_ids(self, text: str) -> list[int]:
+        """Every feature occurrence of ``text`` by number: the unigrams, then the
+        bigrams, then each word's trigrams, in text order. A text without word
         characters ("???") falls back to the character trigrams of its normal form,
         and an empty one to a single fixed feature, so every vector has unit length (a
         zero vector has no cosine similarity)."""
@@ -259,69 +316,49 @@ class LocalEmbedder:
         words = _WORD.findall(normal)
         content = [w for w in words if w not in _STOP_WORDS] or words
         if not content:
-            return _trigrams(normal) if normal else ["c:<>"]
-        per_word = [self._word_features(w) for w in content]
-        features = [unigram for unigram, _ in per_word]
-        stems = [unigram[2:] for unigram in features]
-        features += [f"b:{a} {b}" for a, b in zip(stems, stems[1:])]
+            return [self._id(f) for f in (_trigrams(normal) if normal else ["c:<>"])]
+        known_word, known_pair = self._words.get, self._pairs.get
+        per_word = [known_word(w) or self._word(w) for w in content]
+        unigrams = [unigram for unigram, _ in per_word]
+        ids = unigrams + [known_pair(p) or self._pair(*p) for p in zip(unigrams, unigrams[1:])]
         for _, trigrams in per_word:
-            features += trigrams
-        return features
-
-    def _word_features(self, word: str) -> tuple[str, tuple[str, ...]]:
-        """A word's unigram feature (its stem) and character trigrams, memoised: the
-        same words recur across texts, and a remembered feature string also keeps its
-        hash for the lookups that follow."""
-        found = self._words.get(word)
-        if found is None:
-            if len(self._words) >= _WORD_CACHE_SIZE:
-                self._words.clear()
-            found = self._words[word] = ("w:" + _stem(word), tuple(_trigrams(word)))
-        return found
-
-    def _features(self, text: str) -> Counter[str]:
-        """Occurrence counts of every feature (:meth:`_feature_list`), in order of first
-        occurrence."""
-        return Counter(self._feature_list(text))
-
-    def _weighted_slot(self, feature: str) -> tuple[int, float]:
-        """``(bucket, sign * family weight)`` of a feature, memoised per embedder (the
-        features of texts repeat: words, trigrams)."""
-        if len(self._slots) >= _SLOT_CACHE_SIZE:
-            self._slots.clear()
-        idx, sign = _slot(feature, self.dim)
-        found = self._slots[feature] = (idx, sign * _FAMILY_WEIGHTS[feature[0]])
-        return found
-
-    def _embed_row(self, text: str) -> np.ndarray:
-        # Each feature adds ``sign * weight * (1 + ln tf)`` to its bucket, in the order
-        # of first occurrence: ``bincount`` sums a bucket's weights in input order in
-        # float64, exactly as a loop of ``vec[idx] += value`` does (same operands, same
-        # order: bit-identical vectors), in one C call instead of a numpy item update
-        # per feature. ``1 + ln 1`` is exactly 1: only repeated features need the log.
-        features = self._feature_list(text)
-        counts = Counter(features)
-        get, miss = self._slots.get, self._weighted_slot
-        buckets, weights = zip(*[get(f) or miss(f) for f in counts])
-        if len(counts) != len(features):
-            weights = tuple(
-                w if tf == 1 else w * (1.0 + math.log(tf)) for w, tf in zip(weights, counts.values())
-            )
-        vec = np.bincount(buckets, weights=weights, minlength=self.dim)
-        norm = float(np.linalg.norm(vec))
-        if norm == 0.0:  # features that cancelled out exactly: the empty text's vector
-            idx, sign = _slot("c:<>", self.dim)
-            vec[idx], norm = sign, 1.0
-        return (vec / norm).astype(np.float32)
+            ids += trigrams
+        return ids
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        return [self._embed_row(t).tolist() for t in texts]
+        return cast("list[list[float]]", self.embed_array(texts).tolist())
 
     def embed_array(self, texts: Sequence[str]) -> np.ndarray:
         """The vectors as one float32 matrix (see :func:`embed_array`)."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        return np.stack([self._embed_row(t) for t in texts])
+        with self._lock:
+            if len(self._names) >= _FEATURE_TABLE_SIZE:
+                self._clear()
+            counted = [Counter(self._feature_ids(t)) for t in texts]
+            lengths = [len(c) for c in counted]
+            total = sum(lengths)
+            ids = np.fromiter(chain.from_iterable(counted), dtype=np.intp, count=total)
+            tf = np.fromiter(chain.from_iterable(c.values() for c in counted), dtype=np.intp, count=total)
+            buckets = self._buckets[ids]
+            weights = self._weights[ids]  # a copy: the table stays as it is
+        # ``w * (1 + ln tf)`` with the logarithm of Python's math module (NumPy's may
+        # differ in the last bit); ``1 + ln 1`` is exactly 1.
+        repeated = tf > 1
+        if repeated.any():
+            logs = np.array([1.0 + math.log(k) if k else 0.0 for k in range(int(tf.max()) + 1)])
+            weights[repeated] = weights[repeated] * logs[tf[repeated]]
+        rows = np.repeat(np.arange(len(texts), dtype=np.intp), lengths)
+        matrix = np.bincount(rows * self.dim + buckets, weights=weights, minlength=len(texts) * self.dim)
+        matrix = matrix.reshape(len(texts), self.dim)
+        norms = np.empty(len(texts))
+        for i, row in enumerate(matrix):
+            norm = float(np.linalg.norm(row))
+            if norm == 0.0:  # features that cancelled out exactly: the empty text's vector
+                idx, sign = _slot("c:<>", self.dim)
+                row[idx], norm = sign, 1.0
+            norms[i] = norm
+        return (matrix / norms[:, None]).astype(np.float32)
 
     def __repr__(self) -> str:
         return f"LocalEmbedder(model_id={self.model_id!r})"

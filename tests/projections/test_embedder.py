@@ -22,6 +22,7 @@ from tests.fakes.openai_server import FakeOpenAI, Reply, hashed_embedding
 from pydantic import SecretStr
 
 from memstream.domain.content import normalize_content
+from memstream.projections import embedder as embedder_module
 from memstream.projections.embedder import (
     Embedder,
     EmbedderConfigError,
@@ -137,6 +138,31 @@ def test_local_embedder_vectors_are_its_definition(texts: list[str]) -> None:
         assert emb.embed(texts) == [_reference_vector(t, dim) for t in texts]
         # twice: the second pass comes from the embedder's feature caches
         assert emb.embed(texts) == [_reference_vector(t, dim) for t in texts]
+
+
+def test_local_embedder_starts_a_full_feature_table_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The feature table is bounded: when full it is emptied (between batches) and the
+    vectors stay those of the definition."""
+    batches = [_TEXTS[:4], _TEXTS[4:], _TEXTS, ["hike hiking", "the mountains", "hiking in the mountains"]]
+    unbounded = LocalEmbedder(64)
+    for batch in batches:
+        unbounded.embed(batch)
+    monkeypatch.setattr(embedder_module, "_FEATURE_TABLE_SIZE", 40)
+    emb = LocalEmbedder(64)
+    for batch in batches * 2:
+        assert emb.embed(batch) == [_reference_vector(t, 64) for t in batch]
+    assert len(emb._names) < len(unbounded._names)  # emptied on the way
+
+
+def test_local_embedder_is_shared_safely_between_threads() -> None:
+    """One embedder serves concurrent requests (the benchmark's embedding server)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    emb = LocalEmbedder(128)
+    texts = [f"{t} {i} word{i % 7} other{i % 13}" for i in range(60) for t in _TEXTS[:3]]
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda chunk: emb.embed(chunk), [texts[i : i + 5] for i in range(0, len(texts), 5)]))
+    assert [v for chunk in got for v in chunk] == [_reference_vector(t, 128) for t in texts]
 
 
 def test_embed_array_is_the_vectors_as_one_float32_matrix() -> None:
