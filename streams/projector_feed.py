@@ -18,7 +18,8 @@ stages one after another. Here:
   process avoids that at the price of pickling the records there and the results
   back; on a machine without idle cores the thread is faster;
 * **apply** (the caller's ``apply``, which runs in its own writer thread): everything
-  decoded meanwhile is coalesced into one batch of up to ``max_batch`` records. Under
+  fetched meanwhile (decoded, or still being decoded: milliseconds away) is coalesced
+  into one batch of up to ``max_batch`` records. Under
   a backlog batches grow (LanceDB upserts cost less per row in bigger batches); when
   the projector keeps up, every fetch is applied at once (freshness).
 
@@ -188,6 +189,8 @@ class ProjectorFeed:
             maxsize=2
         )
         self.fetched = 0
+        # Fetched batches not yet in ``_queue`` (being decoded, or waiting to be).
+        self._undecoded = 0
 
     # ------------------------------------------------------------------ assignment
     async def _known_partitions(self) -> list[TopicPartition]:
@@ -249,6 +252,7 @@ class ProjectorFeed:
             if records:
                 self.fetched += len(records)
                 decoding = loop.run_in_executor(self._decoder, decode_batch, records, self._fast)
+                self._undecoded += 1
                 await self._decoding.put((records, decoding))
             if self._ends is None and time.monotonic() - last_refresh >= self.refresh_s:
                 last_refresh = time.monotonic()
@@ -267,6 +271,7 @@ class ProjectorFeed:
             if self._on_decoded is not None:
                 await self._on_decoded(batch)
             await self._queue.put(batch)
+            self._undecoded -= 1
         await self._queue.put(None)  # read to the end: the applier drains and returns
 
     async def _maybe_add_partitions(self) -> None:
@@ -289,8 +294,14 @@ class ProjectorFeed:
                 return
             parts = [first]
             size = len(first)
-            while size < self.max_batch and not self._queue.empty():
-                nxt = self._queue.get_nowait()
+            # What was fetched meanwhile joins this batch, including the batches still
+            # being decoded (milliseconds away): one write of them all costs less than
+            # a write each (a LanceDB commit per table has a fixed cost), and they
+            # would wait for this write anyway. Nothing fetched later is waited for.
+            expected = self._queue.qsize() + self._undecoded
+            while size < self.max_batch and expected > 0:
+                nxt = await self._queue.get()
+                expected -= 1
                 if nxt is None:
                     ended = True
                     break
