@@ -192,6 +192,9 @@ _FAMILY_WEIGHTS = {"w": 1.0, "b": 0.6, "c": 0.3}
 _FEATURE_TABLE_SIZE = 262_144
 """Features a :class:`LocalEmbedder` numbers and remembers (about 40 MB when full; then
 it starts again from an empty table)."""
+_BATCH_TEXTS = 2_048
+"""Texts summed at once by :meth:`LocalEmbedder.embed_array` (a batch's float64 sums
+take ``8 * dim`` bytes per text)."""
 _WORD_CACHE_SIZE = 65_536
 """Words remembered per :class:`LocalEmbedder` with their feature numbers (cleared with
 the feature table, or when full)."""
@@ -332,6 +335,13 @@ class LocalEmbedder:
         """The vectors as one float32 matrix (see :func:`embed_array`)."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
+        if len(texts) > _BATCH_TEXTS:  # the float64 sums of a batch stay a few MB
+            return np.concatenate(
+                [self._embed_batch(texts[i : i + _BATCH_TEXTS]) for i in range(0, len(texts), _BATCH_TEXTS)]
+            )
+        return self._embed_batch(texts)
+
+    def _embed_batch(self, texts: Sequence[str]) -> np.ndarray:
         with self._lock:
             if len(self._names) >= _FEATURE_TABLE_SIZE:
                 self._clear()

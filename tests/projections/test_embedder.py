@@ -154,6 +154,15 @@ def test_local_embedder_starts_a_full_feature_table_again(monkeypatch: pytest.Mo
     assert len(emb._names) < len(unbounded._names)  # emptied on the way
 
 
+def test_local_embedder_sums_long_lists_in_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long list is embedded batch by batch, with the same vectors."""
+    monkeypatch.setattr(embedder_module, "_BATCH_TEXTS", 3)
+    texts = [*_TEXTS, "one more text", "and the last"]
+    matrix = LocalEmbedder(32).embed_array(texts)
+    assert matrix.shape == (len(texts), 32)
+    assert matrix.tolist() == [_reference_vector(t, 32) for t in texts]
+
+
 def test_local_embedder_is_shared_safely_between_threads() -> None:
     """One embedder serves concurrent requests (the benchmark's embedding server)."""
     from concurrent.futures import ThreadPoolExecutor
