@@ -36,7 +36,6 @@ import re
 import threading
 from collections import Counter
 from collections.abc import Sequence
-from functools import lru_cache
 from itertools import chain
 from typing import Any, Protocol, cast, runtime_checkable
 
@@ -219,10 +218,10 @@ def _stem(word: str) -> str:
     return word
 
 
-@lru_cache(maxsize=262_144)
 def _slot(feature: str, dim: int) -> tuple[int, float]:
     """Bucket and sign of a feature: 64 bits of BLAKE2b, stable across processes (unlike
-    Python's salted ``hash``). The sign bit makes collisions cancel on average."""
+    Python's salted ``hash``). The sign bit makes collisions cancel on average. Not
+    memoised: each :class:`LocalEmbedder` keeps a feature's bucket in its own table."""
     digest = hashlib.blake2b(feature.encode("utf-8"), digest_size=8, person=b"memstream-h1").digest()
     h = int.from_bytes(digest, "little")
     return h % dim, (1.0 if (h >> 63) & 1 else -1.0)
