@@ -1,7 +1,12 @@
-"""All configuration in one typed object, read from ``MEMSTREAM_*`` environment variables
-(and an optional ``.env`` file). Nothing else in memstream reads the environment; the
-way back, settings written as variables for a child process (:func:`settings_env`,
-:func:`child_env`), lives here too, so the mapping exists once.
+"""All configuration in one typed object, read from ``MEMSTREAM_*`` environment variables,
+an optional ``.env`` file in the working directory and an optional ``config.env`` in
+``MEMSTREAM_HOME`` (in that order of precedence). Nothing else in memstream reads the
+environment; the way back, settings written as variables for a child process
+(:func:`settings_env`, :func:`child_env`), lives here too, so the mapping exists once.
+
+Every path setting ends up absolute: ``home`` against the working directory, every
+other relative path under ``home``. So one set of variables (an MCP host's snippet
+names only ``MEMSTREAM_HOME``) means the same files from any working directory.
 
 Secrets (API keys) are ``SecretStr``: they never appear in reprs or logs.
 """
@@ -18,9 +23,37 @@ from typing import Any
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["Settings", "get_settings", "settings_env", "child_env", "parse_log_level", "ENV_PREFIX"]
+__all__ = [
+    "Settings",
+    "get_settings",
+    "load_settings",
+    "settings_env",
+    "child_env",
+    "parse_log_level",
+    "ENV_PREFIX",
+    "CONFIG_FILE",
+    "HOME_RELATIVE_PATHS",
+]
 
 ENV_PREFIX = "MEMSTREAM_"
+CONFIG_FILE = "config.env"
+"""``MEMSTREAM_*`` lines read from ``<home>/config.env`` by every command, whatever its
+working directory (the environment and a ``.env`` file win over it)."""
+HOME_RELATIVE_PATHS = (
+    "lance_dir",
+    "broker_dir",
+    "kafka_cache_dir",
+    "prompts_dir",
+    "outcome_prices_path",
+    "banks_file",
+    "keys_file",
+)
+"""Path settings that, when relative, are resolved under ``home``."""
+
+
+def _absolute(path: Path, base: Path) -> Path:
+    path = path.expanduser()
+    return Path(os.path.normpath(path if path.is_absolute() else base / path))
 
 
 def parse_log_level(name: str) -> int:
@@ -56,7 +89,8 @@ class Settings(BaseSettings):
 
     # --- local broker (`memstream broker`) ----------------------------------------
     home: Path = Path(".memstream")
-    """Working directory for the local broker's jars, data and logs."""
+    """memstream's own directory: the local broker's data and logs, banks, keys, the
+    LanceDB tables and ``config.env``. Relative: against the working directory."""
     broker_dir: Path | None = None
     kafka_version: str = "4.1.1"
     broker_port: int = 9092
@@ -100,7 +134,8 @@ class Settings(BaseSettings):
     table_store: str = "memory://"
 
     # --- LanceDB --------------------------------------------------------------------
-    lance_dir: Path = Path("data/lance")
+    lance_dir: Path = Path("lance")
+    """The LanceDB storage root (relative: under ``home``)."""
     vector_index_threshold: int = Field(default=100_000, ge=1)
     optimize_every_s: float = Field(default=10.0, gt=0)
     """How often the worker compacts recent fragments and updates the indexes."""
@@ -171,6 +206,23 @@ class Settings(BaseSettings):
             data = {**data, "bootstrap_servers": f"127.0.0.1:{port}"}
         return data
 
+    @model_validator(mode="after")
+    def _paths_absolute(self) -> "Settings":
+        """``home`` against the working directory, every other relative path under
+        ``home`` (frozen model: set once, here, before anyone reads them)."""
+        home = _absolute(self.home, Path.cwd())
+        object.__setattr__(self, "home", home)
+        for name in HOME_RELATIVE_PATHS:
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, _absolute(value, home))
+        return self
+
+    @property
+    def config_file(self) -> Path:
+        """``<home>/config.env``: settings every command reads, from any directory."""
+        return self.home / CONFIG_FILE
+
     @property
     def resolved_broker_dir(self) -> Path:
         return self.broker_dir or (self.home / "broker")
@@ -180,9 +232,19 @@ class Settings(BaseSettings):
         return self.kafka_cache_dir or (Path.home() / ".cache" / "memstream")
 
 
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from the environment and ``.env``, then again with ``<home>/config.env``
+    under them when that file exists (the home it names is the one already chosen)."""
+    first = Settings(**overrides)
+    config = first.config_file
+    if not config.is_file():
+        return first
+    return Settings(_env_file=(config, ".env"), **{"home": first.home, **overrides})  # type: ignore[call-arg]
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    return Settings()
+    return load_settings()
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

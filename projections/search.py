@@ -1373,6 +1373,8 @@ def search(
 
     order = sorted(rows, key=lambda pk: (-final[pk], rows[pk]["memory_id"]))
     if reranker is None:
+        if query.strip():  # a candidate with no evidence at all (score 0) never pads k
+            order = [pk for pk in order if final[pk] > 0.0]
         order = order[:k]  # the reranker sees every candidate; without one, k suffice
     results = []
     for pk in order:

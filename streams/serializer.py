@@ -303,6 +303,10 @@ def decode_record(
     pass False, and the defaults are then fixed once, when the event is encoded.
     """
     body = decode_json_body(value, max_bytes=max_bytes)
+    if "type" not in body:  # named first: a header cannot agree with a type that is missing
+        raise DecodeError(
+            'invalid event: missing field "type" (the event type, e.g. "MemoryAdded"; see schemas/)', "invalid"
+        )
     _check_headers(body, headers)
     try:
         return parse_event(body, require_envelope=require_envelope)

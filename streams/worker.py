@@ -30,7 +30,7 @@ from typing import Any
 import faust
 
 from memstream.gc_tuning import tune_gc
-from memstream.settings import Settings, parse_log_level
+from memstream.settings import Settings, load_settings, parse_log_level
 from memstream.streams.admin import TopicCreationError, ensure_topics
 from memstream.streams.app import AGENT_NAMES, FAUST_LOGGER, build_app
 from memstream.streams.connect import until_reachable
@@ -182,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     agents = [a.strip() for a in args.agents.split(",") if a.strip()] if args.agents else None
     try:
-        return run_worker(Settings(), agents=agents, loglevel=args.loglevel)
+        return run_worker(load_settings(), agents=agents, loglevel=args.loglevel)
     except WorkerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -135,7 +135,8 @@ def search_cmd(
     table.add_column("#", justify="right", style="dim", no_wrap=True)
     table.add_column("score", justify="right", no_wrap=True)
     table.add_column("memory", overflow="fold", ratio=1)
-    table.add_column("id", style="cyan", overflow="fold")
+    # An id is copied whole into other commands: never wrapped, the text column gives way.
+    table.add_column("id", style="cyan", no_wrap=True, min_width=max(len(r.memory_id) for r in results))
     for i, r in enumerate(results, 1):
         status = r.status
         if r.superseded_by:

@@ -122,11 +122,37 @@ def run_mcp_stdio(settings: Settings, bank_name: str) -> None:
         bank = registry.bank(bank_name)
     except UnknownBankError as exc:
         raise CLIError(f"{exc}; declare it in {banks_path(settings)}") from None
+    if not (settings.lance_dir / "memories.lance").exists():
+        # A reader must never create an empty set of its own (it would answer nothing).
+        raise CLIError(
+            f"no projection in {settings.lance_dir} (MEMSTREAM_HOME={settings.home}): "
+            "run `memstream up` there first, or set MEMSTREAM_HOME / MEMSTREAM_LANCE_DIR"
+        )
     logging.basicConfig(
         level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     server = build_mcp_server(bank, settings)
     server.run("stdio")
+
+
+def _print_mcp_config(settings: Settings, bank_name: str) -> None:
+    """The host snippet on stdout (nothing else there, so it can be piped); where to
+    paste it and what was left out on stderr."""
+    from memstream.cli.mcp_config import secrets_left_out, snippet_json
+
+    registry = _registry_or_fail(settings)
+    try:
+        registry.bank(bank_name)
+    except UnknownBankError as exc:
+        raise CLIError(f"{exc}; declare it in {banks_path(settings)}") from None
+    print(snippet_json(settings, bank_name))
+    console.print(
+        "Paste this into your MCP host's config (Claude Desktop: claude_desktop_config.json; "
+        "Cursor: .cursor/mcp.json; VS Code: .vscode/mcp.json under \"servers\")."
+    )
+    left_out = secrets_left_out(settings)
+    if left_out:
+        console.print(f"Not printed: {', '.join(left_out)}; put them in {settings.config_file}.")
 
 
 # --- up ------------------------------------------------------------------------------------
@@ -374,9 +400,19 @@ def register(app: typer.Typer) -> None:
     @app.command("mcp")
     def mcp_cmd(
         bank: Annotated[str, typer.Option("--bank", help="The memory bank to serve (from the banks file).")],
+        bootstrap_servers: Annotated[
+            str | None, typer.Option("--bootstrap-servers", help="Kafka brokers (MEMSTREAM_BOOTSTRAP_SERVERS).")
+        ] = None,
+        print_config: Annotated[
+            bool, typer.Option("--print-config", help="Print the JSON snippet for an MCP host's config and exit.")
+        ] = False,
     ) -> None:
         """Serve one memory bank as an MCP server over stdio (for MCP clients' config)."""
-        run_mcp_stdio(get_settings(), bank)
+        settings = _with(get_settings(), bootstrap_servers=bootstrap_servers)
+        if print_config:
+            _print_mcp_config(settings, bank)
+            return
+        run_mcp_stdio(settings, bank)
 
     @app.command("up")
     def up_cmd(

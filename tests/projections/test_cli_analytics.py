@@ -138,3 +138,27 @@ def test_commands_refuse_a_missing_projection(cli: typer.Typer, tmp_path: Path) 
     with pytest.raises(CLIError, match="no projection"):
         CliRunner().invoke(cli, ["sql", "SELECT 1", "--lance-dir", str(tmp_path / "nothing")], catch_exceptions=False)
     assert not (tmp_path / "nothing").exists()
+
+
+def test_memory_ids_never_wrap_in_an_80_column_table(cli: typer.Typer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "uuids"
+    monkeypatch.setenv("MEMSTREAM_EMBEDDING_DIM", str(DIM))
+    monkeypatch.setenv("MEMSTREAM_LANCE_DIR", str(root))
+    get_settings.cache_clear()
+    ids = ["0b8e2f4c-3a51-4f0e-9d6a-7c1e5b2a9f30", "5d1c7a9e-2b64-4e8f-a3c0-9f7b1d2e6a48"]
+    Projector(LanceStore(root, embedding_dim=DIM), LocalEmbedder(DIM)).apply(
+        positioned([memory(ALICE, i, f"Alice booked a window seat to Lisbon on flight {n}") for n, i in enumerate(ids)])
+    )
+    result = CliRunner().invoke(cli, ["search", "window seat", "--team", "acme", "--user", "alice"],
+                                catch_exceptions=False, env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    for memory_id in ids:
+        assert any(memory_id in line for line in lines), result.output
+    get_settings.cache_clear()
+
+
+def test_export_directory_is_ignored_by_git() -> None:
+    ignored = (Path(__file__).parents[2] / ".gitignore").read_text().split()
+    assert "out/" in ignored

@@ -320,3 +320,29 @@ def test_blank_query_lists_newest_first(tmp_path: Path) -> None:
     )
     assert _ids(search(store, EMB, ALICE, "", k=3)) == ["m3", "m2", "m1"]
     assert _ids(search(store, EMB, ALICE, "   ", k=2)) == ["m3", "m2"]
+
+
+def test_candidates_without_any_evidence_do_not_pad_k(tmp_path: Path) -> None:
+    """A memory that shares nothing with the query (no BM25 match, cosine <= 0) scores
+    exactly 0 and is left out, even when k leaves room for it."""
+    space = Scope(team_id="acme", user_id="zero")
+    store = LanceStore(tmp_path / "lance", embedding_dim=DIM)
+    embedder = LocalEmbedder(DIM)
+    Projector(store, embedder).apply(
+        positioned(
+            [
+                memory(space, "pizza", "Alice likes cheese pizza"),
+                memory(space, "bike", "Bob owns a red bicycle"),
+                memory(space, "tax", "Quarterly tax forms are due"),
+            ]
+        )
+    )
+    tax, pizza = embedder.embed(["Quarterly tax forms are due", "pizza"])
+    unrelated = sum(a * b for a, b in zip(tax, pizza))
+    assert unrelated <= 0, "the fixture needs a memory with no similarity to the query"
+    results = search(store, embedder, space, "pizza", k=10)
+    assert [r.memory_id for r in results][:1] == ["pizza"]
+    assert "tax" not in [r.memory_id for r in results]
+    assert all(r.score > 0 for r in results)
+    # without a query (a listing) every memory of the space is still shown
+    assert {r.memory_id for r in search(store, embedder, space, "", k=10)} == {"pizza", "bike", "tax"}

@@ -161,6 +161,8 @@ async def test_bad_records_go_to_the_dead_letter_topic_and_neighbours_are_delive
         (encode_event(valid[2]).value, encode_event(valid[2]).headers, None),
         (mismatched.value, [(HEADER_TYPE, b"MemoryLinked")], HEADER_TYPE),
         (None, [], "no value"),
+        # an empty object sent with a type header: the reason names the missing field
+        (b"{}", [(HEADER_TYPE, b"MemoryAdded")], 'missing field "type"'),
         (encode_event(valid[3]).value, encode_event(valid[3]).headers, None),
     ]
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=True)
@@ -177,7 +179,7 @@ async def test_bad_records_go_to_the_dead_letter_topic_and_neighbours_are_delive
 
     group = f"g-{uuid.uuid4().hex[:6]}"
     async with EventConsumer(fresh_topics.events, group_id=group, settings=settings) as consumer:
-        got = await _drain(consumer, events=4, dead=4)
+        got = await _drain(consumer, events=4, dead=5)
         assert await consumer.commit()
         # committed past the dead letters too: the group resumes after the last record
         tp = TopicPartition(fresh_topics.events, partition)
@@ -194,7 +196,7 @@ async def test_bad_records_go_to_the_dead_letter_topic_and_neighbours_are_delive
     ]
 
     # and the dead-letter topic holds them: original bytes, reason, source position
-    records = await read_records(kafka_bootstrap, fresh_topics.dead_letter, 4)
+    records = await read_records(kafka_bootstrap, fresh_topics.dead_letter, 5)
     letters = [parse_dead_letter(r.key, r.value, r.headers) for r in sorted(records, key=lambda r: r.offset)]
     expected = [(i, item) for i, item in enumerate(sequence) if item[2] is not None]
     assert len(letters) == len(expected)
