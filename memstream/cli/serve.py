@@ -5,8 +5,9 @@
 listens), creates the topics, writes a first bank and key on a fresh setup, then runs
 the worker (projector, extractor, reflector) and the API server as child processes
 with prefixed, readable logs. Ctrl-C stops the API first (no new writes), then the
-worker (it finishes its batch and stores its position); the broker keeps running
-unless ``--stop-broker`` is given, so the next ``up`` starts in seconds.
+worker (it finishes its batch and stores its position), then the broker if ``up``
+started it (``--keep-broker`` leaves it running); a broker that was already running
+is never touched.
 
 Children get the supervisor's settings as ``MEMSTREAM_*`` environment variables
 (:func:`memstream.settings.settings_env`), so every process agrees on broker, topics and directories.
@@ -271,23 +272,27 @@ def _wait_http(url: str, timeout_s: float, alive: Any) -> bool:
     return False
 
 
-def _ensure_broker(settings: Settings) -> None:
+def _ensure_broker(settings: Settings) -> bool:
+    """A broker answering at ``bootstrap_servers``, started here when it is this
+    machine's local one and nothing answers. True when this call started it (even if
+    Ctrl-C came during its start: it is stopped again before the interrupt goes on)."""
     from memstream.streams.broker import local
 
     if local.bootstrap_reachable(settings.bootstrap_servers):
         console.print(f"Kafka: using the broker at {settings.bootstrap_servers}")
-        return
+        return False
     if not local.is_local_bootstrap(settings):
-        raise CLIError(
-            f"cannot reach Kafka at {settings.bootstrap_servers}, and it is not this machine's "
-            f"local broker (127.0.0.1:{settings.broker_port}); start that broker or fix MEMSTREAM_BOOTSTRAP_SERVERS"
-        )
+        raise CLIError(local.unreachable_message(settings))
     console.print(f"Kafka: starting the local broker on 127.0.0.1:{settings.broker_port} (first start downloads it)")
     try:
         status = local.start(settings)
     except local.BrokerError as exc:
         raise CLIError(str(exc)) from None
+    except KeyboardInterrupt:
+        local.stop(settings)
+        raise
     console.print(f"Kafka: broker ready (pid {status.pid}, data in {status.data_dir})")
+    return status.started
 
 
 def _ensure_topics(settings: Settings) -> None:
@@ -339,13 +344,26 @@ def _ensure_store(settings: Settings) -> None:
     console.print(f"Store: LanceDB tables ready in {settings.lance_dir}")
 
 
-def run_up(settings: Settings, *, stop_broker: bool = False, loglevel: str = "info") -> int:
-    """Broker, topics, banks, then worker + API until Ctrl-C. Returns the exit code."""
+def run_up(settings: Settings, *, keep_broker: bool = False, loglevel: str = "info") -> int:
+    """Broker, topics, banks, then worker + API until Ctrl-C. Returns the exit code.
+    A broker started here is stopped on the way out (unless ``keep_broker``); one that
+    was already running is left running."""
     try:
         parse_log_level(loglevel)  # refused here, before anything starts
     except ValueError as exc:
         raise CLIError(f"--loglevel: {exc}") from None
-    _ensure_broker(settings)
+    started_broker = _ensure_broker(settings)
+    try:
+        return _serve(settings, loglevel, stops_broker=started_broker and not keep_broker)
+    finally:
+        if started_broker and not keep_broker:
+            from memstream.streams.broker import local
+
+            if local.stop(settings):
+                console.print("Kafka: local broker stopped")
+
+
+def _serve(settings: Settings, loglevel: str, *, stops_broker: bool) -> int:
     _ensure_topics(settings)
     _ensure_store(settings)
     _ensure_bank(settings)
@@ -369,18 +387,12 @@ def run_up(settings: Settings, *, stop_broker: bool = False, loglevel: str = "in
             console.print(
                 f"[bold green]memstream is up[/]: API {base} (docs {base}/docs), MCP {base}/mcp, "
                 f"metrics {base}/metrics. Ctrl-C stops the API and the worker"
-                + (" and the broker." if stop_broker else "; the broker keeps running.")
+                + (" and the broker it started." if stops_broker else "; the broker keeps running.")
             )
 
-    code = Supervisor([worker, api]).run(
+    return Supervisor([worker, api]).run(
         on_started=lambda sup: threading.Thread(target=announce, args=(sup,), daemon=True).start()
     )
-    if stop_broker:
-        from memstream.streams.broker import local
-
-        if local.stop(settings):
-            console.print("Kafka: local broker stopped")
-    return code
 
 
 # --- registration -----------------------------------------------------------------------------
@@ -416,13 +428,15 @@ def register(app: typer.Typer) -> None:
 
     @app.command("up")
     def up_cmd(
-        stop_broker: Annotated[bool, typer.Option("--stop-broker", help="Also stop the local broker on exit.")] = False,
+        keep_broker: Annotated[
+            bool, typer.Option("--keep-broker", help="Leave a broker that up started running on exit.")
+        ] = False,
         host: Annotated[str | None, typer.Option(help="API bind address.")] = None,
         port: Annotated[int | None, typer.Option(help="API port.")] = None,
         loglevel: Annotated[str, typer.Option(help="Worker log level.")] = "info",
     ) -> None:
         """Run everything one machine needs: broker, topics, worker and API (Ctrl-C stops)."""
-        code = run_up(_with(get_settings(), api_host=host, api_port=port), stop_broker=stop_broker, loglevel=loglevel)
+        code = run_up(_with(get_settings(), api_host=host, api_port=port), keep_broker=keep_broker, loglevel=loglevel)
         if code:
             raise typer.Exit(code)
 

@@ -53,6 +53,7 @@ __all__ = [
     "BrokerStatus",
     "MetadataProbe",
     "bootstrap_reachable",
+    "unreachable_message",
     "ensure_jars",
     "is_local_bootstrap",
     "jar_cache_complete",
@@ -378,6 +379,19 @@ def is_local_bootstrap(settings: Settings) -> bool:
     hosts = {e.rpartition(":")[0] for e in entries}
     ports = {e.rpartition(":")[2] for e in entries}
     return hosts <= _LOOPBACK and ports == {str(settings.broker_port)}
+
+
+def unreachable_message(settings: Settings) -> str:
+    """Why nothing answers and the local broker cannot be started for it, naming the
+    variables that move the local broker (a common trap: only the bootstrap address
+    was set to another port)."""
+    return (
+        f"cannot reach Kafka at MEMSTREAM_BOOTSTRAP_SERVERS={settings.bootstrap_servers}, and the local broker "
+        f"would listen on MEMSTREAM_BROKER_PORT={settings.broker_port} (controller MEMSTREAM_CONTROLLER_PORT="
+        f"{settings.controller_port}); to run the local broker on another port set MEMSTREAM_BROKER_PORT and a "
+        "free MEMSTREAM_CONTROLLER_PORT (MEMSTREAM_BOOTSTRAP_SERVERS then follows), or start the broker "
+        "MEMSTREAM_BOOTSTRAP_SERVERS names"
+    )
 
 
 def _port_open(port: int, timeout: float = 0.5) -> bool:

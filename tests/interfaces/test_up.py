@@ -79,3 +79,58 @@ def test_up_runs_everything_and_stops_cleanly(kafka_bootstrap: str, tmp_path: Pa
     assert "memstream is up" in log
     assert not bootstrap_reachable(f"127.0.0.1:{port}")  # the API is gone
     assert bootstrap_reachable(kafka_bootstrap)  # the broker keeps running
+
+
+def _wait_for_line(path: Path, text: str, proc: subprocess.Popen[bytes], timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in path.read_text(errors="replace"):
+        assert proc.poll() is None, path.read_text(errors="replace")
+        assert time.monotonic() < deadline, path.read_text(errors="replace")
+        time.sleep(0.3)
+
+
+def test_ctrl_c_stops_the_broker_that_up_started(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """A broker of its own (fresh ports and home): ``up`` starts it, Ctrl-C stops it."""
+    from memstream.streams.broker import local
+
+    broker_port, controller_port, api_port = free_port(), free_port(), free_port()
+    settings = Settings(
+        broker_port=broker_port,
+        controller_port=controller_port,
+        bootstrap_servers=f"127.0.0.1:{broker_port}",
+        home=tmp_path / "home",
+        api_port=api_port,
+        app_id=f"app-{uuid.uuid4().hex[:8]}",
+    )
+    err = tmp_path / "up.err"
+    with open(err, "wb") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "memstream", "up"], env=child_env(settings),
+            stdout=subprocess.DEVNULL, stderr=sink, stdin=subprocess.DEVNULL,
+        )
+        try:
+            _wait_for_line(err, "memstream is up", proc)
+            pid = local.status(settings).pid
+            assert pid is not None and bootstrap_reachable(settings.bootstrap_servers)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait(120)
+    log = err.read_text()
+    assert code == 0, log
+    assert "Kafka: local broker stopped" in log
+    assert not bootstrap_reachable(settings.bootstrap_servers), log
+    assert local.status(settings).state == "stopped", log
+    assert bootstrap_reachable(kafka_bootstrap)  # the session's broker was never touched
+
+
+def test_only_the_bootstrap_address_elsewhere_names_the_variables(tmp_path: Path) -> None:
+    elsewhere = free_port()
+    env = {k: v for k, v in child_env(Settings(home=tmp_path / "home")).items()
+           if k not in ("MEMSTREAM_BROKER_PORT", "MEMSTREAM_CONTROLLER_PORT")}
+    env["MEMSTREAM_BOOTSTRAP_SERVERS"] = f"127.0.0.1:{elsewhere}"
+    run = subprocess.run([sys.executable, "-m", "memstream", "up"], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1
+    line = " ".join(run.stderr.split())
+    for name in ("MEMSTREAM_BOOTSTRAP_SERVERS", "MEMSTREAM_BROKER_PORT", "MEMSTREAM_CONTROLLER_PORT"):
+        assert name in line.replace("MEMSTREAM_ ", "MEMSTREAM_"), run.stderr
+    assert str(elsewhere) in line
