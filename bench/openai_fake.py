@@ -18,9 +18,12 @@ the request body) is asked, and with no responder the server answers 500 "unscri
 and counts it in ``server.unscripted``. A reply is an assistant message (text or a JSON
 value), an HTTP error status, a delay (longer than the client's timeout = a timeout), a
 dropped connection, or raw bytes sent verbatim. ``server.down = True`` fails every
-request with 503 until it is set back (an outage); ``reject_json_schema`` /
-``reject_json_object`` make the chat endpoint refuse that ``response_format`` with 400
-(an older or smaller provider) without consuming the scripted reply.
+request with 503 until it is set back (an outage); ``reject_json_schema``,
+``reject_json_object_schema`` (``{"type": "json_object", "schema": ...}``) and
+``reject_json_object`` make the chat endpoint refuse that ``response_format`` (an older
+or smaller provider) without consuming the scripted reply, with the status
+``format_refusal_status`` (400; llama-cpp-python's server answers a ``json_schema`` with
+a 500 whose body names the format, which 500 here imitates).
 
 Embeddings, unless a reply scripts ``vectors``, come from ``embedder`` (any memstream
 :class:`~memstream.projections.embedder.Embedder`, so a second system pointed at
@@ -307,10 +310,20 @@ class _Handler(BaseHTTPRequestHandler):
         fake = self.server.fake
         fmt = body.get("response_format") or {}
         kind = fmt.get("type") if isinstance(fmt, dict) else None
-        if (kind == "json_schema" and fake.reject_json_schema) or (kind == "json_object" and fake.reject_json_object):
+        with_schema = isinstance(fmt, dict) and "schema" in fmt
+        if (
+            (kind == "json_schema" and fake.reject_json_schema)
+            or (kind == "json_object" and with_schema and fake.reject_json_object_schema)
+            or (kind == "json_object" and not with_schema and fake.reject_json_object)
+        ):
             fake.chat.put_back(reply)  # refusing the format does not consume the scripted reply
             fake.chat.record_failure()
-            self._error(400, f"response_format {kind} is not supported")
+            status = fake.format_refusal_status
+            if status >= 500:  # the shape of llama-cpp-python's validation error
+                self._error(status, f"[{{'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), "
+                            f"'msg': \"Input should be 'text' or 'json_object'\", 'input': '{kind}'}}]")
+            else:
+                self._error(status, f"response_format {kind} is not supported")
             return
         text = reply.text()
         prompt = " ".join(str(m.get("content", "")) for m in body.get("messages", []) if isinstance(m, dict))
@@ -407,7 +420,9 @@ class OpenAICompatServer:
         self.chat = Script(responder=chat)
         self.embeddings = Script(responder=lambda body: Reply())
         self.reject_json_schema = False
+        self.reject_json_object_schema = False
         self.reject_json_object = False
+        self.format_refusal_status = 400
         self.down = False
         self.unscripted = 0
         self.embedded_texts = 0

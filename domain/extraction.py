@@ -8,9 +8,15 @@ The pipeline (orchestrated with I/O in :mod:`memstream.streams.extractor`) is:
    window is dropped, never invented or guessed.
 2. :func:`parse_extraction` turns the model's (repaired) JSON into :class:`MemoryDraft`
    objects, validating each memory on its own: a bad priority falls back to 50, an
-   unknown type to ``episodic``, an unparsable time to none, and a memory that cannot be
-   saved at all (no content, no valid source) is dropped alone with a recorded reason.
-   One bad scalar never sinks the batch.
+   unknown type is repaired by the rule of :func:`memstream.domain.weak_output.repair_type`,
+   an unparsable time becomes none. Cited ids that are not turns of the window are
+   dropped; a memory left with no source cites the scene's new turns, else the window's
+   (flagged ``sources_from_window`` in its provenance). A memory that shares no content
+   word with its sources (:func:`memstream.domain.weak_output.shares_content_word`) is
+   dropped as a ``hallucination_suspect``, as is one without content. One bad memory
+   never sinks the batch; but an answer with no memory left means "nothing to
+   remember" only when the model said so (``{"scenes": []}``, the prompt's form, or an
+   empty ``memories`` list or array): otherwise :class:`EmptyExtraction`.
 3. :func:`dedupe_batch` and :func:`split_known` do exact dedup by content hash, within
    the batch and against every hash already in the memory space.
 4. :func:`plan_judgment` shows each remaining draft with its recalled candidates under
@@ -60,6 +66,8 @@ from memstream.domain.events import (
     Scope,
 )
 from memstream.domain.quality import GateResult, gate
+from memstream.domain.repair import UnusableAnswer
+from memstream.domain.weak_output import repair_type, shares_content_word
 
 _JSON_OBJECT: TypeAdapter[dict[str, Any]] = TypeAdapter(JsonObject)
 
@@ -78,6 +86,7 @@ __all__ = [
     "DraftIssue",
     "ExtractionParse",
     "ExtractionFormatError",
+    "EmptyExtraction",
     "parse_extraction",
     "resolve_time",
     "memory_id_for",
@@ -315,6 +324,17 @@ class ExtractionFormatError(ValueError):
     """The model's answer has no usable shape at all (not one memory can be read)."""
 
 
+class EmptyExtraction(UnusableAnswer):
+    """The answer parsed, but no memory survived validation and the model did not say
+    that nothing is worth remembering: the window's turns must not be consumed as if it
+    had (not retried: the same model answers the same window the same way). ``parse``
+    holds what was read (no drafts; the issues and counts)."""
+
+    def __init__(self, message: str, parse: "ExtractionParse") -> None:
+        super().__init__(message)
+        self.parse = parse
+
+
 @dataclass(frozen=True)
 class MemoryDraft:
     """A validated memory that is not an event yet (no id, no embedding)."""
@@ -354,9 +374,17 @@ class DraftIssue:
 
 @dataclass(frozen=True)
 class ExtractionParse:
+    """The drafts and issues of one answer, with the weak-output counts for metrics:
+    memory types repaired, cited ids dropped, memories dropped as hallucination
+    suspects; ``nothing_to_remember`` when the model explicitly found nothing."""
+
     drafts: tuple[MemoryDraft, ...]
     issues: tuple[DraftIssue, ...]
     scenes: int
+    type_repairs: int = 0
+    invented_ids_dropped: int = 0
+    hallucination_suspects: int = 0
+    nothing_to_remember: bool = False
 
 
 _UNSAFE_CHARS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff]")
@@ -460,15 +488,37 @@ def _entities(value: Any) -> tuple[Entity, ...]:
     return tuple(out)
 
 
+def _said_nothing(value: Any) -> bool:
+    """The answer's explicit "nothing to remember": an empty top-level list of scenes or
+    memories (``{"scenes": []}`` is the prompt's form)."""
+    if isinstance(value, list):
+        return not value
+    if isinstance(value, dict):
+        for key in ("scenes", "memories"):
+            if key in value:
+                return value[key] == []
+    return False
+
+
+@dataclass
+class _Tally:
+    type_repairs: int = 0
+    invented_ids_dropped: int = 0
+    hallucination_suspects: int = 0
+
+
 def parse_extraction(value: Any, window: Window, *, max_memories: int) -> ExtractionParse:
     """Read the model's answer into drafts; see the module docstring for the rules.
 
-    Raises :class:`ExtractionFormatError` only when the answer has no usable shape;
-    individual bad memories become :class:`DraftIssue` entries instead.
+    Raises :class:`ExtractionFormatError` when the answer has no usable shape, and
+    :class:`EmptyExtraction` when no memory is left and the model did not say that
+    nothing is worth remembering; individual bad memories become :class:`DraftIssue`
+    entries instead.
     """
     scenes = _memory_records(value)
     drafts: list[MemoryDraft] = []
     issues: list[DraftIssue] = []
+    tally = _Tally()
     new_ids = {t.message_id for t in window.new_turns}
 
     for title, scene_ids, memories in scenes:
@@ -480,52 +530,37 @@ def parse_extraction(value: Any, window: Window, *, max_memories: int) -> Extrac
                 else:
                     issues.append(DraftIssue("not_an_object", f"memory is {type(raw).__name__}"))
                     continue
-            draft, issue = _draft(raw, title, scene_turns, window, new_ids)
-            if issue is not None:
-                issues.append(issue)
+            draft, found = _draft(raw, title, scene_turns, window, new_ids, tally)
+            issues.extend(found)
             if draft is None:
                 continue
             if len(drafts) >= max_memories:
                 issues.append(DraftIssue("over_limit", f"more than {max_memories} memories", draft.content))
                 continue
             drafts.append(draft)
-    return ExtractionParse(tuple(drafts), tuple(issues), len(scenes))
+    nothing = not drafts and _said_nothing(value)
+    if nothing:
+        issues.append(DraftIssue("nothing_to_remember", "the model answered that nothing in the window is worth remembering"))
+    parsed = ExtractionParse(
+        tuple(drafts),
+        tuple(issues),
+        len(scenes),
+        type_repairs=tally.type_repairs,
+        invented_ids_dropped=tally.invented_ids_dropped,
+        hallucination_suspects=tally.hallucination_suspects,
+        nothing_to_remember=nothing,
+    )
+    if not drafts and not nothing:
+        reasons = "; ".join(f"{i.kind}: {i.detail}" for i in issues[:5]) or "no memory in the scenes"
+        raise EmptyExtraction(f"no usable memory in the answer ({reasons})", parsed)
+    return parsed
 
 
-def _draft(
-    raw: dict[str, Any],
-    title: str | None,
-    scene_turns: list[WindowTurn],
-    window: Window,
-    new_ids: set[str],
-) -> tuple[MemoryDraft | None, DraftIssue | None]:
-    notes: list[str] = []
-    content = raw.get("content", raw.get("memory", raw.get("text")))
-    if isinstance(content, (int, float)) and not isinstance(content, bool):
-        content = str(content)
-    if not isinstance(content, str):
-        return None, DraftIssue("no_content", "memory without content")
-    content = clean_text(content)
-    if not content:
-        return None, DraftIssue("no_content", "memory without content")
-    if len(content) > MAX_MEMORY_CHARS:
-        content = content[: MAX_MEMORY_CHARS - 1].rstrip() + "…"
-        notes.append("content_cut")
-
-    raw_type = raw.get("type", raw.get("memory_type"))
-    memory_type = MemoryType.episodic
-    if isinstance(raw_type, str) and raw_type.strip():
-        try:
-            memory_type = MemoryType.parse(raw_type)
-        except ValueError:
-            notes.append(f"unknown_type:{raw_type[:40]}")
-    elif raw_type is not None:
-        notes.append("unknown_type")
-
-    priority, ok = _priority(raw.get("priority"))
-    if not ok:
-        notes.append("priority_fallback")
-
+def _sources(
+    raw: dict[str, Any], scene_turns: list[WindowTurn], window: Window
+) -> tuple[list[WindowTurn], list[str], str | None]:
+    """The turns a memory cites, the cited ids that are not turns of the window, and a
+    note when the sources had to be filled in (from the scene, else the window)."""
     cited = _as_list(raw.get("source_ids", raw.get("source_message_ids", raw.get("sources"))))
     resolved: list[WindowTurn] = []
     invented: list[str] = []
@@ -535,20 +570,65 @@ def _draft(
             invented.append(str(ref)[:60])
         elif turn not in resolved:
             resolved.append(turn)
+    if resolved:
+        return resolved, invented, None
+    from_scene = [t for t in scene_turns if not t.background]
+    if from_scene:
+        return from_scene, invented, "sources_from_scene"
+    return list(window.new_turns), invented, "sources_from_window"
+
+
+def _draft(
+    raw: dict[str, Any],
+    title: str | None,
+    scene_turns: list[WindowTurn],
+    window: Window,
+    new_ids: set[str],
+    tally: _Tally,
+) -> tuple[MemoryDraft | None, list[DraftIssue]]:
+    notes: list[str] = []
+    issues: list[DraftIssue] = []
+    content = raw.get("content", raw.get("memory", raw.get("text")))
+    if isinstance(content, (int, float)) and not isinstance(content, bool):
+        content = str(content)
+    if not isinstance(content, str):
+        return None, [DraftIssue("no_content", "memory without content")]
+    content = clean_text(content)
+    if not content:
+        return None, [DraftIssue("no_content", "memory without content")]
+    if len(content) > MAX_MEMORY_CHARS:
+        content = content[: MAX_MEMORY_CHARS - 1].rstrip() + "…"
+        notes.append("content_cut")
+
+    raw_type = raw.get("type", raw.get("memory_type"))
+    typed = repair_type(raw_type)
+    memory_type = typed.memory_type
+    if typed.repaired:
+        tally.type_repairs += 1
+        shown = raw_type[:40] if isinstance(raw_type, str) else type(raw_type).__name__
+        notes.append(f"type_repaired:{typed.rule}:{shown}->{memory_type.value}")
+
+    priority, ok = _priority(raw.get("priority"))
+    if not ok:
+        notes.append("priority_fallback")
+
+    resolved, invented, filled = _sources(raw, scene_turns, window)
     if invented:
+        tally.invented_ids_dropped += len(invented)
         notes.append("dropped_source_ids:" + ",".join(invented))
-    if not resolved:
-        resolved = [t for t in scene_turns if not t.background]
-        if resolved:
-            notes.append("sources_from_scene")
-    if not resolved:
-        return None, DraftIssue(
-            "no_valid_source",
-            "cited ids not in the window: " + (", ".join(invented) or "none cited"),
-            content,
-        )
+        issues.append(DraftIssue("invented_source_ids", ", ".join(invented), content))
+    if filled is not None:
+        notes.append(filled)
     if not any(t.message_id in new_ids for t in resolved):
-        return None, DraftIssue("background_only", "cites only background turns", content)
+        return None, [*issues, DraftIssue("background_only", "cites only background turns", content)]
+    speakers = [t.message.speaker for t in resolved if t.message.speaker]
+    if not shares_content_word(content, (t.text for t in resolved), speakers):
+        tally.hallucination_suspects += 1
+        cited = ",".join(t.alias for t in resolved)
+        return None, [
+            *issues,
+            DraftIssue("hallucination_suspect", f"shares no content word with its source turns {cited}", content),
+        ]
 
     sources = tuple(t.message_id for t in resolved)
     reference = max(t.message.occurred_at for t in resolved)
@@ -579,8 +659,7 @@ def _draft(
         entities=_entities(raw.get("entities")),
         notes=tuple(notes),
     )
-    issue = DraftIssue("invented_source_ids", ", ".join(invented), content) if invented else None
-    return draft, issue
+    return draft, issues
 
 
 # --------------------------------------------------------------------------------------

@@ -53,7 +53,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["JSONRepairError", "Repaired", "repair_json", "MAX_DEPTH", "MAX_INPUT_CHARS"]
+__all__ = ["JSONRepairError", "UnusableAnswer", "Repaired", "repair_json", "MAX_DEPTH", "MAX_INPUT_CHARS"]
 
 MAX_DEPTH = 64
 """Deeper nesting is refused: no model answer we ask for is deeper than four levels."""
@@ -64,6 +64,12 @@ MAX_INPUT_CHARS = 2_000_000
 
 class JSONRepairError(ValueError):
     """The text holds no JSON value that the documented repairs can recover."""
+
+
+class UnusableAnswer(ValueError):
+    """An answer that was read (repaired if need be) and holds nothing usable, in a way
+    asking the same model the same question again will not change: callers fall back
+    instead of retrying (:func:`memstream.llm.call_with_retry` does not retry it)."""
 
 
 @dataclass(frozen=True)

@@ -2,20 +2,38 @@
 
 memstream asks models for JSON only (extraction, judgment, reflection). Endpoints
 differ in how they can be made to answer JSON, so :class:`LLMClient` asks in the
-strongest form the endpoint accepts and remembers what worked:
+strongest form the endpoint accepts, strongest first:
 
-1. ``response_format={"type": "json_schema", ...}`` (structured output: OpenAI, vLLM,
-   llama.cpp, recent Ollama),
-2. ``response_format={"type": "json_object"}`` (JSON mode) if the endpoint refuses the
-   schema with a 400/422,
-3. no ``response_format`` at all if it refuses JSON mode too (the prompt still asks for
-   JSON, and :mod:`memstream.domain.repair` reads what comes back).
+1. ``json_schema``: ``response_format={"type": "json_schema", "json_schema": {...}}``
+   (structured output: OpenAI, vLLM, llama.cpp's ``llama-server``, Ollama, LM Studio);
+2. ``json_object_schema``: ``response_format={"type": "json_object", "schema": {...}}``,
+   the form llama.cpp servers read as a grammar (llama-cpp-python's server accepts
+   only this one: it answers ``json_schema`` with a 500). Grammar-constrained decoding
+   is the strongest guarantee a small local model can get;
+3. ``json_object``: ``response_format={"type": "json_object"}`` (JSON mode);
+4. ``plain``: no ``response_format`` (the prompt still asks for JSON, and
+   :mod:`memstream.domain.repair` reads what comes back).
 
-Falling back a mode is not a retry. Failures that are worth a retry (timeout, connection
-error, 429, 5xx, an empty answer, or an answer the caller cannot parse) are retried by
-:func:`call_with_retry` ``settings.llm_max_retries`` times (default once); the openai
-client's own retries are off so that the count is exactly that. Each call has a total
-deadline of ``settings.llm_timeout_s``.
+A *refusal* of a mode steps down to the next one within the same call; it is not a
+retry and not an outage. A refusal is any 4xx answer to a request that carried a
+``response_format`` (except 408, 409 and 429, which say "later", not "never"), and a
+5xx whose body names the ``response_format`` (or one of its types): some servers
+validate the request body in a handler that turns a validation error into a 500.
+A 4xx in ``plain`` mode is an error no retry can fix (``refused``).
+
+The first mode an endpoint answers in is *learned* per endpoint and model, and kept by
+:class:`memstream.llm_modes.ModeMemory` (in memory, and in ``<home>/llm-modes.json``
+when built from settings): later calls, in this process and the next ones, start
+there. Only calls that carried a schema teach anything (without one, the two schema
+modes send plain JSON mode and say nothing about the schema forms).
+
+Failures that are worth a retry (timeout, connection error, 429, 5xx, an empty answer,
+or an answer the caller cannot parse) are retried by :func:`call_with_retry`
+``settings.llm_max_retries`` times (default once); the openai client's own retries are
+off so that the count is exactly that. A caller's parser that raises
+:class:`UnusableAnswer` (an answer that parsed and says nothing usable, which asking
+again will not change) ends the call at once with a non-retryable ``unusable``
+:class:`LLMError`. Each call has a total deadline of ``settings.llm_timeout_s``.
 
 Every answer carries its latency and token usage, summed over attempts by
 :func:`call_with_retry`, for the provenance of the events it produces.
@@ -27,6 +45,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
@@ -34,7 +53,9 @@ import openai
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
+from memstream.domain.repair import UnusableAnswer
 from memstream.interfaces.metrics import record_llm_call
+from memstream.llm_modes import ModeMemory, endpoint_key
 from memstream.settings import Settings
 
 __all__ = [
@@ -46,23 +67,33 @@ __all__ = [
     "LLMClient",
     "call_with_retry",
     "build_llm",
+    "UnusableAnswer",
+    "MODES",
+    "modes_path",
 ]
 
 log = logging.getLogger(__name__)
 
-OutputMode = Literal["json_schema", "json_object", "plain"]
-_MODES: tuple[OutputMode, ...] = ("json_schema", "json_object", "plain")
+OutputMode = Literal["json_schema", "json_object_schema", "json_object", "plain"]
+MODES: tuple[OutputMode, ...] = ("json_schema", "json_object_schema", "json_object", "plain")
+"""Strongest first (see the module docstring)."""
 T = TypeVar("T")
 
-ErrorKind = Literal["timeout", "connection", "http", "empty", "parse", "refused"]
+ErrorKind = Literal["timeout", "connection", "http", "empty", "parse", "refused", "unusable"]
+
+_LATER_STATUSES = (408, 409, 429)
+"""4xx answers that say "try later", not "never": retryable, never a mode refusal."""
 
 
 class LLMError(RuntimeError):
     """A chat call that produced no usable answer.
 
     ``kind`` says why (``timeout``, ``connection``, ``http``, ``empty``, ``parse``,
-    ``refused`` for a 4xx that no retry can fix); ``attempts``, ``latency_ms`` and
-    ``usage`` cover every attempt made, for the failure's record.
+    ``refused`` for a 4xx that no retry can fix, ``unusable`` for an answer the caller
+    read and found nothing usable in, see :class:`UnusableAnswer`); ``attempts``,
+    ``latency_ms`` and ``usage`` cover every attempt made, for the failure's record.
+    ``retryable`` is false for ``refused`` and ``unusable``: asking again will get the
+    same answer, so a caller should fall back instead.
     """
 
     def __init__(
@@ -86,7 +117,7 @@ class LLMError(RuntimeError):
 
     @property
     def retryable(self) -> bool:
-        return self.kind != "refused"
+        return self.kind not in ("refused", "unusable")
 
 
 @dataclass(frozen=True)
@@ -149,8 +180,53 @@ def _add_usage(total: dict[str, int], more: Mapping[str, int]) -> None:
         total[key] = total.get(key, 0) + value
 
 
+def modes_path(settings: Settings) -> Path:
+    """Where the learned output modes are kept: ``<home>/llm-modes.json``."""
+    return settings.home / "llm-modes.json"
+
+
+def _response_format(
+    mode: OutputMode, schema: Mapping[str, Any] | None, schema_name: str
+) -> dict[str, Any] | None:
+    """The ``response_format`` a request in ``mode`` carries (``None``: none)."""
+    if mode == "plain":
+        return None
+    if schema is None or mode == "json_object":
+        return {"type": "json_object"}
+    if mode == "json_schema":
+        return {
+            "type": "json_schema",
+            "json_schema": {"name": schema_name, "schema": dict(schema), "strict": True},
+        }
+    return {"type": "json_object", "schema": dict(schema)}
+
+
+def _error_text(exc: openai.APIStatusError) -> str:
+    parts = [str(exc)]
+    try:
+        parts.append(exc.response.text)
+    except Exception:  # noqa: BLE001 - a body that cannot be read names nothing
+        pass
+    return " ".join(parts).lower()
+
+
+def refuses_format(exc: openai.APIStatusError, response_format: Mapping[str, Any]) -> bool:
+    """Whether an error answer to a request carrying ``response_format`` refuses that
+    format (see the module docstring) rather than reporting an outage."""
+    status = exc.status_code
+    if 400 <= status < 500:
+        return status not in _LATER_STATUSES
+    if status < 500:
+        return False
+    text = _error_text(exc)
+    return "response_format" in text or str(response_format.get("type", "")).lower() in text
+
+
 class LLMClient:
-    """An OpenAI-compatible chat endpoint answering JSON (see the module docstring)."""
+    """An OpenAI-compatible chat endpoint answering JSON (see the module docstring).
+
+    ``output_mode`` is the mode to start from when nothing is learned yet;
+    ``memory`` keeps what is learned (default: in this client only)."""
 
     def __init__(
         self,
@@ -162,12 +238,17 @@ class LLMClient:
         max_retries: int = 1,
         client: AsyncOpenAI | None = None,
         output_mode: OutputMode = "json_schema",
+        memory: ModeMemory | None = None,
+        max_tokens: int | None = None,
     ) -> None:
         self.model = model
         self.base_url = base_url
         self.timeout_s = float(timeout_s)
         self.max_retries = int(max_retries)
-        self._mode: OutputMode = output_mode
+        self.max_tokens = max_tokens
+        self._initial: OutputMode = output_mode
+        self._memory = memory or ModeMemory(None, MODES)
+        self._key = endpoint_key(base_url, model)
         self._client = client or AsyncOpenAI(
             base_url=base_url,
             # Local endpoints (vLLM, llama.cpp, Ollama) ignore the key, the client needs one.
@@ -185,12 +266,22 @@ class LLMClient:
             model=settings.llm_model,
             timeout_s=settings.llm_timeout_s,
             max_retries=settings.llm_max_retries,
+            memory=ModeMemory(modes_path(settings), MODES, ttl_s=settings.llm_mode_ttl_s),
+            max_tokens=settings.llm_max_tokens,
         )
 
     @property
     def output_mode(self) -> OutputMode:
-        """The strongest JSON mode this endpoint accepted so far."""
-        return self._mode
+        """The mode the next call with a schema starts from: the one learned for this
+        endpoint and model, else the initial one."""
+        learned = self._memory.get(self._key)
+        return learned.mode if learned is not None else self._initial  # type: ignore[return-value]
+
+    @property
+    def refused_modes(self) -> tuple[str, ...]:
+        """The stronger modes this endpoint refused before the learned one."""
+        learned = self._memory.get(self._key)
+        return learned.refused if learned is not None else ()
 
     async def close(self) -> None:
         await self._client.close()
@@ -203,37 +294,37 @@ class LLMClient:
         schema: Mapping[str, Any] | None = None,
         schema_name: str = "answer",
     ) -> ChatResult:
-        """One attempt (falling back output modes on a 400/422 only)."""
+        """One attempt, stepping down output modes on a refusal only."""
         messages: list[ChatCompletionMessageParam] = [
             {"role": "system", "content": system},
             {"role": "user", "content": user},
         ]
         start = time.perf_counter()
-        mode = self._mode if schema is not None or self._mode != "json_schema" else "json_object"
+        mode = self.output_mode
+        if schema is None and MODES.index(mode) < MODES.index("json_object"):
+            mode = "json_object"  # the schema modes have nothing to send without a schema
+        refused: list[OutputMode] = []
+        extra: dict[str, Any] = {} if self.max_tokens is None else {"max_tokens": self.max_tokens}
         while True:
-            kwargs: dict[str, Any] = {}
-            if mode == "json_schema" and schema is not None:
-                kwargs["response_format"] = {
-                    "type": "json_schema",
-                    "json_schema": {"name": schema_name, "schema": dict(schema), "strict": True},
-                }
-            elif mode in ("json_schema", "json_object"):
-                kwargs["response_format"] = {"type": "json_object"}
+            response_format = _response_format(mode, schema, schema_name)
+            kwargs = dict(extra) if response_format is None else {**extra, "response_format": response_format}
             try:
                 async with asyncio.timeout(self.timeout_s):
                     response = await self._client.chat.completions.create(
                         model=self.model, messages=messages, **kwargs
                     )
-            except (openai.BadRequestError, openai.UnprocessableEntityError) as exc:
-                next_index = _MODES.index(mode) + 1
-                if next_index < len(_MODES) and "response_format" in kwargs:
+            except openai.APIStatusError as exc:
+                if response_format is not None and mode != "plain" and refuses_format(exc, response_format):
+                    refused.append(mode)
+                    mode = MODES[MODES.index(mode) + 1]
                     log.info(
-                        "LLM endpoint %s refused %s output (%s); falling back to %s",
-                        self.base_url, mode, exc.status_code, _MODES[next_index],
+                        "LLM endpoint %s refused %s output (%s); trying %s",
+                        self.base_url, refused[-1], exc.status_code, mode,
                     )
-                    mode = _MODES[next_index]
                     continue
-                raise self._error("refused", exc, start, status=exc.status_code) from None
+                retry_later = exc.status_code in _LATER_STATUSES or exc.status_code >= 500
+                kind: ErrorKind = "http" if retry_later else "refused"
+                raise self._error(kind, exc, start, status=exc.status_code) from None
             except TimeoutError:
                 raise LLMError(
                     "timeout",
@@ -244,17 +335,16 @@ class LLMClient:
                 raise self._error("timeout", exc, start) from None
             except openai.APIConnectionError as exc:
                 raise self._error("connection", exc, start) from None
-            except openai.APIStatusError as exc:
-                kind: ErrorKind = "http" if exc.status_code in (408, 409, 429) or exc.status_code >= 500 else "refused"
-                raise self._error(kind, exc, start, status=exc.status_code) from None
             except openai.OpenAIError as exc:
                 raise self._error("http", exc, start) from None
             except (ValueError, TypeError, KeyError, AttributeError) as exc:
                 # A 200 whose body is not a chat completion (garbage, truncated JSON).
                 raise self._error("http", exc, start) from None
             break
-        if mode != self._mode:
-            self._mode = mode
+        if refused and schema is not None:
+            self._memory.learn(self._key, mode, refused)
+        elif schema is not None and self._memory.get(self._key) is None:
+            self._memory.learn(self._key, mode, ())
         latency = (time.perf_counter() - start) * 1000
         usage = _usage(response)
         choices = getattr(response, "choices", None) or []
@@ -297,8 +387,9 @@ async def call_with_retry(
     schema_name: str = "answer",
     retries: int = 1,
 ) -> LLMCall[T]:
-    """Ask, parse with ``parse`` (which raises ``ValueError`` for an unusable answer),
-    and try again up to ``retries`` times on a retryable failure.
+    """Ask, parse with ``parse`` (which raises ``ValueError`` for an answer it cannot
+    read, :class:`UnusableAnswer` for one it read and found nothing usable in), and try
+    again up to ``retries`` times on a retryable failure.
 
     Raises :class:`LLMError` with the totals of every attempt when none succeeded.
     """
@@ -323,10 +414,13 @@ async def call_with_retry(
         try:
             value = parse(result.text)
         except ValueError as exc:
-            record_llm_call(schema_name, ok=False, reason="parse")
+            kind: ErrorKind = "unusable" if isinstance(exc, UnusableAnswer) else "parse"
+            record_llm_call(schema_name, ok=False, reason=kind)
             reason = " ".join(str(exc).split())[:300]
-            errors.append(f"parse: {reason}")
-            last = LLMError("parse", reason, latency_ms=result.latency_ms, usage=result.usage)
+            errors.append(f"{kind}: {reason}")
+            last = LLMError(kind, reason, latency_ms=result.latency_ms, usage=result.usage)
+            if kind == "unusable":
+                break
             continue
         record_llm_call(schema_name, ok=True)
         return LLMCall(value, result, attempt, latency, usage, tuple(errors))

@@ -157,6 +157,12 @@ class Settings(BaseSettings):
     llm_model: str = "gpt-4o-mini"
     llm_timeout_s: float = Field(default=60.0, gt=0)
     llm_max_retries: int = Field(default=1, ge=0)
+    llm_max_tokens: int | None = Field(default=None, ge=1)
+    """Sent as ``max_tokens`` when set: bounds a small model that loops inside its JSON
+    (a cut answer is repaired: its unfinished memory is dropped)."""
+    llm_mode_ttl_s: float = Field(default=7 * 86400.0, gt=0)
+    """How long an endpoint's learned output mode is kept before it is probed again
+    (``<home>/llm-modes.json``; servers gain modes when upgraded)."""
 
     # --- extraction ---------------------------------------------------------------------
     extract_min_new_turns: int = Field(default=10, ge=1)

@@ -68,6 +68,8 @@ from memstream.domain.extraction import (
     Candidate,
     Decision,
     DraftIssue,
+    EmptyExtraction,
+    ExtractionParse,
     MemoryDraft,
     StageReport,
     Window,
@@ -87,6 +89,7 @@ from memstream.domain.extraction import (
 from memstream.domain.log import LogPosition
 from memstream.domain.prompts import Prompt, PromptError, PromptLibrary
 from memstream.domain.repair import Repaired, repair_json
+from memstream.interfaces.metrics import record_extraction_repairs
 from memstream.llm import ChatModel, LLMCall, LLMError, call_with_retry
 from memstream.settings import Settings
 
@@ -462,7 +465,7 @@ class Extractor:
                 user,
                 EXTRACTION_SCHEMA,
                 "memstream_extraction",
-                lambda value: parse_extraction(value, window, max_memories=max_memories),
+                lambda value: _counted(parse_extraction, value, window, max_memories),
             )
         except LLMError as exc:
             run.llm_calls = exc.attempts
@@ -737,6 +740,28 @@ class Extractor:
             return store_all(len(drafts), reason, candidates=candidates), stage, exc.attempts
         repaired, decisions = call.value
         return decisions, _llm_stage(prompt, call, repaired), call.attempts
+
+
+def _counted(
+    parse: Callable[..., ExtractionParse], value: Any, window: Window, max_memories: int
+) -> ExtractionParse:
+    """``parse`` with the answer's weak-output repairs counted in the metrics, whether
+    memories are left or not (:class:`EmptyExtraction` carries its counts)."""
+    try:
+        parsed = parse(value, window, max_memories=max_memories)
+    except EmptyExtraction as exc:
+        _record_repairs(exc.parse)
+        raise
+    _record_repairs(parsed)
+    return parsed
+
+
+def _record_repairs(parsed: ExtractionParse) -> None:
+    record_extraction_repairs(
+        type_repairs=parsed.type_repairs,
+        invented_ids_dropped=parsed.invented_ids_dropped,
+        hallucination_suspects=parsed.hallucination_suspects,
+    )
 
 
 def _llm_stage(prompt: Prompt, call: LLMCall[Any], repaired: Repaired) -> StageReport:

@@ -40,11 +40,13 @@ __all__ = [
     "SEARCH_SECONDS",
     "LLM_CALLS",
     "LLM_FAILURES",
+    "EXTRACTION_REPAIRS",
     "CONTENT_TYPE",
     "LogSnapshot",
     "LogStateCollector",
     "record_event_in",
     "record_llm_call",
+    "record_extraction_repairs",
     "llm_call",
     "time_search",
     "multiprocess_mode",
@@ -74,6 +76,26 @@ LLM_FAILURES = Counter(
     "LLM calls that failed (transport error, timeout, unusable output).",
     ["purpose", "reason"],
 )
+
+
+EXTRACTION_REPAIRS = Counter(
+    "memstream_extraction_repairs",
+    "What extraction fixed or dropped in a model's memories: type_repair (a type not one "
+    "of the seven), invented_id_dropped (a cited id not in the window), "
+    "hallucination_suspect (a memory dropped for sharing no word with its sources).",
+    ["kind"],
+)
+
+
+def record_extraction_repairs(*, type_repairs: int, invented_ids_dropped: int, hallucination_suspects: int) -> None:
+    """Count one answer's weak-output repairs (see :mod:`memstream.domain.weak_output`)."""
+    for kind, n in (
+        ("type_repair", type_repairs),
+        ("invented_id_dropped", invented_ids_dropped),
+        ("hallucination_suspect", hallucination_suspects),
+    ):
+        if n:
+            EXTRACTION_REPAIRS.labels(kind=kind).inc(n)
 
 
 def record_event_in(event_type: str, interface: str) -> None:

@@ -28,6 +28,7 @@ from memstream.domain.extraction import (
     Action,
     Candidate,
     Decision,
+    EmptyExtraction,
     ExtractionFormatError,
     JudgmentFormatError,
     MemoryDraft,
@@ -184,11 +185,15 @@ def test_invented_source_ids_are_dropped_never_kept() -> None:
         w,
         max_memories=10,
     )
-    (tea,) = parsed.drafts
+    tea, snow = parsed.drafts
     assert tea.source_message_ids == ("m0",)
     assert any(n.startswith("dropped_source_ids:t7,msg-42") for n in tea.notes)
+    # no valid source left: the window's turns are its evidence, flagged
+    assert snow.source_message_ids == ("m0", "m1")
+    assert "sources_from_window" in snow.notes and "dropped_source_ids:t9" in snow.notes
     kinds = [i.kind for i in parsed.issues]
-    assert kinds == ["invented_source_ids", "no_valid_source"]
+    assert kinds == ["invented_source_ids", "invented_source_ids"]
+    assert parsed.invented_ids_dropped == 3
 
 
 def test_sources_fall_back_to_the_scene_turns_when_none_are_cited() -> None:
@@ -200,9 +205,10 @@ def test_sources_fall_back_to_the_scene_turns_when_none_are_cited() -> None:
 
 def test_a_memory_citing_only_background_is_dropped() -> None:
     w = window("sounds good", background=("I love green tea",))
-    parsed = parse_extraction(answer(memory("Ana loves green tea.", ["t1"])), w, max_memories=10)
-    assert parsed.drafts == ()
-    assert [i.kind for i in parsed.issues] == ["background_only"]
+    with pytest.raises(EmptyExtraction) as raised:  # no memory left, and not "nothing to remember"
+        parse_extraction(answer(memory("Ana loves green tea.", ["t1"])), w, max_memories=10)
+    assert raised.value.parse.drafts == ()
+    assert [i.kind for i in raised.value.parse.issues] == ["background_only"]
 
 
 def test_background_may_support_a_memory_from_a_new_turn() -> None:
@@ -254,16 +260,19 @@ def test_wrong_types_degrade_per_field_and_never_sink_the_batch() -> None:
     assert by_content["Ana loves green tea."].memory_type is MemoryType.persona
     job = by_content["Ana works at Initech."]
     assert job.memory_type is MemoryType.episodic
-    assert any(n.startswith("unknown_type:") for n in job.notes) and "bad_timestamp" in job.notes
+    assert "type_repaired:default:job-ish->episodic" in job.notes and "bad_timestamp" in job.notes
     numeric = by_content["1990"]
     assert [e.name for e in numeric.entities] == ["Initech"]
-    assert "unknown_type" in numeric.notes and "bad_timestamp_start" in numeric.notes
+    assert "type_repaired:not_text:int->episodic" in numeric.notes and "bad_timestamp_start" in numeric.notes
     born = by_content["Ana was born in 1990."]
     assert born.source_message_ids == ("m2",)
     assert born.timestamp == datetime(1990, 1, 1, tzinfo=timezone.utc)
-    # the string memory has no source but the scene has none either -> dropped with a reason
+    # the string memory cites nothing, so the window's turns are its sources; it shares
+    # no content word with them -> dropped as a hallucination suspect
     kinds = sorted(i.kind for i in parsed.issues)
-    assert kinds == ["no_content", "no_valid_source", "not_an_object"]
+    assert kinds == ["hallucination_suspect", "no_content", "not_an_object"]
+    # repairs are counted as the model wrote them, dropped memories included
+    assert parsed.type_repairs == 3 and parsed.hallucination_suspects == 1
 
 
 def test_alternative_shapes_are_accepted() -> None:
@@ -273,7 +282,9 @@ def test_alternative_shapes_are_accepted() -> None:
     single = parse_extraction(memory("Ana loves tea.", ["t1"]), w, max_memories=10)
     assert flat.drafts == bare.drafts == single.drafts
     assert len(flat.drafts) == 1
-    assert parse_extraction({"scenes": []}, w, max_memories=10).drafts == ()
+    nothing = parse_extraction({"scenes": []}, w, max_memories=10)
+    assert nothing.drafts == () and nothing.nothing_to_remember
+    assert [i.kind for i in nothing.issues] == ["nothing_to_remember"]
 
 
 @pytest.mark.parametrize("value", [{"answer": "none"}, "text", 42, None])
@@ -291,8 +302,8 @@ def test_at_most_max_memories() -> None:
 
 
 def test_content_is_cleaned_and_bounded() -> None:
-    w = window("long")
-    long_text = "x" * (MAX_MEMORY_CHARS + 50)
+    w = window("I like tea, and here is my long note")
+    long_text = "note " * (MAX_MEMORY_CHARS // 5 + 10)
     parsed = parse_extraction(
         answer(memory("  Ana\x00 likes\x07 tea \ud800 ", ["t1"]), memory(long_text, ["t1"])), w, max_memories=10
     )
@@ -302,7 +313,7 @@ def test_content_is_cleaned_and_bounded() -> None:
 
 
 def test_reversed_interval_is_swapped() -> None:
-    w = window("trip")
+    w = window("I was in Rome on a trip")
     (d,) = parse_extraction(
         answer(memory("Ana was in Rome.", ["t1"], timestamp_start="2024-05-10", timestamp_end="2024-05-01")),
         w,
@@ -313,7 +324,7 @@ def test_reversed_interval_is_swapped() -> None:
 
 
 def test_entities_are_deduplicated_and_kinds_normalised() -> None:
-    w = window("x")
+    w = window("I met Bo at Initech")
     (d,) = parse_extraction(
         answer(
             memory(

@@ -32,7 +32,7 @@ from tests.support import wait_until
 
 from memstream.domain.content import content_hash
 from memstream.domain.events import EmbeddingPayload, LinkRelation, MemoryAdded, MemoryLinked, MessageObserved, Scope
-from memstream.domain.extraction import memory_id_for
+from memstream.domain.extraction import EXTRACTION_SCHEMA, memory_id_for
 from memstream.domain.log import LogPosition, PositionedEvent
 from memstream.llm import LLMClient
 from memstream.projections.embedder import LocalEmbedder
@@ -271,7 +271,8 @@ async def test_invented_ids_and_wrong_types_degrade_per_memory(env: Env) -> None
     assert twelve.content == "12"
     record = tea.provenance.decisions  # type: ignore[union-attr]
     assert any(r.get("issue") == "invented_source_ids" and "t42" in r["detail"] for r in record)
-    assert any(r.get("issue") == "no_valid_source" and r.get("content") == "Ana owns a boat." for r in record)
+    # no valid source: the window's turn is its evidence, and it says nothing of a boat
+    assert any(r.get("issue") == "hallucination_suspect" and r.get("content") == "Ana owns a boat." for r in record)
     mine = record[0]
     assert "priority_fallback" in mine["draft_notes"]
     assert any(n.startswith("dropped_source_ids:t42,m-invented") for n in mine["draft_notes"])
@@ -309,28 +310,50 @@ async def test_extraction_failure_keeps_every_turn(env: Env, replies: list[Reply
 
 
 async def test_a_refusal_4xx_is_not_retried(env: Env) -> None:
-    env.fake.chat.push(Reply(status=401, error_message="bad key"))
+    env.fake.chat.responder = lambda body: Reply(status=401, error_message="bad key")
     outcome = await env.extractor().run_window(SCOPE, "s1", [turn("m1", "I love tea")])
+    # one call: each output mode was refused in turn (a 4xx is a refusal), never retried
     assert outcome.status == "failed" and outcome.llm_calls == 1
+    assert env.fake.chat.count == 4
     assert "refused" in (outcome.failure or "")
 
 
 async def test_falls_back_to_json_mode_when_the_schema_is_refused(env: Env) -> None:
     env.fake.reject_json_schema = True
+    env.fake.reject_json_object_schema = True
     env.fake.chat.push_json(scenes(mem("Ana loves tea.", ["t1"])))
     env.fake.chat.push_json(scenes(mem("Ana lives in Porto.", ["t1"])))
     extractor = env.extractor()
     first = await extractor.run_window(SCOPE, "s1", [turn("m1", "I love tea")])
     second = await extractor.run_window(SCOPE, "s1", [turn("m2", "I live in Porto")])
     assert first.status == second.status == "extracted"
-    formats = [r.get("response_format", {}).get("type") for r in env.fake.chat.requests]
-    # refused once, then JSON mode (remembered for the next call)
-    assert formats == ["json_schema", "json_object", "json_object"]
+    formats = [(r.get("response_format", {}).get("type"), "schema" in r.get("response_format", {})) for r in env.fake.chat.requests]
+    # refused twice, then JSON mode (remembered for the next call)
+    assert formats == [("json_schema", False), ("json_object", True), ("json_object", False), ("json_object", False)]
     assert env.llm.output_mode == "json_object"
+
+
+async def test_llama_cpp_python_500_steps_down_to_the_schema_in_json_object(env: Env) -> None:
+    env.fake.reject_json_schema = True
+    env.fake.format_refusal_status = 500
+    env.fake.chat.push_json(scenes(mem("Ana loves tea.", ["t1"])))
+    outcome = await env.extractor().run_window(SCOPE, "s1", [turn("m1", "I love tea")])
+    assert outcome.status == "extracted" and outcome.llm_calls == 1
+    assert env.fake.chat.requests[-1]["response_format"] == {"type": "json_object", "schema": EXTRACTION_SCHEMA}
+    assert env.llm.output_mode == "json_object_schema"
+
+
+async def test_an_answer_with_no_memory_left_is_not_retried(env: Env) -> None:
+    env.fake.chat.push_json(scenes(mem("Bananas are yellow.", ["t1"])))
+    outcome = await env.extractor().run_window(SCOPE, "s1", [turn("m1", "I love tea")])
+    assert outcome.status == "failed" and outcome.llm_calls == 1
+    assert outcome.kept == ("m1",)
+    assert "unusable" in (outcome.failure or "") and "hallucination_suspect" in (outcome.failure or "")
 
 
 async def test_plain_mode_when_json_mode_is_refused_too(env: Env) -> None:
     env.fake.reject_json_schema = True
+    env.fake.reject_json_object_schema = True
     env.fake.reject_json_object = True
     env.fake.chat.push(Reply(content="Here: " + json.dumps(scenes(mem("Ana loves tea.", ["t1"])))))
     outcome = await env.extractor().run_window(SCOPE, "s1", [turn("m1", "I love tea")])
