@@ -77,7 +77,7 @@ from memstream.domain.reflection import (
     subject_key,
     templated_reflection,
 )
-from memstream.llm import ChatModel, build_llm, call_with_retry
+from memstream.llm import ChatModel, LLMError, build_llm, call_with_retry
 from memstream.settings import Settings
 
 __all__ = [
@@ -604,10 +604,14 @@ class ReflectionWriter(Protocol):
 
 
 class TemplateReflectionWriter:
-    """Reflections from the numbers alone, for deployments without an LLM; every one
-    is marked ``templated`` with provenance method ``template``."""
+    """Reflections from the numbers alone, for deployments without an LLM (and for a
+    model whose answers are unusable); every one is marked ``templated`` with
+    provenance method ``template``, ``note`` saying why."""
 
     method = "template"
+
+    def __init__(self, note: str = "no LLM configured: reflection written from the numbers") -> None:
+        self.note = note
 
     async def write(self, settled: SettledDecision, now: datetime) -> MemoryReflected:
         written = templated_reflection(settled.decision, settled.outcome)
@@ -621,7 +625,7 @@ class TemplateReflectionWriter:
                 prompt_id=TEMPLATE_PROMPT_ID,
                 prompt_version=TEMPLATE_VERSION,
                 input_refs=_input_refs(settled),
-                note="no LLM configured: reflection written from the numbers",
+                note=self.note[:2000],
             ),
             now=now,
         )
@@ -632,10 +636,14 @@ class LLMReflectionWriter:
 
     The prompt is resolved per decision scope through the :class:`PromptLibrary` (a
     team or agent may override it); its id, version and file hash, the model, latency
-    and token usage go into the reflection's provenance. An unusable answer (empty,
-    refused, not a reflection) raises, and the :class:`ReflectionRunner` retries the
-    decision later; within one attempt :func:`memstream.llm.call_with_retry` already
-    retries ``retries`` times.
+    and token usage go into the reflection's provenance. A model that cannot be reached
+    (timeout, connection error, 429, 5xx) raises, and the :class:`ReflectionRunner`
+    retries the decision later; within one attempt :func:`memstream.llm.call_with_retry`
+    already retries ``retries`` times. A model that answers but never usably (empty,
+    refused, not 2-4 sentences of reflection, after those retries) gets the templated
+    reflection instead, its provenance note naming the model and the errors: asking
+    the same model again would give the same answer, and the lesson would never be
+    written.
     """
 
     method = "llm"
@@ -652,15 +660,24 @@ class LLMReflectionWriter:
         fields["decision_text"] = fields["decision_text"][:_PROMPT_DECISION_CHARS]
         prompt = self.prompts.get(REFLECTION_PROMPT_ID, settled.decision.scope)
         system, user = prompt.render(fields)
-        call = await call_with_retry(
-            self.chat,
-            system,
-            user,
-            parse=parse_reflection_answer,
-            schema=REFLECTION_ANSWER_SCHEMA,
-            schema_name="reflection",
-            retries=self.retries,
-        )
+        try:
+            call = await call_with_retry(
+                self.chat,
+                system,
+                user,
+                parse=parse_reflection_answer,
+                schema=REFLECTION_ANSWER_SCHEMA,
+                schema_name="reflection",
+                retries=self.retries,
+            )
+        except LLMError as exc:
+            if exc.kind in _UNREACHABLE:
+                raise
+            note = (
+                f"{self.chat.model} gave no usable reflection ({exc.kind} after {exc.attempts} attempt(s): "
+                + " | ".join(exc.errors) + "): reflection written from the numbers"
+            )
+            return await TemplateReflectionWriter(note).write(settled, now)
         parsed = call.value
         return build_reflection(
             settled,
@@ -680,6 +697,10 @@ class LLMReflectionWriter:
             ),
             now=now,
         )
+
+
+_UNREACHABLE = ("timeout", "connection", "http")
+"""LLM failures that say nothing about the model's answers: retried later, never templated."""
 
 
 def build_reflection_writer(settings: Settings) -> ReflectionWriter:

@@ -348,13 +348,23 @@ async def test_llm_writer_records_prompt_model_and_usage(fake_llm: FakeOpenAI) -
     assert request["response_format"]["type"] == "json_schema"
 
 
-async def test_llm_writer_raises_when_the_model_fails(fake_llm: FakeOpenAI) -> None:  # noqa: F811
-    fake_llm.chat.push_error(500).push_text("Sorry, I cannot help.")
+async def test_llm_writer_raises_when_the_model_cannot_be_reached(fake_llm: FakeOpenAI) -> None:  # noqa: F811
+    fake_llm.chat.push_error(500).push_error(503)
     client = LLMClient(base_url=fake_llm.base_url, api_key=None, model="fake-model", timeout_s=10)
     with pytest.raises(LLMError):
         await LLMReflectionWriter(client, retries=1).write(settled_pair(), T0)
     await client.close()
     assert fake_llm.chat.count == 2
+
+
+async def test_llm_writer_templates_when_the_model_never_answers_usably(fake_llm: FakeOpenAI) -> None:  # noqa: F811
+    fake_llm.chat.push_error(500).push_text("Sorry, I cannot help.")
+    client = LLMClient(base_url=fake_llm.base_url, api_key=None, model="fake-model", timeout_s=10)
+    reflection = await LLMReflectionWriter(client, retries=1).write(settled_pair(), T0)
+    await client.close()
+    assert fake_llm.chat.count == 2
+    assert reflection.templated and reflection.provenance.method == "template"
+    assert "fake-model gave no usable reflection (parse after 2 attempt(s)" in (reflection.provenance.note or "")
 
 
 # =========================================================================== provider
