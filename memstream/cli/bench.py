@@ -67,9 +67,25 @@ def bench_freshness(
 
 
 @bench_app.command("extractor")
-def bench_extractor(quick: bool = typer.Option(False, "--quick")) -> None:
-    """Extraction pipeline overhead with an instant scripted LLM."""
+def bench_extractor(
+    quick: bool = typer.Option(False, "--quick"),
+    llm_url: str = typer.Option(
+        "", "--llm-url", help="Run against this OpenAI-compatible endpoint instead of the scripted LLM."
+    ),
+    llm_model: str = typer.Option("", "--llm-model", help="The model name to ask for (with --llm-url)."),
+) -> None:
+    """Extraction pipeline overhead with an instant scripted LLM, or (--llm-url) what a
+    real model server does to the pipeline."""
+    if llm_url:
+        _run_against_endpoint(quick=quick, llm_url=llm_url, llm_model=llm_model)
+        return
     _run("extractor", quick=quick)
+
+
+def _run_against_endpoint(*, quick: bool, llm_url: str, llm_model: str) -> None:
+    if not llm_url.startswith(("http://", "https://")):
+        raise CLIError(f"--llm-url must be an http(s) URL, got {llm_url!r}")
+    _run("extractor_llm", llm_url=llm_url, llm_model=llm_model or None, quick=quick)
 
 
 @bench_app.command("reflection")
