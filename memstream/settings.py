@@ -179,6 +179,16 @@ class Settings(BaseSettings):
     embedding call and one produce. Each batch is what was read meanwhile, so a quiet
     stream still extracts every turn at once and a busy one gets big batches."""
     extract_max_memories: int = Field(default=10, ge=1)
+    extract_max_attempts: int = Field(default=5, ge=1)
+    """With an LLM: a window whose extraction failed this many times (timeouts, 5xx,
+    dropped connections) is stored as the heuristic would store it, marked as a
+    fallback, and its partition commits past it. A failure no retry can fix (a 4xx
+    other than 408/429, a context-length error, an answer unparsable after repair)
+    falls back at once. ``memstream extract --retry-failed`` redoes those windows."""
+    extract_retry_budget_s: float = Field(default=120.0, gt=0)
+    """The longest a window's retries may hold its partition's commit, from its first
+    attempt: when it is spent the window falls back (a call still running is cut
+    short), so one stalled window never holds other sessions' turns back longer."""
     dedup_candidates_k: int = Field(default=5, ge=1)
     prompts_dir: Path | None = None
 

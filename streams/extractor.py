@@ -86,10 +86,12 @@ from memstream.domain.extraction import (
     split_known,
     store_all,
 )
+from memstream.domain.fallback import FALLBACK_STATUS, FallbackReason, fallback_reason, fallback_record
 from memstream.domain.log import LogPosition
+from memstream.domain.resume_marks import ResumeMark, encode_mark
 from memstream.domain.prompts import Prompt, PromptError, PromptLibrary
 from memstream.domain.repair import Repaired, repair_json
-from memstream.interfaces.metrics import record_extraction_repairs
+from memstream.interfaces.metrics import record_extraction_fallback, record_extraction_repairs
 from memstream.llm import ChatModel, LLMCall, LLMError, call_with_retry
 from memstream.settings import Settings
 
@@ -214,6 +216,9 @@ class ExtractionOutcome:
     events: tuple[EventBase, ...] = ()
     positions: tuple[LogPosition, ...] = ()
     failure: str | None = None
+    fallback: str | None = None
+    """The :class:`FallbackReason` when the model failed the window and its turns were
+    stored by the heuristic instead (the outcome is then ``extracted``)."""
     record: tuple[Mapping[str, Any], ...] = ()
     decisions: tuple[Mapping[str, Any], ...] = ()
     llm_calls: int = 0
@@ -263,6 +268,15 @@ class WindowInput:
     session_id: str | None
     turns: Sequence[MessageObserved]
     background: Sequence[MessageObserved] = ()
+    attempt: int = 1
+    """Which attempt at this window this is (1 for the first)."""
+    final: bool = False
+    """The last attempt: any failure of the extraction call falls back to the heuristic."""
+    budget_s: float | None = None
+    """What is left of the window's retry budget: the model calls are cut short when
+    it runs out, and the window falls back (``None``: no budget)."""
+    record: tuple[Mapping[str, Any], ...] = ()
+    """Entries added to the run's record (e.g. the fallback run a retry redoes)."""
 
 
 _HEURISTIC_NOTE = "no LLM configured: one episodic memory per qualifying turn"
@@ -294,6 +308,17 @@ class _Run:
     events: list[EventBase] = field(default_factory=list)
     positions: list[LogPosition] = field(default_factory=list)
     record: list[dict[str, Any]] = field(default_factory=list)
+    attempt: int = 1
+    final: bool = False
+    deadline: float | None = None
+    """``time.monotonic()`` by which the model calls must be done (the retry budget)."""
+    fallback: dict[str, Any] | None = None
+    """The fallback's record entry once the window falls back to the heuristic."""
+    fallback_reason: FallbackReason | None = None
+    extra_record: tuple[Mapping[str, Any], ...] = ()
+
+    def budget_left(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
 
     @property
     def scope(self) -> Scope:
@@ -391,7 +416,9 @@ class Extractor:
         await self._exact_dedup(runs)
         await self._embed(runs)
         if not heuristic and self._recall is not None:
-            await asyncio.gather(*(self._candidates_and_judgment(run) for run in runs if run.open and run.new))
+            await asyncio.gather(
+                *(self._candidates_and_judgment(run) for run in runs if run.open and run.new and run.fallback is None)
+            )
         await asyncio.to_thread(self._build_events, runs)
         if producing is not None:
             producing()
@@ -410,6 +437,9 @@ class Extractor:
                 max_background=self.settings.extract_background_turns,
             )
             run = _Run("x-" + new_event_id().hex, window, tuple(record_items(window, (), ())))
+            run.attempt, run.final, run.extra_record = w.attempt, w.final, tuple(w.record)
+            if w.budget_s is not None:
+                run.deadline = time.monotonic() + w.budget_s
             if not window.new_turns:
                 log.debug("extraction %s: no qualifying turn among %d", run.run_id, len(window.new_message_ids))
                 run.outcome = ExtractionOutcome(
@@ -459,26 +489,64 @@ class Extractor:
             self._fail(run, f"prompt: {exc}")
             return
         max_memories = self.settings.extract_max_memories
+        left = run.budget_left()
+        if left is not None and left <= 0:
+            self._fall_back(run, FallbackReason.budget, "the retry budget was spent before this attempt")
+            return
         try:
-            call = await self._ask(
-                system,
-                user,
-                EXTRACTION_SCHEMA,
-                "memstream_extraction",
-                lambda value: _counted(parse_extraction, value, window, max_memories),
-            )
+            async with asyncio.timeout(left):
+                call = await self._ask(
+                    system,
+                    user,
+                    EXTRACTION_SCHEMA,
+                    "memstream_extraction",
+                    lambda value: _counted(parse_extraction, value, window, max_memories),
+                )
+        except TimeoutError:
+            budget = self.settings.extract_retry_budget_s
+            self._fall_back(run, FallbackReason.budget, f"the retry budget ({budget:g} s) ran out during the call")
+            return
         except LLMError as exc:
             run.llm_calls = exc.attempts
-            self._fail(
-                run,
-                f"extraction call: {exc.kind} after {exc.attempts} attempt(s): " + " | ".join(exc.errors),
-            )
+            error = f"extraction call: {exc.kind} after {exc.attempts} attempt(s): " + " | ".join(exc.errors)
+            reason = fallback_reason(exc.kind, exc.status, " | ".join(exc.errors))
+            if reason is None and run.final:
+                spent = run.budget_left() == 0.0
+                reason = FallbackReason.budget if spent else FallbackReason.attempts
+            if reason is None:
+                self._fail(run, error)
+            else:
+                self._fall_back(run, reason, error)
             return
         run.llm_calls += call.attempts
         repaired, parsed = call.value
         run.drafts = list(parsed.drafts)
         run.issues = list(parsed.issues)
         run.extraction = _llm_stage(prompt, call, repaired)
+
+    def _fall_back(self, run: _Run, reason: FallbackReason, error: str) -> None:
+        """Store the window's turns as the heuristic would, recording why (the
+        provenance status ``fallback`` and the record entry that lets
+        ``memstream extract --retry-failed`` redo the window later)."""
+        w = run.window
+        log.warning(
+            "extraction %s for %s session %s falls back to the heuristic after attempt %d (%s): %s",
+            run.run_id, w.scope.space, w.session_id, run.attempt, reason.value, error,
+        )
+        run.fallback_reason = reason
+        run.fallback = fallback_record(
+            reason,
+            error,
+            run_id=run.run_id,
+            attempts=run.attempt,
+            window=w.new_message_ids,
+            background=[t.message_id for t in w.background_turns],
+        )
+        run.drafts = heuristic_drafts(w)
+        run.extraction = StageReport(
+            "heuristic", status=FALLBACK_STATUS, note=f"fallback ({reason.value}): {' '.join(error.split())}"[:1000]
+        )
+        record_extraction_fallback(reason.value)
 
     async def _exact_dedup(self, runs: Sequence[_Run]) -> None:
         """Exact dedup across each memory space: one lookup for the whole batch.
@@ -518,8 +586,14 @@ class Extractor:
                 continue
             found = known.get((run.scope.team_id, run.scope.user_id), {})
             if isinstance(found, BaseException):
-                self._fail(run, f"memory space unreadable: {type(found).__name__}: {found}")
-                continue
+                problem = f"memory space unreadable: {type(found).__name__}: {found}"
+                if not (run.final or run.fallback is not None):
+                    self._fail(run, problem)
+                    continue
+                # The last attempt stores without the cross-space dedup: memory ids
+                # derive from the content, so a repeat is absorbed by the projection.
+                run.extraction = _with_note(run.extraction, problem + "; stored without exact dedup")
+                found = {}
             run.new, run.duplicates = split_known(run.drafts, found)
             run.vectors = [None] * len(run.new)
 
@@ -560,7 +634,7 @@ class Extractor:
         except Exception as exc:  # noqa: BLE001 - recall degrades to "no candidates"
             log.warning("extraction %s: candidate recall failed, storing: %s", run.run_id, exc)
             candidates = [[] for _ in run.new]
-        run.decisions, run.judgment, calls = await self._judge(run.scope, run.new, candidates)
+        run.decisions, run.judgment, calls = await self._judge(run.scope, run.new, candidates, run.budget_left())
         run.judged = True
         run.llm_calls += calls
 
@@ -603,10 +677,16 @@ class Extractor:
             if not run.open:
                 continue
             if not run.judged:
-                reason = "heuristic: no judgment" if self.llm is None else "no similar memories to judge against"
+                if self.llm is None or run.fallback is not None:
+                    reason = "heuristic: no judgment"
+                else:
+                    reason = "no similar memories to judge against"
                 run.decisions = store_all(len(run.new), reason)
             extraction = _with_note(run.extraction, run.embed_note) if run.embed_note else run.extraction
             record = record_items(run.window, [*run.issues, *run.batch_dups], run.duplicates)
+            if run.fallback is not None:
+                record.insert(0, run.fallback)
+            record[:0] = [dict(entry) for entry in run.extra_record]
             try:
                 built = build_events(
                     scope=run.scope,
@@ -620,7 +700,7 @@ class Extractor:
                     batch_record=record,
                     recorded_at=recorded_at,
                     correlation_id=run.run_id,
-                    own_refs=self.llm is None,
+                    own_refs=self.llm is None or run.fallback is not None,
                 )
             except ValueError as exc:
                 self._fail(run, f"events could not be built: {exc}")
@@ -671,6 +751,7 @@ class Extractor:
             llm_calls=run.llm_calls,
             embed_calls=run.embed_calls,
             correlation_id=run.run_id,
+            fallback=run.fallback_reason.value if run.fallback_reason is not None else None,
         )
 
     async def _ask(
@@ -701,9 +782,14 @@ class Extractor:
         )
 
     async def _judge(
-        self, scope: Scope, drafts: Sequence[MemoryDraft], candidates: Sequence[Sequence[Candidate]]
+        self,
+        scope: Scope,
+        drafts: Sequence[MemoryDraft],
+        candidates: Sequence[Sequence[Candidate]],
+        budget_s: float | None = None,
     ) -> tuple[dict[int, Decision], StageReport | None, int]:
-        """One batched judgment; every failure path stores all drafts."""
+        """One batched judgment, cut short when ``budget_s`` runs out; every failure
+        path stores all drafts."""
         assert self.llm is not None
         plan = plan_judgment(drafts, candidates)
         if plan.empty:
@@ -718,13 +804,19 @@ class Extractor:
             ), 0
 
         try:
-            call = await self._ask(
-                system,
-                user,
-                JUDGMENT_SCHEMA,
-                "memstream_judgment",
-                lambda value: parse_judgment(value, plan, len(drafts)),
-            )
+            async with asyncio.timeout(budget_s):
+                call = await self._ask(
+                    system,
+                    user,
+                    JUDGMENT_SCHEMA,
+                    "memstream_judgment",
+                    lambda value: parse_judgment(value, plan, len(drafts)),
+                )
+        except TimeoutError:
+            reason = "judgment cut short by the retry budget: stored all"
+            return store_all(len(drafts), reason, candidates=candidates), StageReport(
+                "llm", status="failed", **prompt.ref(), model=self.llm.model, note=reason
+            ), 1
         except LLMError as exc:
             reason = f"judgment failed ({exc.kind} after {exc.attempts} attempt(s)): stored all"
             log.warning("%s: %s", reason, " | ".join(exc.errors))
@@ -818,6 +910,11 @@ class _Session:
     failures: int = 0
     retry_at: float = 0.0
     last_failure: str | None = None
+    first_try: float | None = None
+    """When the window now at the head of ``pending`` was first attempted."""
+    history_loaded: bool = False
+    """Whether the turns before this buffer first saw the session were read from the
+    projection into ``history`` (see :meth:`TurnBuffer.load_history`)."""
     pending_ids: set[str] = field(default_factory=set)
     recent_ids: dict[str, None] = field(default_factory=dict)
 
@@ -836,6 +933,15 @@ class WindowJob:
     background: tuple[MessageObserved, ...]
     generation: int
     trigger: Literal["turns", "idle", "flush"]
+    attempt: int = 1
+    final: bool = False
+    """The last attempt (``max_attempts`` reached or the budget spent): the extractor
+    falls back to the heuristic rather than fail."""
+    budget_s: float | None = None
+    """What is left of the window's retry budget."""
+    load_history: bool = False
+    """The session's earlier turns are not in memory yet (its first window since this
+    buffer saw it): the caller may read them from the projection."""
 
 
 class TurnBuffer:
@@ -845,7 +951,11 @@ class TurnBuffer:
     new turn arrived for ``idle_seconds``. A job takes at most ``max_new`` of the oldest
     pending turns plus up to ``max_background`` of the session's latest extracted turns.
     One job per session at a time. After a failed job its turns stay pending and the
-    session waits ``backoff(failures)`` seconds before it is due again.
+    session waits ``backoff(failures)`` seconds before it is due again, but never past
+    the window's retry budget (``retry_budget_s`` from its first attempt): the job
+    that reaches ``max_attempts`` or the end of the budget is ``final`` (the extractor
+    then stores the turns by its fallback instead of failing), so a failing window
+    holds its partition's commit for at most about that budget.
 
     :meth:`safe_offsets` gives, per partition, the offset Kafka may commit: the lowest
     offset of any pending (or in-flight) turn, or one past the last record seen when
@@ -862,6 +972,8 @@ class TurnBuffer:
         max_background: int,
         clock: Callable[[], float] = time.monotonic,
         backoff: Callable[[int], float] | None = None,
+        max_attempts: int | None = None,
+        retry_budget_s: float | None = None,
     ) -> None:
         if min_new < 1 or max_new < 1:
             raise ValueError("min_new and max_new must be at least 1")
@@ -871,11 +983,14 @@ class TurnBuffer:
         self.max_background = max_background
         self.clock = clock
         self.backoff = backoff or (lambda failures: float(min(60.0, 2.0 ** min(failures, 6))))
+        self.max_attempts = max_attempts
+        self.retry_budget_s = retry_budget_s
         self.forget_after = max(3600.0, 10 * idle_seconds)
         """A session with nothing pending and no turn for this long is forgotten."""
         self.generation = 0
         self._sessions: dict[SessionKey, _Session] = {}
         self._seen: dict[tuple[str, int], int] = {}
+        self._resume: dict[tuple[str, int], ResumeMark] = {}
 
     # -- input -----------------------------------------------------------------------------
     @staticmethod
@@ -905,6 +1020,10 @@ class TurnBuffer:
             self._sessions[key] = session
         mid = message.message_id
         if mid in session.pending_ids or mid in session.recent_ids:
+            return False
+        mark = self._resume.get((position.topic, position.partition))
+        if mark is not None and mark.done(position.offset):
+            self._remember(session, message)  # extracted before a restart: background
             return False
         now = self.clock()
         session.pending.append(_Pending(message, position, now))
@@ -960,6 +1079,13 @@ class TurnBuffer:
             background = tuple(session.history)[-self.max_background :] if self.max_background else ()
             session.in_flight = True
             taken += len(take)
+            if session.first_try is None:
+                session.first_try = now
+            budget = None
+            if self.retry_budget_s is not None:
+                budget = max(0.0, session.first_try + self.retry_budget_s - now)
+            attempt = session.failures + 1
+            final = (self.max_attempts is not None and attempt >= self.max_attempts) or budget == 0.0
             jobs.append(
                 WindowJob(
                     key=session.key,
@@ -970,6 +1096,10 @@ class TurnBuffer:
                     background=background,
                     generation=self.generation,
                     trigger=trigger,
+                    attempt=attempt,
+                    final=final,
+                    budget_s=budget,
+                    load_history=not session.history_loaded,
                 )
             )
         return jobs
@@ -985,7 +1115,10 @@ class TurnBuffer:
             session.failures += 1
             session.last_failure = outcome.failure
             session.retry_at = self.clock() + self.backoff(session.failures)
+            if self.retry_budget_s is not None and session.first_try is not None:
+                session.retry_at = min(session.retry_at, session.first_try + self.retry_budget_s)
             return
+        session.first_try = None
         session.failures = 0
         session.last_failure = None
         session.retry_at = 0.0
@@ -994,15 +1127,65 @@ class TurnBuffer:
         for p in session.pending:
             mid = p.message.message_id
             if mid in done:
-                session.history.append(p.message)
                 session.pending_ids.discard(mid)
-                session.recent_ids[mid] = None
-                if len(session.recent_ids) > RECENT_IDS:
-                    session.recent_ids.pop(next(iter(session.recent_ids)))
+                self._remember(session, p.message)
             else:
                 remaining.append(p)
         session.pending = remaining
         # A session's pending list may receive turns while its job runs: those stay.
+
+    @staticmethod
+    def _remember(session: _Session, message: MessageObserved) -> None:
+        """An extracted turn: background for the session's next windows, and an id
+        whose repeat is ignored."""
+        session.history.append(message)
+        session.recent_ids[message.message_id] = None
+        if len(session.recent_ids) > RECENT_IDS:
+            session.recent_ids.pop(next(iter(session.recent_ids)))
+
+    def load_history(self, job: WindowJob, earlier: Sequence[MessageObserved]) -> tuple[MessageObserved, ...]:
+        """Put ``earlier`` (the session's turns before this buffer saw it, read from
+        the projection, oldest first) in front of its in-memory history, and return
+        the job's background as it would have been had the buffer seen them all."""
+        session = self._sessions.get(job.key)
+        known = {m.message_id for m in job.background} | {m.message_id for m in job.turns}
+        merged = [m for m in earlier if m.message_id not in known] + list(job.background)
+        background = tuple(merged[-self.max_background :]) if self.max_background else ()
+        if session is None or job.generation != self.generation:
+            return background
+        in_memory = list(session.history)
+        ids = {m.message_id for m in in_memory}
+        session.history.clear()
+        for m in [m for m in earlier if m.message_id not in ids] + in_memory:
+            session.history.append(m)
+        session.history_loaded = True
+        return background
+
+    def resume(self, partition: tuple[str, int], mark: ResumeMark | None) -> None:
+        """Read ``partition`` from its commit knowing which turns after it were
+        extracted already (the mark its commit carried; ``None``: none)."""
+        if mark is None:
+            self._resume.pop(partition, None)
+        else:
+            self._resume[partition] = mark
+
+    def commit_marks(self, offsets: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], str]:
+        """The :mod:`~memstream.domain.resume_marks` metadata to commit with each of
+        ``offsets``: which turns read after the offset are still pending."""
+        pending: dict[tuple[str, int], list[int]] = {}
+        for session in self._sessions.values():
+            for p in session.pending:
+                pending.setdefault((p.position.topic, p.position.partition), []).append(p.position.offset)
+        marks: dict[tuple[str, int], str] = {}
+        for tp, off in offsets.items():
+            end, still = self._seen.get(tp, 0), pending.get(tp, [])
+            earlier = self._resume.get(tp)
+            if earlier is not None and earlier.end > end:
+                # Not re-read yet since the restart: what the last mark said still holds.
+                still = still + [o for o in earlier.pending if o >= end]
+                end = earlier.end
+            marks[tp] = encode_mark(off, end, still)
+        return marks
 
     def release(self, job: WindowJob) -> None:
         """A job that never ran (cancelled): its session may be scheduled again."""
@@ -1027,6 +1210,10 @@ class TurnBuffer:
         out.update(lowest)
         return out
 
+    def read_offsets(self) -> dict[tuple[str, int], int]:
+        """``(topic, partition) -> `` one past the last record read."""
+        return dict(self._seen)
+
     def drop_partitions(self, partitions: Sequence[tuple[str, int]]) -> int:
         """Forget everything read from these partitions (revoked: their turns will be
         re-read from the committed offset by whoever owns them next). Returns how many
@@ -1043,8 +1230,12 @@ class TurnBuffer:
             session.pending = keep
             session.pending_ids = {p.message.message_id for p in keep}
             session.in_flight = False
+            if not keep:
+                session.first_try = None
+                session.failures = 0
             if not session.pending and not session.history:
                 del self._sessions[key]
         for tp in gone:
             self._seen.pop(tp, None)
+            self._resume.pop(tp, None)
         return dropped

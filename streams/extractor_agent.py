@@ -13,7 +13,10 @@ So the :class:`ExtractorRunner` reads ``messages`` with its own consumer group
 that is not extracted yet (:meth:`TurnBuffer.safe_offsets`). A crash or restart re-reads
 exactly the turns whose memories were not produced; a repeated extraction produces the
 same memory and link ids, which the projection absorbs. Turns whose extraction failed
-stay in the buffer and are retried with back-off; while more than
+stay in the buffer and are retried with back-off, for at most ``extract_max_attempts``
+attempts and ``extract_retry_budget_s`` seconds: then the window is stored by the
+heuristic fallback (see :mod:`memstream.domain.fallback`) and the commit moves past it,
+so one window the model always refuses never stalls its partition. While more than
 :data:`MAX_PENDING_TURNS` wait, reading pauses (back-pressure) instead of growing memory.
 
 Without an LLM (the heuristic: one memory per qualifying turn, made from that turn
@@ -28,8 +31,12 @@ soon as a batch leaves nothing pending.
 
 On a rebalance (aiokafka's eager protocol revokes every partition), the safe offsets are
 committed and the buffer forgets the revoked partitions: the next owner reads those
-turns again from the commit. Background turns of a session are kept in memory only, so
-the first window after a restart has less context; nothing is lost.
+turns again from the commit. Each commit carries a resume mark
+(:mod:`memstream.domain.resume_marks`): which turns after the committed offset were
+extracted already, so the next reader takes those as background, not as new turns.
+A session's background turns are kept in memory; for its first window after a
+restart or a move they are read from the ``messages`` projection. The restarted
+extractor so builds the windows an uninterrupted one would have built.
 
 Records that are not valid events are skipped here and counted: the projector, reading
 the same topic, publishes them to the dead-letter topic. Other event types on the
@@ -45,19 +52,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError, RebalanceInProgressError
 from mode import Service
 
 from memstream.domain.events import MessageObserved
 from memstream.domain.log import LogPosition
+from memstream.domain.resume_marks import decode_mark
 from memstream.llm import ChatModel, build_llm
 from memstream.settings import Settings
 from memstream.streams.connect import until_started
@@ -123,6 +132,10 @@ class ExtractorStats:
     memories_added: int = 0
     llm_calls: int = 0
     embed_calls: int = 0
+    fallbacks: Counter[str] = field(default_factory=Counter)
+    """Windows stored by the heuristic fallback, per reason."""
+    fallback_turns: int = 0
+    """New turns in those windows."""
     recent: deque[ExtractionOutcome] = field(default_factory=lambda: deque(maxlen=256))
 
 
@@ -135,6 +148,7 @@ class _Listener(ConsumerRebalanceListener):
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         log.info("extractor assigned %d partition(s) of %s", len(assigned), self.runner.topics.messages)
+        await self.runner._on_assigned(assigned)
 
 
 class ExtractorRunner:
@@ -156,6 +170,7 @@ class ExtractorRunner:
         producer: EventSink | None = None,
         clock: Callable[[], float] | None = None,
         concurrency: int | None = None,
+        on_outcome: Callable[[WindowJob, ExtractionOutcome], None] | None = None,
     ) -> None:
         self.settings = settings
         self.topics = topics
@@ -167,6 +182,9 @@ class ExtractorRunner:
         """The producer this runner created (and so stops), when none was passed."""
         self._owns_llm = llm == "settings"
         self._concurrency_arg = concurrency
+        self._on_outcome = on_outcome
+        """Told of every finished window (the job as run, background included), for
+        the bench and tests."""
         self.concurrency = max(1, concurrency or MAX_CONCURRENT_EXTRACTIONS)
         """Tasks in flight at once (``concurrency``, else :data:`MAX_CONCURRENT_EXTRACTIONS`
         with an LLM and :data:`MAX_CONCURRENT_BATCHES` without one)."""
@@ -178,6 +196,8 @@ class ExtractorRunner:
             idle_seconds=settings.extract_idle_seconds,
             max_new=settings.extract_max_new_turns,
             max_background=settings.extract_background_turns,
+            max_attempts=settings.extract_max_attempts,
+            retry_budget_s=settings.extract_retry_budget_s,
             **buffer_kwargs,
         )
         self.stats = ExtractorStats()
@@ -188,6 +208,8 @@ class ExtractorRunner:
         """The jobs still extracting (not yet only waiting for the produce to be
         acknowledged): at most ``concurrency`` of them."""
         self._committed: dict[tuple[str, int], int] = {}
+        self._committed_marks: dict[tuple[str, int], str] = {}
+        self._admin: AIOKafkaAdminClient | None = None
         self._last_commit = 0.0
         self._commit_lock = asyncio.Lock()
         self._batching = False
@@ -325,6 +347,9 @@ class ExtractorRunner:
             await self._commit(force=True)
             await self._consumer.stop()
             self._consumer = None
+        if self._admin is not None:
+            await self._admin.close()
+            self._admin = None
         own, self._own_producer = self._own_producer, None
         if own is not None:
             await own.stop()
@@ -437,8 +462,21 @@ class ExtractorRunner:
         me = asyncio.current_task()
         try:
             await self._ensure_store()
+            if not self._batching:
+                jobs = [await self._with_history(job) for job in jobs]
             outcomes = await self.extractor.run_windows(
-                [WindowInput(job.scope, job.session_id, job.turns, job.background) for job in jobs],
+                [
+                    WindowInput(
+                        job.scope,
+                        job.session_id,
+                        job.turns,
+                        job.background,
+                        attempt=job.attempt,
+                        final=job.final,
+                        budget_s=job.budget_s,
+                    )
+                    for job in jobs
+                ],
                 producing=lambda: self._producing(me),
             )
         except asyncio.CancelledError:
@@ -459,6 +497,8 @@ class ExtractorRunner:
         s = self.stats
         for job, outcome in zip(jobs, outcomes):
             self.buffer.complete(job, outcome)
+            if self._on_outcome is not None:
+                self._on_outcome(job, outcome)
             s.extractions += 1
             s.llm_calls += outcome.llm_calls
             s.embed_calls += outcome.embed_calls
@@ -466,6 +506,9 @@ class ExtractorRunner:
                 s.extractions_failed += 1
             elif outcome.status == "nothing":
                 s.extractions_nothing += 1
+            if outcome.fallback is not None:
+                s.fallbacks[outcome.fallback] += 1
+                s.fallback_turns += len(outcome.consumed)
             s.events_sent += len(outcome.positions)
             s.memories_added += len(outcome.memories)
             s.recent.append(outcome)
@@ -473,6 +516,55 @@ class ExtractorRunner:
             # Once everything read is extracted, say so at once (lag monitors and a
             # restart see it done); otherwise at most every ``_COMMIT_EVERY_S``.
             await self._commit(force=self.buffer.pending_count == 0)
+
+    async def _with_history(self, job: WindowJob) -> WindowJob:
+        """The job with the background it would have had without a restart: for a
+        session's first window since this runner saw it, its earlier turns are read
+        from the ``messages`` projection (the in-memory history is empty after a
+        restart or a partition move). If the read fails the window goes with what
+        is in memory."""
+        max_background = self.buffer.max_background
+        if not job.load_history or not max_background or self.extractor is None or self.extractor.store is None:
+            return job
+        from memstream.projections.session_turns import turns_before
+
+        first = job.positions[0]
+        try:
+            earlier = await asyncio.to_thread(
+                turns_before, self.extractor.store, job.scope, job.session_id, first.partition, first.offset, max_background
+            )
+        except Exception as exc:  # noqa: BLE001 - less context, nothing lost
+            log.warning("extractor: earlier turns of %s not read from the projection: %s", job.key, exc)
+            return job
+        return replace(job, background=self.buffer.load_history(job, earlier))
+
+    async def _on_assigned(self, assigned: list[TopicPartition]) -> None:
+        """Read the resume marks the partitions' last commits carry (which turns
+        after each commit were extracted already), before any record is read."""
+        if not assigned:
+            return
+        try:
+            if self._admin is None:
+                admin = AIOKafkaAdminClient(
+                    bootstrap_servers=self.settings.bootstrap_servers, client_id="memstream-extractor-admin"
+                )
+                await admin.start()
+                self._admin = admin
+            committed = await self._admin.list_consumer_group_offsets(
+                consumer_group(self.settings), partitions=list(assigned)
+            )
+        except (KafkaError, OSError) as exc:
+            log.warning("extractor: resume marks not read (%s); turns after the commits count as new", exc)
+            return
+        for tp in assigned:
+            meta = committed.get(tp)
+            mark = decode_mark(meta.offset, meta.metadata) if meta is not None and meta.offset >= 0 else None
+            self.buffer.resume((tp.topic, tp.partition), mark)
+            if mark is not None:
+                log.info(
+                    "extractor resumes %s:%d at %d; %d turn(s) after it are done already",
+                    tp.topic, tp.partition, meta.offset, mark.end - meta.offset - len(mark.pending),
+                )
 
     async def _commit(self, *, force: bool = False) -> None:
         consumer = self._consumer
@@ -486,10 +578,12 @@ class ExtractorRunner:
         async with self._commit_lock:
             self._last_commit = loop.time()
             assigned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+            safe = {tp: off for tp, off in self.buffer.safe_offsets().items() if tp in assigned}
+            marks = self.buffer.commit_marks(safe)
             offsets = {
-                TopicPartition(t, p): off
-                for (t, p), off in self.buffer.safe_offsets().items()
-                if (t, p) in assigned and self._committed.get((t, p)) != off
+                TopicPartition(t, p): (off, marks[(t, p)])
+                for (t, p), off in safe.items()
+                if (self._committed.get((t, p)), self._committed_marks.get((t, p))) != (off, marks[(t, p)])
             }
             if not offsets:
                 return
@@ -498,8 +592,9 @@ class ExtractorRunner:
             except (CommitFailedError, RebalanceInProgressError, IllegalStateError, KafkaError) as exc:
                 log.info("extractor commit deferred: %s", exc)
                 return
-            for tp, off in offsets.items():
+            for tp, (off, mark) in offsets.items():
                 self._committed[(tp.topic, tp.partition)] = off
+                self._committed_marks[(tp.topic, tp.partition)] = mark
 
     async def _on_revoked(self, revoked: list[TopicPartition]) -> None:
         if self._consumer is not None and revoked:
@@ -508,6 +603,7 @@ class ExtractorRunner:
         dropped = self.buffer.drop_partitions(gone)
         for key in gone:
             self._committed.pop(key, None)
+            self._committed_marks.pop(key, None)
         if dropped:
             log.info("extractor released %d pending turns of %d revoked partition(s)", dropped, len(gone))
 

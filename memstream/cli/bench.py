@@ -73,13 +73,18 @@ def bench_extractor(
         "", "--llm-url", help="Run against this OpenAI-compatible endpoint instead of the scripted LLM."
     ),
     llm_model: str = typer.Option("", "--llm-model", help="The model name to ask for (with --llm-url)."),
+    faults: bool = typer.Option(
+        False, "--faults", help="Then windows the model always refuses, and a worker restart mid-session."
+    ),
 ) -> None:
     """Extraction pipeline overhead with an instant scripted LLM, or (--llm-url) what a
-    real model server does to the pipeline."""
+    real model server does to the pipeline; --faults adds poison windows and a restart."""
     if llm_url:
+        if faults:
+            raise CLIError("--faults runs with the scripted model only (not with --llm-url)")
         _run_against_endpoint(quick=quick, llm_url=llm_url, llm_model=llm_model)
         return
-    _run("extractor", quick=quick)
+    _run("extractor_faults" if faults else "extractor", quick=quick)
 
 
 def _run_against_endpoint(*, quick: bool, llm_url: str, llm_model: str) -> None:

@@ -9,8 +9,12 @@
   session's latest turns as projected in the ``messages`` table (for trying a prompt
   override or a model before deploying it). ``--dry-run`` (the default) prints what
   would be emitted; ``--emit`` produces the events to Kafka like the worker would.
+* ``extract --retry-failed [--since 24h]`` redoes, with the configured model, every
+  window the extractor stored by its heuristic fallback (the model had refused it,
+  or failed it past the retry budget) and that no retry redid yet; it produces the
+  new memories and links, ADD-only (:mod:`memstream.extraction_retry`).
 
-Both read the LanceDB tables the worker writes and never write to them.
+All read the LanceDB tables the worker writes and never write to them.
 """
 
 from __future__ import annotations
@@ -158,32 +162,6 @@ class _DryRunSink:
         return []
 
 
-def _session_turns(store: Any, scope: Any, session: str) -> list[Any]:
-    from memstream.domain.events import MessageObserved
-    from memstream.projections.schema import MESSAGES
-    from memstream.projections.store import quote, space_where
-
-    where = f"{space_where(scope)} AND session_id = {quote(session)}"
-    rows = store.rows(MESSAGES, where).to_pylist()
-    rows.sort(key=lambda r: (r["occurred_at"], r.get("log_partition") or 0, r.get("log_offset") or 0))
-    turns = []
-    for r in rows:
-        meta = r.get("metadata")
-        turns.append(
-            MessageObserved(
-                scope={"team_id": r["team_id"], "user_id": r["user_id"], "agent_id": r["agent_id"]},
-                session_id=r.get("session_id"),
-                message_id=r["message_id"],
-                role=r["role"],
-                speaker=r.get("speaker"),
-                content=r["content"],
-                occurred_at=r["occurred_at"],
-                metadata=json.loads(meta) if isinstance(meta, str) and meta else {},
-            )
-        )
-    return turns
-
-
 def extract_cmd(
     team: Annotated[str, typer.Option("--team", help="Team id of the memory space (required).")] = "",
     user: Annotated[str, typer.Option("--user", help="User id of the memory space.")] = "default",
@@ -191,14 +169,28 @@ def extract_cmd(
     last: Annotated[int, typer.Option("--last", min=0, help="How many of the latest turns are new (0: extract_max_new_turns).")] = 0,
     emit: Annotated[bool, typer.Option("--emit/--dry-run", help="Produce the events, or only show them (default).")] = False,
     lance_dir: Annotated[Path | None, typer.Option("--lance-dir", help="Projection directory.")] = None,
+    retry_failed: Annotated[
+        bool, typer.Option("--retry-failed", help="Redo the windows stored by the fallback (and produce the result).")
+    ] = False,
+    since: Annotated[
+        str, typer.Option("--since", help="With --retry-failed: only windows recorded since (ISO time, or 24h, 7d).")
+    ] = "",
 ) -> None:
-    """Run one extraction by hand over a session's latest projected turns."""
+    """Run one extraction by hand over a session's latest projected turns, or redo the
+    windows the extractor stored by its fallback (--retry-failed)."""
+    settings = get_settings()
+    if retry_failed:
+        _retry_failed(settings, lance_dir, since)
+        return
+    if since:
+        raise CLIError("--since only goes with --retry-failed")
     if not session:
         raise CLIError("--session is required")
-    settings = get_settings()
+    from memstream.projections.session_turns import session_turns
+
     scope = scope_from_options(team, user)
     store = open_store(settings, lance_dir)
-    turns = _session_turns(store, scope, session)
+    turns = session_turns(store, scope, session)
     if not turns:
         raise CLIError(f"no projected turns for session {session!r} in the space {scope.space}")
     count = last or settings.extract_max_new_turns
@@ -246,6 +238,61 @@ async def _extract(settings: Settings, store: Any, new: list[Any], background: l
         if llm is not None:
             await llm.close()
     return outcome, list(outcome.events)
+
+
+def _retry_failed(settings: Settings, lance_dir: Path | None, since: str) -> None:
+    from memstream.extraction_retry import find_windows, parse_since
+
+    try:
+        after = parse_since(since) if since else None
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    store = open_store(settings, lance_dir)
+    windows = find_windows(store, after)
+    if not windows:
+        console.print("no fallback window to retry", highlight=False)
+        return
+    report = asyncio.run(_retry(settings, store, windows))
+    console.print(
+        f"{report.windows} fallback window(s): {report.redone} redone, {report.memories} memories and "
+        f"{report.links} links produced, {len(report.still_failing)} still failing, "
+        f"{len(report.missing_turns)} without projected turns",
+        highlight=False,
+    )
+    for run_id, why in report.still_failing.items():
+        console.print(escape(f"  {run_id}: {why}"), highlight=False)
+    if report.still_failing:
+        raise CLIError(f"{len(report.still_failing)} window(s) still fail; they stay stored by the fallback")
+
+
+async def _retry(settings: Settings, store: Any, windows: list[Any]) -> Any:
+    from rich.progress import Progress
+
+    from memstream.extraction_retry import retry_windows
+    from memstream.llm import build_llm
+    from memstream.projections.embedder import build_embedder
+    from memstream.streams.producer import MemstreamProducer
+
+    llm = build_llm(settings)
+    if llm is None:
+        raise CLIError("no LLM configured (MEMSTREAM_LLM_BASE_URL): nothing to retry the windows with")
+    producer = MemstreamProducer(settings, client_id="memstream-extract-retry")
+    await producer.start()
+    try:
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task("retrying fallback windows", total=len(windows))
+            return await retry_windows(
+                settings,
+                store,
+                windows,
+                llm=llm,
+                embedder=build_embedder(settings),
+                producer=producer,
+                progress=lambda: progress.advance(task),
+            )
+    finally:
+        await producer.stop()
+        await llm.close()
 
 
 def register(app: typer.Typer) -> None:

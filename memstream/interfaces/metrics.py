@@ -41,12 +41,14 @@ __all__ = [
     "LLM_CALLS",
     "LLM_FAILURES",
     "EXTRACTION_REPAIRS",
+    "EXTRACTION_FALLBACKS",
     "CONTENT_TYPE",
     "LogSnapshot",
     "LogStateCollector",
     "record_event_in",
     "record_llm_call",
     "record_extraction_repairs",
+    "record_extraction_fallback",
     "llm_call",
     "time_search",
     "multiprocess_mode",
@@ -75,6 +77,11 @@ LLM_FAILURES = Counter(
     "memstream_llm_failures",
     "LLM calls that failed (transport error, timeout, unusable output).",
     ["purpose", "reason"],
+)
+EXTRACTION_FALLBACKS = Counter(
+    "memstream_extraction_fallbacks",
+    "Extraction windows stored by the heuristic after the model failed them, per reason.",
+    ["reason"],
 )
 
 
@@ -108,6 +115,11 @@ def record_llm_call(purpose: str, ok: bool, reason: str = "error") -> None:
     LLM_CALLS.labels(purpose=purpose).inc()
     if not ok:
         LLM_FAILURES.labels(purpose=purpose, reason=reason).inc()
+
+
+def record_extraction_fallback(reason: str) -> None:
+    """Count one window stored by the heuristic fallback (``FallbackReason`` value)."""
+    EXTRACTION_FALLBACKS.labels(reason=reason).inc()
 
 
 @contextmanager
