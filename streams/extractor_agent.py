@@ -210,6 +210,8 @@ class ExtractorRunner:
         self._committed: dict[tuple[str, int], int] = {}
         self._committed_marks: dict[tuple[str, int], str] = {}
         self._admin: AIOKafkaAdminClient | None = None
+        self._marks_read: set[tuple[str, int]] = set()
+        """Partitions whose resume marks were read since they were assigned."""
         self._last_commit = 0.0
         self._commit_lock = asyncio.Lock()
         self._batching = False
@@ -371,6 +373,10 @@ class ExtractorRunner:
                     log.warning("extractor poll failed (retrying): %s", exc)
                     await asyncio.sleep(1.0)
                     continue
+                unread = [tp for tp in polled if (tp.topic, tp.partition) not in self._marks_read]
+                if unread:
+                    # aiokafka may hand out records before the assignment listener ran
+                    await self._read_marks(unread)
                 for records in polled.values():
                     for r in records:
                         self._ingest(r.topic, r.partition, r.offset, r.key, r.value, r.headers)
@@ -539,8 +545,12 @@ class ExtractorRunner:
         return replace(job, background=self.buffer.load_history(job, earlier))
 
     async def _on_assigned(self, assigned: list[TopicPartition]) -> None:
+        await self._read_marks([tp for tp in assigned if (tp.topic, tp.partition) not in self._marks_read])
+
+    async def _read_marks(self, assigned: list[TopicPartition]) -> None:
         """Read the resume marks the partitions' last commits carry (which turns
-        after each commit were extracted already), before any record is read."""
+        after each commit were extracted already), before any of their records is
+        taken in."""
         if not assigned:
             return
         try:
@@ -555,8 +565,10 @@ class ExtractorRunner:
             )
         except (KafkaError, OSError) as exc:
             log.warning("extractor: resume marks not read (%s); turns after the commits count as new", exc)
+            self._marks_read.update((tp.topic, tp.partition) for tp in assigned)
             return
         for tp in assigned:
+            self._marks_read.add((tp.topic, tp.partition))
             meta = committed.get(tp)
             mark = decode_mark(meta.offset, meta.metadata) if meta is not None and meta.offset >= 0 else None
             self.buffer.resume((tp.topic, tp.partition), mark)
@@ -602,6 +614,7 @@ class ExtractorRunner:
         gone = [(tp.topic, tp.partition) for tp in revoked]
         dropped = self.buffer.drop_partitions(gone)
         for key in gone:
+            self._marks_read.discard(key)
             self._committed.pop(key, None)
             self._committed_marks.pop(key, None)
         if dropped:

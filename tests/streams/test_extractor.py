@@ -347,9 +347,12 @@ async def test_llama_cpp_python_500_steps_down_to_the_schema_in_json_object(env:
 async def test_an_answer_with_no_memory_left_is_not_retried(env: Env) -> None:
     env.fake.chat.push_json(scenes(mem("Bananas are yellow.", ["t1"])))
     outcome = await env.extractor().run_window(SCOPE, "s1", [turn("m1", "I love tea")])
-    assert outcome.status == "failed" and outcome.llm_calls == 1
-    assert outcome.kept == ("m1",)
-    assert "unusable" in (outcome.failure or "") and "hallucination_suspect" in (outcome.failure or "")
+    # not retried: the turn is stored by the fallback, with the reason on its record
+    assert outcome.status == "extracted" and outcome.llm_calls == 1
+    assert outcome.consumed == ("m1",) and outcome.fallback == "unusable"
+    (memory,) = outcome.memories
+    note = memory.provenance.note or ""  # type: ignore[union-attr]
+    assert "unusable" in note and "hallucination_suspect" in note
 
 
 async def test_plain_mode_when_json_mode_is_refused_too(env: Env) -> None:
