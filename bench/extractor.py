@@ -75,6 +75,8 @@ _TEMPLATES = [
     "{person} recommended {thing} to me.",
 ]
 _NOISE = ["ok", "/clear", "???", "thanks!", "HEARTBEAT_OK"]
+_KNOWN_LINE = re.compile(r"^\[(k\d+)\](?: \([a-z_]+\))? (.*)$", re.MULTILINE)
+_CHANGED = re.compile(r"^I stopped liking (.+?), now I prefer")
 _TURN_LINE = re.compile(r"^\[(t\d+)\] [^|]*\| (?:user|assistant|system|tool)(?: [^:]*)?: (.*)$")
 
 
@@ -88,6 +90,10 @@ class ScriptedExtractionModel:
     def __init__(self) -> None:
         self.extraction_calls = 0
         self.judgment_calls = 0
+        self.tokens = {"extraction": 0, "judgment": 0}
+        self.known_repeats_skipped = 0
+        """New turns not extracted because they repeat a known memory shown in the call."""
+        self.links_named = 0
 
     async def chat_json(
         self,
@@ -99,28 +105,43 @@ class ScriptedExtractionModel:
     ) -> ChatResult:
         if user.startswith("NEW MEMORIES AND THEIR CANDIDATES"):
             self.judgment_calls += 1
+            purpose = "judgment"
             answer = self._judge(user)
         else:
             self.extraction_calls += 1
+            purpose = "extraction"
             answer = self._extract(user)
+            memories = [m for s in answer["scenes"] for m in s["memories"]]
+            self.known_repeats_skipped += answer.pop("skipped", 0)
+            self.links_named += sum(len(m["links"]) for m in memories)
         text = json.dumps(answer)
-        return ChatResult(
-            text=text,
-            model=self.model,
-            usage={"prompt_tokens": (len(system) + len(user)) // 4, "completion_tokens": len(text) // 4},
-            latency_ms=0.0,
-            mode="json_schema",
-        )
+        usage = {"prompt_tokens": (len(system) + len(user)) // 4, "completion_tokens": len(text) // 4}
+        self.tokens[purpose] += usage["prompt_tokens"] + usage["completion_tokens"]
+        return ChatResult(text=text, model=self.model, usage=usage, latency_ms=0.0, mode="json_schema")
 
     @staticmethod
     def _extract(user: str) -> dict[str, Any]:
-        new_part = user.split("NEW TURNS", 1)[-1]
+        """One memory per new turn, except a turn that repeats a KNOWN memory word for
+        word (counted in ``skipped``); a changed preference links the known memory of
+        the old one (``preference_update``)."""
+        known_part, new_part = user.split("NEW TURNS", 1) if "NEW TURNS" in user else ("", user)
+        known = {m.group(2): m.group(1) for m in _KNOWN_LINE.finditer(known_part)}
         memories = []
+        skipped = 0
         for line in new_part.splitlines():
             match = _TURN_LINE.match(line)
             if not match:
                 continue
             alias, text = match.groups()
+            if text in known:
+                skipped += 1
+                continue
+            links = []
+            changed = _CHANGED.match(text)
+            if changed:
+                old = next((a for content, a in known.items() if changed.group(1) in content), None)
+                if old is not None:
+                    links.append({"known": old, "relation": "preference_update"})
             memories.append(
                 {
                     "content": text,
@@ -131,9 +152,10 @@ class ScriptedExtractionModel:
                     "timestamp_start": None,
                     "timestamp_end": None,
                     "entities": [{"name": p, "kind": "person"} for p in _PEOPLE if p in text][:3],
+                    "links": links,
                 }
             )
-        return {"scenes": [{"title": "conversation", "message_ids": [], "memories": memories}]}
+        return {"scenes": [{"title": "conversation", "message_ids": [], "memories": memories}], "skipped": skipped}
 
     @staticmethod
     def _judge(user: str) -> dict[str, Any]:
@@ -285,14 +307,34 @@ async def _measure(settings: Settings, n: int) -> dict[str, Any]:
         "windows_without_memories": stats.extractions_nothing,
         "memories_added": stats.memories_added,
         "events_sent": stats.events_sent,
+        "tokens_per_100_messages": round(100.0 * sum(model.tokens.values()) / n, 1),
+        "extraction_tokens": model.tokens["extraction"],
+        "judgment_tokens": model.tokens["judgment"],
+        "known_repeats_skipped": model.known_repeats_skipped,
+        "links_named_by_extraction": model.links_named,
     }
 
 
-def run(quick: bool = False, turns: int | None = None) -> dict[str, Any]:
-    """Run the benchmark; prints a table and returns the figures (JSON-able)."""
+def run_known_ab(quick: bool = False, turns: int | None = None) -> dict[str, Any]:
+    """``--known-ab``: the same turns without and with the known memories in the
+    extraction call (``extract_known_memories`` 0, then the default), side by side."""
+    without = run(quick, turns, known=0)
+    with_known = run(quick, turns)
+    keys = ("llm_calls_per_100_messages", "tokens_per_100_messages", "judgment_calls", "memories_added")
+    return {
+        "without_known": without,
+        "with_known": with_known,
+        "ratios": {k: round(with_known[k] / without[k], 3) if without[k] else None for k in keys},
+    }
+
+
+def run(quick: bool = False, turns: int | None = None, known: int | None = None) -> dict[str, Any]:
+    """Run the benchmark; prints a table and returns the figures (JSON-able). ``known``
+    overrides ``extract_known_memories``."""
     n = turns or (QUICK_TURNS if quick else DEFAULT_TURNS)
     workdir = Path(tempfile.mkdtemp(prefix="memstream-bench-extractor-"))
-    settings = bench_settings(workdir, extract_idle_seconds=0.2)
+    extra = {} if known is None else {"extract_known_memories": known}
+    settings = bench_settings(workdir, extract_idle_seconds=0.2, **extra)
     try:
         figures = asyncio.run(_measure(settings, n))
     finally:
@@ -303,6 +345,7 @@ def run(quick: bool = False, turns: int | None = None) -> dict[str, Any]:
         shutil.rmtree(workdir, ignore_errors=True)
     figures["machine"] = machine_info()
     figures["window_turns"] = settings.extract_max_new_turns
+    figures["known_memories_shown"] = settings.extract_known_memories
     print_table(
         f"extractor pipeline, {n:,} turns, instant scripted LLM",
         [
@@ -311,6 +354,8 @@ def run(quick: bool = False, turns: int | None = None) -> dict[str, Any]:
             ("embed_calls_per_100_messages", f"{figures['embed_calls_per_100_messages']:.2f}", "one per window"),
             ("windows", f"{figures['windows']:,}", f"{figures['windows_without_memories']:,} without a qualifying turn"),
             ("memories_added", f"{figures['memories_added']:,}", "exact repeats and noise emit none"),
+            ("tokens_per_100_messages", f"{figures['tokens_per_100_messages']:,.0f}", "prompt + completion, len/4"),
+            ("known_repeats_skipped", f"{figures['known_repeats_skipped']:,}", "not extracted: a known memory"),
             ("startup_s", f"{figures['startup_s']:.2f}", "consumer group join, not in the rate"),
         ],
     )

@@ -91,7 +91,9 @@ def responder(body: dict[str, Any]) -> Reply:
         return Reply(content="I am sorry, I cannot answer that in JSON.")
     if "[flaky]" in new:
         return Reply(status=503, error_message="overloaded")
-    return Reply(json_value=ScriptedExtractionModel._extract(user))
+    answer = ScriptedExtractionModel._extract(user)
+    answer.pop("skipped")
+    return Reply(json_value=answer)
 
 
 @dataclass

@@ -259,6 +259,11 @@ def render_turns(window: Window) -> tuple[str, str]:
 _MEMORY_TYPES = [t.value for t in MemoryType]
 _ENTITY_KINDS = [k.value for k in EntityKind]
 
+_KNOWN_RELATIONS = [
+    "supersedes", "preference_update", "contradicts", "same_entity", "narrative_continuation", "duplicates"
+]
+"""What a new memory may say of a known one (``memstream.domain.known`` reads them)."""
+
 EXTRACTION_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -293,6 +298,18 @@ EXTRACTION_SCHEMA: dict[str, Any] = {
                                         "additionalProperties": False,
                                     },
                                 },
+                                "links": {
+                                    "type": "array",
+                                    "items": {
+                                        "type": "object",
+                                        "properties": {
+                                            "known": {"type": "string"},
+                                            "relation": {"type": "string", "enum": _KNOWN_RELATIONS},
+                                        },
+                                        "required": ["known", "relation"],
+                                        "additionalProperties": False,
+                                    },
+                                },
                             },
                             "required": [
                                 "content",
@@ -303,6 +320,7 @@ EXTRACTION_SCHEMA: dict[str, Any] = {
                                 "timestamp_start",
                                 "timestamp_end",
                                 "entities",
+                                "links",
                             ],
                             "additionalProperties": False,
                         },

@@ -190,6 +190,10 @@ class Settings(BaseSettings):
     attempt: when it is spent the window falls back (a call still running is cut
     short), so one stalled window never holds other sessions' turns back longer."""
     dedup_candidates_k: int = Field(default=5, ge=1)
+    extract_known_memories: int = Field(default=10, ge=0)
+    """With an LLM: the space's memories most similar to a window's new turns shown in
+    the extraction call (not extracted again; links named at once); the judgment then
+    only sees drafts whose closest memory the call did not see. 0: none shown."""
     prompts_dir: Path | None = None
 
     # --- reflection ----------------------------------------------------------------------

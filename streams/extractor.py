@@ -87,6 +87,7 @@ from memstream.domain.extraction import (
     store_all,
 )
 from memstream.domain.fallback import FALLBACK_STATUS, FallbackReason, fallback_reason, fallback_record
+from memstream.domain.known import decide_by_links, pick_known, read_known_links, render_known, uncertain
 from memstream.domain.log import LogPosition
 from memstream.domain.resume_marks import ResumeMark, encode_mark
 from memstream.domain.prompts import Prompt, PromptError, PromptLibrary
@@ -316,6 +317,10 @@ class _Run:
     """The fallback's record entry once the window falls back to the heuristic."""
     fallback_reason: FallbackReason | None = None
     extra_record: tuple[Mapping[str, Any], ...] = ()
+    known: list[Candidate] = field(default_factory=list)
+    """The space's memories shown to the extraction call (similar to the new turns)."""
+    known_links: dict[str, Any] = field(default_factory=dict)
+    """Links to them the model named, by the memory's content."""
 
     def budget_left(self) -> float | None:
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
@@ -475,6 +480,7 @@ class Extractor:
         """ONE extraction call for the window (retried per ``llm_max_retries``)."""
         assert self.llm is not None
         window = run.window
+        run.known = await self._known_memories(run)
         try:
             prompt = self.prompts.get("extraction", window.scope)
             background_text, new_text = render_turns(window)
@@ -482,6 +488,7 @@ class Extractor:
                 {
                     "background": background_text,
                     "turns": new_text,
+                    "known": render_known(run.known),
                     "max_memories": self.settings.extract_max_memories,
                 }
             )
@@ -520,9 +527,36 @@ class Extractor:
             return
         run.llm_calls += call.attempts
         repaired, parsed = call.value
+        run.known_links = read_known_links(repaired.value, run.known)
         run.drafts = list(parsed.drafts)
         run.issues = list(parsed.issues)
         run.extraction = _llm_stage(prompt, call, repaired)
+
+    async def _known_memories(self, run: _Run) -> list[Candidate]:
+        """The space's memories closest to the window's new turns, for the extraction
+        call: the judgment's candidate recall (same scope), by the turns' vectors (one
+        embedding call) else by full text; none if recall is off or fails."""
+        limit = self.settings.extract_known_memories
+        turns = run.window.new_turns
+        if not limit or self._recall is None or not turns:
+            return []
+        texts = [t.text for t in turns]
+        vectors: list[Sequence[float] | None] = [None] * len(texts)
+        if self.embedder is not None:
+            from memstream.projections.embedder import embed_array
+
+            try:
+                got = await asyncio.to_thread(embed_array, self.embedder, texts)
+                vectors = [row.tolist() for row in got]
+                run.embed_calls += 1
+            except Exception as exc:  # noqa: BLE001 - full text instead
+                log.warning("extraction %s: known memories by full text (%s)", run.run_id, exc)
+        try:
+            found = await asyncio.to_thread(self._recall, run.scope, texts, vectors, limit)
+        except Exception as exc:  # noqa: BLE001 - the call goes without them
+            log.warning("extraction %s: known memories not recalled: %s", run.run_id, exc)
+            return []
+        return pick_known(found, limit)
 
     def _fall_back(self, run: _Run, reason: FallbackReason, error: str) -> None:
         """Store the window's turns as the heuristic would, recording why (the
@@ -621,7 +655,7 @@ class Extractor:
             for run in todo:
                 run.vectors = list(got[start : start + len(run.new)])
                 start += len(run.new)
-        todo[0].embed_calls = embedder.calls
+        todo[0].embed_calls += embedder.calls
 
     async def _candidates_and_judgment(self, run: _Run) -> None:
         """Candidate recall, then ONE batched judgment for the window's new memories."""
@@ -634,7 +668,18 @@ class Extractor:
         except Exception as exc:  # noqa: BLE001 - recall degrades to "no candidates"
             log.warning("extraction %s: candidate recall failed, storing: %s", run.run_id, exc)
             candidates = [[] for _ in run.new]
-        run.decisions, run.judgment, calls = await self._judge(run.scope, run.new, candidates, run.budget_left())
+        decided = decide_by_links(run.new, run.known_links)
+        left = uncertain(candidates, run.known, decided)
+        run.decisions, run.judgment, calls = await self._judge(run.scope, run.new, left, run.budget_left())
+        for i, found in enumerate(candidates):
+            if found and not left[i] and i not in decided:
+                run.decisions[i] = Decision(
+                    i,
+                    Action.store,
+                    reason="new: the extraction call saw its closest memory among the known ones and named no link",
+                    candidates=tuple(c.memory_id for c in found),
+                )
+        run.decisions.update(decided)
         run.judged = True
         run.llm_calls += calls
 

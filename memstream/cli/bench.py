@@ -23,11 +23,15 @@ bench_app = typer.Typer(help="Run a benchmark; the last line printed is one JSON
 
 
 def _run(name: str, **options: Any) -> None:
+    _run_named(name, "run", **options)
+
+
+def _run_named(name: str, function: str, **options: Any) -> None:
     try:
         module = importlib.import_module(f"memstream.bench.{name}")
     except ModuleNotFoundError as exc:
         raise CLIError(f"benchmark {name!r} is not available: {exc}") from exc
-    result = module.run(**options)
+    result = getattr(module, function)(**options)
     typer.echo(json.dumps(result, sort_keys=True, default=str))
 
 
@@ -76,6 +80,14 @@ def bench_extractor(
     faults: bool = typer.Option(
         False, "--faults", help="Then windows the model always refuses, and a worker restart mid-session."
     ),
+    known_ab: bool = typer.Option(
+        False, "--known-ab", help="Without, then with, the known memories in the extraction call."
+    ),
+    replay: Path | None = typer.Option(
+        None, "--replay", exists=True, dir_okay=False,
+        help="Replay this LoCoMo-format transcript (read in place) without, then with, known memories.",
+    ),
+    conversations: int = typer.Option(2, "--conversations", min=1, help="With --replay: how many conversations."),
 ) -> None:
     """Extraction pipeline overhead with an instant scripted LLM, or (--llm-url) what a
     real model server does to the pipeline; --faults adds poison windows and a restart."""
@@ -83,6 +95,12 @@ def bench_extractor(
         if faults:
             raise CLIError("--faults runs with the scripted model only (not with --llm-url)")
         _run_against_endpoint(quick=quick, llm_url=llm_url, llm_model=llm_model)
+        return
+    if replay is not None:
+        _run("extractor_replay", data=replay, conversations=conversations)
+        return
+    if known_ab:
+        _run_named("extractor", "run_known_ab", quick=quick)
         return
     _run("extractor_faults" if faults else "extractor", quick=quick)
 

@@ -14,22 +14,25 @@ from memstream.domain.prompts import PromptError, PromptLibrary, override_paths,
 ACME_BOT = Scope(team_id="acme", user_id="ana", agent_id="bot")
 
 
-@pytest.mark.parametrize(("prompt_id", "variables"), [("extraction", ("background", "turns", "max_memories")), ("judgment", ("items",))])
-def test_packaged_prompts_have_id_version_and_the_file_digest(prompt_id: str, variables: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(
+    ("prompt_id", "variables", "version"),
+    [("extraction", ("background", "turns", "known", "max_memories"), "2"), ("judgment", ("items",), "2")],
+)
+def test_packaged_prompts_have_id_version_and_the_file_digest(prompt_id: str, variables: tuple[str, ...], version: str) -> None:
     prompt = packaged_prompt(prompt_id)
     data = (resources.files("memstream.domain") / "prompts" / f"{prompt_id}.toml").read_bytes()
     assert prompt.id == prompt_id
-    assert prompt.version == "1"
+    assert prompt.version == version
     assert prompt.sha256 == hashlib.sha256(data).hexdigest()
     assert prompt.variables == variables
-    assert prompt.ref() == {"prompt_id": prompt_id, "prompt_version": "1", "prompt_sha256": prompt.sha256}
+    assert prompt.ref() == {"prompt_id": prompt_id, "prompt_version": version, "prompt_sha256": prompt.sha256}
     system, user = prompt.render({v: f"<{v}>" for v in variables})
     assert "$" not in system.replace("$$", "") and all(f"<{v}>" in system + user for v in variables)
 
 
 def test_render_without_a_value_is_an_error() -> None:
     with pytest.raises(PromptError, match=r"\$turns"):
-        packaged_prompt("extraction").render({"background": "", "max_memories": 3})
+        packaged_prompt("extraction").render({"background": "", "known": "", "max_memories": 3})
 
 
 def override(version: str, marker: str, prompt_id: str = "judgment") -> str:

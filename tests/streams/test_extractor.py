@@ -102,6 +102,9 @@ async def env(fresh_topics: Topics, settings_for: Any, fake_llm: FakeOpenAI) -> 
         extract_min_new_turns=3,
         extract_max_new_turns=10,
         extract_idle_seconds=0.3,
+        # these tests are about the judgment: the extraction call is shown no known
+        # memories (tests/streams/test_extractor_known.py covers that path)
+        extract_known_memories=0,
     )
     store = await asyncio.to_thread(LanceStore.from_settings, settings)
     producer = MemstreamProducer(settings, topics=fresh_topics, client_id="test-extractor")
@@ -221,7 +224,7 @@ async def test_well_formed_output_becomes_searchable_memories_with_provenance(en
     assert porto.embedding is not None and porto.embedding.model == env.embedder.model_id
     p = porto.provenance
     assert p is not None
-    assert (p.method, p.prompt_id, p.prompt_version, p.model, p.status) == ("llm", "extraction", "1", "fake-model", "ok")
+    assert (p.method, p.prompt_id, p.prompt_version, p.model, p.status) == ("llm", "extraction", "2", "fake-model", "ok")
     assert p.prompt_sha256 and len(p.prompt_sha256) == 64
     assert p.input_refs == ("m1", "m2")
     assert set(p.output_refs) == {porto.memory_id, tea.memory_id}
@@ -1011,7 +1014,7 @@ async def test_provenance_and_extract_commands(env: Env) -> None:
 
     result = await asyncio.to_thread(runner.invoke, app, ["provenance", memory.memory_id, *base])
     assert result.exit_code == 0, result.output
-    assert "extraction v1" in result.output and "fake-model" in result.output and "I like cheese pizza" in result.output
+    assert "extraction v2" in result.output and "fake-model" in result.output and "I like cheese pizza" in result.output
 
     result = await asyncio.to_thread(runner.invoke, app, ["provenance", memory.memory_id, "--team", "other", "--lance-dir", str(env.settings.lance_dir)])
     assert result.exit_code != 0
@@ -1050,8 +1053,9 @@ CHEESE = "Ana likes cheese pizza."
 
 def pizza_responder(body: dict[str, Any]) -> Reply:
     """A scripted model for the worker test: fixed statements for the pizza turns, "Ana
-    said: ..." for others; the judgment updates a cheese-pizza candidate with the
-    pepperoni memory and stores everything else."""
+    said: ..." for others; the pepperoni memory updates the cheese-pizza one, named at
+    once when the extraction call is shown it, else by the judgment, which stores
+    everything else."""
     user = body["messages"][1]["content"]
     if user.startswith("NEW MEMORIES AND THEIR CANDIDATES"):
         decisions = []
@@ -1070,18 +1074,24 @@ def pizza_responder(body: dict[str, Any]) -> Reply:
             else:
                 decisions.append({"new": number, "action": "store", "target": None, "links": [], "reason": "new"})
         return Reply(json_value={"decisions": decisions})
+    known_part, new_part = user.split("NEW TURNS", 1)
+    # a known cheese-pizza memory shown in the extraction call is linked at once
+    cheese = next((line[1 : line.index("]")] for line in known_part.splitlines() if line.startswith("[k") and CHEESE in line), None)
     memories = []
-    for line in user.split("NEW TURNS", 1)[1].splitlines():
+    for line in new_part.splitlines():
         if not line.startswith("[t"):
             continue
         alias, text = line[1 : line.index("]")], line.split(": ", 1)[1]
+        links = []
         if "pepperoni" in text:
             content = PEPPERONI
+            if cheese is not None:
+                links = [{"known": cheese, "relation": "preference_update"}]
         elif "cheese pizza" in text:
             content = CHEESE
         else:
             content = f"Ana said: {text}"
-        memories.append(mem(content, [alias]))
+        memories.append(mem(content, [alias], links=links))
     return Reply(json_value=scenes(*memories))
 
 
