@@ -6,7 +6,8 @@ vectors*, so the comparison measures the systems, not the models:
 
 * the benchmark starts an OpenAI-compatible embedding server
   (:class:`~memstream.bench.openai_fake.OpenAICompatServer`) serving one embedder (the
-  local hashing embedder by default, all-MiniLM-L6-v2 with ``--embedder minilm``);
+  configured one by default, all-MiniLM-L6-v2 on onnxruntime; ``--embedder local`` for
+  the lexical hashing embedder);
   memstream's worker (``MEMSTREAM_EMBEDDER=openai``) and Mem0 (``embedder.provider =
   openai``) are both pointed at it;
 * memstream ingests through its real path (Kafka, the worker's no-LLM extractor, the
@@ -154,13 +155,14 @@ def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 3) if b else None
 
 
-def run(data: Path, embedder: str = "local", k: tuple[int, ...] = (5, 10, 20)) -> dict[str, Any]:
-    """Run both systems (see the module docstring); returns the JSON summary."""
+def run(data: Path, embedder: str | None = None, k: tuple[int, ...] = (5, 10, 20)) -> dict[str, Any]:
+    """Run both systems (see the module docstring) with ``embedder`` (default: the
+    configured one); returns the JSON summary."""
     from memstream.projections.store import LanceStore
 
     cutoffs = tuple(sorted(set(k) | {10}))
     conversations = load_locomo(Path(data))
-    model = _embedder(embedder)
+    model = _embedder(embedder or Settings().embedder)
     workdir = Path(tempfile.mkdtemp(prefix="memstream-bench-mem0-"))
     notes = Mem0Notes()
     logging.getLogger("mem0").addHandler(notes)

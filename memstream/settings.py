@@ -143,9 +143,16 @@ class Settings(BaseSettings):
     """How often the worker drops table versions older than five minutes."""
 
     # --- Embeddings -------------------------------------------------------------------
-    embedder: str = "local"
-    """"local" (offline hashing embedder), "openai" (any OpenAI-compatible endpoint) or
-    "minilm" (all-MiniLM-L6-v2 from the optional ``minilm`` extra)."""
+    embedder: str = "onnx"
+    """"onnx" (a neural model run offline by onnxruntime, ``onnx_model``), "local"
+    (offline lexical hashing embedder), "openai" (any OpenAI-compatible endpoint) or
+    "minilm" (all-MiniLM-L6-v2 on PyTorch from the optional ``minilm`` extra)."""
+    onnx_model: str = "all-MiniLM-L6-v2-int8"
+    """The ``onnx`` embedder's model: the built-in all-MiniLM-L6-v2 (int8, shipped by a
+    dependency), a local directory with ``model.onnx`` and ``tokenizer.json``, or a
+    Hugging Face repository name (downloaded once into the hub's cache)."""
+    embedding_threads: int = Field(default=0, ge=0)
+    """Threads of one ``onnx`` model run (0: onnxruntime's default, one per core)."""
     embedding_model: str = "text-embedding-3-small"
     embedding_dim: int = Field(default=384, ge=8, le=8192)
     embedding_base_url: str | None = None

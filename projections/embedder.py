@@ -5,11 +5,15 @@ one batch call per apply; search embeds the query. Every embedder has a ``model_
 (stored with each vector, so a vector is only reused by the model that made it) and a
 ``dim`` (the width of the ``vector`` column).
 
-* :class:`LocalEmbedder` (default, ``MEMSTREAM_EMBEDDER=local``): feature hashing,
+* :class:`~memstream.projections.onnx_embedder.OnnxEmbedder` (default,
+  ``MEMSTREAM_EMBEDDER=onnx``): a neural sentence-embedding model run offline by
+  onnxruntime; by default all-MiniLM-L6-v2 with int8 weights, shipped by a
+  dependency (see that module).
+* :class:`LocalEmbedder` (``MEMSTREAM_EMBEDDER=local``): feature hashing,
   offline, no download, deterministic across processes and machines. It captures
   *lexical* similarity with some tolerance for morphology and spelling (shared words,
   word pairs, character trigrams) and knows no synonyms: "car" and "automobile" are
-  unrelated to it. It is a sound default for a memory store that also runs BM25, and
+  unrelated to it. It is the smallest choice for a memory store that also runs BM25, and
   a weak one alone; the LoCoMo benchmark (``memstream bench locomo``) measures it
   against a neural model. Details in the class docstring.
 * :class:`OpenAIEmbedder` (``openai``): any OpenAI-compatible ``/embeddings`` endpoint
@@ -43,6 +47,7 @@ import msgspec
 import numpy as np
 
 from memstream.domain.content import normalize_content
+from memstream.projections.onnx_embedder import OnnxEmbedder, OnnxModelError, resolve_model
 from memstream.settings import Settings
 
 __all__ = [
@@ -53,9 +58,11 @@ __all__ = [
     "LocalEmbedder",
     "OpenAIEmbedder",
     "MiniLMEmbedder",
+    "OnnxEmbedder",
     "build_embedder",
     "check_vectors",
     "embed_array",
+    "embed_query",
 ]
 
 
@@ -550,8 +557,19 @@ class MiniLMEmbedder:
 
 
 def build_embedder(settings: Settings) -> Embedder:
-    """The embedder ``settings.embedder`` names ("local", "openai", "minilm")."""
+    """The embedder ``settings.embedder`` names ("onnx", "local", "openai", "minilm")."""
     kind = settings.embedder.strip().lower()
+    if kind == "onnx":
+        try:
+            onnx = OnnxEmbedder(resolve_model(settings.onnx_model), threads=settings.embedding_threads)
+        except OnnxModelError as exc:
+            raise EmbedderConfigError(str(exc)) from None
+        if onnx.dim != settings.embedding_dim:
+            raise EmbedderConfigError(
+                f"{onnx.model_id} makes {onnx.dim}-dimension vectors; "
+                f"MEMSTREAM_EMBEDDING_DIM is {settings.embedding_dim}"
+            )
+        return onnx
     if kind == "local":
         return LocalEmbedder(settings.embedding_dim)
     if kind == "openai":
@@ -570,5 +588,18 @@ def build_embedder(settings: Settings) -> Embedder:
             )
         return MiniLMEmbedder()
     raise EmbedderConfigError(
-        f"unknown embedder {settings.embedder!r} (choose local, openai or minilm)"
+        f"unknown embedder {settings.embedder!r} (choose onnx, local, openai or minilm)"
     )
+
+
+def embed_query(embedder: Embedder, query: str) -> np.ndarray:
+    """A search query's vector, through the embedder's own query path when it has one
+    (the ONNX embedder caches repeated queries briefly), checked like
+    :func:`embed_array`."""
+    own = getattr(embedder, "embed_query", None)
+    if own is None:
+        return embed_array(embedder, [query])[0]
+    vector = np.asarray(own(query), dtype=np.float32)
+    if vector.shape != (embedder.dim,) or not np.isfinite(vector).all():
+        raise EmbedderUnavailableError(f"embedder {embedder.model_id!r} returned a malformed query vector")
+    return vector

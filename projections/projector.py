@@ -23,7 +23,9 @@ batches and hands each batch to :meth:`Projector.apply` from an executor thread.
 * **Embeddings**: a ``MemoryAdded`` carrying an embedding of the configured model
   (``model == embedder.model_id``) is stored as carried; all others are embedded in one
   ``embed`` call per batch. A carried embedding of the configured model but the wrong
-  dimension cannot be projected: that event fails (see below).
+  dimension cannot be projected: that event fails (see below). A reader can embed a
+  batch ahead (:meth:`Projector.embed_ahead`, in its own thread, while the previous
+  batch is written), so a neural model's time hides behind the writes.
 * **Bad events do not stop the batch**: an event that cannot be projected (its
   handler refuses or fails on it) lands in ``ApplyResult.failed`` with a one-line
   reason (the worker dead-letters it) and its position is still passed; the rest of
@@ -42,10 +44,11 @@ the deadline, kept as a row rather than deleted); ``OutcomeObserved`` has no vie
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -178,6 +181,8 @@ class _Plan:
     fast: dict[str, int] = field(default_factory=dict)
     """Memories read on the fast path: pk -> row of ``fast_source``."""
     fast_source: PositionedMemories | None = None
+    ahead: dict[tuple[str, int, int], np.ndarray] = field(default_factory=dict)
+    """Vectors embedded ahead for this batch's general-path memories, by position."""
 
 
 class Projector:
@@ -191,9 +196,14 @@ class Projector:
                 f"the embedder makes {embedder.dim}-dimension vectors but the store holds "
                 f"{store.embedding_dim}"
             )
+        store.check_vector_model(embedder.model_id)
         self.store = store
         self.embedder = embedder
         store.prepare_writes()
+        # Vectors made by :meth:`embed_ahead` for general-path events, by position,
+        # until the batch holding them is applied.
+        self._ahead: dict[tuple[str, int, int], np.ndarray] = {}
+        self._ahead_lock = threading.Lock()
         # The stored positions, read once: the projector is the table set's only
         # writer (one worker per directory), so after the first read it knows them
         # without a LanceDB query per batch.
@@ -253,6 +263,10 @@ class Projector:
             return result
 
         plan = _Plan(fast_source=memories)
+        with self._ahead_lock:
+            plan.ahead = {k: v for k in fresh if (v := self._ahead.pop(k, None)) is not None}
+            for pe in batch:  # skipped ones too: nothing of this batch stays behind
+                self._ahead.pop(_pos_key(pe), None)
         for key in sorted(fresh):
             item = fresh[key]
             if isinstance(item, int):
@@ -338,6 +352,8 @@ class Projector:
                     f"the memories table holds {self.store.embedding_dim}"
                 )
             vector = emb.to_array()
+        else:
+            vector = plan.ahead.get(_pos_key(pe))
         team, user = e.scope.team_id, e.scope.user_id
         pk = scoped_key(team, user, e.memory_id)
         entities, entity_keys = unique_entities((ent.name, ent.kind.value) for ent in e.entities)
@@ -469,6 +485,34 @@ class Projector:
         )
 
     # ------------------------------------------------------------------ embeddings
+    def _needs_vector(self, event: EventBase) -> bool:
+        if not isinstance(event, MemoryAdded):
+            return False
+        emb = event.embedding
+        return emb is None or emb.model != self.embedder.model_id
+
+    def embed_ahead(self, batch: Sequence[PositionedEvent], memories: PositionedMemories | None = None) -> int:
+        """Embed, in one call, a decoded batch's memories that carry no vector of this
+        projector's model, before :meth:`apply` gets the batch: the fast path's rows
+        are filled in place, the others are kept by position for ``apply``. Safe to
+        call from another thread while ``apply`` writes an earlier batch (only the
+        given objects and a locked table are touched). Returns the texts embedded."""
+        pending = [pe for pe in batch if self._needs_vector(pe.event)]
+        fast_rows = list(memories.unembedded) if memories is not None else []
+        texts = [cast(MemoryAdded, pe.event).content for pe in pending]
+        if memories is not None:
+            texts += [memories.fields[i].content for i in fast_rows]
+        if not texts:
+            return 0
+        matrix = embed_array(self.embedder, texts)
+        with self._ahead_lock:
+            for pe, vec in zip(pending, matrix):
+                self._ahead[_pos_key(pe)] = vec
+        if memories is not None and fast_rows:
+            memories.vectors[fast_rows] = matrix[len(pending):]
+            memories.unembedded = []
+        return len(texts)
+
     def _embed_missing(self, plan: _Plan) -> None:
         """Embed, in one call, every memory of the batch that arrived without a vector
         of this projector's model: the general path's and the fast path's (only the

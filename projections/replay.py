@@ -283,7 +283,13 @@ async def _consume_into(
     pipelined feed as the worker (fetch, decode and write overlap)."""
     loop = asyncio.get_running_loop()
     writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-replay")
+    embedding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-replay-embed")
     started = time.monotonic()
+
+    async def embed_ahead(batch: FeedBatch) -> None:
+        # memories without a vector of the new model are embedded while the writer
+        # writes the batch before (a replay to switch embedders embeds every memory)
+        await loop.run_in_executor(embedding, projector.embed_ahead, batch.decoded.events, batch.decoded.memories)
 
     async def apply(batch: FeedBatch) -> None:
         result = await loop.run_in_executor(writer, apply_decoded, projector, batch.decoded)
@@ -303,6 +309,7 @@ async def _consume_into(
         end_offsets={(tp.topic, tp.partition): ends[tp] for tp in partitions},
         list_partitions=lambda names: _listed(partitions),
         name="replay",
+        on_decoded=embed_ahead if hasattr(projector, "embed_ahead") else None,
         decode_in_process=decode_in_process,
         fast_decoder=FastMemoryDecoder.for_projector(projector, fast_path),
         max_batch=batch_size,
@@ -313,6 +320,7 @@ async def _consume_into(
             on_progress(ReplayProgress(0, expected, 0.0))
         await feed.run()
     finally:
+        embedding.shutdown(wait=True)
         writer.shutdown(wait=True)
     report.elapsed_s = time.monotonic() - started
 

@@ -102,7 +102,7 @@ from memstream.domain.ranking import (
     supersession_factor,
 )
 from memstream.projections import search_cache
-from memstream.projections.embedder import Embedder
+from memstream.projections.embedder import Embedder, embed_query
 from memstream.projections.schema import ENTITIES, MEMORIES, MESSAGES, scoped_key
 from memstream.projections.search_cache import (
     Line,
@@ -477,11 +477,12 @@ def _check_dim(embedder: Embedder, store: LanceStore) -> None:
         raise ValueError(
             f"the embedder makes {embedder.dim}-dimension vectors; the store holds {store.embedding_dim}"
         )
+    store.check_vector_model(embedder.model_id)
 
 
 def _query_vector(embedder: Embedder, store: LanceStore, query: str) -> list[float]:
     _check_dim(embedder, store)
-    return list(embedder.embed([query])[0])
+    return embed_query(embedder, query).tolist()
 
 
 def _result(row: Mapping[str, Any], score: float, parts: ScoreParts) -> SearchResult:

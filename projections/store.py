@@ -77,6 +77,7 @@ _APPEND_WHEN_NEW = frozenset({MEMORIES, MESSAGES, ENTITIES})
 __all__ = [
     "LanceStore",
     "StoreError",
+    "EmbedderMismatchError",
     "ScopeRequiredError",
     "quote",
     "space_where",
@@ -113,6 +114,11 @@ SCALAR_INDEXES: dict[str, tuple[str, ...]] = {
 
 class StoreError(RuntimeError):
     """The table set on disk cannot be used as configured (e.g. another dimension)."""
+
+
+class EmbedderMismatchError(StoreError):
+    """The memories table holds vectors of another embedding model than the one
+    configured: vectors of two models are never compared or mixed in one table."""
 
 
 class ScopeRequiredError(ValueError):
@@ -215,6 +221,7 @@ class LanceStore:
             else:
                 tbl = self._db.create_table(name, schema=schema, exist_ok=True)
             self._tables[name] = tbl
+        self._vector_model: str | None = None
         self._vector_index_checked = float("-inf")
         self._vector_index = False
         # Built on first write per table (this store is the directory's only writer).
@@ -276,6 +283,26 @@ class LanceStore:
     @property
     def table_names(self) -> tuple[str, ...]:
         return TABLE_NAMES
+
+    def vector_model(self) -> str | None:
+        """The embedding model of the memories table's vectors (None while it is
+        empty). Remembered once known: only a replay into a fresh directory changes it."""
+        if self._vector_model is None:
+            rows = self.table(MEMORIES).search().select(["embedding_model"]).limit(1).to_arrow()
+            if rows.num_rows:
+                self._vector_model = str(rows.column("embedding_model")[0].as_py())
+        return self._vector_model
+
+    def check_vector_model(self, model_id: str) -> None:
+        """Raise :class:`EmbedderMismatchError` when the memories table holds vectors
+        of another model than ``model_id``."""
+        stored = self.vector_model()
+        if stored is not None and stored != model_id:
+            raise EmbedderMismatchError(
+                f"{self.root}/memories holds vectors of embedding model {stored!r} but the "
+                f"configured embedder is {model_id!r}: switch back (MEMSTREAM_EMBEDDER), or "
+                "replay the log into a fresh directory with the new embedder (memstream replay)"
+            )
 
     def count(self, name: str, where: str | None = None) -> int:
         return int(self.table(name).count_rows(where))

@@ -334,6 +334,7 @@ class ProjectorRuntime:
         self._open_lock = threading.Lock()
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-lance")
         self._indexer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-index")
+        self._embedding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-embed")
         self._index_build: asyncio.Future[None] | None = None
         self._cleaned_at = time.monotonic()
         self.stats = ProjectorStats()
@@ -378,6 +379,7 @@ class ProjectorRuntime:
             await self._dead_letters.stop()
         finally:
             loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, self._embedding.shutdown, True)
             await loop.run_in_executor(None, self._writer.shutdown, True)
             # An index build in progress is abandoned (nothing is committed until it
             # ends; the next worker starts it again).
@@ -405,6 +407,24 @@ class ProjectorRuntime:
             await self._until_done(
                 lambda: self._dead_letters.publish_many(batch.decoded.dead), batch.records, "dead-lettering"
             )
+
+    async def prepare_batch(self, batch: "FeedBatch") -> None:
+        """Between decoding and writing: publish the batch's decode-stage dead letters,
+        then embed its memories that carry no vector (:meth:`Projector.embed_ahead`,
+        on the embedding thread while the writer writes the batch before; the feed
+        keeps fetching and decoding meanwhile). A failed embedding is left to the
+        write, which embeds what is still missing and retries like any write."""
+        await self.publish_decode_dead(batch)
+        embed_ahead = getattr(self.projector, "embed_ahead", None)
+        if embed_ahead is None:
+            return
+        decoded = batch.decoded
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                self._embedding, embed_ahead, decoded.events, decoded.memories
+            )
+        except Exception as exc:  # noqa: BLE001 - the write embeds (and retries) instead
+            log.warning("embedding ahead failed, the write will embed: %s: %s", type(exc).__name__, exc)
 
     async def apply_batch(self, batch: "FeedBatch") -> BatchOutcome:
         """Write one decoded batch (retried with back-off until it succeeds or the
@@ -602,7 +622,7 @@ class ProjectorService(Service):
                 rt.source_topics,
                 self._apply,
                 start=start,
-                on_decoded=rt.publish_decode_dead,
+                on_decoded=rt.prepare_batch,
                 list_partitions=lambda names: topic_partitions(
                     rt.settings.bootstrap_servers, names, client_id=f"{rt.settings.app_id}-projector-admin"
                 ),

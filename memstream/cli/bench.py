@@ -121,20 +121,28 @@ def bench_reflection(quick: bool = typer.Option(False, "--quick")) -> None:
 def bench_locomo(
     data: Path = typer.Option(..., exists=True, dir_okay=False, help="LoCoMo JSON (read in place, never copied)."),
     k: str = typer.Option("5,10,20", help="Comma-separated cut-offs."),
-    embedder: str = typer.Option("local", help="local | minilm | openai"),
+    embedder: str = typer.Option("", help="onnx | local | minilm | openai (default: the configured one)"),
 ) -> None:
     """Evidence recall on LoCoMo: memstream against vector, BM25 and RRF baselines."""
     cutoffs = tuple(sorted({int(x) for x in k.split(",") if x.strip()}))
-    _run("locomo", data=data, k=cutoffs, embedder=embedder)
+    _run("locomo", data=data, k=cutoffs, embedder=embedder or None)
+
+
+@bench_app.command("paraphrase")
+def bench_paraphrase(
+    embedder: str = typer.Option("", help="Comma-separated embedders (default: the configured one, then local)."),
+) -> None:
+    """Recall of facts asked for in other words (a set shipped with memstream)."""
+    _run("paraphrase", embedders=tuple(e.strip() for e in embedder.split(",") if e.strip()))
 
 
 @bench_app.command("mem0")
 def bench_mem0(
     data: Path = typer.Option(..., exists=True, dir_okay=False),
-    embedder: str = typer.Option("local", help="local | minilm"),
+    embedder: str = typer.Option("", help="onnx | local | minilm (default: the configured one)"),
 ) -> None:
     """memstream and Mem0 side by side on the same conversations and embedder."""
-    _run("mem0", data=data, embedder=embedder)
+    _run("mem0", data=data, embedder=embedder or None)
 
 
 @bench_app.command("chaos")

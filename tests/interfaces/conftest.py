@@ -43,7 +43,7 @@ def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         api_port=port,
         read_wait_max_s=20.0,
         api_max_body_bytes=256 * 1024,
-        embedder="local",
+        # the default embedder (all-MiniLM-L6-v2 on onnxruntime), as a fresh install runs it
         projector_batch_seconds=0.05,
         reflection_poll_seconds=0.5,
     )
@@ -51,7 +51,7 @@ def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     from memstream.projections.store import LanceStore
 
     LanceStore.from_settings(settings)  # create the tables before two processes open them
-    keys = {name: create_key(settings, name)[0] for name in ("alice", "acme", "bot", "globex", "carol", "dave", "erin")}
+    keys = {name: create_key(settings, name)[0] for name in ("alice", "acme", "bot", "globex", "carol", "dave", "erin", "frank")}
     env = {**child_env(settings), "PYTHONUNBUFFERED": "1"}
     logs = root / "logs"
     logs.mkdir()

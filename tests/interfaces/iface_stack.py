@@ -47,6 +47,11 @@ description = "Dave's preferences."
 team_id = "mcpteam"
 user_id = "erin"
 description = "Erin's preferences, reached over stdio."
+
+[banks.frank]
+team_id = "acme"
+user_id = "frank"
+description = "Frank's facts, asked for in other words."
 """
 
 

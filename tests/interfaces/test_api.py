@@ -100,6 +100,36 @@ async def test_write_then_read_your_write(stack: Stack, client: httpx.AsyncClien
     assert memory["provenance"]["method"] == "api"
 
 
+async def test_the_default_embedder_finds_facts_asked_for_in_other_words(
+    stack: Stack, client: httpx.AsyncClient
+) -> None:
+    """API write (no vector) -> the projector embeds it with the default model ->
+    search finds it from a question that shares no word with it but the name."""
+    facts = {
+        "seat": "Frank prefers window seats on flights",
+        "job": "Frank works night shifts as a nurse in Boston",
+        "pets": "Frank has two cats named Miso and Tofu",
+        "food": "Frank is allergic to peanuts",
+    }
+    ids, last = {}, ""
+    for key, text in facts.items():
+        resp = await client.post("/v1/memories", headers=stack.headers("frank"), json={"content": text})
+        assert resp.status_code == 202, resp.text
+        ids[key], last = resp.json()["memory_id"], resp.json()["position"]
+    asked = {
+        "seat": "Where does Frank like to sit on a plane?",
+        "job": "What does Frank do for a living?",
+        "pets": "Which animals live with Frank?",
+        "food": "What can Frank not eat?",
+    }
+    for key, question in asked.items():
+        resp = await client.get(
+            "/v1/search", headers=stack.headers("frank"), params={"q": question, "k": 3, "min_position": last}
+        )
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["results"][0]["memory_id"] == ids[key], question
+
+
 async def test_position_not_reached_is_a_clear_error(stack: Stack, client: httpx.AsyncClient) -> None:
     far = f"{stack.topics.events}:0:999999999"
     resp = await client.get(

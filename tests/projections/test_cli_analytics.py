@@ -26,6 +26,7 @@ ALICE = Scope(team_id="acme", user_id="alice")
 @pytest.fixture
 def lance_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     root = tmp_path / "lance"
+    monkeypatch.setenv("MEMSTREAM_EMBEDDER", "local")  # the lexical embedder at a small width
     monkeypatch.setenv("MEMSTREAM_EMBEDDING_DIM", str(DIM))
     monkeypatch.setenv("MEMSTREAM_LANCE_DIR", str(root))
     get_settings.cache_clear()

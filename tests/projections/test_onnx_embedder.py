@@ -1,0 +1,164 @@
+"""The default embedder: all-MiniLM-L6-v2 (int8 ONNX) from a registry package, run by
+onnxruntime offline; models from a local directory; the pins; one model per table."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tests.projections.projection_helpers import memory, positioned
+
+from memstream.domain.events import Scope
+from memstream.projections.embedder import (
+    EmbedderConfigError,
+    LocalEmbedder,
+    build_embedder,
+    embed_array,
+    embed_query,
+)
+from memstream.projections.onnx_embedder import (
+    BUILTIN_MODEL,
+    OnnxEmbedder,
+    OnnxModel,
+    OnnxModelError,
+    builtin_model,
+    file_sha256,
+    resolve_model,
+)
+from memstream.projections.projector import Projector
+from memstream.projections.search import search
+from memstream.projections.store import EmbedderMismatchError, LanceStore
+from memstream.settings import Settings
+
+ALICE = Scope(team_id="acme", user_id="alice")
+
+
+@pytest.fixture(scope="module")
+def minilm() -> OnnxEmbedder:
+    emb = build_embedder(Settings())  # the default, as a fresh install gets it
+    assert isinstance(emb, OnnxEmbedder)
+    return emb
+
+
+def test_the_default_is_the_pinned_minilm_and_its_id_names_the_file(minilm: OnnxEmbedder) -> None:
+    model = builtin_model()
+    assert file_sha256(model.model_file) == model.model_sha256
+    assert file_sha256(model.tokenizer_file) == model.tokenizer_sha256
+    assert minilm.model_id == f"{BUILTIN_MODEL}:{model.model_sha256[:12]}"  # type: ignore[index]
+    assert minilm.dim == 384
+
+
+def test_vectors_are_normalised_deterministic_and_in_input_order(minilm: OnnxEmbedder) -> None:
+    texts = ["Alice has two cats", "x", "A much longer sentence about a trip to Lisbon in the spring of 2023"]
+    batch = embed_array(minilm, texts)
+    assert batch.shape == (3, 384) and batch.dtype == np.float32
+    assert np.allclose(np.linalg.norm(batch, axis=1), 1.0, atol=1e-5)
+    one_by_one = np.stack([embed_array(minilm, [t])[0] for t in texts])
+    # int8 activations are quantised per batch: the same text in another batch moves
+    # by far less than any difference between texts
+    assert np.all(np.sum(batch * one_by_one, axis=1) > 0.995)
+    assert np.array_equal(batch, embed_array(minilm, texts))
+    assert embed_array(minilm, []).shape == (0, 384)
+
+
+def test_a_paraphrase_is_nearer_than_other_facts_about_the_same_person(minilm: OnnxEmbedder) -> None:
+    query = embed_query(minilm, "Where does Alice like to sit on a plane?")
+    facts = ["Alice prefers window seats", "Alice works as a nurse in Boston", "Alice has two cats",
+             "Alice was born in 1990", "Alice's brother plays the cello"]
+    sims = embed_array(minilm, facts) @ query
+    assert int(np.argmax(sims)) == 0, sims
+    # the lexical embedder cannot see it: no content word is shared but the name
+    local = LocalEmbedder(384)
+    lexical = embed_array(local, facts) @ embed_array(local, ["Where does Alice like to sit on a plane?"])[0]
+    assert int(np.argmax(lexical)) != 0 or lexical[0] - sorted(lexical)[-2] < sims[0] - sorted(sims)[-2]
+
+
+def test_repeated_queries_are_embedded_once(minilm: OnnxEmbedder, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[list[str]] = []
+    real = minilm._run
+    monkeypatch.setattr(minilm, "_run", lambda texts: calls.append(list(texts)) or real(texts))
+    text = "what did Alice cook on Sunday? (cache probe)"
+    first = embed_query(minilm, text)
+    second = embed_query(minilm, text)
+    assert calls == [[text]] and np.array_equal(first, second)
+    assert np.allclose(first, embed_array(minilm, [text])[0], atol=1e-6)
+
+
+def _copy_model(dest: Path, *, pooling: str | None = None) -> Path:
+    model = builtin_model()
+    dest.mkdir()
+    (dest / "onnx").mkdir()
+    (dest / "onnx" / "model.onnx").symlink_to(model.model_file)
+    shutil.copy(model.tokenizer_file, dest / "tokenizer.json")
+    if pooling is not None:
+        (dest / "1_Pooling").mkdir()
+        cls = pooling == "cls"
+        (dest / "1_Pooling" / "config.json").write_text(
+            f'{{"pooling_mode_cls_token": {str(cls).lower()}, "pooling_mode_mean_tokens": {str(not cls).lower()}}}'
+        )
+    return dest
+
+
+def test_any_model_directory_loads_by_path(tmp_path: Path, minilm: OnnxEmbedder) -> None:
+    mean_dir = _copy_model(tmp_path / "my-minilm", pooling="mean")
+    emb = build_embedder(Settings(embedder="onnx", onnx_model=str(mean_dir)))
+    assert isinstance(emb, OnnxEmbedder)
+    assert emb.model_id == f"my-minilm:{minilm.model_id.split(':')[1]}"
+    texts = ["Alice prefers window seats", "Bob sold his car"]
+    assert np.allclose(embed_array(emb, texts), embed_array(minilm, texts), atol=1e-6)
+    cls = OnnxEmbedder(resolve_model(str(_copy_model(tmp_path / "cls-pooled", pooling="cls"))))
+    assert cls.model.pooling == "cls"
+    assert not np.allclose(embed_array(cls, texts), embed_array(minilm, texts), atol=1e-3)
+
+
+def test_bad_models_are_one_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(OnnxModelError, match="neither model.onnx"):
+        resolve_model(str(tmp_path))
+    with pytest.raises(EmbedderConfigError, match="no ONNX model 'no-such-model'"):
+        build_embedder(Settings(embedder="onnx", onnx_model="no-such-model"))
+    with pytest.raises(EmbedderConfigError, match="MEMSTREAM_EMBEDDING_DIM is 128"):
+        build_embedder(Settings(embedder="onnx", embedding_dim=128))
+    tampered = tmp_path / "tokenizer.json"
+    tampered.write_text(builtin_model().tokenizer_file.read_text(encoding="utf-8") + " ", encoding="utf-8")
+    pinned = builtin_model()
+    with pytest.raises(OnnxModelError, match="not the pinned"):
+        OnnxEmbedder(OnnxModel(**{**pinned.__dict__, "tokenizer_file": tampered}))
+
+
+def test_vectors_of_two_models_never_share_a_table(tmp_path: Path, minilm: OnnxEmbedder) -> None:
+    store = LanceStore(tmp_path / "lance", embedding_dim=384)
+    local = LocalEmbedder(384)  # same width, other model
+    Projector(store, local).apply(positioned([memory(ALICE, "m1", "Alice prefers window seats")]))
+    assert store.vector_model() == local.model_id
+    with pytest.raises(EmbedderMismatchError) as refused:
+        Projector(store, minilm)
+    assert local.model_id in str(refused.value) and minilm.model_id in str(refused.value)
+    assert "replay" in str(refused.value)
+    with pytest.raises(EmbedderMismatchError, match=minilm.model_id):
+        search(store, minilm, ALICE, "window seat")
+    assert [r.memory_id for r in search(store, local, ALICE, "window seat")] == ["m1"]
+
+
+def test_the_projector_embeds_with_the_default_and_search_finds_a_paraphrase(
+    tmp_path: Path, minilm: OnnxEmbedder
+) -> None:
+    store = LanceStore(tmp_path / "lance", embedding_dim=384)
+    facts = {
+        "seat": "Alice prefers window seats",
+        "job": "Alice works night shifts as a nurse in Boston",
+        "pets": "Alice has two cats named Miso and Tofu",
+        "music": "Alice's brother plays the cello in an orchestra",
+        "food": "Alice is allergic to peanuts",
+    }
+    Projector(store, minilm).apply(positioned([memory(ALICE, k, v) for k, v in facts.items()]))
+    assert store.vector_model() == minilm.model_id
+    asked = {
+        "seat": "Where does Alice like to sit on a plane?",
+        "job": "What does Alice do for a living?",
+        "pets": "Which animals live with Alice?",
+        "food": "What can Alice not eat?",
+    }
+    for key, question in asked.items():
+        assert search(store, minilm, ALICE, question, k=1)[0].memory_id == key, question
