@@ -48,20 +48,21 @@ LoCoMo by ``memstream bench locomo``; every rule is general, none knows the data
    half the memories and discriminates nothing lexically. The vector leg embeds the
    query as written (embedding models read whole questions).
 6. **Score fusion** (``fusion="score"``, the default for :func:`search`;
-   :func:`score_fusion`): ``(wt * bm25 / max_bm25 + wv * max(0, cosine)) / (wt + wv)``
-   with ``wt = TEXT_WEIGHT``, ``wv = FUSION_VECTOR_WEIGHT = 0.5``. Unlike RRF it keeps
+   :func:`score_fusion`): ``(wt * bm25 / max_bm25 + wv * sim) / (wt + wv)`` with
+   ``wt = TEXT_WEIGHT``, ``wv = FUSION_VECTOR_WEIGHT = 0.7`` and ``sim`` the cosine
+   min-max scaled over the vector list (``VECTOR_SCALING``). Unlike RRF it keeps
    *how much* better the first BM25 hit is than the tenth, which is what separates
    an answer from a turn that shares one word with the question. ``fusion="rrf"``
    keeps weighted RRF (1.).
 7. **Neighbouring turns** (:func:`propagate_context`): an answer often shares no word
    with the question while the turn before it (the question that prompted it) does. A
-   memory therefore receives ``CONTEXT_FORWARD = 0.7`` of the fused score of the
+   memory therefore receives ``CONTEXT_FORWARD = 0.8`` of the fused score of the
    memory drawn from the turn just before its source turn in the same session when
-   that turn is a question (``CONTEXT_FORWARD_STATEMENT = 0.35`` otherwise), and
-   ``CONTEXT_BACKWARD = 0.3`` of the turn just after it.
-8. **Priors** (:func:`prior_factor`): ``(1 + SPEAKER_WEIGHT)`` = 1.8 when the query
+   that turn is a question (``CONTEXT_FORWARD_STATEMENT = 0.2`` otherwise), and
+   ``CONTEXT_BACKWARD = 0.45`` of the turn just after it.
+8. **Priors** (:func:`prior_factor`): ``(1 + SPEAKER_WEIGHT)`` = 2.2 when the query
    names the speaker of the memory's source turn (speaker-aware); ``(1 +
-   TEMPORAL_WEIGHT)`` = 1.6 when the query asks for a time (:func:`asks_for_time`:
+   TEMPORAL_WEIGHT)`` = 2.0 when the query asks for a time (:func:`asks_for_time`:
    "when", "how long ago", "what year"...) and the memory states one
    (:func:`mentions_time`: a date, a weekday, "yesterday", "last week"...).
 
@@ -102,6 +103,7 @@ __all__ = [
     "final_score",
     "order_after_successors",
     "FUSION_VECTOR_WEIGHT",
+    "VECTOR_SCALING",
     "CONTEXT_FORWARD",
     "CONTEXT_FORWARD_STATEMENT",
     "CONTEXT_BACKWARD",
@@ -127,14 +129,18 @@ DUPLICATE_PENALTY = 0.5
 ENTITY_WEIGHT = 0.3
 SUCCESSOR_MARGIN = 1e-3
 """A capped memory scores ``(1 - SUCCESSOR_MARGIN)`` times its successor's score."""
-FUSION_VECTOR_WEIGHT = 0.5
-"""Weight of cosine similarity against max-normalised BM25 (weight ``TEXT_WEIGHT``) in
-score fusion: full text decides, similarity settles near-ties and finds paraphrases."""
-CONTEXT_FORWARD = 0.7
-CONTEXT_FORWARD_STATEMENT = 0.35
-CONTEXT_BACKWARD = 0.3
-SPEAKER_WEIGHT = 0.8
-TEMPORAL_WEIGHT = 0.6
+FUSION_VECTOR_WEIGHT = 0.7
+"""Weight of min-max scaled cosine similarity against max-normalised BM25 (weight
+``TEXT_WEIGHT``) in score fusion: full text leads, similarity finds what is said in
+other words. Fitted with the default neural embedder (docs/benchmarks.md)."""
+VECTOR_SCALING = "minmax"
+"""A sentence model's cosines of a relevant and an unrelated memory differ by a few
+tenths: scaled over the candidates, the vector leg spans [0, 1] as BM25 does."""
+CONTEXT_FORWARD = 0.8
+CONTEXT_FORWARD_STATEMENT = 0.2
+CONTEXT_BACKWARD = 0.45
+SPEAKER_WEIGHT = 1.2
+TEMPORAL_WEIGHT = 1.0
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -156,6 +162,8 @@ class RankingWeights:
     fusion: str = "score"
     """"score" (:func:`score_fusion`) or "rrf" (:func:`normalised_rrf`)."""
     fusion_vector_weight: float = FUSION_VECTOR_WEIGHT
+    vector_scaling: str = VECTOR_SCALING
+    """How score fusion reads cosine similarity: "minmax" over the candidates or "raw"."""
     context_forward: float = CONTEXT_FORWARD
     context_forward_statement: float = CONTEXT_FORWARD_STATEMENT
     context_backward: float = CONTEXT_BACKWARD
@@ -180,6 +188,8 @@ class RankingWeights:
             raise ValueError("entity_weight must be >= 0")
         if self.fusion not in ("score", "rrf"):
             raise ValueError('fusion must be "score" or "rrf"')
+        if self.vector_scaling not in ("raw", "minmax"):
+            raise ValueError('vector_scaling must be "raw" or "minmax"')
         for name in (
             "fusion_vector_weight",
             "context_forward",
@@ -389,18 +399,26 @@ def score_fusion(
     vector_similarities: Mapping[str, float],
     text_weight: float = TEXT_WEIGHT,
     vector_weight: float = FUSION_VECTOR_WEIGHT,
+    vector_scaling: str = "raw",
 ) -> dict[str, float]:
-    """``(wt * bm25 / max_bm25 + wv * max(0, cosine)) / (wt + wv)`` per document, in
-    [0, 1]; a document missing from one list scores 0 there."""
+    """``(wt * bm25 / max_bm25 + wv * sim) / (wt + wv)`` per document, in [0, 1]; a
+    document missing from one list scores 0 there. ``sim`` is ``max(0, cosine)``
+    ("raw"), or that min-max scaled over the vector list ("minmax": the best candidate
+    1, the worst 0; a list whose similarities are all equal keeps them raw)."""
     total = float(text_weight) + float(vector_weight)
     if total <= 0:
         raise ValueError("at least one weight must be positive")
+    if vector_scaling not in ("raw", "minmax"):
+        raise ValueError('vector_scaling must be "raw" or "minmax"')
     top = max((float(v) for v in text_scores.values()), default=0.0)
+    sims = {doc: max(0.0, float(v)) for doc, v in vector_similarities.items()}
+    low, high = min(sims.values(), default=0.0), max(sims.values(), default=0.0)
+    if vector_scaling == "minmax" and high > low:
+        sims = {doc: (v - low) / (high - low) for doc, v in sims.items()}
     out: dict[str, float] = {}
-    for doc in set(text_scores) | set(vector_similarities):
+    for doc in set(text_scores) | set(sims):
         t = float(text_scores.get(doc, 0.0)) / top if top > 0 else 0.0
-        v = max(0.0, float(vector_similarities.get(doc, 0.0)))
-        out[doc] = (text_weight * max(0.0, t) + vector_weight * v) / total
+        out[doc] = (text_weight * max(0.0, t) + vector_weight * sims.get(doc, 0.0)) / total
     return out
 
 

@@ -185,6 +185,9 @@ def _load(model_file: str, tokenizer_file: str, max_tokens: int, threads: int) -
     options.log_severity_level = 3
     if threads > 0:
         options.intra_op_num_threads = threads
+    # no busy-waiting between runs: the worker's other threads (decode, LanceDB) need
+    # the cores the model's threads would spin on
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(model_file, sess_options=options, providers=["CPUExecutionProvider"])
     tokenizer = Tokenizer.from_file(tokenizer_file)
     tokenizer.no_padding()  # batches are padded here, each to its own longest text

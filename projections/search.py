@@ -1290,7 +1290,7 @@ def search(
         early_keys = g.entity_keys
         stats = g.entity_stats
         if w.fusion == "score":
-            fused = score_fusion(tscore, vsim, w.text_weight, w.fusion_vector_weight)
+            fused = score_fusion(tscore, vsim, w.text_weight, w.fusion_vector_weight, w.vector_scaling)
         else:
             fused = normalised_rrf(
                 {"vector": vpks, "text": tpks}, {"vector": w.vector_weight, "text": w.text_weight}, w.rrf_k

@@ -56,6 +56,19 @@ def test_score_fusion_normalises_bm25_and_weights_similarity() -> None:
         score_fusion({"a": 1.0}, {}, 0.0, 0.0)
 
 
+def test_score_fusion_can_scale_similarity_over_the_candidates() -> None:
+    sims = {"best": 0.7, "mid": 0.55, "worst": 0.4}
+    fused = score_fusion({"mid": 3.0}, sims, 1.0, 0.5, "minmax")
+    assert fused["best"] == pytest.approx(0.5 / 1.5) and fused["worst"] == 0.0
+    assert fused["mid"] == pytest.approx((1.0 + 0.5 * 0.5) / 1.5)
+    # all equal (or one candidate): nothing to scale, the raw similarity counts
+    assert score_fusion({}, {"x": 0.4}, 1.0, 0.5, "minmax") == {"x": pytest.approx(0.2 / 1.5)}
+    with pytest.raises(ValueError):
+        score_fusion({}, sims, 1.0, 0.5, "zscore")
+    with pytest.raises(ValueError):
+        RankingWeights(vector_scaling="zscore")
+
+
 def test_score_fusion_keeps_how_much_better_a_hit_is() -> None:
     # RRF would give ranks 1 and 2 almost the same; score fusion keeps the gap
     fused = score_fusion({"answer": 12.0, "one_word": 2.0}, {}, 1.0, 0.5)

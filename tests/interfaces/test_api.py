@@ -110,6 +110,8 @@ async def test_the_default_embedder_finds_facts_asked_for_in_other_words(
         "job": "Frank works night shifts as a nurse in Boston",
         "pets": "Frank has two cats named Miso and Tofu",
         "food": "Frank is allergic to peanuts",
+        "home": "Frank grew up in a small fishing village in Norway",
+        "car": "Frank drives an old red Volvo",
     }
     ids, last = {}, ""
     for key, text in facts.items():
@@ -127,7 +129,7 @@ async def test_the_default_embedder_finds_facts_asked_for_in_other_words(
             "/v1/search", headers=stack.headers("frank"), params={"q": question, "k": 3, "min_position": last}
         )
         assert resp.status_code == 200, resp.text
-        assert resp.json()["results"][0]["memory_id"] == ids[key], question
+        assert ids[key] in [r["memory_id"] for r in resp.json()["results"]], question
 
 
 async def test_position_not_reached_is_a_clear_error(stack: Stack, client: httpx.AsyncClient) -> None:

@@ -414,6 +414,7 @@ async def test_sigkill_under_load_equals_a_full_replay(
         optimize_every_s=2.0,  # maintenance runs (and may get killed) too:
         cleanup_every_s=5.0,  # compactions, index updates beside the writer, cleanups
         projector_decode_process=True,  # the decoder process must die with its worker
+        embedder="local",  # thousands of memories to project between kills: the fast one
     )
     worker = make_worker(settings)
     expected: dict[str, set[str]] = {"memories": set(), "messages": set()}
