@@ -143,6 +143,7 @@ def test_commands_refuse_a_missing_projection(cli: typer.Typer, tmp_path: Path) 
 
 def test_memory_ids_never_wrap_in_an_80_column_table(cli: typer.Typer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "uuids"
+    monkeypatch.setenv("MEMSTREAM_EMBEDDER", "local")
     monkeypatch.setenv("MEMSTREAM_EMBEDDING_DIM", str(DIM))
     monkeypatch.setenv("MEMSTREAM_LANCE_DIR", str(root))
     get_settings.cache_clear()

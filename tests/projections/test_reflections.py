@@ -133,6 +133,7 @@ def test_list_reflections_newest_first(loaded: LanceStore) -> None:
 @pytest.fixture
 def cli_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     root = tmp_path / "cli-lance"
+    monkeypatch.setenv("MEMSTREAM_EMBEDDER", "local")
     monkeypatch.setenv("MEMSTREAM_EMBEDDING_DIM", str(DIM))
     monkeypatch.setenv("MEMSTREAM_LANCE_DIR", str(root))
     get_settings.cache_clear()
