@@ -70,6 +70,18 @@ def bench_freshness(
     _run("freshness", quick=quick, rate=rate)
 
 
+@bench_app.command("mixed")
+def bench_mixed(
+    quick: bool = typer.Option(False, "--quick", help="20 s per phase instead of 60 s."),
+    rate: float = typer.Option(30.0, help="Writes per second in the mixed phase (half turns, half memories)."),
+    seconds: float = typer.Option(0, help="Override the length of each phase, in seconds."),
+    mixed_seconds: float = typer.Option(0, help="Override the mixed phase's length (e.g. 600 for the memory check)."),
+    searchers: int = typer.Option(12, help="Closed-loop search clients."),
+) -> None:
+    """Search throughput and latency alone, then beside a steady stream of writes."""
+    _run("mixed", quick=quick, rate=rate, seconds=seconds or None, mixed_seconds=mixed_seconds or None, searchers=searchers)
+
+
 @bench_app.command("extractor")
 def bench_extractor(
     quick: bool = typer.Option(False, "--quick"),

@@ -1,0 +1,634 @@
+"""``memstream bench mixed``: search while the log is written.
+
+An agent fleet searches its memories while it keeps writing them. This benchmark runs
+that mix end to end on private topics: the real worker (projector, product defaults)
+and the real HTTP API (``python -m memstream api``) as child processes, and in this
+process an asyncio client over HTTP with API keys of several tenants (memory banks:
+``team0/user0``, ``team0/user1``, ``team1/user0``: two users of one team and another
+team, so both isolation boundaries are crossed).
+
+1. seeding: per tenant ``seed`` turns in sessions of 20 (``MessageObserved``) and one
+   memory drawn from each (``MemoryAdded`` with its session and source turn, embedded
+   by the worker), produced straight to Kafka; then the worker's maintenance runs once
+   (indexes current) and a few seconds of searches warm the API up;
+2. phase "alone": ``searchers`` (default 12) closed-loop clients, each bound to one
+   tenant, search (``GET /v1/search``, k = 10, 2-4 vocabulary words) for ``seconds``;
+3. phase "mixed": the same searchers, plus writers at a steady ``rate`` (default 30
+   writes/s, open loop: write ``i`` is due at ``i / rate``). A write is one HTTP
+   request; they alternate a turn (``POST /v1/messages``, one turn in the writer's
+   session) and a memory drawn from that turn (``POST /v1/memories`` with the session
+   and the source turn), so 30 writes/s are 15 turns and 15 memories a second. Every
+   5th memory is read back at once: a search for its own content with its position
+   as ``min_position`` must return it (read-your-writes);
+4. drain: one read per tenant waits for the last write's positions, then every memory
+   written is looked up in the store.
+
+Checked on every answer: ``errors_5xx`` (any 5xx), ``cross_tenant_results`` (a result
+whose team or user is not the caller's, or whose id is not one of the tenant's
+memories), ``ryw_failed``, ``missing_after_drain``. ``api_rss_mb`` / ``worker_rss_mb``
+are the processes' resident memory at the end; the ``*_rss_slope_mb_per_min`` figures
+are least-squares slopes over the mixed phase's second half (sampled every second:
+run ``--mixed-seconds 600`` for the 10-minute memory check).
+
+``mixed_ratio`` = searches/s mixed / alone and ``p99_ratio`` = search p99 mixed /
+alone are measured side by side in one run: that is what the targets (>= 0.7, <= 2)
+judge on a machine shared with other work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from memstream.banks import create_key
+from memstream.bench._events import (
+    SPEAKERS,
+    BenchWorkdir,
+    WorkerProcess,
+    bench_settings,
+    create_topics,
+    machine_info,
+    make_corpus,
+    make_queries,
+    percentile,
+    process_cpu_seconds,
+    print_table,
+    status,
+)
+from memstream.domain.content import content_hash
+from memstream.domain.events import EventBase, MemoryAdded, MessageObserved, Scope
+from memstream.projections.schema import MEMORIES, scoped_key
+from memstream.projections.store import LanceStore, chunked, in_list
+from memstream.settings import Settings, child_env
+from memstream.streams.producer import MemstreamProducer
+
+__all__ = ["run", "DEFAULT_SECONDS", "QUICK_SECONDS", "DEFAULT_RATE", "TARGET_MIXED_RATIO", "TARGET_P99_RATIO"]
+
+DEFAULT_SECONDS = 60
+QUICK_SECONDS = 20
+DEFAULT_RATE = 30
+TARGET_MIXED_RATIO = 0.7
+TARGET_P99_RATIO = 2.0
+SESSION_TURNS = 20
+_RYW_EVERY = 5
+_WARMUP_S = 5.0
+_SETTLE_S = 12.0
+"""Longer than the worker's maintenance period (10 s): the seed's indexes are current
+when the measured phases start."""
+_TENANTS: tuple[tuple[str, str], ...] = (("team0", "user0"), ("team0", "user1"), ("team1", "user0"))
+
+
+@dataclass
+class Tenant:
+    """One memory bank, its key, and the memories written to it."""
+
+    name: str
+    team: str
+    user: str
+    key: str = ""
+    memory_ids: set[str] = field(default_factory=set)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+    @property
+    def scope(self) -> Scope:
+        return Scope(team_id=self.team, user_id=self.user)
+
+
+@dataclass
+class PhaseLog:
+    """Search latencies of one phase, in milliseconds."""
+
+    samples_ms: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+    api_cpu_s: float | None = None
+    """CPU time the API process used during the phase (its writes' included)."""
+
+    @property
+    def per_s(self) -> float:
+        return len(self.samples_ms) / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class Tally:
+    """What every answer is checked for, over the whole run."""
+
+    status_counts: dict[int, int] = field(default_factory=dict)
+    errors_5xx: int = 0
+    other_errors: int = 0
+    cross_tenant: int = 0
+    results_checked: int = 0
+    writes: int = 0
+    memories_written: int = 0
+    ryw_checks: int = 0
+    ryw_failed: int = 0
+    write_seconds: float = 0.0
+    last_positions: dict[str, dict[tuple[str, int], int]] = field(default_factory=dict)
+
+    def answer(self, response: httpx.Response) -> bool:
+        code = response.status_code
+        self.status_counts[code] = self.status_counts.get(code, 0) + 1
+        if code >= 500:
+            self.errors_5xx += 1
+        elif code >= 400:
+            self.other_errors += 1
+        return code < 400
+
+    def position(self, tenant: Tenant, text: str) -> None:
+        topic, partition, offset = text.rsplit(":", 2)
+        known = self.last_positions.setdefault(tenant.name, {})
+        key = (topic, int(partition))
+        known[key] = max(known.get(key, -1), int(offset))
+
+
+class RssSampler(threading.Thread):
+    """Resident memory (``VmRSS``) of some processes, every second."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        super().__init__(name="memstream-bench-rss", daemon=True)
+        self.pids = pids
+        self.samples: dict[str, list[tuple[float, float]]] = {name: [] for name in pids}
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            now = time.perf_counter()
+            for name, pid in self.pids.items():
+                mb = rss_mb(pid)
+                if mb is not None:
+                    self.samples[name].append((now, mb))
+            self._stop_event.wait(1.0)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=5)
+
+    def slope_mb_per_min(self, name: str, since: float, until: float) -> float | None:
+        points = [(t, mb) for t, mb in self.samples[name] if since <= t <= until]
+        return _slope(points) * 60.0 if len(points) >= 3 else None
+
+    def last(self, name: str) -> float | None:
+        return self.samples[name][-1][1] if self.samples[name] else None
+
+
+def rss_mb(pid: int) -> float | None:
+    """``VmRSS`` of ``pid`` in MiB (Linux), or None."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _slope(points: list[tuple[float, float]]) -> float:
+    n = len(points)
+    mx = sum(t for t, _ in points) / n
+    my = sum(v for _, v in points) / n
+    var = sum((t - mx) ** 2 for t, _ in points)
+    return sum((t - mx) * (v - my) for t, v in points) / var if var > 0 else 0.0
+
+
+# ------------------------------------------------------------------------------ set-up
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _banks_toml(tenants: list[Tenant]) -> str:
+    return "".join(
+        f'[banks.{t.name}]\nteam_id = "{t.team}"\nuser_id = "{t.user}"\n'
+        f'description = "Benchmark tenant {t.name}."\n\n'
+        for t in tenants
+    )
+
+
+class ApiProcess:
+    """``python -m memstream api`` as a child process, its output in ``api.log``."""
+
+    def __init__(self, settings: Settings, workdir: Path) -> None:
+        self.settings = settings
+        self.log_path = workdir / "api.log"
+        self.url = f"http://{settings.api_host}:{settings.api_port}"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self, timeout_s: float = 90.0) -> None:
+        env = {**child_env(self.settings), "PYTHONUNBUFFERED": "1"}
+        with open(self.log_path, "ab") as out:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "memstream", "api"], env=env, stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"the API server exited:\n{self.tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the API server did not become healthy:\n{self.tail()}")
+            time.sleep(0.3)
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def _seed_events(tenants: list[Tenant], per_tenant: int) -> list[EventBase]:
+    """Per tenant: ``per_tenant`` turns in sessions of :data:`SESSION_TURNS` and one
+    memory drawn from each turn (no vector: the worker embeds it, as for an agent's
+    write). Contents are the benchmarks' Zipf-weighted sentences, a quarter naming
+    an entity."""
+    corpus = make_corpus(per_tenant * len(tenants), spaces=1, entity_rate=0.25, seed=23)
+    now = datetime.now(timezone.utc)
+    events: list[EventBase] = []
+    for j, tenant in enumerate(tenants):
+        scope = tenant.scope
+        for i in range(per_tenant):
+            text = corpus.contents[j * per_tenant + i]
+            when = now - timedelta(minutes=per_tenant - i)
+            session = f"seed-s{i // SESSION_TURNS:04d}"
+            turn_id = f"{tenant.name}-seed-t{i:05d}"
+            memory_id = f"{tenant.name}-seed-m{i:05d}"
+            events.append(
+                MessageObserved(
+                    scope=scope, message_id=turn_id, role="user" if i % 2 == 0 else "assistant",
+                    speaker=SPEAKERS[i % 2], content=text, session_id=session, occurred_at=when,
+                    producer="memstream-bench",
+                )
+            )
+            events.append(
+                MemoryAdded(
+                    scope=scope, memory_id=memory_id, content=text, content_hash=content_hash(text),
+                    session_id=session, source_message_ids=(turn_id,), timestamp=when, occurred_at=when,
+                    producer="memstream-bench",
+                )
+            )
+            tenant.memory_ids.add(memory_id)
+    return events
+
+
+async def _produce(settings: Settings, events: list[EventBase]) -> None:
+    async with MemstreamProducer(settings, client_id="memstream-bench-mixed") as producer:
+        for start in range(0, len(events), 500):
+            await producer.send_many(events[start : start + 500])
+
+
+def _wait_projected(settings: Settings, keys: list[str], worker: WorkerProcess, timeout_s: float = 300.0) -> None:
+    store = LanceStore.from_settings(settings, read_consistency_interval=timedelta(0), create=False)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        worker.check_alive()
+        found = sum(store.count(MEMORIES, in_list("pk", chunk)) for chunk in chunked(keys))
+        if found >= len(keys):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {found} of {len(keys)} seeded memories projected:\n{worker.tail()}")
+        time.sleep(0.5)
+
+
+# ------------------------------------------------------------------------------ load
+class Load:
+    """The searchers and writers, on one event loop in this process."""
+
+    def __init__(
+        self, url: str, tenants: list[Tenant], searchers: int, rate: float, writers: int, api_pid: int
+    ) -> None:
+        self.url = url
+        self.api_pid = api_pid
+        self.tenants = tenants
+        self.searchers = searchers
+        self.rate = rate
+        self.writers = writers
+        self.queries = make_queries(400, seed=29)
+        self.tally = Tally()
+        self.phase: PhaseLog | None = None
+        self._stop = asyncio.Event()
+        self._reads: list[asyncio.Future[None]] = []
+        self._words = make_corpus(4_000, spaces=1, entity_rate=0.25, seed=31).contents
+
+    def _client(self) -> httpx.AsyncClient:
+        limits = httpx.Limits(max_connections=self.searchers + self.writers + 4, max_keepalive_connections=64)
+        return httpx.AsyncClient(base_url=self.url, limits=limits, timeout=httpx.Timeout(60.0))
+
+    def _check_results(self, tenant: Tenant, body: dict[str, Any]) -> list[str]:
+        ids = []
+        for hit in body.get("results", ()):
+            self.tally.results_checked += 1
+            mid = str(hit.get("memory_id"))
+            if hit.get("team_id") != tenant.team or hit.get("user_id") != tenant.user or not mid.startswith(f"{tenant.name}-"):
+                self.tally.cross_tenant += 1
+            ids.append(mid)
+        return ids
+
+    async def _searcher(self, client: httpx.AsyncClient, index: int) -> None:
+        tenant = self.tenants[index % len(self.tenants)]
+        i = index * 37
+        while not self._stop.is_set():
+            query = self.queries[i % len(self.queries)]
+            i += 1
+            started = time.perf_counter()
+            response = await client.get("/v1/search", params={"q": query, "k": 10}, headers=tenant.headers)
+            elapsed_ms = (time.perf_counter() - started) * 1000.0
+            if self.tally.answer(response):
+                self._check_results(tenant, response.json())
+                if self.phase is not None:
+                    self.phase.samples_ms.append(elapsed_ms)
+
+    async def search_for(self, seconds: float, log: PhaseLog | None, *, write: bool = False) -> None:
+        """Run the searchers (and, with ``write``, the writers) for ``seconds``."""
+        self._stop.clear()
+        async with self._client() as client:
+            tasks = [asyncio.ensure_future(self._searcher(client, i)) for i in range(self.searchers)]
+            if write:
+                tasks.append(asyncio.ensure_future(self._write(client, seconds)))
+            started = time.perf_counter()
+            cpu = process_cpu_seconds(self.api_pid)
+            self.phase = log
+            await asyncio.sleep(seconds)
+            self.phase = None
+            if log is not None:
+                log.seconds = time.perf_counter() - started
+                after = process_cpu_seconds(self.api_pid)
+                log.api_cpu_s = after - cpu if after is not None and cpu is not None else None
+            self._stop.set()
+            await asyncio.gather(*tasks)
+
+    async def _write(self, client: httpx.AsyncClient, seconds: float) -> None:
+        """Writes at ``rate`` for ``seconds`` by ``writers`` tasks: write ``i`` is due
+        at ``i / rate`` (a writer still busy leaves it to the next free one)."""
+        queue: asyncio.Queue[int | None] = asyncio.Queue()
+        workers = [asyncio.ensure_future(self._writer(client, w, queue)) for w in range(self.writers)]
+        started = time.perf_counter()
+        n = int(seconds * self.rate / 2)  # pairs: a turn, then a memory drawn from it
+        for i in range(n):
+            due = started + 2 * i / self.rate
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            queue.put_nowait(i)
+        for _ in workers:
+            queue.put_nowait(None)
+        await asyncio.gather(*workers)
+        self.tally.write_seconds = time.perf_counter() - started
+        await asyncio.gather(*self._reads)
+
+    async def _writer(self, client: httpx.AsyncClient, w: int, queue: asyncio.Queue[int | None]) -> None:
+        tenant = self.tenants[w % len(self.tenants)]
+        n = 0
+        while True:
+            i = await queue.get()
+            if i is None:
+                return
+            text = f"{self._words[i % len(self._words)]} code{w}x{n}q"
+            session = f"w{w:02d}-s{n // SESSION_TURNS:04d}"
+            turn_id = f"{tenant.name}-w{w:02d}-t{n:06d}"
+            memory_id = f"{tenant.name}-w{w:02d}-m{n:06d}"
+            n += 1
+            body = {"session_id": session, "messages": [{"content": text, "message_id": turn_id, "speaker": SPEAKERS[n % 2]}]}
+            response = await client.post("/v1/messages", json=body, headers=tenant.headers)
+            self.tally.writes += 1
+            if self.tally.answer(response):
+                self.tally.position(tenant, response.json()["position"])
+            memory = {"content": text, "memory_id": memory_id, "session_id": session, "source_message_ids": [turn_id]}
+            response = await client.post("/v1/memories", json=memory, headers=tenant.headers)
+            self.tally.writes += 1
+            if not self.tally.answer(response):
+                continue
+            self.tally.memories_written += 1
+            tenant.memory_ids.add(memory_id)
+            position = response.json()["position"]
+            self.tally.position(tenant, position)
+            if n % _RYW_EVERY == 0:  # beside the writes: a slow read must not slow the rate
+                self._reads.append(asyncio.ensure_future(self._read_back(client, tenant, text, memory_id, position)))
+
+    async def _read_back(self, client: httpx.AsyncClient, tenant: Tenant, text: str, memory_id: str, position: str) -> None:
+        self.tally.ryw_checks += 1
+        response = await client.get(
+            "/v1/search", params={"q": text, "k": 10, "min_position": position}, headers=tenant.headers
+        )
+        ok = self.tally.answer(response)
+        if not ok or memory_id not in self._check_results(tenant, response.json()):
+            self.tally.ryw_failed += 1
+
+    async def drain(self) -> None:
+        """One read per tenant that waits for the tenant's last writes."""
+        async with self._client() as client:
+            for tenant in self.tenants:
+                positions = [f"{t}:{p}:{o}" for (t, p), o in self.tally.last_positions.get(tenant.name, {}).items()]
+                if positions:
+                    response = await client.get(
+                        "/v1/search", params={"q": "drain", "k": 1, "min_position": positions}, headers=tenant.headers
+                    )
+                    self.tally.answer(response)
+
+
+def _missing(settings: Settings, tenants: list[Tenant]) -> int:
+    """Memories written (acknowledged) that the store does not hold."""
+    store = LanceStore.from_settings(settings, read_consistency_interval=timedelta(0), create=False)
+    missing = 0
+    for tenant in tenants:
+        keys = [scoped_key(tenant.team, tenant.user, m) for m in sorted(tenant.memory_ids)]
+        found = 0
+        for chunk in chunked(keys):
+            found += store.count(MEMORIES, in_list("pk", chunk))
+        missing += len(keys) - found
+    return missing
+
+
+# ------------------------------------------------------------------------------ run
+def run(
+    quick: bool = False,
+    rate: float = DEFAULT_RATE,
+    *,
+    seconds: float | None = None,
+    mixed_seconds: float | None = None,
+    searchers: int = 12,
+    writers: int = 12,
+    seed: int = 600,
+    keep: bool = False,
+) -> dict[str, Any]:
+    """Seed, search alone, search beside writes, drain; print and return the figures."""
+    alone_s = float(seconds or (QUICK_SECONDS if quick else DEFAULT_SECONDS))
+    mixed_s = float(mixed_seconds or alone_s)
+    if rate <= 0 or alone_s <= 0 or mixed_s <= 0 or searchers < 1 or writers < 1 or seed < SESSION_TURNS:
+        raise ValueError("rate, seconds, searchers, writers must be positive and seed at least one session")
+    machine = machine_info()
+    tenants = [Tenant(f"tenant{j}", team, user) for j, (team, user) in enumerate(_TENANTS)]
+    with BenchWorkdir("mixed", keep=keep) as wd:
+        (wd.path / "banks.toml").write_text(_banks_toml(tenants), encoding="utf-8")
+        settings = wd.track(
+            bench_settings(
+                wd.path, banks_file=wd.path / "banks.toml", keys_file=wd.path / "keys.toml",
+                api_host="127.0.0.1", api_port=_free_port(),
+            )
+        )
+        for t in tenants:
+            t.key = create_key(settings, t.name)[0]
+        asyncio.run(create_topics(settings))
+        LanceStore.from_settings(settings)  # the tables exist before two processes open them
+        worker = WorkerProcess(settings, wd.path / "worker")
+        api = ApiProcess(settings, wd.path)
+        sampler: RssSampler | None = None
+        worker.start()
+        try:
+            worker.wait_ready()
+            status(f"seeding {seed * len(tenants):,} turns and memories over {len(tenants)} tenants")
+            asyncio.run(_produce(settings, _seed_events(tenants, seed)))
+            keys = [scoped_key(t.team, t.user, m) for t in tenants for m in t.memory_ids]
+            _wait_projected(settings, keys, worker)
+            api.start()
+            assert api.pid is not None and worker.pid is not None
+            sampler = RssSampler({"api": api.pid, "worker": worker.pid})
+            sampler.start()
+            load = Load(api.url, tenants, searchers, rate, writers, api.pid)
+            status(f"settling ({_SETTLE_S:.0f} s: the worker's maintenance makes the indexes current)")
+            time.sleep(_SETTLE_S)
+            asyncio.run(load.search_for(_WARMUP_S, None))
+            alone = PhaseLog()
+            status(f"phase 1: {searchers} searchers alone for {alone_s:.0f} s")
+            asyncio.run(load.search_for(alone_s, alone))
+            mixed = PhaseLog()
+            status(f"phase 2: {searchers} searchers and {rate:g} writes/s for {mixed_s:.0f} s")
+            mixed_started = time.perf_counter()
+            asyncio.run(load.search_for(mixed_s, mixed, write=True))
+            mixed_ended = time.perf_counter()
+            status("draining: waiting for the last writes to be projected")
+            asyncio.run(load.drain())
+            missing = _missing(settings, tenants)
+            worker.check_alive()
+        finally:
+            if sampler is not None:
+                sampler.stop()
+            api.stop()
+            worker.stop()
+    assert sampler is not None
+    tally = load.tally
+    half = mixed_started + (mixed_ended - mixed_started) / 2
+    figures = _figures(alone, mixed, tally, sampler, half, mixed_ended, missing)
+    result: dict[str, Any] = {
+        "benchmark": "mixed",
+        "quick": quick,
+        "rate": rate,
+        "seconds_alone": alone_s,
+        "seconds_mixed": mixed_s,
+        "tenants": len(tenants),
+        "searchers": searchers,
+        "writers": writers,
+        "seeded_memories": seed * len(tenants),
+        **figures,
+        "status_counts": {str(k): v for k, v in sorted(tally.status_counts.items())},
+        "machine": {**machine, "load_1m_end": machine_info()["load_1m"]},
+    }
+    _print(result)
+    return result
+
+
+def _figures(
+    alone: PhaseLog, mixed: PhaseLog, tally: Tally, sampler: RssSampler, half: float, end: float, missing: int
+) -> dict[str, Any]:
+    a50, a99 = percentile(alone.samples_ms, 50), percentile(alone.samples_ms, 99)
+    m50, m99 = percentile(mixed.samples_ms, 50), percentile(mixed.samples_ms, 99)
+    write_s = tally.write_seconds or mixed.seconds
+    out = {
+        "searches_per_s_alone": alone.per_s,
+        "searches_per_s_mixed": mixed.per_s,
+        "mixed_ratio": mixed.per_s / alone.per_s if alone.per_s else None,
+        "search_p50_ms_alone": a50,
+        "search_p99_ms_alone": a99,
+        "search_p50_ms_mixed": m50,
+        "search_p99_ms_mixed": m99,
+        "p99_ratio": m99 / a99 if a99 else None,
+        "api_cpu_ms_per_search_alone": _cpu_ms(alone),
+        "api_cpu_ms_per_search_mixed": _cpu_ms(mixed),
+        "writes_per_s": tally.writes / write_s,
+        "memories_written": tally.memories_written,
+        "errors_5xx": tally.errors_5xx,
+        "errors_4xx": tally.other_errors,
+        "ryw_checks": tally.ryw_checks,
+        "ryw_failed": tally.ryw_failed,
+        "missing_after_drain": missing,
+        "results_checked": tally.results_checked,
+        "cross_tenant_results": tally.cross_tenant,
+        "api_rss_mb": sampler.last("api"),
+        "worker_rss_mb": sampler.last("worker"),
+        "api_rss_slope_mb_per_min": sampler.slope_mb_per_min("api", half, end),
+        "worker_rss_slope_mb_per_min": sampler.slope_mb_per_min("worker", half, end),
+    }
+    out["meets_targets"] = bool(
+        out["mixed_ratio"] is not None and out["mixed_ratio"] >= TARGET_MIXED_RATIO
+        and out["p99_ratio"] is not None and out["p99_ratio"] <= TARGET_P99_RATIO
+        and not (tally.errors_5xx or tally.ryw_failed or missing or tally.cross_tenant)
+    )
+    return out
+
+
+def _cpu_ms(phase: PhaseLog) -> float | None:
+    """The API's CPU per search of a phase: how much work a search costs, whatever
+    else the machine's cores were busy with."""
+    if phase.api_cpu_s is None or not phase.samples_ms:
+        return None
+    return phase.api_cpu_s * 1000.0 / len(phase.samples_ms)
+
+
+def _print(r: dict[str, Any]) -> None:
+    def num(value: Any, digits: int = 1) -> str:
+        return "-" if value is None else f"{value:,.{digits}f}"
+
+    print_table(
+        f"memstream bench mixed: {r['searchers']} searchers, {r['rate']:g} writes/s, {r['tenants']} tenants, "
+        f"{r['seconds_alone']:.0f} s alone then {r['seconds_mixed']:.0f} s mixed",
+        [
+            ("searches/s", f"{num(r['searches_per_s_alone'])} -> {num(r['searches_per_s_mixed'])}", "alone -> mixed"),
+            ("mixed_ratio", num(r["mixed_ratio"], 2), f"target >= {TARGET_MIXED_RATIO}"),
+            ("search p50 ms", f"{num(r['search_p50_ms_alone'])} -> {num(r['search_p50_ms_mixed'])}", "alone -> mixed"),
+            ("search p99 ms", f"{num(r['search_p99_ms_alone'])} -> {num(r['search_p99_ms_mixed'])}", "alone -> mixed"),
+            ("p99_ratio", num(r["p99_ratio"], 2), f"target <= {TARGET_P99_RATIO}"),
+            (
+                "API CPU ms/search",
+                f"{num(r['api_cpu_ms_per_search_alone'])} -> {num(r['api_cpu_ms_per_search_mixed'])}",
+                "alone -> mixed (mixed includes the writes' handling)",
+            ),
+            ("writes/s", num(r["writes_per_s"]), f"{r['memories_written']:,} memories (each with its turn)"),
+            ("errors_5xx", str(r["errors_5xx"]), f"4xx: {r['errors_4xx']}"),
+            ("ryw_failed", str(r["ryw_failed"]), f"of {r['ryw_checks']} read-backs with min_position"),
+            ("missing_after_drain", str(r["missing_after_drain"]), "acknowledged memories not in the store"),
+            ("cross_tenant_results", str(r["cross_tenant_results"]), f"of {r['results_checked']:,} results"),
+            ("api_rss_mb", num(r["api_rss_mb"]), f"slope {num(r['api_rss_slope_mb_per_min'], 2)} MB/min (mixed, 2nd half)"),
+            ("worker_rss_mb", num(r["worker_rss_mb"]), f"slope {num(r['worker_rss_slope_mb_per_min'], 2)} MB/min"),
+            ("meets_targets", str(r["meets_targets"]), ""),
+            ("load_1m", f"{r['machine']['load_1m']} -> {r['machine']['load_1m_end']}", f"{r['machine']['cores']} cores, shared"),
+        ],
+    )
