@@ -856,6 +856,10 @@ async def _space_size(store: LanceStore, scope: Scope) -> int:
         hit = _SIZES.get(key)
     if hit is not None and hit[0] == version:
         return hit[1]
+    if hit is not None and await asyncio.to_thread(search_cache.unchanged, key[0], MEMORIES, scope, hit[0], version):
+        with _FACTS_LOCK:
+            _SIZES[key] = (version, hit[1])
+        return hit[1]
     total = int(await table.count_rows(space_where(scope)))
     if await table.version() == version[2]:
         with _FACTS_LOCK:
@@ -876,7 +880,10 @@ async def _entity_stats(store: LanceStore, scope: Scope, keys: Iterable[str]) ->
     version = (*table_identity(key[0], ENTITIES), int(await entities.version()))
     with _FACTS_LOCK:
         hit = _FREQUENCIES.get(key)
-    known = dict(hit[1]) if hit is not None and hit[0] == version else {}
+    still = hit is not None and (
+        hit[0] == version or await asyncio.to_thread(search_cache.unchanged, key[0], ENTITIES, scope, hit[0], version)
+    )
+    known = dict(hit[1]) if hit is not None and still else {}
     missing = [n for n in names if n not in known]
     space = space_where(scope)
     reads = [_scan(entities, f"{space} AND {in_list('name_key', chunk)}", ["name_key"]) for chunk in chunked(missing)]
@@ -885,6 +892,9 @@ async def _entity_stats(store: LanceStore, scope: Scope, keys: Iterable[str]) ->
     for tbl in tables:
         for name in tbl.column("name_key").to_pylist():
             counted[name] = counted.get(name, 0) + 1
+    if still and not missing and hit is not None and hit[0] != version:
+        with _FACTS_LOCK:
+            _FREQUENCIES[key] = (version, hit[1])
     if missing and await entities.version() == version[2]:
         known.update(counted)
         with _FACTS_LOCK:
@@ -1065,7 +1075,9 @@ async def _candidates(
     vtable, ttable, mv, tv = await _lists(
         store, embed, refine, text_query, where, n, _READ_COLUMNS if whole else _LIST_COLUMNS
     )
-    entry = search_cache.space_cache(root, scope, mv, tv)
+    entry = search_cache.entry_of(root, scope)
+    if entry is None or not entry.current(mv, tv):  # carrying it forward reads the tables' steps
+        entry = await asyncio.to_thread(search_cache.space_cache, root, scope, mv, tv)
     view = _View(entry, mv, tv)
     # the candidates: memory id -> (session, source turns), vector list first
     listed: dict[str, tuple[str | None, Sequence[str]]] = {}

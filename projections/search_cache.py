@@ -48,6 +48,10 @@ from typing import Any
 
 from memstream.domain.events import Scope
 from memstream.domain.ranking import is_question
+from memstream.projections.schema import ENTITIES, MEMORIES, MESSAGES
+from memstream.projections.table_changes import Changes, TableChanges
+
+NO_CHANGES = Changes({})
 
 __all__ = [
     "CACHE_MAX_ROWS",
@@ -59,6 +63,7 @@ __all__ = [
     "SessionMemories",
     "SpaceCache",
     "space_cache",
+    "unchanged",
     "lists_need_rows",
     "add_memories",
     "add_turns",
@@ -253,6 +258,14 @@ class _Registry:
 
 _LOCK = threading.Lock()
 _SPACES = _Registry()
+_FEEDS: dict[tuple[str, str, tuple[int, int]], TableChanges] = {}
+"""Each table's steps, per (store directory, table, table identity)."""
+_FEEDS_MAX = 64
+_CHANGE_COLUMNS: dict[str, tuple[str, str | None]] = {
+    MEMORIES: ("memory_id", "session_id"),
+    MESSAGES: ("message_id", "session_id"),
+    ENTITIES: ("name_key", None),
+}
 
 
 def _key(root: str, scope: Scope) -> tuple[str, str, str]:
@@ -261,21 +274,86 @@ def _key(root: str, scope: Scope) -> tuple[str, str, str]:
 
 def space_cache(root: str, scope: Scope, memories_version: Version, messages_version: Version) -> SpaceCache:
     """The space's entry at these table versions: the same entry when nothing moved,
-    else an entry whose moved half starts empty (the other half is kept)."""
+    else an entry carried forward: of a table that moved, only what its commits
+    since changed in this space is dropped (:func:`_carried`); all of it when that
+    cannot be told. Reads the steps it has not seen yet (see
+    ``memstream.projections.table_changes``): call it off the event loop."""
     key = _key(root, scope)
     with _LOCK:
         entry = _SPACES.entries.get(key)
         if entry is not None and entry.current(memories_version, messages_version):
             _SPACES.entries.move_to_end(key)
             return entry
+    memories = _changes(root, MEMORIES, entry.memories_version, memories_version) if entry else None
+    messages = _changes(root, MESSAGES, entry.messages_version, messages_version) if entry else None
+    with _LOCK:
+        now = _SPACES.entries.get(key)
+        if now is not None and now.current(memories_version, messages_version):
+            _SPACES.entries.move_to_end(key)
+            return now  # another search carried it meanwhile
         fresh = SpaceCache(key, memories_version, messages_version)
-        if entry is not None and entry.messages_version == messages_version:
-            fresh.turns, fresh.session_turns, fresh.turn_rows = entry.turns, entry.session_turns, entry.turn_rows
-        if entry is not None and entry.memories_version == memories_version:
-            fresh.memories, fresh.session_memories = entry.memories, entry.session_memories
-            fresh.memory_rows = entry.memory_rows
+        if now is not None and now is entry:
+            _carried(fresh, entry, scope, memories, messages)
         _SPACES.put(fresh)
         return fresh
+
+
+def _changes(root: str, table: str, old: Version, new: Version) -> Changes | None:
+    """What ``table``'s commits from ``old`` to ``new`` changed (``None``: cannot be
+    told, or another table set: everything must be read again)."""
+    if old[:2] != new[:2] or new[2] < old[2]:
+        return None
+    if old == new:
+        return NO_CHANGES
+    with _LOCK:
+        feed = _FEEDS.get((root, table, old[:2]))
+        if feed is None:
+            id_column, session_column = _CHANGE_COLUMNS[table]
+            feed = TableChanges(os.path.join(root, f"{table}.lance"), id_column, session_column)
+            if len(_FEEDS) >= _FEEDS_MAX:
+                _FEEDS.clear()
+            _FEEDS[(root, table, old[:2])] = feed
+    return feed.between(old[2], new[2])
+
+
+def unchanged(root: str, table: str, scope: Scope, old: Version, new: Version) -> bool:
+    """Whether no commit of ``table`` from ``old`` to ``new`` touched the space (what
+    was counted in it at ``old`` still holds at ``new``)."""
+    changes = _changes(root, table, old, new)
+    return changes is not None and changes.of(scope.team_id, scope.user_id) is None
+
+
+def _carried(
+    fresh: SpaceCache, entry: SpaceCache, scope: Scope, memories: Changes | None, messages: Changes | None
+) -> None:
+    """Fill ``fresh`` with what of ``entry`` still holds at ``fresh``'s versions: a half
+    whose table did not move, or moved without touching the space, as it is; else
+    without the rows written since and the sessions they are in (new dictionaries:
+    other searches may still read the old ones)."""
+    team, user = scope.team_id, scope.user_id
+    if messages is not None:
+        changed = messages.of(team, user)
+        if changed is None:
+            fresh.turns, fresh.session_turns, fresh.turn_rows = entry.turns, entry.session_turns, entry.turn_rows
+        else:
+            stale = set(changed.sessions)
+            stale.update(t.session_id or "" for m in changed.ids if isinstance(t := entry.turns.get(m), Turn))
+            fresh.turns = {m: t for m, t in entry.turns.items() if m not in changed.ids}
+            fresh.session_turns = {s: st for s, st in entry.session_turns.items() if s not in stale}
+            fresh.turn_rows = len(fresh.turns) + sum(len(st.turns) for st in fresh.session_turns.values())
+    if memories is not None:
+        changed = memories.of(team, user)
+        if changed is None:
+            fresh.memories, fresh.session_memories = entry.memories, entry.session_memories
+            fresh.memory_rows = entry.memory_rows
+        else:
+            stale = set(changed.sessions)
+            stale.update(
+                row.get("session_id") or "" for m in changed.ids if isinstance(row := entry.memories.get(m), dict)
+            )
+            fresh.memories = {m: r for m, r in entry.memories.items() if m not in changed.ids}
+            fresh.session_memories = {s: sm for s, sm in entry.session_memories.items() if s not in stale}
+            fresh.memory_rows = len(fresh.memories)
 
 
 def lists_need_rows(root: str, scope: Scope) -> bool:
@@ -360,3 +438,4 @@ def clear() -> None:
     """Forget every entry (tests; a process that wants its memory back)."""
     with _LOCK:
         _SPACES.clear()
+        _FEEDS.clear()
