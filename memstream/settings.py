@@ -139,6 +139,10 @@ class Settings(BaseSettings):
     vector_index_threshold: int = Field(default=100_000, ge=1)
     optimize_every_s: float = Field(default=10.0, gt=0)
     """How often the worker compacts recent fragments and updates the indexes."""
+    compact_after_commits: int = Field(default=8, ge=1)
+    """Between maintenance runs, the projector also compacts after this many commits
+    (a steady stream of small writes otherwise leaves dozens of small fragments, which
+    every read opens)."""
     cleanup_every_s: float = Field(default=300.0, gt=0)
     """How often the worker drops table versions older than five minutes."""
 
