@@ -84,6 +84,7 @@ from lancedb.query import ColumnOrdering, FullTextOperator, MatchQuery
 
 from memstream.domain.content import normalize_content
 from memstream.domain.events import MemoryType, Scope
+from memstream.domain.priority import priority_factor
 from memstream.domain.ranking import (
     asks_for_time,
     lexical_query,
@@ -211,7 +212,8 @@ class ScoreParts:
     ``supersession``: penalty factor (1.0 when current); ``entity``: the entity boost;
     ``final``: the score after the successor cap (before any reranker); ``context``:
     the score received from neighbouring turns; ``prior``: the speaker and time prior
-    (1.0 = none). See ``memstream.domain.ranking`` 5-8."""
+    (1.0 = none). See ``memstream.domain.ranking`` 5-8. ``priority``: the factor of
+    the memory's priority (``memstream.domain.priority``; 1.0 at priority 50)."""
 
     vector: float | None
     text: float | None
@@ -222,6 +224,7 @@ class ScoreParts:
     final: float
     context: float = 0.0
     prior: float = 1.0
+    priority: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -1376,7 +1379,7 @@ def search(
         ent = boosts.get(pk, 0.0)
         pieces[pk] = (f, rec, sup, ent)
         base = (f + context.get(pk, 0.0)) * priors.get(pk, 1.0)
-        raw[pk] = final_score(base, rec, sup, ent, w)
+        raw[pk] = final_score(base, rec, sup, ent, w) * priority_factor(r.get("priority"))
     successor = {}
     for pk, r in rows.items():
         nxt = _successor_of(r)
@@ -1393,7 +1396,8 @@ def search(
     for pk in order:
         f, rec, sup, ent = pieces[pk]
         parts = ScoreParts(
-            vsim.get(pk), tscore.get(pk), f, rec, sup, ent, final[pk], context.get(pk, 0.0), priors.get(pk, 1.0)
+            vsim.get(pk), tscore.get(pk), f, rec, sup, ent, final[pk], context.get(pk, 0.0), priors.get(pk, 1.0),
+            priority_factor(rows[pk].get("priority")),
         )
         results.append(_result(rows[pk], final[pk], parts))
     if reranker is not None:

@@ -150,7 +150,8 @@ def search_cmd(
             cell += (
                 f"\n[dim]vector {_fmt_num(p.vector)} \u00b7 bm25 {_fmt_num(p.text)} \u00b7 "
                 f"fused {_fmt_num(p.fused)} \u00b7 recency {_fmt_num(p.recency)} \u00b7 "
-                f"supersession {_fmt_num(p.supersession)} \u00b7 entity {_fmt_num(p.entity)}[/dim]"
+                f"supersession {_fmt_num(p.supersession)} \u00b7 entity {_fmt_num(p.entity)} \u00b7 "
+                f"priority {r.priority} x{p.priority:.3f}[/dim]"
             )
         table.add_row(str(i), f"{r.score:.4f}", cell, r.memory_id)
     console.print(table)
