@@ -67,6 +67,6 @@ def test_explain_shows_the_priority_factor(tmp_path: Path) -> None:
     store = _project(tmp_path, [memory(ALICE, "m", "answer in French about invoices", priority=90)])
     del store
     base = ["search", "French invoices", "--team", "acme", "--user", "alice", "--lance-dir", str(tmp_path / "lance")]
-    result = CliRunner().invoke(app, [*base, "--explain"], env={"MEMSTREAM_EMBEDDING_DIM": str(DIM)})
+    result = CliRunner().invoke(app, [*base, "--explain"], env={"MEMSTREAM_EMBEDDER": "local", "MEMSTREAM_EMBEDDING_DIM": str(DIM)})
     assert result.exit_code == 0, result.output
     assert "priority 90 x1.040" in result.output
