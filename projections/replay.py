@@ -42,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -57,7 +57,9 @@ from memstream.settings import Settings
 from memstream.streams.admin import topic_partitions
 from memstream.streams.fast_decode import FastMemoryDecoder
 from memstream.streams.projector_agent import LanceDirBusyError, LanceDirLock, apply_decoded
+from memstream.streams.producer import create_kafka_producer
 from memstream.streams.projector_feed import FeedBatch, ProjectorFeed
+from memstream.streams.rerouting import Rerouter
 from memstream.streams.topics import Topics
 
 __all__ = [
@@ -125,6 +127,11 @@ class ReplayReport:
     skipped: int = 0
     dead_decode: int = 0
     dead_project: int = 0
+    misrouted: int = 0
+    """Records off their key's partition: not projected where they are (their copy on
+    the right partition is); re-published by the replay when the live worker had not
+    reached them yet (``rerouted``)."""
+    rerouted: int = 0
     end_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     positions: dict[tuple[str, int], int] = field(default_factory=dict)
     replay_digest: dict[str, tuple[int, str]] = field(default_factory=dict)
@@ -278,6 +285,7 @@ async def _consume_into(
     *,
     decode_in_process: bool = False,
     fast_path: bool = True,
+    on_decoded: Callable[[FeedBatch], Awaitable[None]] | None = None,
 ) -> None:
     """Read every partition from its beginning to its snapshot end through the same
     pipelined feed as the worker (fetch, decode and write overlap)."""
@@ -298,6 +306,7 @@ async def _consume_into(
         report.skipped += result.skipped
         report.dead_decode += len(batch.decoded.dead)
         report.dead_project += len(result.failed)
+        report.misrouted += len(batch.decoded.misrouted)
         if on_progress is not None:
             on_progress(ReplayProgress(report.records, expected, time.monotonic() - started))
 
@@ -314,6 +323,8 @@ async def _consume_into(
         fast_decoder=FastMemoryDecoder.for_projector(projector, fast_path),
         max_batch=batch_size,
         fetch_records=min(batch_size, 5_000),
+        reroute=True,
+        on_decoded=on_decoded,
     )
     try:
         if on_progress is not None:
@@ -325,13 +336,58 @@ async def _consume_into(
     report.elapsed_s = time.monotonic() - started
 
 
+def _live_positions(live_dir: Path, settings: Settings) -> dict[tuple[str, int], int]:
+    """The live set's stored positions (empty without one): how far the worker has
+    handled each partition, re-routing included."""
+    from memstream.projections.store import LanceStore, StoreError
+
+    if not (live_dir / "positions.lance").exists():
+        return {}
+    try:
+        store = LanceStore.from_settings(settings, live_dir, create=False)
+    except StoreError:
+        return {}
+    return {k: int(v) for k, v in store.positions().items()}
+
+
+class _MisroutedBeyond:
+    """The replay's share of re-routing: a misrouted record below the live set's
+    position was re-published by the worker already (its copy is in the log); one at
+    or past it was not, so the replay re-publishes it (once the live worker reaches it,
+    it would too: projection of the copies is idempotent)."""
+
+    def __init__(self, settings: Settings, handled: Mapping[tuple[str, int], int], report: ReplayReport) -> None:
+        self._settings = settings
+        self._handled = handled
+        self._report = report
+        self._producer: Any = None
+
+    async def publish(self, batch: FeedBatch) -> None:
+        todo = [
+            (rec, target)
+            for rec, target in batch.decoded.misrouted
+            if rec.offset >= self._handled.get((rec.topic, rec.partition), 0)
+        ]
+        if not todo:
+            return
+        if self._producer is None:
+            self._producer = create_kafka_producer(self._settings, client_id="memstream-replay-reroute")
+            await self._producer.start()
+        await Rerouter(self._producer).publish(todo)
+        self._report.rerouted += len(todo)
+
+    async def stop(self) -> None:
+        if self._producer is not None:
+            await self._producer.stop()
+
+
 def _verify(report: ReplayReport) -> None:
     problems = []
     for key, end in sorted(report.end_offsets.items()):
         got = report.positions.get(key, 0)
         if end > 0 and got != end:
             problems.append(f"{key[0]}:{key[1]} position {got} != end offset {end}")
-    accounted = report.applied + report.skipped + report.dead_decode + report.dead_project
+    accounted = report.applied + report.skipped + report.dead_decode + report.dead_project + report.misrouted
     if accounted != report.records:
         problems.append(
             f"{report.records} records read but {accounted} accounted for "
@@ -459,6 +515,8 @@ async def _replay(
         replay_dir.parent.mkdir(parents=True, exist_ok=True)
         store = await loop.run_in_executor(None, _open_store, replay_dir, settings)
         projector = await loop.run_in_executor(None, _open_projector, store, settings)
+        handled = await loop.run_in_executor(None, _live_positions, live_dir, settings)
+        rerouter = _MisroutedBeyond(settings, handled, report)
         await _consume_into(
             consumer,
             partitions,
@@ -471,9 +529,11 @@ async def _replay(
             report.expected_records,
             decode_in_process=settings.projector_decode_process,
             fast_path=settings.projector_fast_path,
+            on_decoded=rerouter.publish,
         )
     finally:
         await consumer.stop()
+        await rerouter.stop()
 
     def finish() -> None:
         on_phase(PHASE_COMPACT)

@@ -221,6 +221,13 @@ class DeadLetterPublisher:
     ) -> None:
         await self.stop()
 
+    @property
+    def producer(self) -> AIOKafkaProducer:
+        """The started producer (shared by the projector's re-routing of misplaced records)."""
+        if self._producer is None:
+            raise RuntimeError("the dead-letter publisher is not started")
+        return self._producer
+
     async def publish(self, dl: DeadLetter) -> LogPosition:
         """Publish one dead letter and wait for the broker's ack."""
         return (await self.publish_many([dl]))[0]

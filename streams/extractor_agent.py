@@ -71,6 +71,7 @@ from memstream.llm import ChatModel, build_llm
 from memstream.settings import Settings
 from memstream.streams.connect import until_started
 from memstream.streams.consumer import decode_or_dead_letter, sharing_turns
+from memstream.streams.rerouting import is_misrouted
 from memstream.streams.deadletter import DeadLetter
 from memstream.streams.extractor import (
     EventSink,
@@ -395,8 +396,13 @@ class ExtractorRunner:
         value: bytes | None,
         headers: Sequence[tuple[str, bytes]] | None,
     ) -> None:
-        item = decode_or_dead_letter(topic, partition, offset, key, value, headers, share_turns=True)
         position = LogPosition(topic=topic, partition=partition, offset=offset)
+        if self._consumer is not None and is_misrouted(key, partition, len(self._consumer.partitions_for_topic(topic) or ())):
+            # The projector re-publishes it to its key's partition: the copy is read there.
+            self.stats.records_skipped += 1
+            self.buffer.observe(position)
+            return
+        item = decode_or_dead_letter(topic, partition, offset, key, value, headers, share_turns=True)
         if isinstance(item, DeadLetter):
             self.stats.records_skipped += 1
             log.warning("extractor skipped an invalid record at %s: %s", position, item.reason)

@@ -51,6 +51,7 @@ from memstream.settings import Settings
 from memstream.streams.connect import until_started
 from memstream.streams.consumer import decode_or_dead_letter
 from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher
+from memstream.streams.rerouting import Rerouter, home_partition, is_misrouted
 from memstream.streams.topics import Topics
 
 if TYPE_CHECKING:
@@ -104,6 +105,9 @@ class DecodedBatch:
     next_offsets: dict[tuple[str, int], int]
     """Per partition, the offset after the batch's last record (dead letters included)."""
     memories: PositionedMemories | None = None
+    misrouted: list[tuple[RawRecord, int]] = field(default_factory=list)
+    """Records on another partition than their key's, with that partition: not
+    decoded here, re-published there (:mod:`memstream.streams.rerouting`)."""
 
     def covered(self) -> dict[tuple[str, int], int]:
         """Per partition, the offset after the last *event* (fast or not)."""
@@ -139,6 +143,7 @@ class ProjectorStats:
     dead_decode: int = 0
     dead_project: int = 0
     retries: int = 0
+    rerouted: int = 0
 
 
 class _ApplyResult(Protocol):
@@ -214,20 +219,33 @@ class LanceDirLock:
         self.release()
 
 
-def decode_batch(records: Sequence[RawRecord], fast: "FastMemoryDecoder | None" = None) -> DecodedBatch:
+def decode_batch(
+    records: Sequence[RawRecord],
+    fast: "FastMemoryDecoder | None" = None,
+    partition_counts: Mapping[str, int] | None = None,
+) -> DecodedBatch:
     """Decode records (pure CPU work: call it off the event loop for big batches).
 
     With ``fast``, canonical ``MemoryAdded`` records carrying a vector of its model, or
     none, take the fast read path (:mod:`memstream.streams.fast_decode`) and come out
     columnar in ``memories``; every other record, and any the fast path is unsure
-    of, takes the general path (which dead-letters what is invalid)."""
+    of, takes the general path (which dead-letters what is invalid). With
+    ``partition_counts`` (topic -> partitions), a keyed record on another partition
+    than its key's is set apart in ``misrouted``, not decoded."""
     events: list[PositionedEvent] = []
     dead: list[DeadLetter] = []
     next_offsets: dict[tuple[str, int], int] = {}
     quick: list[RawRecord] = []
     quick_fields = []
     general: list[RawRecord] = []
+    misrouted: list[tuple[RawRecord, int]] = []
     for rec in records:
+        if partition_counts is not None and is_misrouted(rec.key, rec.partition, partition_counts.get(rec.topic)):
+            assert rec.key is not None
+            misrouted.append((rec, home_partition(rec.key, partition_counts[rec.topic])))
+            key = (rec.topic, rec.partition)
+            next_offsets[key] = max(next_offsets.get(key, 0), rec.offset + 1)
+            continue
         got = fast.decode(rec.value, rec.headers) if fast is not None else None
         if got is None:
             general.append(rec)
@@ -261,7 +279,7 @@ def decode_batch(records: Sequence[RawRecord], fast: "FastMemoryDecoder | None" 
             dead.append(item)
         else:
             events.append(item)
-    return DecodedBatch(events=events, dead=dead, next_offsets=next_offsets, memories=memories)
+    return DecodedBatch(events=events, dead=dead, next_offsets=next_offsets, memories=memories, misrouted=misrouted)
 
 
 def apply_decoded(projector: _Projector, decoded: DecodedBatch) -> _ApplyResult:
@@ -405,9 +423,14 @@ class ProjectorRuntime:
         return apply_decoded(self.projector, decoded)
 
     async def publish_decode_dead(self, batch: "FeedBatch") -> None:
-        """Publish a batch's decode-stage dead letters (retried until the broker acks):
-        they must be safe on the dead-letter topic before any position can pass them,
-        so a crash can duplicate a dead letter but never lose one."""
+        """Re-publish a batch's misrouted records to their key's partition, then publish
+        its decode-stage dead letters (each retried until the broker acks): they must
+        be safe on the broker before any position can pass them, so a crash can
+        duplicate a copy or a dead letter but never lose one."""
+        if batch.decoded.misrouted:
+            rerouter = Rerouter(self._dead_letters.producer)
+            await self._until_done(lambda: rerouter.publish(batch.decoded.misrouted), batch.records, "re-routing")
+            self.stats.rerouted += len(batch.decoded.misrouted)
         if batch.decoded.dead:
             await self._until_done(
                 lambda: self._dead_letters.publish_many(batch.decoded.dead), batch.records, "dead-lettering"
@@ -650,6 +673,7 @@ class ProjectorService(Service):
                 poll_ms=max(1, int(rt.settings.projector_batch_seconds * 1000)),
                 decode_in_process=rt.settings.projector_decode_process,
                 fast_decoder=FastMemoryDecoder.for_projector(rt.projector, rt.settings.projector_fast_path),
+                reroute=True,
             )
             await feed.run()
         except asyncio.CancelledError:

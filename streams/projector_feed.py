@@ -86,15 +86,18 @@ def merge_batches(batches: Sequence[FeedBatch]) -> FeedBatch:
     events = []
     dead = []
     next_offsets: dict[tuple[str, int], int] = {}
+    misrouted = []
     for b in batches:
         records.extend(b.records)
         events.extend(b.decoded.events)
         dead.extend(b.decoded.dead)
+        misrouted.extend(b.decoded.misrouted)
         for k, v in b.decoded.next_offsets.items():
             next_offsets[k] = max(next_offsets.get(k, 0), v)
     memories = PositionedMemories.concat([b.decoded.memories for b in batches if b.decoded.memories])
     return FeedBatch(
-        records, DecodedBatch(events=events, dead=dead, next_offsets=next_offsets, memories=memories)
+        records,
+        DecodedBatch(events=events, dead=dead, next_offsets=next_offsets, memories=memories, misrouted=misrouted),
     )
 
 
@@ -141,6 +144,8 @@ class ProjectorFeed:
     ``apply`` (the worker publishes decode-stage dead letters there).
     ``fast_decoder`` (the projector's embedding model and dimension) turns on the fast
     read path for canonical ``MemoryAdded`` records (:func:`decode_batch`).
+    ``reroute`` sets apart the records that sit on another partition than their key's
+    (``DecodedBatch.misrouted``; the caller re-publishes them in ``on_decoded``).
     """
 
     def __init__(
@@ -160,6 +165,7 @@ class ProjectorFeed:
         name: str = "projector",
         decode_in_process: bool = False,
         fast_decoder: FastMemoryDecoder | None = None,
+        reroute: bool = False,
     ) -> None:
         if max_batch < 1 or fetch_records < 1:
             raise ValueError("batch sizes must be at least 1")
@@ -184,6 +190,10 @@ class ProjectorFeed:
         )
         self._decoder = decoder_pool(decode_in_process)
         self._fast = fast_decoder
+        # Partitions per topic (with ``reroute``): records off their key's partition
+        # are set apart by the decoder (``DecodedBatch.misrouted``).
+        self._reroute = reroute
+        self._counts: dict[str, int] = {}
         # Fetched batches being decoded, in fetch order (two in flight at most).
         self._decoding: asyncio.Queue[tuple[list[RawRecord], asyncio.Future[DecodedBatch]] | None] = asyncio.Queue(
             maxsize=2
@@ -195,6 +205,7 @@ class ProjectorFeed:
     # ------------------------------------------------------------------ assignment
     async def _known_partitions(self) -> list[TopicPartition]:
         found = await self._list_partitions(self.topics)
+        self._counts = {t: len(found[t]) for t in self.topics if found.get(t)}
         return [TopicPartition(t, p) for t in self.topics for p in sorted(found.get(t, ()))]
 
     def _assign(self, partitions: Sequence[TopicPartition]) -> None:
@@ -251,7 +262,9 @@ class ProjectorFeed:
                         self.consumer.pause(tp)
             if records:
                 self.fetched += len(records)
-                decoding = loop.run_in_executor(self._decoder, decode_batch, records, self._fast)
+                decoding = loop.run_in_executor(
+                    self._decoder, decode_batch, records, self._fast, dict(self._counts) if self._reroute else None
+                )
                 self._undecoded += 1
                 await self._decoding.put((records, decoding))
             if self._ends is None and time.monotonic() - last_refresh >= self.refresh_s:
