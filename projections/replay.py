@@ -1,40 +1,34 @@
-"""Rebuild every view from offset 0 into a fresh table set, verify it, swap it in.
+"""Rebuild every view from offset 0 into a new table set, catch up, verify, swap it in,
+while the worker keeps projecting and readers keep searching.
 
 Why: the log is the source of truth and the views are derived, so they can always be
 rebuilt, after a projector bug, a schema change, an embedding model change, or to prove
 that the live set is what the log says (crashes and restarts included).
 
-How (``memstream replay``):
+How (``memstream replay``; table sets and the hand-over in
+:mod:`memstream.projections.table_sets`):
 
-1. snapshot the end offsets of ``<prefix>messages`` and ``<prefix>events``; the
-   replay covers everything below them (events arriving meanwhile are the worker's
-   job after the swap: the new set's positions say where it must resume);
-2. read both topics from their beginning with a plain aiokafka consumer (manual
-   assignment, no consumer group, ``getmany``) and apply every batch through the very
-   same decode + :class:`~memstream.projections.projector.Projector` path as the
-   worker, into ``<lance_dir>.replay-<UTC time>`` next to the live directory. Records
-   that do not decode are counted, not re-published (the worker already dead-lettered
-   them when it met them);
-3. verify the new set is complete: its stored position of every partition equals the
-   snapshot's end offset, and every record read was applied, skipped as already
-   applied, or dead-lettered. The digests (row count and content hashes per table,
-   :meth:`LanceStore.table_digest`) of the new and the live set are compared and every
-   difference is reported: the live set may lag (worker behind) or lead (newer events)
-   and that is information, but a live set that covers exactly the same positions and
-   still differs is a projection bug;
-4. swap: ``<lance_dir>`` -> ``<lance_dir>.old-<time>`` then ``<lance_dir>.replay-<time>``
-   -> ``<lance_dir>`` (two renames on one filesystem; readers that open tables by path,
-   like the HTTP API, see the old set until the first rename and the new one after the
-   second). The projector worker must not run during the swap: it holds open table
-   handles for the old set. So a replay that will swap takes the directory's lock
-   (``<lance_dir>.lock``, the one every worker holds while it runs) before it starts:
-   it refuses at once while a worker runs, and no worker can start until the swap is
-   done. Stop the worker, replay (the live set keeps serving reads during the whole
-   build), then start the worker again: it resumes from the new set's positions.
-   ``--force`` skips the lock (restart the worker right after).
+1. snapshot the end offsets of ``<prefix>messages`` and ``<prefix>events``;
+2. read both topics from their beginning with a plain aiokafka consumer and apply
+   every batch through the very same decode + :class:`~memstream.projections.projector.Projector`
+   path as the worker, into a new set ``<lance_dir>/sets/<UTC time>``. Records that do
+   not decode are counted, not re-published (the worker dead-lettered them); records
+   off their key's partition are re-published only if the live worker had not reached
+   them (:mod:`memstream.streams.rerouting`);
+3. with a worker running: catch up to the live set's positions (they move) in rounds,
+   then ask the worker to pause (it finishes its write in flight), catch up exactly,
+   verify, point ``CURRENT`` at the new set in one atomic rename, and the worker goes
+   on writing into it. Without one, the replay holds the root's lock (no worker can
+   start), reads to the snapshot and swaps;
+4. verify: every stored position reached the snapshot's end offset (and the live
+   set's positions), every record read was applied, skipped, dead-lettered or found
+   misrouted; digests (row count and content hashes per table) of the new and the live
+   set are compared and every difference is reported (with equal positions, a
+   difference is a projection bug: logged as such).
 
-``--dry-run`` builds and compares but keeps the live set; the rebuilt set stays on
-disk for inspection.
+Readers follow ``CURRENT`` (each search runs on one set, whole); the replaced set is
+kept until the next replay, which deletes it. ``--dry-run`` builds and compares, then
+deletes the new set; so does an error or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -56,6 +50,7 @@ from aiokafka.errors import KafkaError
 from memstream.settings import Settings
 from memstream.streams.admin import topic_partitions
 from memstream.streams.fast_decode import FastMemoryDecoder
+from memstream.projections.table_sets import TableSets
 from memstream.streams.projector_agent import LanceDirBusyError, LanceDirLock, apply_decoded
 from memstream.streams.producer import create_kafka_producer
 from memstream.streams.projector_feed import FeedBatch, ProjectorFeed
@@ -175,9 +170,9 @@ class ReplayReport:
             compare = "differs from live: " + ", ".join(parts)
         dead = self.dead_decode + self.dead_project
         action = (
-            f"swapped in (old set kept at {self.old_dir})"
+            f"swapped in (the replaced set {self.old_dir} is removed by the next replay)"
             if self.swapped
-            else f"dry run, kept at {self.replay_dir}"
+            else "dry run, new set removed"
         )
         return (
             f"replayed {self.records} records in {self.elapsed_s:.1f}s ({self.rate:.0f}/s): "
@@ -286,18 +281,24 @@ async def _consume_into(
     decode_in_process: bool = False,
     fast_path: bool = True,
     on_decoded: Callable[[FeedBatch], Awaitable[None]] | None = None,
+    started: float | None = None,
+    all_partitions: Sequence[TopicPartition] | None = None,
 ) -> None:
-    """Read every partition from its beginning to its snapshot end through the same
-    pipelined feed as the worker (fetch, decode and write overlap)."""
+    """Read the given partitions from ``begins`` to ``ends`` through the same pipelined
+    feed as the worker (fetch, decode and write overlap). ``expected`` is the total
+    the progress reports count towards."""
     loop = asyncio.get_running_loop()
     writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-replay")
     embedding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-replay-embed")
-    started = time.monotonic()
+    started = time.monotonic() if started is None else started
 
-    async def embed_ahead(batch: FeedBatch) -> None:
-        # memories without a vector of the new model are embedded while the writer
-        # writes the batch before (a replay to switch embedders embeds every memory)
-        await loop.run_in_executor(embedding, projector.embed_ahead, batch.decoded.events, batch.decoded.memories)
+    async def decoded(batch: FeedBatch) -> None:
+        if on_decoded is not None:  # misrouted records re-published before positions pass them
+            await on_decoded(batch)
+        if hasattr(projector, "embed_ahead"):
+            # memories without a vector of the new model are embedded while the writer
+            # writes the batch before (a replay to switch embedders embeds every memory)
+            await loop.run_in_executor(embedding, projector.embed_ahead, batch.decoded.events, batch.decoded.memories)
 
     async def apply(batch: FeedBatch) -> None:
         result = await loop.run_in_executor(writer, apply_decoded, projector, batch.decoded)
@@ -316,24 +317,23 @@ async def _consume_into(
         apply,
         start={(tp.topic, tp.partition): begins[tp] for tp in partitions},
         end_offsets={(tp.topic, tp.partition): ends[tp] for tp in partitions},
-        list_partitions=lambda names: _listed(partitions),
+        # every partition of the topics: their count says which partition a key belongs to
+        list_partitions=lambda names: _listed(all_partitions or partitions),
         name="replay",
-        on_decoded=embed_ahead if hasattr(projector, "embed_ahead") else None,
+        on_decoded=decoded,
         decode_in_process=decode_in_process,
         fast_decoder=FastMemoryDecoder.for_projector(projector, fast_path),
         max_batch=batch_size,
         fetch_records=min(batch_size, 5_000),
         reroute=True,
-        on_decoded=on_decoded,
     )
     try:
         if on_progress is not None:
-            on_progress(ReplayProgress(0, expected, 0.0))
+            on_progress(ReplayProgress(report.records, expected, time.monotonic() - started))
         await feed.run()
     finally:
         embedding.shutdown(wait=True)
         writer.shutdown(wait=True)
-    report.elapsed_s = time.monotonic() - started
 
 
 def _live_positions(live_dir: Path, settings: Settings) -> dict[tuple[str, int], int]:
@@ -385,21 +385,16 @@ def _verify(report: ReplayReport) -> None:
     problems = []
     for key, end in sorted(report.end_offsets.items()):
         got = report.positions.get(key, 0)
-        if end > 0 and got != end:
-            problems.append(f"{key[0]}:{key[1]} position {got} != end offset {end}")
+        if end > 0 and got < end:
+            problems.append(f"{key[0]}:{key[1]} position {got} < end offset {end}")
+    for key, live in sorted((report.live_positions or {}).items()):
+        if not report.dry_run and report.positions.get(key, 0) < live:
+            problems.append(f"{key[0]}:{key[1]} position {report.positions.get(key, 0)} behind the live set's {live}")
     accounted = report.applied + report.skipped + report.dead_decode + report.dead_project + report.misrouted
     if accounted != report.records:
         problems.append(
             f"{report.records} records read but {accounted} accounted for "
             f"(applied {report.applied}, skipped {report.skipped}, dead {report.dead_decode + report.dead_project})"
-        )
-    if report.records < report.expected_records:
-        # Offsets may hold transaction markers (never delivered), so fewer records than
-        # offsets is fine as long as every position reached its end (checked above).
-        log.info(
-            "%d records for %d offsets (transaction markers take offsets)",
-            report.records,
-            report.expected_records,
         )
     if problems:
         raise ReplayError(
@@ -407,20 +402,10 @@ def _verify(report: ReplayReport) -> None:
         )
 
 
-def _swap(report: ReplayReport, stamp: str) -> None:
-    live, new = report.live_dir, report.replay_dir
-    old = live.with_name(f"{live.name}.old-{stamp}")
-    if live.exists():
-        live.rename(old)
-        try:
-            new.rename(live)
-        except OSError:
-            old.rename(live)  # put the live set back: never leave no set at all
-            raise
-        report.old_dir = old
-    else:
-        new.rename(live)
-    report.swapped = True
+CATCH_UP_ROUNDS = 10
+"""Catch-up rounds towards a running worker before it is asked to pause."""
+PAUSE_WAIT_S = 60.0
+"""How long a replay waits for a running worker to pause for the swap."""
 
 
 async def replay(
@@ -433,107 +418,195 @@ async def replay(
     on_phase: Callable[[str], None] | None = None,
     now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
 ) -> ReplayReport:
-    """Rebuild, verify and (unless ``dry_run``) swap in the views. See the module doc.
+    """Rebuild into a new table set, catch up, verify and (unless ``dry_run``) make it
+    current. See the module doc.
 
-    ``on_progress`` is called before the first batch and after every batch of the
-    build; ``on_phase`` names each step after it (:data:`PHASES`: compaction, index
-    builds, which take minutes at a million memories, verification, swap), possibly
-    from another thread, so a user is never left looking at a finished bar.
-
-    Unless ``dry_run``, the directory's :class:`LanceDirLock` is held from start to
-    swap: a running worker makes the replay refuse at once (before any work), and no
-    worker can start until the swap is done. ``force`` skips the lock (the worker
-    must then be restarted right after the swap). Raises :class:`ReplayError` with
-    one readable line.
+    ``on_progress`` is called before the first batch and after every batch;
+    ``on_phase`` names each step after the build (:data:`PHASES`), possibly from
+    another thread. With a worker running, it keeps projecting during the build and
+    is paused only for the last catch-up and the switch (it then writes into the new
+    set); without one, the replay holds the root's lock so none starts meanwhile.
+    The built set is removed whenever it is not swapped in (``dry_run``, an error,
+    Ctrl-C). ``force`` is accepted for compatibility and changes nothing. Raises
+    :class:`ReplayError` with one readable line.
     """
+    del force
     if batch_size < 1:
         raise ReplayError("batch size must be at least 1")
-    live_dir = Path(settings.lance_dir)
-    stamp = _utc_stamp(now())
-    replay_dir = live_dir.with_name(f"{live_dir.name}.replay-{stamp}")
-    if replay_dir.exists():
-        raise ReplayError(f"{replay_dir} already exists")
-    report = ReplayReport(live_dir=live_dir, replay_dir=replay_dir, dry_run=dry_run)
-
-    lock = LanceDirLock(live_dir)
-    if not dry_run and not force:
-        try:
-            lock.acquire("memstream replay")
-        except LanceDirBusyError as exc:
-            raise ReplayError(
-                f"{exc}: stop the worker first (the live set keeps serving reads meanwhile), "
-                "or use --dry-run"
-            ) from None
+    sets = TableSets(Path(settings.lance_dir))
+    replays = LanceDirLock(sets.root / "replay")
     try:
-        return await _replay(
-            settings,
-            report,
-            dry_run=dry_run,
-            batch_size=batch_size,
-            on_progress=on_progress,
-            on_phase=on_phase or (lambda _: None),
-            stamp=stamp,
-        )
+        replays.acquire("memstream replay")
+    except LanceDirBusyError as exc:
+        raise ReplayError(f"another replay is running ({exc})") from None
+    workers = LanceDirLock(sets.root)
+    name = _utc_stamp(now())
+    try:
+        worker_running = False
+        if not dry_run:
+            try:
+                workers.acquire("memstream replay")  # no worker may start until the swap
+            except LanceDirBusyError:
+                worker_running = True
+        sets.cleanup()  # sets of earlier replays nobody reads any more (killed ones too)
+        report = ReplayReport(live_dir=sets.current(), replay_dir=sets.new_set(name), dry_run=dry_run)
+        try:
+            await _replay(
+                settings, sets, report, name, worker_running=worker_running,
+                batch_size=batch_size, on_progress=on_progress, on_phase=on_phase or (lambda _: None),
+            )
+        finally:
+            if not report.swapped:
+                sets.remove_set(name)
+        if report.swapped:
+            sets.cleanup()  # the set the replaced one had replaced: nobody reads it any more
+        return report
     finally:
-        lock.release()
+        workers.release()
+        replays.release()
+
+
+class _Build:
+    """The set being built, its consumer and how to feed it a range of offsets."""
+
+    def __init__(self, settings: Settings, report: ReplayReport, batch_size: int,
+                 on_progress: Callable[[ReplayProgress], None] | None) -> None:
+        self.settings, self.report, self.batch_size, self.on_progress = settings, report, batch_size, on_progress
+        self.started = time.monotonic()
+        self.expected = 0
+        self.store: Any = None
+        self.projector: Any = None
+        self.consumer: AIOKafkaConsumer | None = None
+        self.partitions: list[TopicPartition] = []
+        self.rerouter: _MisroutedBeyond | None = None
+        # Opening writes (tables, indexes): its own thread, waited for on close, so a
+        # Ctrl-C during it cannot leave a thread writing into a set being removed.
+        self._opener = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-replay-open")
+
+    async def open(self, topics: Topics, handled: Mapping[tuple[str, int], int]) -> dict[TopicPartition, int]:
+        loop = asyncio.get_running_loop()
+        self.partitions = await _partitions(self.settings, (topics.messages, topics.events))
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.settings.bootstrap_servers, group_id=None, enable_auto_commit=False,
+            auto_offset_reset="earliest", client_id="memstream-replay",
+            max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024,
+        )
+        try:
+            await self.consumer.start()
+        except KafkaError as exc:
+            raise ReplayError(f"cannot reach Kafka at {self.settings.bootstrap_servers}: {exc}") from exc
+        self.store = await loop.run_in_executor(self._opener, _open_store, self.report.replay_dir, self.settings)
+        self.projector = await loop.run_in_executor(self._opener, _open_projector, self.store, self.settings)
+        self.rerouter = _MisroutedBeyond(self.settings, handled, self.report)
+        return dict(await self.consumer.beginning_offsets(self.partitions))
+
+    async def feed(self, begins: Mapping[TopicPartition, int], ends: Mapping[TopicPartition, int]) -> None:
+        todo = [tp for tp in self.partitions if ends.get(tp, 0) > begins.get(tp, 0)]
+        if not todo:
+            return
+        assert self.consumer is not None and self.rerouter is not None
+        self.expected += sum(ends[tp] - begins[tp] for tp in todo)
+        await _consume_into(
+            self.consumer, todo, begins, ends, self.projector, self.report, self.batch_size,
+            self.on_progress, self.expected, decode_in_process=self.settings.projector_decode_process,
+            fast_path=self.settings.projector_fast_path, on_decoded=self.rerouter.publish, started=self.started,
+            all_partitions=self.partitions,
+        )
+
+    def positions(self) -> dict[TopicPartition, int]:
+        stored = self.store.positions()
+        return {tp: int(stored.get((tp.topic, tp.partition), 0)) for tp in self.partitions}
+
+    async def close(self) -> None:
+        try:
+            if self.consumer is not None:
+                await self.consumer.stop()
+            if self.rerouter is not None:
+                await self.rerouter.stop()
+        finally:
+            self._opener.shutdown(wait=True)
 
 
 async def _replay(
     settings: Settings,
+    sets: TableSets,
     report: ReplayReport,
+    name: str,
     *,
-    dry_run: bool,
+    worker_running: bool,
     batch_size: int,
     on_progress: Callable[[ReplayProgress], None] | None,
     on_phase: Callable[[str], None],
-    stamp: str,
-) -> ReplayReport:
-    topics = Topics.from_settings(settings)
-    live_dir, replay_dir = report.live_dir, report.replay_dir
-
-    partitions = await _partitions(settings, (topics.messages, topics.events))
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers,
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        client_id="memstream-replay",
-        max_partition_fetch_bytes=4 * 1024 * 1024,
-        fetch_max_bytes=64 * 1024 * 1024,
-    )
-    try:
-        await consumer.start()
-    except KafkaError as exc:
-        raise ReplayError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from exc
+) -> None:
     loop = asyncio.get_running_loop()
+    live_dir = report.live_dir
+    build = _Build(settings, report, batch_size, on_progress)
     try:
-        begins = await consumer.beginning_offsets(partitions)
-        ends = await consumer.end_offsets(partitions)
-        report.end_offsets = {(tp.topic, tp.partition): ends[tp] for tp in partitions}
-        report.expected_records = sum(ends[tp] - begins[tp] for tp in partitions)
-
-        replay_dir.parent.mkdir(parents=True, exist_ok=True)
-        store = await loop.run_in_executor(None, _open_store, replay_dir, settings)
-        projector = await loop.run_in_executor(None, _open_projector, store, settings)
         handled = await loop.run_in_executor(None, _live_positions, live_dir, settings)
-        rerouter = _MisroutedBeyond(settings, handled, report)
-        await _consume_into(
-            consumer,
-            partitions,
-            begins,
-            ends,
-            projector,
-            report,
-            batch_size,
-            on_progress,
-            report.expected_records,
-            decode_in_process=settings.projector_decode_process,
-            fast_path=settings.projector_fast_path,
-            on_decoded=rerouter.publish,
-        )
+        begins = await build.open(Topics.from_settings(settings), handled)
+        assert build.consumer is not None
+        ends = await build.consumer.end_offsets(build.partitions)
+        report.end_offsets = {(tp.topic, tp.partition): ends[tp] for tp in build.partitions}
+        report.expected_records = sum(ends[tp] - begins[tp] for tp in build.partitions)
+        await build.feed(begins, ends)
+        if worker_running:
+            await _catch_up(build, live_dir, settings)
+            request = sets.request_swap(name)
+            try:
+                await _await_pause(sets, request.id)
+                await _catch_up(build, live_dir, settings, rounds=1)  # the worker is paused: exact
+                await _finish(build, report, live_dir, settings, on_phase, loop)
+                on_phase(PHASE_SWAP)
+                sets.point_to(name)
+                report.swapped = True
+            finally:
+                sets.withdraw(request)
+        else:
+            await _finish(build, report, live_dir, settings, on_phase, loop)
+            if not report.dry_run:
+                on_phase(PHASE_SWAP)
+                sets.point_to(name)
+                report.swapped = True
+        if report.swapped:
+            report.old_dir = live_dir
     finally:
-        await consumer.stop()
-        await rerouter.stop()
+        await build.close()
+        report.elapsed_s = time.monotonic() - build.started
+
+
+async def _catch_up(build: _Build, live_dir: Path, settings: Settings, rounds: int = CATCH_UP_ROUNDS) -> None:
+    """Feed the new set up to the live set's positions (which move while the worker
+    runs), until the gap is under one batch or ``rounds`` are done."""
+    loop = asyncio.get_running_loop()
+    for _ in range(rounds):
+        live = await loop.run_in_executor(None, _live_positions, live_dir, settings)
+        have = await loop.run_in_executor(None, build.positions)
+        target = {tp: max(have[tp], live.get((tp.topic, tp.partition), 0)) for tp in build.partitions}
+        gap = sum(target[tp] - have[tp] for tp in build.partitions)
+        if gap == 0:
+            return
+        await build.feed(have, target)
+        if gap < build.batch_size and rounds > 1:
+            return
+
+
+async def _await_pause(sets: TableSets, request_id: str) -> None:
+    deadline = time.monotonic() + PAUSE_WAIT_S
+    while sets.paused_for() != request_id:
+        if time.monotonic() > deadline:
+            raise ReplayError(
+                f"the running worker did not pause for the swap within {PAUSE_WAIT_S:.0f}s "
+                "(is it an older memstream?); nothing was swapped"
+            )
+        await asyncio.sleep(0.05)
+
+
+async def _finish(
+    build: _Build, report: ReplayReport, live_dir: Path, settings: Settings,
+    on_phase: Callable[[str], None], loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Compact and index the new set, then compare it with the live set and verify."""
+    store = build.store
 
     def finish() -> None:
         on_phase(PHASE_COMPACT)
@@ -544,32 +617,29 @@ async def _replay(
         on_phase(PHASE_VERIFY)
         report.positions = {k: int(v) for k, v in store.positions().items()}
         report.replay_digest = dict(store.table_digest())
-        if live_dir.exists():
-            live = _open_store(live_dir, settings)
+        if (live_dir / "positions.lance").exists():
+            live = _open_live(live_dir, settings)
             report.live_digest = dict(live.table_digest())
             report.live_positions = {k: int(v) for k, v in live.positions().items()}
 
-    await loop.run_in_executor(None, finish)
+    await loop.run_in_executor(build._opener, finish)
     _verify(report)
     if report.differences and report.live_positions is not None:
-        same_coverage = all(
-            report.live_positions.get(k, 0) == end for k, end in report.end_offsets.items()
+        same = all(report.positions.get(k, 0) == v for k, v in report.live_positions.items()) and all(
+            report.live_positions.get(k, 0) == v for k, v in report.positions.items()
         )
-        if same_coverage:
+        if same:
             log.warning(
                 "the live set covers exactly the replayed offsets yet differs in %s: "
                 "the live projection diverged from the log",
                 ", ".join(d.table for d in report.differences),
             )
 
-    if not dry_run:
-        on_phase(PHASE_SWAP)
-        # With the lock held (unless forced) no worker can have started meanwhile.
-        try:
-            _swap(report, stamp)
-        except OSError as exc:
-            raise ReplayError(f"swap failed, live set unchanged: {exc}") from exc
-    return report
+
+def _open_live(path: Path, settings: Settings) -> Any:
+    from memstream.projections.store import LanceStore
+
+    return LanceStore.from_settings(settings, path, create=False)
 
 
 def replay_sync(settings: Settings, **kwargs: Any) -> ReplayReport:

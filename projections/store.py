@@ -56,6 +56,7 @@ from lancedb.index import FTS, BTree, IvfPq
 from memstream.domain.content import normalize_content
 from memstream.domain.events import Scope
 from memstream.projections.key_filter import KeyFilter
+from memstream.projections.table_sets import TableSets
 from memstream.projections.schema import (
     DECISIONS,
     DIGEST_COLUMNS,
@@ -239,7 +240,7 @@ class LanceStore:
         create: bool = True,
     ) -> "LanceStore":
         return cls(
-            root if root is not None else settings.lance_dir,
+            root if root is not None else TableSets(settings.lance_dir).current(),
             embedding_dim=settings.embedding_dim,
             read_consistency_interval=read_consistency_interval,
             vector_index_threshold=settings.vector_index_threshold,

@@ -68,6 +68,7 @@ from memstream.domain.events import MessageObserved
 from memstream.domain.log import LogPosition
 from memstream.domain.resume_marks import decode_mark
 from memstream.llm import ChatModel, build_llm
+from memstream.projections.table_sets import TableSets
 from memstream.settings import Settings
 from memstream.streams.connect import until_started
 from memstream.streams.consumer import decode_or_dead_letter, sharing_turns
@@ -316,6 +317,24 @@ class ExtractorRunner:
         if self.extractor is not None and self.extractor.store is None:
             self._attach_store(store)
 
+    async def _follow_current_set(self) -> None:
+        """After a replay's swap, look memories up in the new set (the old one stays
+        readable until the next replay, so a running extraction finishes on it)."""
+        store = self._store
+        if store is None or self._store_lock.locked():
+            return
+        current = TableSets(self.settings.lance_dir).current()
+        if getattr(store, "root", current) == current:
+            return
+        from memstream.projections.store import LanceStore
+
+        async with self._store_lock:
+            fresh = await asyncio.to_thread(
+                LanceStore.from_settings, self.settings, current, read_consistency_interval=timedelta(0), create=False
+            )
+            self._attach_store(fresh)
+            log.info("extractor: reading the replayed table set %s", current)
+
     async def _ensure_store(self) -> None:
         if self.extractor is None or self.extractor.store is not None:
             return
@@ -381,6 +400,7 @@ class ExtractorRunner:
                 for records in polled.values():
                     for r in records:
                         self._ingest(r.topic, r.partition, r.offset, r.key, r.value, r.headers)
+                await self._follow_current_set()
                 self._backpressure()
                 self._schedule()
                 # Once everything read is extracted, say so at once (a no-op if nothing

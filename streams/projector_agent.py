@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 from mode import Service
 
 from memstream.domain.log import PositionedEvent, PositionedMemories
+from memstream.projections.table_sets import SwapRequest, TableSets
 from memstream.settings import Settings
 from memstream.streams.connect import until_started
 from memstream.streams.consumer import decode_or_dead_letter
@@ -81,6 +82,9 @@ log = logging.getLogger(__name__)
 _MAX_BACKOFF_S = 30.0
 _PROGRESS_EVERY_S = 10.0
 _HINT_EVERY_S = 1.0
+_SWAP_POLL_S = 0.1
+_HANDOVER_MAX_S = 600.0
+"""Longest pause for a replay's hand-over; then the worker resumes on its own set."""
 
 
 class RawRecord(NamedTuple):
@@ -353,6 +357,7 @@ class ProjectorRuntime:
             settings=settings,
             client_id=f"{settings.app_id}-projector-dlq",
         )
+        self.sets = TableSets(settings.lance_dir)
         self._open_lock = threading.Lock()
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-lance")
         self._indexer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-index")
@@ -387,6 +392,21 @@ class ProjectorRuntime:
 
                 self._projector = Projector(store, build_embedder(self.settings))
             return self._projector
+
+    def _open_current(self) -> None:
+        from memstream.projections.embedder import build_embedder
+        from memstream.projections.projector import Projector
+        from memstream.projections.store import LanceStore
+
+        store = LanceStore.from_settings(self.settings, self.sets.current())
+        projector = Projector(store, build_embedder(self.settings))
+        with self._open_lock:
+            self._store, self._projector = store, projector
+
+    async def switch_to_current(self) -> None:
+        """Write into the set ``CURRENT`` names from the next batch on (a replay swapped
+        it in while this worker was paused; its positions equal or pass ours)."""
+        await self._in_writer(self._open_current)
 
     async def _in_writer(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)
@@ -635,6 +655,10 @@ class ProjectorService(Service):
         self._task: asyncio.Task[None] | None = None
         self._hint: dict[tuple[str, int], int] = {}
         self._hinted_at = 0.0
+        # Held while a batch is written; a replay's hand-over takes it to pause.
+        self._apply_lock = asyncio.Lock()
+        self._swap_watch: asyncio.Task[None] | None = None
+        self._settled: set[str] = set()
 
     async def on_start(self) -> None:
         await self.runtime.open()
@@ -645,6 +669,39 @@ class ProjectorService(Service):
             "projector consumer",
         )
         self._task = asyncio.ensure_future(self._run())
+        self._swap_watch = asyncio.ensure_future(self._watch_swaps())
+
+    async def _watch_swaps(self) -> None:
+        """Answer a replay's hand-over request (see :mod:`memstream.projections.table_sets`)."""
+        sets = self.runtime.sets
+        while True:
+            await asyncio.sleep(_SWAP_POLL_S)
+            request = sets.swap_request()
+            if request is None or request.id in self._settled:
+                continue
+            async with self._apply_lock:
+                await self._hand_over(sets, request)
+
+    async def _hand_over(self, sets: TableSets, request: SwapRequest) -> None:
+        sets.pause(request)
+        log.info("replay (pid %d) swaps in set %s: paused", request.pid, request.target)
+        deadline = time.monotonic() + _HANDOVER_MAX_S
+        try:
+            while True:
+                if sets.current_name() == request.target:
+                    await self.runtime.switch_to_current()
+                    log.info("now projecting into the replayed set %s", request.target)
+                    return
+                gone = sets.swap_request() != request or not request.alive
+                if gone or time.monotonic() > deadline:
+                    if sets.current_name() == request.target:
+                        continue  # swapped just before the request went away
+                    log.warning("replay hand-over to %s abandoned: resuming on the current set", request.target)
+                    return
+                await asyncio.sleep(0.05)
+        finally:
+            self._settled.add(request.id)
+            sets.resume()
 
     async def _run(self) -> None:
         from memstream.streams.admin import topic_partitions
@@ -684,7 +741,8 @@ class ProjectorService(Service):
             raise
 
     async def _apply(self, batch: "FeedBatch") -> None:
-        await self.runtime.apply_batch(batch)
+        async with self._apply_lock:
+            await self.runtime.apply_batch(batch)
         self._hint.update(batch.decoded.next_offsets)
         if time.monotonic() - self._hinted_at >= _HINT_EVERY_S:
             await self._commit_hint()
@@ -705,6 +763,9 @@ class ProjectorService(Service):
 
     async def on_stop(self) -> None:
         try:
+            if self._swap_watch is not None:
+                self._swap_watch.cancel()
+                await asyncio.gather(self._swap_watch, return_exceptions=True)
             if self._task is not None:
                 self._task.cancel()
                 await asyncio.gather(self._task, return_exceptions=True)

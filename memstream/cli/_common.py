@@ -39,8 +39,9 @@ def open_store(settings: Settings, lance_dir: Path | None = None) -> LanceStore:
     """The projection's store (``--lance-dir`` or ``settings.lance_dir``), refusing to
     create an empty one where none exists."""
     from memstream.projections.store import LanceStore, StoreError
+    from memstream.projections.table_sets import TableSets
 
-    root = lance_dir or settings.lance_dir
+    root = lance_dir or TableSets(settings.lance_dir).current()
     if not (root / "memories.lance").exists():
         raise CLIError(f"no projection in {root}: start `memstream worker` (or pass --lance-dir)")
     try:

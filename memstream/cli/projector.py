@@ -28,10 +28,10 @@ WORKER_HELP = (
     "or SIGTERM."
 )
 REPLAY_HELP = (
-    "Rebuild every table from offset 0 into a fresh set, verify it, and swap it in.\n\n"
-    "Stop the worker first (the live set keeps serving reads during the rebuild), then start "
-    "it again: it resumes from the new set's positions. A replay refuses to swap while a "
-    "worker holds the LanceDB directory; --dry-run only builds and compares."
+    "Rebuild every table from offset 0 into a new table set, catch up with the running worker, "
+    "verify, and swap it in atomically.\n\nRuns while `memstream up` serves: the worker keeps "
+    "projecting and searches keep answering; the worker pauses only for the final catch-up. "
+    "--dry-run builds and compares, then removes the new set (as does Ctrl-C)."
 )
 
 
@@ -63,7 +63,7 @@ def replay(
     ] = False,
     force: Annotated[
         bool,
-        typer.Option("--force", help="Swap even while a worker runs (restart it right after)."),
+        typer.Option("--force", hidden=True, help="Kept for compatibility: a running worker is handed over."),
     ] = False,
     batch_size: Annotated[
         int, typer.Option("--batch-size", min=1, help="Records per projector batch.")

@@ -117,13 +117,14 @@ def run_mcp_stdio(settings: Settings, bank_name: str) -> None:
     """Serve one bank's MCP server over stdio. stdout carries the protocol only; every
     log line goes to stderr."""
     from memstream.interfaces.mcp_server import build_mcp_server
+    from memstream.projections.table_sets import TableSets
 
     registry = _registry_or_fail(settings)
     try:
         bank = registry.bank(bank_name)
     except UnknownBankError as exc:
         raise CLIError(f"{exc}; declare it in {banks_path(settings)}") from None
-    if not (settings.lance_dir / "memories.lance").exists():
+    if not TableSets(settings.lance_dir).has_projection():
         # A reader must never create an empty set of its own (it would answer nothing).
         raise CLIError(
             f"no projection in {settings.lance_dir} (MEMSTREAM_HOME={settings.home}): "

@@ -82,7 +82,7 @@ class MemoryService:
         self.topics = Topics.from_settings(settings)
         self.client_id = client_id
         self.producer: MemstreamProducer | None = None
-        self.store: Any = None
+        self._store: Any = None  # a CurrentStore: follows a replay's swap
         self.embedder: Any = None
         self._offsets: AIOKafkaConsumer | None = None
         self._offsets_lock = asyncio.Lock()
@@ -95,13 +95,17 @@ class MemoryService:
         latest commit, so a position the projection stored is visible at once."""
         from memstream.projections.embedder import build_embedder
         from memstream.projections.store import LanceStore
+        from memstream.projections.table_sets import CurrentStore
 
         producer = MemstreamProducer(self.settings, client_id=self.client_id)
         await producer.start()
         try:
-            self.store = await asyncio.to_thread(
-                LanceStore.from_settings, self.settings, read_consistency_interval=timedelta(0)
+            following = CurrentStore(
+                self.settings.lance_dir,
+                lambda root: LanceStore.from_settings(self.settings, root, read_consistency_interval=timedelta(0)),
             )
+            await asyncio.to_thread(following.get)
+            self._store = following
             self.embedder = await asyncio.to_thread(build_embedder, self.settings)
         except BaseException:
             await producer.stop()
@@ -117,7 +121,7 @@ class MemoryService:
         finally:
             if offsets is not None:
                 await offsets.stop()
-            close = getattr(self.store, "close", None)
+            close = getattr(self._store.opened if self._store is not None else None, "close", None)
             if callable(close):
                 await asyncio.to_thread(close)
 
@@ -127,6 +131,12 @@ class MemoryService:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+    @property
+    def store(self) -> Any:
+        """The current table set's store (None before :meth:`start`): after a replay's
+        swap, the new set; each read takes it once and runs on that set whole."""
+        return self._store.get() if self._store is not None else None
 
     def _producer(self) -> MemstreamProducer:
         if self.producer is None:

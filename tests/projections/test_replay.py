@@ -5,9 +5,10 @@ Real broker, real LanceDB directories under ``tmp_path``. What must hold:
 * a replay covers the whole log (positions equal the end offsets, dead letters
   included), reports progress against the end offsets, and two replays of one log
   are identical (the projection is a pure function of the log);
-* ``dry_run`` builds and compares but leaves the live set alone; a real replay swaps
-  (live -> ``.old-<time>``, new -> live) and reports how the old live set differed;
-* a replay never swaps under a running worker (the directory lock), unless forced.
+* ``dry_run`` builds and compares, leaves the live set alone and removes what it built;
+  a real replay points ``CURRENT`` at the new set, reports how the old live set
+  differed, and the next replay removes the replaced set;
+* one replay at a time (tests/projections/test_replay_serving.py: while a worker runs).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from memstream.projections.replay import (
     replay,
 )
 from memstream.projections.store import LanceStore
+from memstream.projections.table_sets import TableSets
 from memstream.settings import Settings, child_env
 from memstream.streams.producer import MemstreamProducer
 from memstream.streams.projector_agent import LanceDirBusyError, LanceDirLock
@@ -84,7 +86,7 @@ async def test_replay_builds_verifies_compares_and_swaps(
     fresh_topics: Topics, settings_for, tmp_path: Path  # type: ignore[no-untyped-def]
 ) -> None:
     settings = settings_for(fresh_topics, lance_dir=tmp_path / "data" / "lance")
-    live_dir = Path(settings.lance_dir)
+    sets = TableSets(settings.lance_dir)
     await produce_log(settings, 0, 30)
 
     seen: list[ReplayProgress] = []
@@ -92,8 +94,9 @@ async def test_replay_builds_verifies_compares_and_swaps(
     first = await replay(
         settings, dry_run=True, batch_size=25, on_progress=seen.append, on_phase=phases.append, now=clock(1)
     )
-    assert first.dry_run and not first.swapped and not live_dir.exists()
-    assert first.replay_dir == live_dir.with_name("lance.replay-20250102T030401000Z")
+    assert first.dry_run and not first.swapped and not sets.has_projection()
+    assert first.replay_dir == sets.path_of("20250102T030401000Z")
+    assert not first.replay_dir.exists(), "a dry run removes what it built"
     assert first.live_digest is None and first.live_matches is None
     total = 2 * (30 * 2 + 1) + 1
     assert first.records == first.expected_records == total
@@ -111,8 +114,8 @@ async def test_replay_builds_verifies_compares_and_swaps(
     phases.clear()
     second = await replay(settings, on_phase=phases.append, now=clock(2))
     assert phases == [PHASE_COMPACT, PHASE_VERIFY, PHASE_SWAP]
-    assert second.swapped and second.old_dir is None and live_dir.is_dir()
-    assert not second.replay_dir.exists()
+    assert second.swapped and sets.current_name() == "20250102T030402000Z"
+    assert second.replay_dir == sets.current() and second.old_dir == Path(settings.lance_dir)
     assert second.replay_digest == first.replay_digest
     assert LanceStore.from_settings(settings).table_digest() == first.replay_digest
     superseded = LanceStore.from_settings(settings).get_memories(ALICE, ["mem0"])[0]
@@ -128,35 +131,34 @@ async def test_replay_builds_verifies_compares_and_swaps(
     assert "differs from live" in third.summary()
 
     fourth = await replay(settings, now=clock(4))
-    assert fourth.swapped and fourth.old_dir == live_dir.with_name("lance.old-20250102T030404000Z")
+    assert fourth.swapped and fourth.old_dir == second.replay_dir
     assert fourth.replay_digest == third.replay_digest
     assert LanceStore.from_settings(settings).table_digest() == third.replay_digest
-    # The previous live set is kept, untouched, next to the new one.
+    # The replaced set is kept, untouched, for readers still on it...
     assert LanceStore.from_settings(settings, fourth.old_dir).table_digest() == first.replay_digest
     assert "swapped in" in fourth.summary()
+    # ...until the next replay removes it.
+    fifth = await replay(settings, now=clock(5))
+    assert not second.replay_dir.exists() and fourth.replay_dir.exists() and fifth.replay_dir == sets.current()
+    assert sorted(p.name for p in (Path(settings.lance_dir) / "sets").iterdir()) == [
+        fourth.replay_dir.name, fifth.replay_dir.name
+    ]
 
 
-async def test_replay_never_swaps_under_a_running_worker(
+async def test_a_second_replay_is_refused_while_one_runs(
     fresh_topics: Topics, settings_for, tmp_path: Path  # type: ignore[no-untyped-def]
 ) -> None:
     settings = settings_for(fresh_topics)
     await produce_log(settings, 0, 3)
-    held = LanceDirLock(settings.lance_dir)
-    held.acquire("memstream worker test")  # what a running worker holds
+    held = LanceDirLock(Path(settings.lance_dir) / "replay")
+    held.acquire("memstream replay")
     try:
-        with pytest.raises(ReplayError, match="in use by memstream worker test"):
+        with pytest.raises(ReplayError, match="another replay is running"):
             await replay(settings, now=clock(1))
-        assert not list(tmp_path.glob("lance.replay-*")), "nothing is built when refused"
-
-        dry = await replay(settings, dry_run=True, now=clock(2))  # reads only: allowed
-        assert dry.replay_dir.exists() and not dry.swapped
-
-        forced = await replay(settings, force=True, now=clock(3))
-        assert forced.swapped and Path(settings.lance_dir).is_dir()
     finally:
         held.release()
-
-    # A replay holds the lock only while it runs.
+    assert not (Path(settings.lance_dir) / "sets").exists() or not any((Path(settings.lance_dir) / "sets").iterdir())
+    # A replay holds the worker lock only while it runs.
     await replay(settings, now=clock(4))
     again = LanceDirLock(settings.lance_dir)
     again.acquire("check")

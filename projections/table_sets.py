@@ -1,0 +1,209 @@
+"""Table sets under one LanceDB storage root, which one is current, and the hand-over
+of a replayed set to a running worker.
+
+Why: ``memstream replay`` rebuilds every table from offset 0 into a *new* set while
+the worker keeps projecting into the current one and readers keep searching it. The
+switch must be atomic for readers (a search runs on one set, whole) and must not
+lose what the worker wrote meanwhile. Layout::
+
+    <lance_dir>/                the storage root (``settings.lance_dir``)
+      <table>.lance             the first set, before any replay ("legacy" set: the root)
+      CURRENT                   name of the current set, replaced atomically (os.replace)
+      PREVIOUS                  the set CURRENT replaced (kept for readers still on it)
+      sets/<name>/              a set built by a replay
+      swap.request / swap.paused  the hand-over (see below)
+
+Readers resolve the current set when they open and follow a change through
+:class:`CurrentStore` (a ``stat`` per use); a set they may still be reading is only
+deleted by the *next* replay. Hand-over with a running worker (which holds the
+root's :class:`~memstream.streams.projector_agent.LanceDirLock`): the replay writes
+``swap.request`` (id, target set, its pid); the worker finishes the write in flight,
+stops applying and answers ``swap.paused`` with the same id; the replay catches the
+new set up to the paused worker's positions, verifies, points ``CURRENT`` at it and
+the worker resumes writing into the new set. A request whose replay died, or that is
+withdrawn, lets the worker resume on its set. Issue 19's shards can make a set a
+directory of per-partition databases without changing any of this.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["TableSets", "SwapRequest", "CurrentStore", "pid_alive"]
+
+_CURRENT = "CURRENT"
+_PREVIOUS = "PREVIOUS"
+_SETS = "sets"
+_REQUEST = "swap.request"
+_PAUSED = "swap.paused"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass(frozen=True)
+class SwapRequest:
+    """A replay's request that the worker pause before the switch to ``target``."""
+
+    id: str
+    target: str
+    pid: int
+
+    @property
+    def alive(self) -> bool:
+        return pid_alive(self.pid)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    with open(tmp, "w", encoding="utf-8") as out:
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # the rename itself survives a crash
+    finally:
+        os.close(fd)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+
+
+class TableSets:
+    """The table sets of one storage root (see the module docstring)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    # --- which set ----------------------------------------------------------------
+    def current_name(self) -> str | None:
+        """The current set's name; None for the root's own (legacy) set."""
+        return _read(self.root / _CURRENT) or None
+
+    def path_of(self, name: str | None) -> Path:
+        return self.root if name is None else self.root / _SETS / name
+
+    def current(self) -> Path:
+        """The directory of the current set."""
+        return self.path_of(self.current_name())
+
+    def has_projection(self) -> bool:
+        return (self.current() / "memories.lance").exists()
+
+    def new_set(self, name: str) -> Path:
+        path = self.path_of(name)
+        if path.exists():
+            raise FileExistsError(f"{path} already exists")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def point_to(self, name: str) -> None:
+        """Make ``name`` current in one atomic rename; the replaced set is recorded."""
+        old = self.current_name()
+        _write_atomically(self.root / _PREVIOUS, old or "")
+        _write_atomically(self.root / _CURRENT, name)
+
+    def remove_set(self, name: str) -> None:
+        shutil.rmtree(self.path_of(name), ignore_errors=True)
+
+    def cleanup(self, keep: tuple[str, ...] = ()) -> list[str]:
+        """Delete every set but the current one, the one it replaced and ``keep``
+        (the caller holds the replay lock, so no other build is in progress). The
+        root's legacy tables go once neither current nor previous. Returns what was
+        removed."""
+        current, previous = self.current_name(), _read(self.root / _PREVIOUS) or None
+        removed: list[str] = []
+        sets_dir = self.root / _SETS
+        for entry in sorted(sets_dir.iterdir()) if sets_dir.is_dir() else ():
+            if entry.name not in {current, previous, *keep}:
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(entry.name)
+        if current is not None and previous is not None:
+            for table in self.root.glob("*.lance"):
+                shutil.rmtree(table, ignore_errors=True)
+                removed.append(table.name)
+        return removed
+
+    # --- the hand-over ------------------------------------------------------------
+    def request_swap(self, target: str) -> SwapRequest:
+        request = SwapRequest(id=uuid.uuid4().hex, target=target, pid=os.getpid())
+        _write_atomically(self.root / _REQUEST, json.dumps(request.__dict__))
+        return request
+
+    def swap_request(self) -> SwapRequest | None:
+        text = _read(self.root / _REQUEST)
+        if not text:
+            return None
+        try:
+            return SwapRequest(**json.loads(text))
+        except (ValueError, TypeError):
+            return None
+
+    def withdraw(self, request: SwapRequest) -> None:
+        if self.swap_request() == request:
+            (self.root / _REQUEST).unlink(missing_ok=True)
+        if self.paused_for() == request.id:
+            (self.root / _PAUSED).unlink(missing_ok=True)
+
+    def pause(self, request: SwapRequest) -> None:
+        """The worker's answer: it applies nothing until the request is settled."""
+        _write_atomically(self.root / _PAUSED, json.dumps({"id": request.id, "pid": os.getpid()}))
+
+    def paused_for(self) -> str | None:
+        text = _read(self.root / _PAUSED)
+        try:
+            return str(json.loads(text)["id"]) if text else None
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def resume(self) -> None:
+        (self.root / _PAUSED).unlink(missing_ok=True)
+
+
+class CurrentStore:
+    """A reader's store that follows ``CURRENT``: each :meth:`get` checks which set is
+    current and opens it when it changed (the old store object stays valid for
+    whoever still holds it: a search runs on one set from start to end)."""
+
+    def __init__(self, root: Path, opener: Callable[[Path], Any]) -> None:
+        self._sets = TableSets(root)
+        self._opener = opener
+        self._lock = threading.Lock()
+        self._path: Path | None = None
+        self._store: Any = None
+
+    def get(self) -> Any:
+        path = self._sets.current()
+        if path == self._path and self._store is not None:
+            return self._store
+        with self._lock:
+            if path != self._path or self._store is None:
+                self._store = self._opener(path)
+                self._path = path
+            return self._store
+
+    @property
+    def opened(self) -> Any:
+        """The store opened last (None before the first :meth:`get`), without a check."""
+        return self._store
