@@ -8,7 +8,8 @@ calls and results into readable lines.
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+import signal
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -85,21 +86,26 @@ def replay(
         if progress:
             with RichProgress() as bar:
                 report = asyncio.run(
-                    run_replay(
-                        settings,
-                        dry_run=dry_run,
-                        force=force,
-                        batch_size=batch_size,
-                        on_progress=bar,
-                        on_phase=bar.phase,
+                    _until_ctrl_c(
+                        run_replay(
+                            settings,
+                            dry_run=dry_run,
+                            force=force,
+                            batch_size=batch_size,
+                            on_progress=bar,
+                            on_phase=bar.phase,
+                        )
                     )
                 )
         else:
             report = asyncio.run(
-                run_replay(settings, dry_run=dry_run, force=force, batch_size=batch_size)
+                _until_ctrl_c(run_replay(settings, dry_run=dry_run, force=force, batch_size=batch_size))
             )
     except ReplayError as exc:
         raise CLIError(str(exc)) from None
+    except asyncio.CancelledError:
+        _console.print("interrupted: nothing was swapped in; the unfinished set was removed", highlight=False)
+        raise typer.Exit(130) from None
     if report.differences:
         table = Table(title="live vs replay", show_lines=False)
         table.add_column("table")
@@ -116,6 +122,18 @@ def replay(
             )
         _console.print(table)
     _console.print(report.summary(), highlight=False, soft_wrap=True)
+
+
+async def _until_ctrl_c(work: Any) -> Any:
+    """Run ``work`` and cancel it on Ctrl-C through the event loop (the cancellation then
+    reaches it at its next await, never in the middle of a step), so its clean-up runs."""
+    task = asyncio.ensure_future(work)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, task.cancel)
+    try:
+        return await task
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
 
 
 def register(app: typer.Typer) -> None:
