@@ -41,7 +41,7 @@ def open_store(settings: Settings, lance_dir: Path | None = None) -> LanceStore:
     from memstream.projections.store import LanceStore, StoreError
     from memstream.projections.table_sets import TableSets
 
-    root = lance_dir or TableSets(settings.lance_dir).current()
+    root = TableSets(lance_dir or settings.lance_dir).current()  # a root follows its CURRENT set
     if not (root / "memories.lance").exists():
         raise CLIError(f"no projection in {root}: start `memstream worker` (or pass --lance-dir)")
     try:

@@ -97,6 +97,9 @@ async def test_mcp_snippet_works_as_a_host_runs_it(installed: dict[str, Any]) ->
     search = cli(["search", f"window seat {marker}", "--team", "acme", "--user", "alice", "--json"], dirs["cli_cwd"], env)
     assert search.returncode == 0, search.stderr
     assert marker in search.stdout
+    replayed = cli(["replay", "--dry-run", "--no-progress"], dirs["cli_cwd"], env)
+    assert replayed.returncode == 0, replayed.stderr
+    assert "replayed" in replayed.stdout and "live set identical" in replayed.stdout, replayed.stdout
     sql = cli(["sql", "SELECT count(*) AS n FROM memories", "--json"], dirs["cli_cwd"], env)
     assert sql.returncode == 0, sql.stderr
     assert '"n": 1' in sql.stdout.replace(" ", "").replace('"n":1', '"n": 1')
