@@ -24,7 +24,10 @@ A 4xx in ``plain`` mode is an error no retry can fix (``refused``).
 The first mode an endpoint answers in is *learned* per endpoint and model, and kept by
 :class:`memstream.llm_modes.ModeMemory` (in memory, and in ``<home>/llm-modes.json``
 when built from settings): later calls, in this process and the next ones, start
-there. Only calls that carried a schema teach anything (without one, the two schema
+there. A refusal about the format itself (a 400/422, or a body naming the format) is
+learned at once, before the next mode has answered: a slow local model's answer may
+never come within its deadline, and the refusal would otherwise be paid again on every
+call. Only calls that carried a schema teach anything (without one, the two schema
 modes send plain JSON mode and say nothing about the schema forms).
 
 Failures that are worth a retry (timeout, connection error, 429, 5xx, an empty answer,
@@ -210,6 +213,16 @@ def _error_text(exc: openai.APIStatusError) -> str:
     return " ".join(parts).lower()
 
 
+def _names_the_format(exc: openai.APIStatusError, response_format: Mapping[str, Any]) -> bool:
+    """A refusal that is about the format itself (a 400/422, or an error body naming
+    the format): learned at once. Other 4xx (a bad key, an unknown model) step down
+    within the call but teach nothing until a mode answers."""
+    if exc.status_code in (400, 422):
+        return True
+    text = _error_text(exc)
+    return "response_format" in text or str(response_format.get("type", "")).lower() in text
+
+
 def refuses_format(exc: openai.APIStatusError, response_format: Mapping[str, Any]) -> bool:
     """Whether an error answer to a request carrying ``response_format`` refuses that
     format (see the module docstring) rather than reporting an outage."""
@@ -321,6 +334,9 @@ class LLMClient:
                         "LLM endpoint %s refused %s output (%s); trying %s",
                         self.base_url, refused[-1], exc.status_code, mode,
                     )
+                    if schema is not None and _names_the_format(exc, response_format):
+                        # kept at once: a slow model's next answer may never come in time
+                        self._memory.learn(self._key, mode, self.refused_modes + tuple(refused))
                     continue
                 retry_later = exc.status_code in _LATER_STATUSES or exc.status_code >= 500
                 kind: ErrorKind = "http" if retry_later else "refused"
@@ -342,7 +358,7 @@ class LLMClient:
                 raise self._error("http", exc, start) from None
             break
         if refused and schema is not None:
-            self._memory.learn(self._key, mode, refused)
+            self._memory.learn(self._key, mode, self.refused_modes + tuple(refused))
         elif schema is not None and self._memory.get(self._key) is None:
             self._memory.learn(self._key, mode, ())
         latency = (time.perf_counter() - start) * 1000

@@ -58,6 +58,25 @@ async def test_llama_cpp_pythons_500_for_json_schema_is_a_refusal_and_schema_in_
     assert fake_llm.chat.requests[1]["response_format"]["schema"] == SCHEMA
 
 
+async def test_a_refusal_naming_the_format_is_learned_before_the_next_mode_answers(
+    fake_llm: FakeOpenAI,  # noqa: F811
+) -> None:
+    def slow_model(body: dict[str, Any]) -> Reply:
+        if body["response_format"]["type"] == "json_schema":
+            return Reply(status=500, error_message="response_format: Input should be 'text' or 'json_object'")
+        return Reply(delay=3.0)  # the slow model's answer never comes in time
+
+    fake_llm.chat.responder = slow_model
+    llm = client(fake_llm)
+    try:
+        with pytest.raises(LLMError) as raised:
+            await llm.chat_json("s", "u", schema=SCHEMA)
+    finally:
+        await llm.close()
+    assert raised.value.kind == "timeout"
+    assert llm.output_mode == "json_object_schema" and llm.refused_modes == ("json_schema",)
+
+
 async def test_a_500_that_does_not_name_the_format_is_an_outage_not_a_refusal(
     fake_llm: FakeOpenAI,  # noqa: F811
 ) -> None:
