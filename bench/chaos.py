@@ -31,11 +31,15 @@ Then, with the worker drained and stopped:
 * every qualifying turn was extracted (a memory cites it) or is still pending (at or
   after the extractor's committed offset): ``turns_lost`` counts the others;
 * ``searches`` random searches over the tenants never return a memory of another
-  space (``cross_tenant_results``).
+  space (``cross_tenant_results``); each tenant's traffic comes from ``agents`` agents
+  of its one user, and the half of the searches pinned to one agent (as an
+  agent-pinned key's are) never return another agent's memory
+  (``cross_agent_results``).
 
 The last line (the CLI prints it) is the JSON summary with ``acked``, ``in_log``,
 ``lost``, ``duplicated``, ``bad_inputs``, ``dead_lettered``, ``worker_kills``,
-``broker_restarts``, ``llm_failures``, ``turns_lost``, ``cross_tenant_results``.
+``broker_restarts``, ``llm_failures``, ``turns_lost``, ``cross_tenant_results``,
+``cross_agent_results``.
 """
 
 from __future__ import annotations
@@ -106,6 +110,9 @@ class ChaosPlan:
     broker_restarts: int = 3
     bad_inputs: int = 10_000
     tenants: int = 50
+    agents: int = 3
+    """Agents per tenant, all of one user: the searches pinned to one agent check the
+    agent boundary inside a memory space too."""
     searches: int = 10_000
     llm_failure_rate: float = 0.3
     produce_seconds: float = 300.0
@@ -131,8 +138,8 @@ class ChaosPlan:
         )
 
     def __post_init__(self) -> None:
-        if self.events < 1 or self.tenants < 1:
-            raise ValueError("events and tenants must be positive")
+        if self.events < 1 or self.tenants < 1 or self.agents < 1:
+            raise ValueError("events, tenants and agents must be positive")
         if not 0.0 <= self.turn_share <= 1.0 or not 0.0 <= self.llm_failure_rate < 1.0:
             raise ValueError("turn_share must be in [0, 1] and llm_failure_rate in [0, 1)")
 
@@ -147,9 +154,10 @@ _VOCAB = (
 ).split()
 
 
-def tenant_scope(i: int) -> Scope:
-    """Tenant ``i``'s memory space (every tenant its own team: the strongest isolation)."""
-    return Scope(team_id=f"chaos-t{i:02d}", user_id="main")
+def tenant_scope(i: int, agent: int = 0) -> Scope:
+    """Tenant ``i``'s memory space (every tenant its own team: the strongest isolation),
+    written by its agent ``agent`` (agents share the tenant's one user)."""
+    return Scope(team_id=f"chaos-t{i:02d}", user_id="main", agent_id=f"a{agent}")
 
 
 def _sentence(rng: random.Random, words: int) -> str:
@@ -169,7 +177,8 @@ def make_valid_events(plan: ChaosPlan, rng: random.Random, run_id: str) -> list[
     turns_in_session = [0] * plan.tenants
     for j in range(plan.events):
         t = rng.randrange(plan.tenants)
-        scope = tenant_scope(t)
+        agent = rng.randrange(plan.agents)
+        scope = tenant_scope(t, agent)
         when = _T0 + timedelta(minutes=j)
         if rng.random() < plan.turn_share:
             if turns_in_session[t] >= 30:
@@ -195,7 +204,7 @@ def make_valid_events(plan: ChaosPlan, rng: random.Random, run_id: str) -> list[
                 MemoryAdded(
                     scope=scope,
                     memory_id=f"{run_id}-mem-{j}",
-                    content=f"Tenant {t:02d} note {j}: {_sentence(rng, rng.randint(4, 12))}",
+                    content=f"Tenant {t:02d} agent a{agent} note {j}: {_sentence(rng, rng.randint(4, 12))}",
                     occurred_at=when,
                     recorded_at=when,
                     producer="memstream-bench-chaos",
@@ -602,7 +611,14 @@ def _verify_turns(
     return {"turns": len(turns), "turns_extracted": extracted, "turns_pending": pending, "turns_lost": lost}
 
 
-def _searches(store: Any, embedder: Any, plan: ChaosPlan, rng: random.Random) -> tuple[int, int, list[float]]:
+def _searches(
+    store: Any, embedder: Any, plan: ChaosPlan, rng: random.Random
+) -> tuple[int, int, int, list[float]]:
+    """Random searches: half over a tenant's whole space (a result of another space is
+    a cross-tenant result), half pinned to one of its agents (a result of another
+    agent is a cross-agent result). Returns (cross-tenant, cross-agent, results,
+    latencies)."""
+    from memstream.domain.access import ReadScope
     from memstream.projections.search import search
 
     jobs = []
@@ -612,26 +628,32 @@ def _searches(store: Any, embedder: Any, plan: ChaosPlan, rng: random.Random) ->
         query = " ".join(rng.choice(_VOCAB) for _ in range(words))
         if rng.random() < 0.2:
             query = f"Tenant {rng.randrange(plan.tenants):02d} {query}"  # names another tenant
-        jobs.append((tenant_scope(tenant), query, rng.choice((1, 5, 10, 20))))
+        if rng.random() < 0.2:
+            query = f"agent a{rng.randrange(plan.agents)} {query}"  # names an agent
+        scope = tenant_scope(tenant)
+        reader = ReadScope(scope.team_id, scope.user_id, f"a{rng.randrange(plan.agents)}" if rng.random() < 0.5 else None)
+        jobs.append((reader, query, rng.choice((1, 5, 10, 20))))
 
-    def one(job: tuple[Scope, str, int]) -> tuple[int, int, float]:
-        scope, query, k = job
+    def one(job: tuple[ReadScope, str, int]) -> tuple[int, int, int, float]:
+        reader, query, k = job
         t0 = time.perf_counter()
-        results = search(store, embedder, scope, query, k)
+        results = search(store, embedder, reader, query, k)
         ms = (time.perf_counter() - t0) * 1000
-        leaks = sum(1 for r in results if (r.team_id, r.user_id) != (scope.team_id, scope.user_id))
-        return leaks, len(results), ms
+        tenant_leaks = sum(1 for r in results if (r.team_id, r.user_id) != (reader.team_id, reader.user_id))
+        agent_leaks = sum(1 for r in results if reader.agent_id is not None and r.agent_id != reader.agent_id)
+        return tenant_leaks, agent_leaks, len(results), ms
 
-    leaks = returned = 0
+    leaks = agent_leaks = returned = 0
     latencies: list[float] = []
     with progress() as bar, ThreadPoolExecutor(max_workers=4) as pool:
         task = bar.add_task("searches", total=len(jobs))
-        for leak, n, ms in pool.map(one, jobs):
+        for leak, agent_leak, n, ms in pool.map(one, jobs):
             leaks += leak
+            agent_leaks += agent_leak
             returned += n
             latencies.append(ms)
             bar.advance(task)
-    return leaks, returned, latencies
+    return leaks, agent_leaks, returned, latencies
 
 
 def chaos_settings(workdir: Path, llm_base_url: str, *, timeout_s: float) -> Settings:
@@ -792,7 +814,7 @@ def run_plan(plan: ChaosPlan, *, workdir: Path | None = None, keep: bool = False
         # measure the fragments, not the search)
         store.optimize()
         embedder = build_embedder(settings)
-        leaks, returned, latencies = _searches(store, embedder, plan, rng)
+        leaks, agent_leaks, returned, latencies = _searches(store, embedder, plan, rng)
         from memstream.bench._common import percentile
 
         figures.update(
@@ -806,6 +828,8 @@ def run_plan(plan: ChaosPlan, *, workdir: Path | None = None, keep: bool = False
             searches=plan.searches,
             search_results=returned,
             cross_tenant_results=leaks,
+            cross_agent_results=agent_leaks,
+            agents_per_tenant=plan.agents,
             search_p50_ms=round(percentile(latencies, 50), 2),
             tenants=plan.tenants,
             events=len(valid),
@@ -852,6 +876,7 @@ def _print(figures: dict[str, Any], faults: Faults) -> None:
         ["qualifying turns", figures.get("turns")],
         ["  extracted / pending / lost", f"{figures.get('turns_extracted')} / {figures.get('turns_pending')} / {figures.get('turns_lost')}"],
         ["searches / cross-tenant results", f"{figures.get('searches')} / {figures.get('cross_tenant_results')}"],
+        ["  cross-agent results (searches pinned to an agent)", figures.get("cross_agent_results")],
         ["time: produce / drain / total (s)", f"{figures.get('produce_s')} / {figures.get('settle_s')} / {figures.get('total_s')}"],
     ]
     console.print(table("fault injection", ["check", "value"], rows))

@@ -811,9 +811,14 @@ def _relative(text: str, today: date) -> datetime | None:
 
 
 def memory_id_for(scope: Scope, digest: str) -> str:
-    """The memory id of a content hash in a memory space: the same statement in the same
-    space always gets the same id, so a repeated run is absorbed by upserts."""
-    key = f"{scope.team_id}\x1f{scope.user_id}\x1f{digest}".encode()
+    """The memory id of a content hash in a memory space and agent: the same statement
+    of the same agent always gets the same id, so a repeated run is absorbed by
+    upserts, and two agents never share one (the "default" agent keeps the id it had
+    before agents were part of it)."""
+    parts = [scope.team_id, scope.user_id, digest]
+    if scope.agent_id != "default":
+        parts.insert(2, scope.agent_id)
+    key = "\x1f".join(parts).encode()
     return "mem-" + hashlib.sha256(key).hexdigest()[:32]
 
 

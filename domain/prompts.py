@@ -138,12 +138,24 @@ def parse_prompt(
     )
 
 
+def _segment(value: str) -> bool:
+    """Whether an id can name one directory entry inside the prompts directory: ids
+    may hold ``.`` and ``/``, so ``..``, ``a/b`` or ``../../beta`` could climb out of it
+    (another team's prompt, any file)."""
+    return value not in ("", ".", "..") and "/" not in value and "\\" not in value and "\x00" not in value
+
+
 def override_paths(prompts_dir: Path, prompt_id: str, scope: Scope | None) -> list[Path]:
-    """Candidate override files, most specific first (see the module docstring)."""
+    """Candidate override files, most specific first (see the module docstring). A
+    level whose id is not a single path segment (:func:`_segment`) is not consulted,
+    so every candidate lies inside ``prompts_dir``."""
+    if not _segment(prompt_id):
+        return []
     paths: list[Path] = []
-    if scope is not None:
+    if scope is not None and _segment(scope.team_id):
         team = prompts_dir / "teams" / scope.team_id
-        paths.append(team / "agents" / scope.agent_id / f"{prompt_id}.toml")
+        if _segment(scope.agent_id):
+            paths.append(team / "agents" / scope.agent_id / f"{prompt_id}.toml")
         paths.append(team / f"{prompt_id}.toml")
     paths.append(prompts_dir / f"{prompt_id}.toml")
     return paths

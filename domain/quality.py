@@ -35,8 +35,13 @@ The rules, checked in this order (the first that matches names the verdict):
     The turn tries to instruct the model that will read it later: "ignore all previous
     instructions", "disregard the above", "you are now DAN", "new system prompt:", chat
     template control tokens (``<|im_start|>``, ``[INST]``, ``<<SYS>>``) and similar
-    (:data:`INJECTION_PATTERNS`). Such turns are kept as evidence but never become
-    memories, because a memory is pasted into future prompts verbatim.
+    (:data:`INJECTION_PATTERNS`), and their paraphrases. The rules read the text with
+    its disguises taken off (``memstream.domain.normalise.fold_for_rules``: NFKC,
+    zero-width and bidi controls removed, look-alike letters folded, spaced-out and
+    digit-for-letter words undone), and the core phrase is also looked for over the
+    letters alone. Such turns are kept as evidence but never become memories, because
+    a memory is pasted into future prompts verbatim. The same rule
+    (:func:`injection_reason`) refuses memories clients write directly.
 
 The gate is pure and deterministic: same text, same verdict.
 """
@@ -48,10 +53,13 @@ import unicodedata
 from dataclasses import dataclass
 from enum import StrEnum
 
+from memstream.domain.normalise import fold_for_rules
+
 __all__ = [
     "GateRule",
     "GateResult",
     "gate",
+    "injection_reason",
     "BASE64_BLOB_MIN_CHARS",
     "INJECTION_PATTERNS",
     "NOISE_PATTERNS",
@@ -157,6 +165,29 @@ INJECTION_PATTERNS: tuple[re.Pattern[str], ...] = (
     re.compile(r"\b(?:remember|store|save|memorize)\s+(?:this\s+)?(?:as\s+)?(?:a\s+)?"
                r"(?:new\s+)?(?:system\s+)?(?:instruction|rule)\s*:\s*(?:always|never|ignore)",
                re.IGNORECASE),
+    # paraphrases: "pay no attention to the previous instructions", "do not follow
+    # your original instructions", "the above instructions are void"
+    re.compile(rf"\b(?:pay\s+no\s+(?:attention|heed)\s+to|(?:do\s+not|don'?t|stop|no\s+longer)\s+"
+               rf"(?:follow(?:ing)?|obey(?:ing)?|listen(?:ing)?\s+to|adher(?:e|ing)\s+to)|throw\s+away|"
+               rf"discard|drop|abandon|set\s+aside|put\s+aside|cancel)\s+{_PRIOR}\s+{_RULES}\b", re.IGNORECASE),
+    re.compile(rf"\b{_PRIOR}\s+{_RULES}\s+(?:are|is|were|was)\s+(?:now\s+)?(?:void|null|cancell?ed|obsolete|"
+               rf"revoked|invalid|no\s+longer\s+(?:valid|apply|applicable|in\s+effect))", re.IGNORECASE),
+    # role hijacks: "pretend you have no restrictions", "you have no rules now",
+    # "from now on you will answer without filters", "do anything now"
+    re.compile(r"\b(?:pretend|imagine|act\s+as\s+if|behave\s+as\s+if)\s+(?:that\s+)?you\s+(?:are|have|had|were)\s+"
+               r"(?:no|an?\s+(?:unrestricted|unfiltered|uncensored|evil|jailbroken))", re.IGNORECASE),
+    re.compile(r"\byou\s+(?:now\s+)?(?:have|has)\s+no\s+(?:restrictions|rules|filters|limits|guidelines|"
+               r"content\s+polic(?:y|ies)|safety\s+guidelines)\b", re.IGNORECASE),
+    re.compile(r"\bfrom\s+now\s+on,?\s+you\s+(?:will|must|shall|are\s+to)\s+(?:ignore|disregard|"
+               r"answer\s+without|respond\s+without|no\s+longer)", re.IGNORECASE),
+    re.compile(r"\b(?:do\s+anything\s+now|jailbreak(?:ed)?\s+mode|god\s+mode\s+(?:enabled|on|activated))\b",
+               re.IGNORECASE),
+    re.compile(r"\byour\s+(?:new|real|true|updated)\s+(?:instructions|task|role|directive|purpose)\s+"
+               r"(?:is|are|will\s+be)\b\s*:?", re.IGNORECASE),
+    # system-role markup in plain text: "<system>", "[system]", "system:" opening a line
+    re.compile(r"<\s*/?\s*system\s*>|\[\s*system\s*\]|^\s*system\s*:\s*\S", re.IGNORECASE | re.MULTILINE),
+    re.compile(r"\b(?:begin|end|start)\s+(?:of\s+)?(?:the\s+)?system\s+(?:prompt|message|instructions)\b",
+               re.IGNORECASE),
 )
 """Phrases and tokens that try to steer the model reading the turn. Deliberately narrow:
 ordinary talk about instructions ("ignore my last message, I meant Tuesday") must
@@ -177,6 +208,15 @@ _INJECTION_LITERALS: tuple[tuple[str, ...], ...] = (
     ("<|",),
     ("inst]", "sys>>"),
     ("instruction", "rule"),
+    ("pay", "not", "don", "stop", "longer", "throw", "discard", "drop", "abandon", "aside", "cancel"),
+    ("void", "null", "cancel", "obsolete", "revoked", "invalid", "longer"),
+    ("pretend", "imagine", "if"),
+    ("no",),
+    ("now",),
+    ("anything", "jailbreak", "god"),
+    ("your",),
+    ("system",),
+    ("system",),
 )
 """For each of :data:`INJECTION_PATTERNS`, in order: words one of which every match
 contains (lower case). On ASCII text, where case-insensitive matching is exactly
@@ -298,17 +338,46 @@ def _gate(text: str, *, prefilter: bool) -> GateResult:
 
     # Checked on the turn as written (images aside), markers included: a hijack attempt
     # hidden inside framework markup is still a hijack attempt.
-    if present == _NO_LITERALS:  # most turns: no literal of any pattern, so none can match
-        return GateResult(None, stripped)
-    for pattern, literals in zip(INJECTION_PATTERNS, _INJECTION_LITERALS, strict=True):
-        if not _may_match(literals, present):
-            continue
-        match = pattern.search(with_images)
-        if match:
-            snippet = " ".join(match.group(0).split())[:60]
-            return GateResult(GateRule.prompt_injection, "", f"instruction hijack: {snippet!r}")
-
+    reason = _hijack(with_images, prefilter=prefilter)
+    if reason is not None:
+        return GateResult(GateRule.prompt_injection, "", reason)
     return GateResult(None, stripped)
+
+
+def injection_reason(text: str) -> str | None:
+    """The ``prompt_injection`` rule alone, for text a client writes straight into
+    memory (a memory, through any interface): the reason when it tries to instruct the
+    model that will read it, else ``None``."""
+    return _hijack(text, prefilter=True)
+
+
+# the hijack phrase with every separator gone ("i.g.n.o.r.e all p-r-e-v-i-o-u-s ...")
+_SQUASHED = re.compile(
+    r"(?:ignore|disregard|forget|override|bypass)(?:all|any|the|your|of)*"
+    r"(?:previous|prior|above|earlier|preceding|original|system)(?:instructions?|prompts?|rules?|guidelines?)"
+)
+
+
+def _hijack(text: str, *, prefilter: bool) -> str | None:
+    """The injection patterns over the text with its disguises taken off
+    (:func:`memstream.domain.normalise.fold_for_rules`), and the core phrase over its
+    letters alone."""
+    folded = fold_for_rules(text)
+    lowered = folded.lower() if prefilter and folded.isascii() else None
+    present = _present(lowered)
+    if present != _NO_LITERALS:  # most texts: no literal of any pattern, so none can match
+        for pattern, literals in zip(INJECTION_PATTERNS, _INJECTION_LITERALS, strict=True):
+            if not _may_match(literals, present):
+                continue
+            match = pattern.search(folded)
+            if match:
+                snippet = " ".join(match.group(0).split())[:60]
+                return f"instruction hijack: {snippet!r}"
+    letters = "".join(ch for ch in (lowered if lowered is not None else folded.lower()) if ch.isalpha())
+    squashed = _SQUASHED.search(letters)
+    if squashed:
+        return f"instruction hijack (disguised): {squashed.group(0)[:60]!r}"
+    return None
 
 
 def _strip_noise(text: str, present: frozenset[str] | None = None) -> tuple[str, int]:

@@ -22,28 +22,34 @@ is ever stored: in the banks file (``api_key_sha256``) or in the keys file
 appends to. A plain hash is enough because the keys are high-entropy random strings,
 not passwords: there is nothing to brute-force from a dictionary.
 
-Access rule: a key may touch an event scope iff the team matches and, where the bank
-names a user or an agent, those match too. A key of team A never reads or writes team B.
+Access rule (``memstream.domain.access``, described in docs/security.md): a key may
+touch an event scope iff the team matches and, where the bank names a user or an
+agent, those match too; its reads are confined the same way. A key of team A never
+reads or writes team B, and a key pinned to an agent never sees another agent's rows.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import re
 import secrets
 import string
 import tempfile
 import threading
+import time
 import tomllib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from memstream.domain.access import AccessScope
 from memstream.domain.events import Identifier, MemoryType, Scope
 from memstream.settings import Settings
 
@@ -67,6 +73,8 @@ __all__ = [
     "add_bank",
     "write_default_bank",
 ]
+
+log = logging.getLogger("memstream.banks")
 
 KEY_PREFIX = "msk_"
 _TEMPLATE_FIELDS = frozenset({"content", "now", "bank", "date"})
@@ -106,61 +114,6 @@ def _check_hash(value: str) -> str:
     if len(v) != 64 or not set(v) <= _HEX64:
         raise ValueError("an API key hash is 64 hex characters (sha256); never store the key itself")
     return v
-
-
-class AccessScope(BaseModel):
-    """What a bank (and so a key) may touch: one team, optionally one user and agent.
-
-    ``None`` for user or agent means "any within the team"; the *default* scope used
-    for writes that name no scope fills those with ``"default"``.
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    team_id: Identifier
-    user_id: Identifier | None = None
-    agent_id: Identifier | None = None
-
-    def allows(self, scope: Scope) -> bool:
-        """True when ``scope`` lies inside this access scope."""
-        if scope.team_id != self.team_id:
-            return False
-        if self.user_id is not None and scope.user_id != self.user_id:
-            return False
-        if self.agent_id is not None and scope.agent_id != self.agent_id:
-            return False
-        return True
-
-    def default_scope(self) -> Scope:
-        """The scope for a write that names none."""
-        return Scope(
-            team_id=self.team_id,
-            user_id=self.user_id or "default",
-            agent_id=self.agent_id or "default",
-        )
-
-    def resolve(
-        self, user_id: str | None = None, agent_id: str | None = None
-    ) -> Scope:
-        """The scope a request names, defaulted from this access scope. Raises
-        ``PermissionError`` when the request names a user or agent outside it."""
-        if self.user_id is not None and user_id is not None and user_id != self.user_id:
-            raise PermissionError(f"this key is bound to user {self.user_id!r}")
-        if self.agent_id is not None and agent_id is not None and agent_id != self.agent_id:
-            raise PermissionError(f"this key is bound to agent {self.agent_id!r}")
-        return Scope(
-            team_id=self.team_id,
-            user_id=user_id or self.user_id or "default",
-            agent_id=agent_id or self.agent_id or "default",
-        )
-
-    def describe(self) -> str:
-        parts = [f"team {self.team_id!r}"]
-        if self.user_id is not None:
-            parts.append(f"user {self.user_id!r}")
-        if self.agent_id is not None:
-            parts.append(f"agent {self.agent_id!r}")
-        return ", ".join(parts)
 
 
 class Bank(BaseModel):
@@ -324,7 +277,25 @@ def _one_line(exc: ValidationError) -> str:
     return f"{loc}: {err.get('msg', 'invalid').removeprefix('Value error, ')}"
 
 
-def _parse_banks(path: Path, data: dict[str, Any]) -> dict[str, Bank]:
+def _line_of(path: Path, name: str) -> str:
+    """``:LINE`` of a bank's table header (``[banks.NAME]`` or a YAML ``NAME:`` key),
+    for the log line of an entry that is skipped; empty when not found."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return ""
+    quoted = re.escape(name)
+    header = re.compile(rf"^\s*(\[\s*banks\s*\.\s*[\"']?{quoted}[\"']?\s*\]|[\"']?{quoted}[\"']?\s*:)")
+    for number, line in enumerate(lines, 1):
+        if header.match(line):
+            return f":{number}"
+    return ""
+
+
+def _parse_banks(path: Path, data: dict[str, Any], skipped: list[str] | None = None) -> dict[str, Bank]:
+    """The banks of a banks file. With ``skipped`` (the server's lenient load), an
+    invalid entry is described there (file and line) and left out instead of failing
+    the whole file: it is never a reason to keep serving an older registry."""
     unknown = set(data) - {"banks"}
     if unknown:
         raise BankConfigError(f"{path}: unknown top-level key(s) {sorted(unknown)}; expected [banks.NAME]")
@@ -333,18 +304,23 @@ def _parse_banks(path: Path, data: dict[str, Any]) -> dict[str, Bank]:
         raise BankConfigError(f"{path}: 'banks' must be a table of banks keyed by name")
     banks: dict[str, Bank] = {}
     for name, body in raw.items():
-        if not isinstance(body, dict):
-            raise BankConfigError(f"{path}: bank {name!r} must be a table")
         try:
-            banks[name] = Bank(name=name, **body)
-        except ValidationError as exc:
-            raise BankConfigError(f"{path}: bank {name!r}: {_one_line(exc)}") from None
-        except TypeError as exc:
-            raise BankConfigError(f"{path}: bank {name!r}: {exc}") from None
+            if not isinstance(body, dict):
+                raise BankConfigError(f"{path}: bank {name!r} must be a table")
+            try:
+                banks[name] = Bank(name=name, **body)
+            except ValidationError as exc:
+                raise BankConfigError(f"{path}: bank {name!r}: {_one_line(exc)}") from None
+            except TypeError as exc:
+                raise BankConfigError(f"{path}: bank {name!r}: {exc}") from None
+        except BankConfigError as exc:
+            if skipped is None:
+                raise
+            skipped.append(f"{path}{_line_of(path, str(name))}: skipped: {str(exc).removeprefix(f'{path}: ')}")
     return banks
 
 
-def _parse_keys(path: Path, data: dict[str, Any]) -> list[KeyRecord]:
+def _parse_keys(path: Path, data: dict[str, Any], skipped: list[str] | None = None) -> list[KeyRecord]:
     raw = data.get("keys", [])
     if not isinstance(raw, list):
         raise BankConfigError(f"{path}: 'keys' must be an array of tables ([[keys]])")
@@ -353,47 +329,84 @@ def _parse_keys(path: Path, data: dict[str, Any]) -> list[KeyRecord]:
         try:
             records.append(KeyRecord.model_validate(body))
         except ValidationError as exc:
-            raise BankConfigError(f"{path}: keys[{i}]: {_one_line(exc)}") from None
+            if skipped is None:
+                raise BankConfigError(f"{path}: keys[{i}]: {_one_line(exc)}") from None
+            skipped.append(f"{path}: keys[{i}] skipped: {_one_line(exc)}")
     return records
 
 
-def load_registry(settings: Settings) -> BankRegistry:
+def load_registry(settings: Settings, *, skipped: list[str] | None = None) -> BankRegistry:
     """Read the banks file and the keys file (either may be absent).
 
-    A key bound to a bank that is not declared is an error: it would silently grant
-    nothing, and the operator should know.
+    Strict by default (the CLI's edits): any problem raises :class:`BankConfigError`;
+    a key bound to a bank that is not declared is an error too, since it would
+    silently grant nothing. With ``skipped`` (the server's load, which must fail
+    closed), problems are described there instead and what they touch is left out:
+    an invalid bank entry and its keys, a key of an undeclared bank, a whole file that
+    does not parse (none of its banks or keys). Nothing stale is ever kept.
     """
     bpath, kpath = banks_path(settings), keys_path(settings)
-    banks = _parse_banks(bpath, _read_mapping(bpath)) if bpath.exists() else {}
+    banks = _lenient(skipped, lambda: _parse_banks(bpath, _read_mapping(bpath), skipped), {}) if bpath.exists() else {}
     keys: dict[str, KeyRecord] = {}
     for bank in banks.values():
         for digest in bank.api_key_sha256:
             keys[digest] = KeyRecord(sha256=digest, bank=bank.name, label="banks file")
     if kpath.exists():
-        for record in _parse_keys(kpath, _read_mapping(kpath)):
+        for record in _lenient(skipped, lambda: _parse_keys(kpath, _read_mapping(kpath), skipped), []):
             if record.bank not in banks:
-                raise BankConfigError(
+                problem = (
                     f"{kpath}: key {record.key_id} is bound to bank {record.bank!r}, "
                     f"which {bpath} does not declare"
                 )
+                if skipped is None:
+                    raise BankConfigError(problem)
+                skipped.append(problem + " (key skipped)")
+                continue
             keys[record.sha256] = record
     return BankRegistry(banks=banks, keys=keys)
 
 
-class RegistrySource:
-    """The registry, reloaded when either file changes on disk.
+_T = TypeVar("_T")
 
-    The API server calls :meth:`current` per request: one ``stat`` per file, a reload
-    only when a modification time or size changed (so ``memstream keys create`` and
-    ``keys revoke`` take effect on a running server). A file that fails to parse keeps
-    the last good registry in force and the error is kept in :attr:`last_error`.
+
+def _lenient(skipped: list[str] | None, load: Callable[[], _T], empty: _T) -> _T:
+    """``load()``, or with ``skipped`` its error recorded there and ``empty`` instead."""
+    try:
+        return load()
+    except BankConfigError as exc:
+        if skipped is None:
+            raise
+        skipped.append(f"{exc} (nothing of this file is used)")
+        return empty
+
+
+class RegistrySource:
+    """The registry as the files say now, for a running server: it fails closed.
+
+    :meth:`current` (called per request) stats both files and reloads when a
+    modification time, size or inode changed, and at least every
+    :data:`RELOAD_EVERY_S` seconds whatever the stat says, so ``memstream keys revoke``,
+    a removed bank or a moved one take effect within that bound. The load is lenient
+    per entry (``load_registry(skipped=...)``): an invalid bank entry is logged with
+    its file and line and skipped, and a file that does not parse contributes
+    nothing. A broken file is never a reason to keep serving the keys it used to
+    grant. The problems of the last load are in :attr:`last_error` (one line).
     """
 
-    def __init__(self, settings: Settings, loader: Callable[[Settings], BankRegistry] = load_registry):
+    RELOAD_EVERY_S = 5.0
+
+    def __init__(
+        self,
+        settings: Settings,
+        loader: Callable[..., BankRegistry] = load_registry,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self._settings = settings
         self._loader = loader
+        self._clock = clock
         self._lock = threading.Lock()
         self._stamp: tuple[Any, ...] | None = None
+        self._loaded_at = float("-inf")
         self._registry: BankRegistry | None = None
         self.last_error: str | None = None
 
@@ -409,16 +422,17 @@ class RegistrySource:
 
     def current(self) -> BankRegistry:
         stamp = self._file_stamp()
+        now = self._clock()
         with self._lock:
-            if self._registry is None or stamp != self._stamp:
-                try:
-                    self._registry = self._loader(self._settings)
-                    self.last_error = None
-                except BankConfigError as exc:
-                    if self._registry is None:
-                        raise
-                    self.last_error = str(exc)
-                self._stamp = stamp
+            if self._registry is None or stamp != self._stamp or now - self._loaded_at >= self.RELOAD_EVERY_S:
+                skipped: list[str] = []
+                registry = self._loader(self._settings, skipped=skipped)
+                error = "; ".join(skipped) or None
+                if error is not None and error != self.last_error:
+                    for problem in skipped:
+                        log.error("bank configuration: %s", problem)
+                self._registry, self.last_error = registry, error
+                self._stamp, self._loaded_at = stamp, now
             return self._registry
 
 

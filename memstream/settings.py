@@ -217,9 +217,16 @@ class Settings(BaseSettings):
     api_port: int = 8080
     banks_file: Path | None = None
     keys_file: Path | None = None
+    worker_key_file: Path | None = None
+    """The worker's signing key (default ``<home>/worker.key``): records it writes carry
+    its signature, and system events without one are dead-lettered (docs/security.md)."""
     read_wait_max_s: float = Field(default=10.0, gt=0)
     api_max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     """Largest HTTP request body the API reads (413 above it)."""
+    api_rate_per_s: float = Field(default=50.0, ge=0)
+    """Requests per second one API key may make on average (REST and MCP; 0: no limit)."""
+    api_rate_burst: int = Field(default=200, ge=0)
+    """Requests one API key may make at once before the rate applies (429 beyond)."""
 
     @field_validator("log_level")
     @classmethod

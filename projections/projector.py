@@ -18,7 +18,8 @@ batches and hands each batch to :meth:`Projector.apply` from an executor thread.
   canonical memory) sets the *from* memory's ``canonical_id`` to the canonical id. The
   view is derived at apply time from the links table, so a link that arrives before its
   memory still takes effect when the memory arrives. With several such links, the one
-  latest in the log wins. ``status`` is ``superseded`` if ``superseded_by`` is set,
+  latest in the log wins. Only links written in the memory's own agent's scope count:
+  another agent's link never changes a memory's view. ``status`` is ``superseded`` if ``superseded_by`` is set,
   else ``duplicate`` if ``canonical_id`` is set, else ``active``.
 * **Embeddings**: a ``MemoryAdded`` carrying an embedding of the configured model
   (``model == embedder.model_id``) is stored as carried; all others are embedded in one
@@ -64,8 +65,9 @@ from memstream.domain.events import (
     MemoryReflected,
     MessageObserved,
     OutcomeObserved,
+    Scope,
 )
-from memstream.domain.log import PositionedEvent, PositionedMemories
+from memstream.domain.log import LogPosition, PositionedEvent, PositionedMemories
 from memstream.projections.embedder import Embedder, embed_array
 from memstream.projections.memory_rows import canonical_json, entity_row, memories_table, unique_entities
 from memstream.projections.schema import (
@@ -183,6 +185,10 @@ class _Plan:
     fast_source: PositionedMemories | None = None
     ahead: dict[tuple[str, int, int], np.ndarray] = field(default_factory=dict)
     """Vectors embedded ahead for this batch's general-path memories, by position."""
+    owners: dict[str, str] = field(default_factory=dict)
+    """pk -> the agent of the batch's first memory with that key (it owns the id)."""
+    memory_events: dict[str, PositionedEvent] = field(default_factory=dict)
+    """pk -> the general path's event of that memory (to dead-letter it)."""
 
 
 class Projector:
@@ -270,7 +276,9 @@ class Projector:
         for key in sorted(fresh):
             item = fresh[key]
             if isinstance(item, int):
-                self._on_fast_memory(item, plan)
+                refused = self._on_fast_memory(item, plan)
+                if refused is not None:
+                    result.failed.append(refused)
                 continue
             pe = item
             handler = self._handlers.get(type(pe.event))
@@ -285,6 +293,7 @@ class Projector:
                 # raise is about this event, and retrying the batch would never end.
                 log.warning("cannot project %s", pe.position, exc_info=True)
                 result.failed.append((pe, f"cannot project: {type(exc).__name__}: {exc}"))
+        result.failed.extend(self._refuse_taken_ids(plan))
         result.applied = len(fresh) - len(result.failed)
 
         self._embed_missing(plan)
@@ -331,14 +340,19 @@ class Projector:
                 f"this projector stores {dim}-dimension vectors of {self.embedder.model_id!r}"
             )
 
-    def _on_fast_memory(self, i: int, plan: _Plan) -> None:
+    def _on_fast_memory(self, i: int, plan: _Plan) -> tuple[PositionedEvent, str] | None:
+        """File a fast-path memory; the memory as an event to dead-letter when its id
+        belongs to another agent of the batch."""
         assert plan.fast_source is not None
         f = plan.fast_source.fields[i]
         pk = scoped_key(f.team_id, f.user_id, f.memory_id)
+        if plan.owners.setdefault(pk, f.agent_id) != f.agent_id:
+            return _fast_event(plan.fast_source, i), _taken(f.memory_id, plan.owners[pk])
         plan.memories.pop(pk, None)  # a later position wins
         plan.vectors.pop(pk, None)
         plan.fast.pop(pk, None)
         plan.fast[pk] = i
+        return None
 
     def _on_memory(self, pe: PositionedEvent, plan: _Plan) -> None:
         e = pe.event
@@ -356,6 +370,9 @@ class Projector:
             vector = plan.ahead.get(_pos_key(pe))
         team, user = e.scope.team_id, e.scope.user_id
         pk = scoped_key(team, user, e.memory_id)
+        if plan.owners.setdefault(pk, e.scope.agent_id) != e.scope.agent_id:
+            raise ProjectionError(_taken(e.memory_id, plan.owners[pk]))
+        plan.memory_events[pk] = pe
         entities, entity_keys = unique_entities((ent.name, ent.kind.value) for ent in e.entities)
         plan.fast.pop(pk, None)  # a later position wins
         plan.memories[pk] = {
@@ -484,6 +501,32 @@ class Projector:
             )
         )
 
+    def _refuse_taken_ids(self, plan: _Plan) -> list[tuple[PositionedEvent, str]]:
+        """Drop from the plan the memories whose id a stored memory of another agent
+        owns: a memory id belongs to the agent that wrote it first in the log, and no
+        other agent's write (a predicted or copied id) replaces its row. Keys the
+        table certainly lacks (its key filter) are not read."""
+        pks = [pk for pk in plan.owners if pk in plan.memories or pk in plan.fast]
+        if not pks:
+            return []
+        maybe = [pk for pk, new in zip(pks, self.store.key_absent(MEMORIES, pks)) if not new]
+        if not maybe:
+            return []
+        stored = self.store.rows_by_keys(MEMORIES, maybe, ["pk", "agent_id"])
+        refused: list[tuple[PositionedEvent, str]] = []
+        for pk, agent in zip(stored.column("pk").to_pylist(), stored.column("agent_id").to_pylist()):
+            if agent == plan.owners[pk]:
+                continue
+            if pk in plan.fast:
+                assert plan.fast_source is not None
+                pe = _fast_event(plan.fast_source, plan.fast.pop(pk))
+            else:
+                pe = plan.memory_events[pk]
+                plan.memories.pop(pk)
+                plan.vectors.pop(pk, None)
+            refused.append((pe, _taken(pe.event.memory_id, agent)))  # type: ignore[attr-defined]
+        return refused
+
     # ------------------------------------------------------------------ embeddings
     def _needs_vector(self, event: EventBase) -> bool:
         if not isinstance(event, MemoryAdded):
@@ -574,7 +617,7 @@ class Projector:
         out: dict[str, list[dict[str, Any]]] = {}
         if not pks or self.store.count(LINKS) == 0:
             return out
-        cols = ["link_id", "from_memory_id", "to_memory_id", "from_pk", "to_pk", "relation",
+        cols = ["link_id", "agent_id", "from_memory_id", "to_memory_id", "from_pk", "to_pk", "relation",
                 "log_topic", "log_partition", "log_offset"]
         for chunk in chunked(list(pks)):
             where = (
@@ -610,7 +653,7 @@ class Projector:
         links = self._links_concerning(sorted(rows.keys() | fast.keys()))
         changed: list[str] = []
         for pk, row in rows.items():
-            view = derive_view(row["memory_id"], links.get(pk, []))
+            view = derive_view(row["memory_id"], _own_links(links.get(pk, []), row["agent_id"]))
             old = (row["superseded_by"], row["canonical_id"], row["status"])
             row["superseded_by"], row["canonical_id"], row["status"] = view
             if pk not in existing or view != old:
@@ -625,8 +668,9 @@ class Projector:
         fast_entities: pa.Table | None = None
         if fast:
             assert plan.fast_source is not None
+            fields = plan.fast_source.fields
             views = {
-                pk: derive_view(plan.fast_source.fields[i].memory_id, links[pk])
+                pk: derive_view(fields[i].memory_id, _own_links(links[pk], fields[i].agent_id))
                 for pk, i in fast.items()
                 if pk in links
             }
@@ -652,6 +696,29 @@ class Projector:
                 self.store.replace_rows(ENTITIES, ents, "memory_pk", owners)
             elif ents.num_rows:
                 self.store.upsert(ENTITIES, ents)
+
+
+def _taken(memory_id: str, owner: str) -> str:
+    return f"memory id {memory_id!r} belongs to agent {owner!r} of this memory space; another agent's write never replaces it"
+
+
+def _fast_event(source: PositionedMemories, i: int) -> PositionedEvent:
+    """A fast-path memory as an event, only to dead-letter it (the dead letter keeps
+    the record's own bytes; this carries its position and id)."""
+    f = source.fields[i]
+    topic, partition, offset = source.positions[i]
+    event = MemoryAdded.model_construct(
+        scope=Scope(team_id=f.team_id, user_id=f.user_id, agent_id=f.agent_id),
+        memory_id=f.memory_id, content=f.content,
+    )
+    return PositionedEvent(position=LogPosition(topic=topic, partition=partition, offset=offset), event=event)
+
+
+def _own_links(links: list[dict[str, Any]], agent_id: str) -> list[dict[str, Any]]:
+    """The links that may change a memory's view: those written in its own agent's
+    scope. Another agent's link (even one naming a predicted id) never supersedes or
+    merges a memory (``memstream.domain.access``; docs/security.md)."""
+    return [link for link in links if link.get("agent_id") == agent_id]
 
 
 def _table(name: str, dim: int, rows: list[dict[str, Any]], vectors: np.ndarray | None = None) -> pa.Table:

@@ -9,7 +9,8 @@ SDK, the HTTP API, the MCP tool and ``memstream reflections context`` all call i
 
 Isolation: the read is always filtered by the memory space (team and user) through
 :func:`memstream.projections.store.space_where`, which refuses a missing scope; an
-agent sees the lessons of its whole space unless ``same_agent`` narrows it.
+agent sees the lessons of its whole space unless ``same_agent`` (or a pinned
+``ReadScope``, ``memstream.domain.access``) narrows it.
 
 Reading: the same-subject rows of the space are few (one per settled decision on the
 subject) and read whole. Other subjects may be many, so only their ids and times are
@@ -22,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
+from memstream.domain.access import ReadScope
 from memstream.domain.events import Rating, Scope
 from memstream.domain.reflection import (
     OTHER_SUBJECT_LIMIT,
@@ -86,11 +88,11 @@ def record_from_row(row: Mapping[str, Any]) -> ReflectionRecord:
     )
 
 
-def _where(scope: Scope, same_agent: bool) -> str:
-    where = space_where(scope)
-    if same_agent:
-        where += f" AND agent_id = {quote(scope.agent_id)}"
-    return where
+def _where(scope: Scope | ReadScope, same_agent: bool) -> str:
+    # same_agent pins an event scope to its agent; a ReadScope carries its own pin
+    if same_agent and isinstance(scope, Scope):
+        scope = ReadScope.pinned(scope)
+    return space_where(scope)
 
 
 def _newest_keys(rows: Iterable[Mapping[str, Any]], limit: int) -> list[str]:
@@ -100,7 +102,7 @@ def _newest_keys(rows: Iterable[Mapping[str, Any]], limit: int) -> list[str]:
 
 def context_for(
     store: LanceStore,
-    scope: Scope,
+    scope: Scope | ReadScope,
     subject: str,
     budget_tokens: int = DEFAULT_BUDGET_TOKENS,
     *,
@@ -133,7 +135,7 @@ def context_for(
 
 def list_reflections(
     store: LanceStore,
-    scope: Scope,
+    scope: Scope | ReadScope,
     *,
     subject: str | None = None,
     limit: int = 20,

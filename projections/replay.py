@@ -56,6 +56,7 @@ from memstream.streams.producer import create_kafka_producer
 from memstream.streams.projector_feed import FeedBatch, ProjectorFeed
 from memstream.streams.rerouting import Rerouter
 from memstream.streams.topics import Topics
+from memstream.streams.worker_identity import worker_key as load_worker_key
 
 __all__ = [
     "ReplayError",
@@ -283,6 +284,7 @@ async def _consume_into(
     on_decoded: Callable[[FeedBatch], Awaitable[None]] | None = None,
     started: float | None = None,
     all_partitions: Sequence[TopicPartition] | None = None,
+    worker_key: bytes | None = None,
 ) -> None:
     """Read the given partitions from ``begins`` to ``ends`` through the same pipelined
     feed as the worker (fetch, decode and write overlap). ``expected`` is the total
@@ -323,6 +325,7 @@ async def _consume_into(
         on_decoded=decoded,
         decode_in_process=decode_in_process,
         fast_decoder=FastMemoryDecoder.for_projector(projector, fast_path),
+        worker_key=worker_key,
         max_batch=batch_size,
         fetch_records=min(batch_size, 5_000),
         reroute=True,
@@ -510,7 +513,7 @@ class _Build:
             self.consumer, todo, begins, ends, self.projector, self.report, self.batch_size,
             self.on_progress, self.expected, decode_in_process=self.settings.projector_decode_process,
             fast_path=self.settings.projector_fast_path, on_decoded=self.rerouter.publish, started=self.started,
-            all_partitions=self.partitions,
+            all_partitions=self.partitions, worker_key=load_worker_key(self.settings),
         )
 
     def positions(self) -> dict[TopicPartition, int]:

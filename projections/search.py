@@ -10,8 +10,11 @@ nearest-neighbour or BM25 top-k is taken, so another tenant's rows can neither b
 returned nor crowd out this tenant's results). A call without a scope, or with an
 empty team or user, raises :class:`ScopeRequiredError`; it is never widened. Values are
 quoted with ``memstream.projections.store.quote`` (identifiers cannot hold quotes, but
-entity names and free text can). The agent in ``scope`` does not narrow the search:
-agents of one user share the user's memory space; ``SearchFilters.agent_id`` narrows.
+entity names and free text can). The agent of an event ``Scope`` does not narrow the
+search (agents of one user share the user's memory space; ``SearchFilters.agent_id``
+narrows); a pinned ``ReadScope`` (``memstream.domain.access``: an agent-pinned key, an
+MCP bank with an agent) confines every read, the conversational context's included,
+to its agent's rows, and has cache entries of its own.
 
 How :func:`search` ranks (the constants and formulas live in
 ``memstream.domain.ranking``):
@@ -112,6 +115,8 @@ from memstream.projections.search_cache import (
     SpaceCache,
     Turn,
     Version,
+    SpaceKey,
+    space_key,
     step,
     table_identity,
 )
@@ -804,14 +809,14 @@ here is used by its search but not cached: the cache holds whole sessions only."
 SPEAKERS_TTL_S = 30.0
 """How long a memory space's list of speakers is reused for query processing (a
 speaker who joins meanwhile only misses the name removal, never the speaker prior)."""
-_SPEAKERS: dict[tuple[str, str, str], tuple[float, frozenset[str]]] = {}
+_SPEAKERS: dict[SpaceKey, tuple[float, frozenset[str]]] = {}
 _SPEAKERS_LOCK = threading.Lock()
 _SPEAKERS_MAX = 4096
 
 
 def _space_speakers(store: LanceStore, scope: Scope) -> frozenset[str]:
     """The distinct speakers of the space's turns, cached for :data:`SPEAKERS_TTL_S`."""
-    key = (str(store.root), scope.team_id, scope.user_id)
+    key = space_key(str(store.root), scope)
     now = time.monotonic()
     with _SPEAKERS_LOCK:
         hit = _SPEAKERS.get(key)
@@ -841,8 +846,8 @@ def _sources(row: Mapping[str, Any]) -> Sequence[str]:
 
 _SPACE_FACTS_MAX = 4096
 """Most memory spaces (and entity names per space) whose counts are kept."""
-_SIZES: dict[tuple[str, str, str], tuple[Version, int]] = {}
-_FREQUENCIES: dict[tuple[str, str, str], tuple[Version, dict[str, int]]] = {}
+_SIZES: dict[SpaceKey, tuple[Version, int]] = {}
+_FREQUENCIES: dict[SpaceKey, tuple[Version, dict[str, int]]] = {}
 _FACTS_LOCK = threading.Lock()
 
 
@@ -853,7 +858,7 @@ async def _space_size(store: LanceStore, scope: Scope) -> int:
     indexes costs about as much as a lookup. Kept only when no write landed while
     counting, so a count is never filed under a version it does not belong to."""
     table = _native(store, MEMORIES)
-    key = (str(store.root), scope.team_id, scope.user_id)
+    key = space_key(str(store.root), scope)
     version = (*table_identity(key[0], MEMORIES), int(await table.version()))
     with _FACTS_LOCK:
         hit = _SIZES.get(key)
@@ -879,7 +884,7 @@ async def _entity_stats(store: LanceStore, scope: Scope, keys: Iterable[str]) ->
     questions keep naming its few participants."""
     names = sorted({normalize_content(n) for n in keys if normalize_content(n)})
     entities = _native(store, ENTITIES)
-    key = (str(store.root), scope.team_id, scope.user_id)
+    key = space_key(str(store.root), scope)
     version = (*table_identity(key[0], ENTITIES), int(await entities.version()))
     with _FACTS_LOCK:
         hit = _FREQUENCIES.get(key)

@@ -18,7 +18,8 @@ Correctness:
   or changed row is never hidden by an old copy. Rows read while a write lands may be
   newer than the version they are filed under (never older: a reader only merges into
   the entry of the version it started from, see :meth:`SpaceCache.current`);
-* isolation: entries are keyed by (store directory, ``team_id``, ``user_id``) and
+* isolation: entries are keyed by (store directory, ``team_id``, ``user_id``, the
+  agent a read is pinned to: :func:`space_key`) and
   filled only from reads under the space's predicate or its scoped keys
   (``LanceStore.ids_where``), so an entry never holds another space's row, and a
   search only ever looks up its own space's entry;
@@ -46,6 +47,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from memstream.domain.access import ReadScope, agent_pin
 from memstream.domain.events import Scope
 from memstream.domain.ranking import is_question
 from memstream.projections.schema import ENTITIES, MEMORIES, MESSAGES
@@ -63,6 +65,8 @@ __all__ = [
     "SessionMemories",
     "SpaceCache",
     "space_cache",
+    "space_key",
+    "SpaceKey",
     "unchanged",
     "lists_need_rows",
     "add_memories",
@@ -72,6 +76,9 @@ __all__ = [
     "cached_rows",
     "step",
 ]
+
+SpaceKey = tuple[str, str, str, str]
+"""(store directory, team, user, pinned agent or ""): what one cache entry belongs to."""
 
 CACHE_MAX_ROWS = 30_000
 """Memory rows and turns kept over every memory space together: about 2.2 KB of Python
@@ -184,7 +191,7 @@ class SpaceCache:
     (``None``: not in the space) and sessions' turns at ``messages_version``. Every
     search of the space shares these row dicts and turns: they are never changed."""
 
-    def __init__(self, key: tuple[str, str, str], memories_version: Version, messages_version: Version) -> None:
+    def __init__(self, key: SpaceKey, memories_version: Version, messages_version: Version) -> None:
         self.key = key
         self.memories_version = memories_version
         self.messages_version = messages_version
@@ -237,7 +244,7 @@ class _Registry:
     filing would cost more than the filing)."""
 
     def __init__(self) -> None:
-        self.entries: OrderedDict[tuple[str, str, str], SpaceCache] = OrderedDict()
+        self.entries: OrderedDict[SpaceKey, SpaceCache] = OrderedDict()
         self.total = 0
 
     def put(self, entry: SpaceCache) -> None:
@@ -246,7 +253,7 @@ class _Registry:
         self.entries[entry.key] = entry
         self.entries.move_to_end(entry.key)
 
-    def drop(self, key: tuple[str, str, str]) -> None:
+    def drop(self, key: SpaceKey) -> None:
         old = self.entries.pop(key, None)
         if old is not None:
             self.total -= old.size
@@ -268,8 +275,13 @@ _CHANGE_COLUMNS: dict[str, tuple[str, str | None]] = {
 }
 
 
-def _key(root: str, scope: Scope) -> tuple[str, str, str]:
-    return (root, scope.team_id, scope.user_id)
+def space_key(root: str, scope: Scope | ReadScope) -> SpaceKey:
+    """What a cache of one read scope is keyed by: a read pinned to an agent has its
+    own entries, filled under its own (agent-narrowed) predicate."""
+    return (root, scope.team_id, scope.user_id, agent_pin(scope) or "")
+
+
+_key = space_key
 
 
 def space_cache(root: str, scope: Scope, memories_version: Version, messages_version: Version) -> SpaceCache:

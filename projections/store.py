@@ -53,6 +53,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lancedb.index import FTS, BTree, IvfPq
 
+from memstream.domain.access import ReadScope, agent_pin, read_scope_of
 from memstream.domain.content import normalize_content
 from memstream.domain.events import Scope
 from memstream.projections.key_filter import KeyFilter
@@ -135,7 +136,7 @@ def quote(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def require_scope(scope: Scope | None) -> Scope:
+def require_scope(scope: Scope | ReadScope | None) -> Scope | ReadScope:
     """The scope itself, or :class:`ScopeRequiredError` if there is none to isolate by."""
     if scope is None:
         raise ScopeRequiredError("a scope (team_id and user_id) is required")
@@ -144,10 +145,13 @@ def require_scope(scope: Scope | None) -> Scope:
     return scope
 
 
-def space_where(scope: Scope | None) -> str:
-    """The isolation predicate every scoped read starts with."""
+def space_where(scope: Scope | ReadScope | None) -> str:
+    """The isolation predicate every scoped read starts with: the space, and the agent
+    when the read is pinned to one (``memstream.domain.access``)."""
     s = require_scope(scope)
-    return f"team_id = {quote(s.team_id)} AND user_id = {quote(s.user_id)}"
+    where = f"team_id = {quote(s.team_id)} AND user_id = {quote(s.user_id)}"
+    agent = agent_pin(s)
+    return where if agent is None else f"{where} AND agent_id = {quote(agent)}"
 
 
 def chunked(items: Sequence[Any], size: int = IN_LIST_CHUNK) -> Iterator[Sequence[Any]]:
@@ -372,6 +376,13 @@ class LanceStore:
         # Arrow's first conversion of a NumPy array (the vector column) imports NumPy's
         # masked arrays: about 10 ms, once, in the middle of the first batch otherwise.
         pa.array(np.zeros(1, dtype=np.float32))
+
+    def key_absent(self, name: str, pks: Sequence[str]) -> list[bool]:
+        """Per key: True when the table certainly lacks it (its key filter; tables
+        without one answer False, "maybe stored")."""
+        if name not in _APPEND_WHEN_NEW:
+            return [False] * len(pks)
+        return self._key_filter(name).absent(list(pks))
 
     def _key_filter(self, name: str) -> KeyFilter:
         """The table's key filter, (re)built from its stored keys when missing or full."""
@@ -613,63 +624,64 @@ class LanceStore:
             ds.optimize.optimize_indices()
 
     # ---------------------------------------------------------------- lookups
-    def find_hashes(self, scope: Scope, hashes: Iterable[str]) -> dict[str, str]:
+    def find_hashes(self, scope: Scope | ReadScope, hashes: Iterable[str]) -> dict[str, str]:
         """``content_hash -> memory_id`` for the hashes already stored in the scope's
-        memory space (team + user), exact across the whole space. When several
-        memories share a hash, the current one written first wins (status "active"
-        before superseded or duplicate ones, then the lowest log offset)."""
-        s = require_scope(scope)
-        return self.find_hashes_in_spaces({(s.team_id, s.user_id): hashes}).get((s.team_id, s.user_id), {})
+        memory space (team + user, and only the agent's rows for a pinned
+        :class:`ReadScope`), exact across it. When several memories share a hash, the
+        current one written first wins (status "active" before superseded or duplicate
+        ones, then the lowest log offset)."""
+        s = read_scope_of(require_scope(scope))
+        return self.find_hashes_in_spaces({s: hashes}).get(s, {})
 
     def find_hashes_in_spaces(
-        self, wanted: Mapping[tuple[str, str], Iterable[str]]
-    ) -> dict[tuple[str, str], dict[str, str]]:
-        """:meth:`find_hashes` for several memory spaces, keyed ``(team_id, user_id)``,
-        in one query per chunk instead of one per space (a query's fixed cost was
-        most of an extraction batch's exact dedup: 31 against 9 ms for five spaces).
+        self, wanted: Mapping[ReadScope, Iterable[str]]
+    ) -> dict[ReadScope, dict[str, str]]:
+        """:meth:`find_hashes` for several read scopes at once, in one query per chunk
+        instead of one per space (a query's fixed cost was most of an extraction
+        batch's exact dedup: 31 against 9 ms for five spaces).
 
-        Isolation: each row counts only for its own space, by its own ``team_id`` and
-        ``user_id`` columns, and only for the hashes that space asked about; the
-        filter names the spaces' exact pairs, so no other space's row is even read."""
-        asked: dict[tuple[str, str], set[str]] = {}
-        for (team, user), hashes in wanted.items():
-            if not team or not user:
+        Isolation: each row counts only for the scopes that cover it, by its own
+        ``team_id``, ``user_id`` and ``agent_id`` columns, and only for the hashes that
+        scope asked about; the filter names the scopes exactly, so no other space's
+        (or pinned agent's) row is even read."""
+        asked: dict[ReadScope, set[str]] = {}
+        for scope, hashes in wanted.items():
+            if not scope.team_id or not scope.user_id:
                 raise ScopeRequiredError("a memory space needs a non-empty team_id and user_id")
             found = {h for h in hashes if h}
             if found:
-                asked.setdefault((team, user), set()).update(found)
-        best: dict[tuple[str, str], dict[str, tuple[tuple[Any, ...], str]]] = {}
-        spaces = sorted(asked)
-        for space_chunk in chunked(spaces, _SPACES_PER_QUERY):
-            pairs = " OR ".join(
-                f"(team_id = {quote(team)} AND user_id = {quote(user)})" for team, user in space_chunk
-            )
-            hashes_all = sorted(set().union(*(asked[sp] for sp in space_chunk)))
+                asked.setdefault(scope, set()).update(found)
+        best: dict[ReadScope, dict[str, tuple[tuple[Any, ...], str]]] = {}
+        scopes = sorted(asked, key=lambda r: (r.team_id, r.user_id, r.agent_id or ""))
+        for scope_chunk in chunked(scopes, _SPACES_PER_QUERY):
+            pairs = " OR ".join(f"({space_where(sc)})" for sc in scope_chunk)
+            hashes_all = sorted(set().union(*(asked[sc] for sc in scope_chunk)))
             for chunk in chunked(hashes_all):
                 tbl = self.rows(
                     MEMORIES,
                     f"({pairs}) AND {in_list('content_hash', chunk)}",
-                    ["team_id", "user_id", "memory_id", "content_hash", "status", "log_offset"],
+                    ["team_id", "user_id", "agent_id", "memory_id", "content_hash", "status", "log_offset"],
                 )
-                for team, user, mid, h, status, off in zip(
+                for team, user, agent, mid, h, status, off in zip(
                     tbl.column("team_id").to_pylist(),
                     tbl.column("user_id").to_pylist(),
+                    tbl.column("agent_id").to_pylist(),
                     tbl.column("memory_id").to_pylist(),
                     tbl.column("content_hash").to_pylist(),
                     tbl.column("status").to_pylist(),
                     tbl.column("log_offset").to_pylist(),
                 ):
-                    space = (team, user)
-                    if h not in asked.get(space, ()):
-                        continue  # another space's question (or not asked at all)
                     rank = (status != "active", off if off is not None else -1, mid)
-                    mine = best.setdefault(space, {})
-                    if h not in mine or rank < mine[h][0]:
-                        mine[h] = (rank, mid)
-        return {space: {h: mid for h, (_, mid) in found.items()} for space, found in best.items()}
+                    for sc in (ReadScope(team, user, agent), ReadScope(team, user, None)):
+                        if h not in asked.get(sc, ()):
+                            continue  # another scope's question (or not asked at all)
+                        mine = best.setdefault(sc, {})
+                        if h not in mine or rank < mine[h][0]:
+                            mine[h] = (rank, mid)
+        return {sc: {h: mid for h, (_, mid) in found.items()} for sc, found in best.items()}
 
     @staticmethod
-    def ids_where(scope: Scope, id_column: str, ids: Sequence[str]) -> str:
+    def ids_where(scope: Scope | ReadScope, id_column: str, ids: Sequence[str]) -> str:
         """The filter for the rows of the scope's space whose ``id_column`` (the id the
         table's ``pk`` is scoped from: ``memory_id``, ``message_id``...) is in ``ids``:
         ``<id_column> IN (...) AND pk IN (<the scoped keys>)``. The id column's BTree
@@ -677,13 +689,16 @@ class LanceStore:
         ``memstream.projections.schema``) confines them to the space exactly, so no
         ``team_id`` / ``user_id`` predicate is needed, and none is used: in a large
         space their indexes each return every row of the space, which cost 3 to 5 ms
-        at 100,000 rows against about 1 ms for the id lookup itself."""
+        at 100,000 rows against about 1 ms for the id lookup itself. A read pinned to
+        an agent adds its ``agent_id``."""
         s = require_scope(scope)
         keys = [scoped_key(s.team_id, s.user_id, i) for i in ids]
-        return f"{in_list(id_column, ids)} AND {in_list('pk', keys)}"
+        where = f"{in_list(id_column, ids)} AND {in_list('pk', keys)}"
+        agent = agent_pin(s)
+        return where if agent is None else f"{where} AND agent_id = {quote(agent)}"
 
     def get_memories(
-        self, scope: Scope, memory_ids: Sequence[str], *, with_vector: bool = False
+        self, scope: Scope | ReadScope, memory_ids: Sequence[str], *, with_vector: bool = False
     ) -> list[dict[str, Any]]:
         """The rows of these memories within the scope's space (others are ignored),
         JSON fields parsed, in the order asked."""
@@ -697,7 +712,7 @@ class LanceStore:
                 by_id[r["memory_id"]] = _memory_dict(r)
         return [by_id[m] for m in ids if m in by_id]
 
-    def get_messages(self, scope: Scope, message_ids: Sequence[str]) -> list[dict[str, Any]]:
+    def get_messages(self, scope: Scope | ReadScope, message_ids: Sequence[str]) -> list[dict[str, Any]]:
         """The L0 turns with these ids in the scope's space, in the order asked."""
         ids = list(dict.fromkeys(message_ids))
         by_id: dict[str, dict[str, Any]] = {}
@@ -707,7 +722,7 @@ class LanceStore:
                 by_id[r["message_id"]] = r
         return [by_id[m] for m in ids if m in by_id]
 
-    def links_of(self, scope: Scope, memory_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    def links_of(self, scope: Scope | ReadScope, memory_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """(outgoing, incoming) links of a memory in the scope's space, oldest first."""
         base = space_where(scope)
         tbl = self.rows(
@@ -721,7 +736,7 @@ class LanceStore:
         inc = [r for r in rows if r["to_memory_id"] == memory_id]
         return out, inc
 
-    def get_memory(self, scope: Scope, memory_id: str) -> dict[str, Any] | None:
+    def get_memory(self, scope: Scope | ReadScope, memory_id: str) -> dict[str, Any] | None:
         """One memory with everything known about it: the row (JSON parsed, no vector),
         ``links_out`` / ``links_in``, ``history`` (``predecessors``: the memories it
         superseded or contradicted, transitively, newest first; ``successors``: the
@@ -739,10 +754,13 @@ class LanceStore:
             "predecessors": self._predecessors(scope, memory_id),
             "successors": self._successors(scope, row),
         }
-        row["source_messages"] = self.get_messages(scope, row.get("source_message_ids") or [])
+        # The evidence of a memory is its own agent's turns: a memory citing another
+        # agent's message id must not read that agent's text (whoever asks).
+        owner = ReadScope(row["team_id"], row["user_id"], row["agent_id"])
+        row["source_messages"] = self.get_messages(owner, row.get("source_message_ids") or [])
         return row
 
-    def _successors(self, scope: Scope, row: Mapping[str, Any], limit: int = 64) -> list[str]:
+    def _successors(self, scope: Scope | ReadScope, row: Mapping[str, Any], limit: int = 64) -> list[str]:
         chain: list[str] = []
         seen = {row["memory_id"]}
         nxt = row.get("superseded_by")
@@ -753,7 +771,7 @@ class LanceStore:
             nxt = rows[0].get("superseded_by") if rows else None
         return chain
 
-    def _predecessors(self, scope: Scope, memory_id: str, limit: int = 64) -> list[str]:
+    def _predecessors(self, scope: Scope | ReadScope, memory_id: str, limit: int = 64) -> list[str]:
         base = space_where(scope)
         found: list[str] = []
         seen = {memory_id}
@@ -771,9 +789,13 @@ class LanceStore:
                     seen.add(r["to_memory_id"])
                     found.append(r["to_memory_id"])
                     frontier.append(r["to_memory_id"])
-        return found[:limit]
+        if not found:
+            return found
+        # a link may name an id the read cannot see (another agent's): not history here
+        visible = {r["memory_id"] for r in self.get_memories(scope, found[:limit])}
+        return [m for m in found[:limit] if m in visible]
 
-    def memories_for_entity(self, scope: Scope, name: str) -> list[str]:
+    def memories_for_entity(self, scope: Scope | ReadScope, name: str) -> list[str]:
         """Ids of the memories of the scope's space that name this entity (normalised
         name, so "ALICE" finds "Alice"), oldest first."""
         key = normalize_content(name)
@@ -786,7 +808,7 @@ class LanceStore:
         )
         return [r["memory_id"] for r in sorted(tbl.to_pylist(), key=_log_order)]
 
-    def entity_frequencies(self, scope: Scope, names: Iterable[str]) -> dict[str, int]:
+    def entity_frequencies(self, scope: Scope | ReadScope, names: Iterable[str]) -> dict[str, int]:
         """How many memories of the space name each entity (by normalised name)."""
         keys = sorted({normalize_content(n) for n in names if normalize_content(n)})
         out = {k: 0 for k in keys}
@@ -797,11 +819,11 @@ class LanceStore:
                 out[k] = out.get(k, 0) + 1
         return out
 
-    def count_memories(self, scope: Scope) -> int:
+    def count_memories(self, scope: Scope | ReadScope) -> int:
         return self.count(MEMORIES, space_where(scope))
 
     def reflections_for(
-        self, scope: Scope, *, subject: str | None = None, limit: int = 10
+        self, scope: Scope | ReadScope, *, subject: str | None = None, limit: int = 10
     ) -> list[dict[str, Any]]:
         """The newest reflections of the space (optionally about one subject)."""
         where = space_where(scope)
@@ -813,7 +835,7 @@ class LanceStore:
             r["provenance"] = _json_or_none(r.get("provenance"))
         return rows[:limit]
 
-    def decisions_for(self, scope: Scope, *, status: str | None = None) -> list[dict[str, Any]]:
+    def decisions_for(self, scope: Scope | ReadScope, *, status: str | None = None) -> list[dict[str, Any]]:
         """The decision ledger of the space (``pending``, ``expired``, ``reflected``)."""
         where = space_where(scope)
         if status is not None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -27,6 +27,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError, RebalanceInProgressError
 
+from memstream.domain.access import client_content_problem, system_claim
 from memstream.domain.events import MessageObserved
 from memstream.domain.log import LogPosition, PositionedEvent
 from memstream.settings import Settings, get_settings
@@ -139,11 +140,52 @@ def decode_or_dead_letter(
     *,
     max_bytes: int = MAX_RECORD_BYTES,
     share_turns: bool = False,
+    trusted: Callable[[bytes | None, Sequence[tuple[str, bytes]] | None], bool] | None = None,
 ) -> PositionedEvent | DeadLetter:
     """Decode one record; anything unusable becomes a :class:`DeadLetter` (never raises).
 
     ``share_turns``: a reader of ``messages`` in a worker where another reader decodes
-    the same records (see :class:`_SharedTurns`)."""
+    the same records (see :class:`_SharedTurns`). ``trusted``: the worker's producer
+    identity check (``memstream.streams.worker_identity.verifier``); with it, a system
+    event (``memstream.domain.access.system_claim``) from a record it does not
+    accept is a dead letter."""
+    item = _decode_one(topic, partition, offset, key, value, headers, max_bytes, share_turns)
+    if trusted is None or isinstance(item, DeadLetter):
+        return item
+    claim = system_claim(item.event)
+    problem = (
+        f"{claim}; the record does not carry the worker's producer identity"
+        if claim is not None
+        else _refused(client_content_problem(item.event))
+    )
+    if problem is None or trusted(value, headers):
+        return item
+    return DeadLetter(
+        reason=problem,
+        source_topic=topic,
+        source_partition=partition,
+        source_offset=offset,
+        original_value=value,
+        original_key=key,
+        original_headers=tuple((k, v if v is not None else b"") for k, v in headers or ()),
+        stage="decode",
+    )
+
+
+def _refused(problem: str | None) -> str | None:
+    return None if problem is None else f"a client memory refused by the quality gate: {problem}"
+
+
+def _decode_one(
+    topic: str,
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Sequence[tuple[str, bytes]] | None,
+    max_bytes: int,
+    share_turns: bool,
+) -> PositionedEvent | DeadLetter:
     # The headers as one comparable value, only for a reader that shares turns.
     frozen_headers = (tuple(headers) if headers else ()) if share_turns else ()
     if share_turns and value is not None:

@@ -6,10 +6,10 @@ background) through the steps of :mod:`memstream.domain.extraction`:
 1. quality gate, window numbering;
 2. ONE LLM call for scenes and memories (retried once), JSON repair, per-memory
    validation; or, with no LLM configured, the documented heuristic;
-3. exact dedup by content hash within the batch and across the whole memory space
-   (``LanceStore.find_hashes_in_spaces``);
+3. exact dedup by content hash within the batch and across the turns' agent's memories
+   in their memory space (``LanceStore.find_hashes_in_spaces``);
 4. ONE embedding call for the remaining memories;
-5. candidate recall per memory, inside the memory's own space: the top
+5. candidate recall per memory, inside the memory's own space and agent: the top
    ``dedup_candidates_k`` current memories by vector (with the vector just computed,
    no second embedding call), else by full text, else none;
 6. ONE batched LLM judgment for every memory that has candidates (skipped when none
@@ -51,6 +51,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
+from memstream.domain.access import ReadScope
 from memstream.domain.events import (
     EmbeddingPayload,
     EventBase,
@@ -127,15 +128,16 @@ class _Embedder(Protocol):
     def embed(self, texts: Sequence[str]) -> list[list[float]]: ...
 
 
-CandidateRecall = Callable[[Scope, Sequence[str], Sequence["Sequence[float] | None"], int], list[list[Candidate]]]
+CandidateRecall = Callable[[ReadScope, Sequence[str], Sequence["Sequence[float] | None"], int], list[list[Candidate]]]
 """``(scope, contents, vectors (None where missing), k) -> candidates per content``;
 synchronous (run off the event loop)."""
 
 
 def store_recall(store: Any, embedder: Any) -> CandidateRecall:
     """Candidate recall from the LanceDB projection, for a whole window at once: the top
-    ``k`` *current* memories (not superseded, not duplicates) of the scope's memory space
-    (team + user: the isolation prefilter of :func:`memstream.projections.search.build_where`)
+    ``k`` *current* memories (not superseded, not duplicates) the read scope sees (team,
+    user and, pinned, agent: the isolation prefilter of
+    :func:`memstream.projections.search.build_where`)
     for each content, by cosine similarity of its vector (one multi-vector query for
     the window), else (no vector, the vector query failed or found nothing) by BM25 full
     text, else none."""
@@ -154,7 +156,7 @@ def store_recall(store: Any, embedder: Any) -> CandidateRecall:
             when=row.get("timestamp") or row.get("created_at"),
         )
 
-    def by_vector(scope: Scope, vectors: list[list[float]], k: int) -> list[list[Candidate]]:
+    def by_vector(scope: ReadScope, vectors: list[list[float]], k: int) -> list[list[Candidate]]:
         query = (
             store.table(MEMORIES)
             .search(vectors if len(vectors) > 1 else vectors[0], vector_column_name="vector")
@@ -172,7 +174,7 @@ def store_recall(store: Any, embedder: Any) -> CandidateRecall:
         return out
 
     def recall(
-        scope: Scope, contents: Sequence[str], vectors: Sequence[Sequence[float] | None], k: int
+        scope: ReadScope, contents: Sequence[str], vectors: Sequence[Sequence[float] | None], k: int
     ) -> list[list[Candidate]]:
         found: list[list[Candidate]] = [[] for _ in contents]
         with_vector = [i for i, v in enumerate(vectors) if v is not None]
@@ -585,15 +587,17 @@ class Extractor:
     async def _exact_dedup(self, runs: Sequence[_Run]) -> None:
         """Exact dedup across each memory space: one lookup for the whole batch.
 
-        Spaces are keyed by ``(team_id, user_id)``, never by the ``team/user`` string,
+        Each run's lookup is pinned to its turns' agent (``ReadScope.pinned``): another
+        agent's memory of the same text is neither a duplicate nor a sign that the text
+        exists. Spaces are keyed by their parts, never by the ``team/user`` string,
         which two spaces can share (ids may hold ``/``). If the batch's lookup fails,
         each space is looked up alone, so a space that cannot be read fails only its
         own windows."""
-        by_space: dict[tuple[str, str], list[_Run]] = {}
+        by_space: dict[ReadScope, list[_Run]] = {}
         for run in runs:
             if run.open and run.drafts and self.store is not None:
-                by_space.setdefault((run.scope.team_id, run.scope.user_id), []).append(run)
-        known: dict[tuple[str, str], Mapping[str, str] | BaseException] = {}
+                by_space.setdefault(ReadScope.pinned(run.scope), []).append(run)
+        known: dict[ReadScope, Mapping[str, str] | BaseException] = {}
         if by_space:
             store = self.store
             assert store is not None
@@ -603,8 +607,8 @@ class Extractor:
             except Exception as exc:  # noqa: BLE001 - retried space by space below
                 log.warning("exact-dedup lookup of %d memory spaces failed (%s); one space at a time", len(wanted), exc)
 
-                def lookup(space: tuple[str, str]) -> Mapping[str, str]:
-                    return dict(store.find_hashes(by_space[space][0].scope, wanted[space]))
+                def lookup(space: ReadScope) -> Mapping[str, str]:
+                    return dict(store.find_hashes(space, wanted[space]))
 
                 results = await asyncio.gather(
                     *(asyncio.to_thread(lookup, space) for space in by_space), return_exceptions=True
@@ -618,7 +622,7 @@ class Extractor:
         for run in runs:
             if not run.open:
                 continue
-            found = known.get((run.scope.team_id, run.scope.user_id), {})
+            found = known.get(ReadScope.pinned(run.scope), {})
             if isinstance(found, BaseException):
                 problem = f"memory space unreadable: {type(found).__name__}: {found}"
                 if not (run.final or run.fallback is not None):
@@ -664,7 +668,8 @@ class Extractor:
         contents = [d.content for d in run.new]
         vectors: list[Sequence[float] | None] = [None if v is None else v.tolist() for v in run.vectors]
         try:
-            candidates = await asyncio.to_thread(self._recall, run.scope, contents, vectors, k)
+            # pinned to the turns' agent: other agents' memories never reach the judgment prompt
+            candidates = await asyncio.to_thread(self._recall, ReadScope.pinned(run.scope), contents, vectors, k)
         except Exception as exc:  # noqa: BLE001 - recall degrades to "no candidates"
             log.warning("extraction %s: candidate recall failed, storing: %s", run.run_id, exc)
             candidates = [[] for _ in run.new]

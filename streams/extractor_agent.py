@@ -83,6 +83,7 @@ from memstream.streams.extractor import (
     WindowJob,
 )
 from memstream.streams.topics import Topics
+from memstream.streams.worker_identity import worker_key
 
 if TYPE_CHECKING:
     from memstream.streams.producer import MemstreamProducer
@@ -246,7 +247,9 @@ class ExtractorRunner:
             from memstream.streams.producer import MemstreamProducer
 
             producer = await until_started(
-                lambda: MemstreamProducer(settings, topics=self.topics, client_id="memstream-extractor"),
+                lambda: MemstreamProducer(
+                    settings, topics=self.topics, client_id="memstream-extractor", signing_key=worker_key(settings)
+                ),
                 "extractor producer",
             )
             self._producer = self._own_producer = producer

@@ -37,6 +37,7 @@ from annotated_types import Ge, Le
 import numpy as np
 from pydantic import BaseModel
 
+from memstream.domain.access import is_system_producer
 from memstream.domain.content import content_hash
 from memstream.domain.events import (
     Identifier,
@@ -342,13 +343,22 @@ class FastMemoryDecoder:
             return None
         return cls(str(embedder.model_id), int(store.embedding_dim))
 
-    def decode(self, value: bytes | None, headers: Sequence[tuple[str, bytes | None]] | None) -> MemoryAddedFields | None:
-        """The record's values, or ``None`` when the general path must decide."""
+    def decode(
+        self, value: bytes | None, headers: Sequence[tuple[str, bytes | None]] | None, *, trusted: bool = False
+    ) -> MemoryAddedFields | None:
+        """The record's values, or ``None`` when the general path must decide. A record
+        not ``trusted`` (signed by the worker) whose producer names a part of the
+        worker is left to the general path, which dead-letters it."""
         if not self.enabled or _canonical_type(headers, _CANONICAL_HEADERS) is None:
             return None
-        return _decoded(value, MAX_RECORD_BYTES, _DECODER, self._check)
+        return _decoded(value, MAX_RECORD_BYTES, _DECODER, self._check_trusted if trusted else self._check)
 
     def _check(self, w: _MemoryAdded) -> MemoryAddedFields:
+        if w.producer is not None and is_system_producer(w.producer):
+            raise _Unsure
+        return self._check_trusted(w)
+
+    def _check_trusted(self, w: _MemoryAdded) -> MemoryAddedFields:
         scope = w.scope
         _check_envelope(w, [w.memory_id, *w.source_message_ids])
         occurred_at = _utc(w.occurred_at)

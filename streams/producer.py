@@ -38,6 +38,7 @@ from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
+from memstream.domain.access import client_content_problem
 from memstream.domain.events import (
     CURRENT_SCHEMA_VERSIONS,
     DecisionRecorded,
@@ -50,7 +51,8 @@ from memstream.domain.events import (
 )
 from memstream.domain.log import LogPosition
 from memstream.settings import Settings, get_settings
-from memstream.streams.serializer import EncodedRecord, encode_event
+from memstream.streams.serializer import EncodedRecord, EncodeError, encode_event
+from memstream.streams.worker_identity import signed_headers
 from memstream.streams.topics import Topics, topic_for
 
 __all__ = [
@@ -197,12 +199,16 @@ class MemstreamProducer:
         topics: Topics | None = None,
         client_id: str = "memstream-sdk",
         compression_type: str | None = None,
+        signing_key: bytes | None = None,
     ) -> None:
+        """``signing_key``: the worker's key (``memstream.streams.worker_identity``);
+        only the worker passes it, so that its system events are believed."""
         self.settings = settings or get_settings()
         self.bootstrap_servers = bootstrap_servers or self.settings.bootstrap_servers
         self.topics = topics or Topics.from_settings(self.settings)
         self.client_id = client_id
         self._compression_type = compression_type
+        self._signing_key = signing_key
         self._producer: AIOKafkaProducer | None = None
         self._in_flight: asyncio.Semaphore | None = None
         self._pending: set[asyncio.Future[LogPosition]] = set()
@@ -278,6 +284,16 @@ class MemstreamProducer:
 
     # --- sending ---------------------------------------------------------------------
 
+    def _encode(self, event: EventBase) -> EncodedRecord:
+        if self._signing_key is None:  # a client: its memories pass the injection gate
+            problem = client_content_problem(event)
+            if problem is not None:
+                raise EncodeError(f"refused by the quality gate: {problem}")
+        record = encode_event(event)
+        if self._signing_key is not None:
+            record = EncodedRecord(record.key, record.value, signed_headers(self._signing_key, record.value, record.headers))
+        return record
+
     def topic_of(self, event: EventBase, topic: str | None = None) -> str:
         """The topic ``event`` goes to: ``topic`` if given, else its default topic."""
         return topic or topic_for(event, self.topics)
@@ -327,7 +343,7 @@ class MemstreamProducer:
         Raises :class:`~memstream.streams.serializer.EncodeError` at once for an event
         that cannot be encoded; a broker failure surfaces through the future.
         """
-        record = encode_event(event)
+        record = self._encode(event)
         return await self.send_encoded(self.topic_of(event, topic), record)
 
     async def send(self, event: EventBase, *, topic: str | None = None) -> LogPosition:
@@ -346,7 +362,7 @@ class MemstreamProducer:
         client refuses one record outright (e.g. over ``max_request_bytes``), the
         events after it are not sent (:class:`NotSentError`).
         """
-        batch = [(self.topic_of(e, topic), encode_event(e)) for e in events]
+        batch = [(self.topic_of(e, topic), self._encode(e)) for e in events]
         return await self._send_records(batch)
 
     async def _send_records(self, records: list[tuple[str, EncodedRecord]]) -> list[LogPosition]:

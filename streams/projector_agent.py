@@ -47,13 +47,16 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 from mode import Service
 
 from memstream.domain.log import PositionedEvent, PositionedMemories
+from memstream.domain.quality import injection_reason
 from memstream.projections.table_sets import SwapRequest, TableSets
 from memstream.settings import Settings
 from memstream.streams.connect import until_started
 from memstream.streams.consumer import decode_or_dead_letter
 from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher
 from memstream.streams.rerouting import Rerouter, home_partition, is_misrouted
+from memstream.streams.serializer import header_value
 from memstream.streams.topics import Topics
+from memstream.streams.worker_identity import HEADER as WORKER_HEADER, verifier, worker_key
 
 if TYPE_CHECKING:
     from memstream.streams.app import MemstreamApp
@@ -227,6 +230,7 @@ def decode_batch(
     records: Sequence[RawRecord],
     fast: "FastMemoryDecoder | None" = None,
     partition_counts: Mapping[str, int] | None = None,
+    worker_key: bytes | None = None,
 ) -> DecodedBatch:
     """Decode records (pure CPU work: call it off the event loop for big batches).
 
@@ -235,7 +239,11 @@ def decode_batch(
     columnar in ``memories``; every other record, and any the fast path is unsure
     of, takes the general path (which dead-letters what is invalid). With
     ``partition_counts`` (topic -> partitions), a keyed record on another partition
-    than its key's is set apart in ``misrouted``, not decoded."""
+    than its key's is set apart in ``misrouted``, not decoded. With
+    ``worker_key``, a system event whose record does not carry the worker's signature
+    is a dead letter (:mod:`memstream.streams.worker_identity`; a key, not a closure,
+    so that a decoder process can receive it)."""
+    trusted = verifier(worker_key) if worker_key is not None else None
     events: list[PositionedEvent] = []
     dead: list[DeadLetter] = []
     next_offsets: dict[tuple[str, int], int] = {}
@@ -250,7 +258,10 @@ def decode_batch(
             key = (rec.topic, rec.partition)
             next_offsets[key] = max(next_offsets.get(key, 0), rec.offset + 1)
             continue
-        got = fast.decode(rec.value, rec.headers) if fast is not None else None
+        signed = trusted is not None and header_value(rec.headers, WORKER_HEADER) is not None and trusted(rec.value, rec.headers)
+        got = fast.decode(rec.value, rec.headers, trusted=signed or trusted is None) if fast is not None else None
+        if got is not None and not signed and trusted is not None and injection_reason(got.content) is not None:
+            got = None  # the general path dead-letters it, with the reason
         if got is None:
             general.append(rec)
         else:
@@ -277,7 +288,7 @@ def decode_batch(
             )
     for rec in general:
         item = decode_or_dead_letter(
-            rec.topic, rec.partition, rec.offset, rec.key, rec.value, rec.headers, share_turns=True
+            rec.topic, rec.partition, rec.offset, rec.key, rec.value, rec.headers, share_turns=True, trusted=trusted
         )
         if isinstance(item, DeadLetter):
             dead.append(item)
@@ -731,6 +742,7 @@ class ProjectorService(Service):
                 decode_in_process=rt.settings.projector_decode_process,
                 fast_decoder=FastMemoryDecoder.for_projector(rt.projector, rt.settings.projector_fast_path),
                 reroute=True,
+                worker_key=worker_key(rt.settings),
             )
             await feed.run()
         except asyncio.CancelledError:

@@ -146,6 +146,7 @@ class ProjectorFeed:
     read path for canonical ``MemoryAdded`` records (:func:`decode_batch`).
     ``reroute`` sets apart the records that sit on another partition than their key's
     (``DecodedBatch.misrouted``; the caller re-publishes them in ``on_decoded``).
+    ``worker_key`` dead-letters system events the worker did not sign.
     """
 
     def __init__(
@@ -166,6 +167,7 @@ class ProjectorFeed:
         decode_in_process: bool = False,
         fast_decoder: FastMemoryDecoder | None = None,
         reroute: bool = False,
+        worker_key: bytes | None = None,
     ) -> None:
         if max_batch < 1 or fetch_records < 1:
             raise ValueError("batch sizes must be at least 1")
@@ -194,6 +196,7 @@ class ProjectorFeed:
         # are set apart by the decoder (``DecodedBatch.misrouted``).
         self._reroute = reroute
         self._counts: dict[str, int] = {}
+        self._worker_key = worker_key
         # Fetched batches being decoded, in fetch order (two in flight at most).
         self._decoding: asyncio.Queue[tuple[list[RawRecord], asyncio.Future[DecodedBatch]] | None] = asyncio.Queue(
             maxsize=2
@@ -263,7 +266,8 @@ class ProjectorFeed:
             if records:
                 self.fetched += len(records)
                 decoding = loop.run_in_executor(
-                    self._decoder, decode_batch, records, self._fast, dict(self._counts) if self._reroute else None
+                    self._decoder, decode_batch, records, self._fast,
+                    dict(self._counts) if self._reroute else None, self._worker_key,
                 )
                 self._undecoded += 1
                 await self._decoding.put((records, decoding))

@@ -73,6 +73,7 @@ from memstream.streams.reflector import (
 )
 from memstream.streams.serializer import encode_event
 from memstream.streams.topics import Topics
+from memstream.streams.worker_identity import signed_headers, worker_key
 
 __all__ = [
     "clock",
@@ -174,11 +175,13 @@ def register_reflector(
         help="space|subject -> outcomes waiting for a decision",
     )
     core = ReflectorCore(decisions, subjects, early, policy=policy)
+    signing_key = worker_key(settings)  # its events are system events: signed
 
     async def send_event(topic: Any, event: EventBase) -> Any:
         """Hand ``event`` to the producer; returns the future of the broker's ack."""
         record = encode_event(event)
-        return await topic.send(key=record.key, value=record.value, headers=record.headers, force=True)
+        headers = signed_headers(signing_key, record.value, record.headers)
+        return await topic.send(key=record.key, value=record.value, headers=headers, force=True)
 
     async def send_all(topic: Any, events: list[Any]) -> None:
         """Send a batch and wait for every acknowledgement (one round trip, not N)."""

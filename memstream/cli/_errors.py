@@ -49,13 +49,13 @@ def run_cli(app: typer.Typer) -> int:
     except KeyboardInterrupt:
         return 130
     except CLIError as exc:
-        err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         return 1
     except ValidationError as exc:  # most often a bad MEMSTREAM_* variable or .env line
         err_console.print(f"[red]error:[/red] {escape(validation_line(exc))}", highlight=False)
         return 1
     except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
         logging.getLogger("memstream").debug("unhandled", exc_info=True)
-        err_console.print(f"[red]error:[/red] {type(exc).__name__}: {exc}", highlight=False)
+        err_console.print(f"[red]error:[/red] {type(exc).__name__}: {escape(str(exc))}", highlight=False)
         return 1
     return result if isinstance(result, int) and not isinstance(result, bool) else 0

@@ -129,9 +129,9 @@ def search_cmd(
             typer.echo(json.dumps(payload, ensure_ascii=False))
         return
     if not results:
-        console.print(f"[dim]nothing found in {team}/{user}[/dim]")
+        console.print(f"[dim]nothing found in {escape(team)}/{escape(user)}[/dim]")
         return
-    table = Table(title=f"{len(results)} result(s) in {team}/{user}", show_lines=True)
+    table = Table(title=escape(f"{len(results)} result(s) in {team}/{user}"), show_lines=True)
     table.add_column("#", justify="right", style="dim", no_wrap=True)
     table.add_column("score", justify="right", no_wrap=True)
     table.add_column("memory", overflow="fold", ratio=1)
@@ -153,16 +153,28 @@ def search_cmd(
                 f"supersession {_fmt_num(p.supersession)} \u00b7 entity {_fmt_num(p.entity)} \u00b7 "
                 f"priority {r.priority} x{p.priority:.3f}[/dim]"
             )
-        table.add_row(str(i), f"{r.score:.4f}", cell, r.memory_id)
+        table.add_row(str(i), f"{r.score:.4f}", cell, escape(r.memory_id))
     console.print(table)
 
 
-def _connect_duckdb(store: Any) -> Any:
+_LOCKED_DOWN = {
+    "enable_external_access": False,
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "allow_community_extensions": False,
+}
+"""DuckDB without the file system, ATTACH, INSTALL or LOAD: the query reads the
+registered tables only (``memstream sql --allow-files`` turns this off)."""
+
+
+def _connect_duckdb(store: Any, *, allow_files: bool = False) -> Any:
     import duckdb
 
-    con = duckdb.connect()
+    con = duckdb.connect(config={} if allow_files else dict(_LOCKED_DOWN))
     for name in store.table_names:
         con.register(name, _table_source(store, name))
+    if not allow_files:
+        con.execute("SET lock_configuration = true")  # the query cannot turn access back on
     return con
 
 
@@ -193,12 +205,16 @@ def sql_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per row.")] = False,
     max_rows: Annotated[int, typer.Option("--max-rows", min=1, help="Rows to print in the table view.")] = 1000,
     lance_dir: Annotated[Path | None, typer.Option("--lance-dir", help="Projection directory.")] = None,
+    allow_files: Annotated[
+        bool, typer.Option("--allow-files", help="Let the query read and write files, ATTACH, INSTALL and LOAD.")
+    ] = False,
 ) -> None:
-    """SQL (DuckDB) over the projection's tables."""
+    """SQL (DuckDB) over the projection's tables. External access (files, ATTACH,
+    INSTALL, LOAD) is off unless --allow-files."""
     import duckdb
 
     store = open_store(get_settings(), lance_dir)
-    con = _connect_duckdb(store)
+    con = _connect_duckdb(store, allow_files=allow_files)
     try:
         rel = con.sql(query)
         if rel is None:

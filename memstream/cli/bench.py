@@ -157,6 +157,12 @@ def bench_mem0(
     _run("mem0", data=data, embedder=embedder or None)
 
 
+@bench_app.command("gate")
+def bench_gate() -> None:
+    """The injection gate's catch and false-positive rates on its corpus."""
+    _run("gate")
+
+
 @bench_app.command("chaos")
 def bench_chaos(quick: bool = typer.Option(False, "--quick")) -> None:
     """Fault injection: worker kills, broker restarts, bad inputs, a flaky LLM."""

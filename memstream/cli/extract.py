@@ -143,9 +143,9 @@ def _print_provenance(row: dict[str, Any]) -> None:
             other = link["to_memory_id"] if direction == "out" else link["from_memory_id"]
             table.add_row(
                 direction,
-                link["relation"],
+                escape(str(link["relation"])),
                 escape(other),
-                str(link.get("decided_by", "")),
+                escape(str(link.get("decided_by", ""))),
                 escape(str(link.get("reason") or "")[:200]),
             )
         console.print(table)

@@ -22,6 +22,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from memstream.cli._errors import CLIError
@@ -122,7 +123,7 @@ def decide(
     except EventValidationError as exc:
         raise CLIError(exc.reason) from None
     _console.print(
-        f"decision [bold]{the_id}[/bold]: {parsed.value} {subject}, horizon {horizon} days, "
+        f"decision [bold]{escape(the_id)}[/bold]: {parsed.value} {escape(subject)}, horizon {horizon} days, "
         f"deadline {when.isoformat()} -> {sent.position}",
         highlight=False,
     )
@@ -163,7 +164,7 @@ def outcome(
         )
     except EventValidationError as exc:
         raise CLIError(exc.reason) from None
-    _console.print(f"outcome [bold]{the_id}[/bold] for {subject} -> {sent.position}", highlight=False)
+    _console.print(f"outcome [bold]{escape(the_id)}[/bold] for {escape(subject)} -> {sent.position}", highlight=False)
 
 
 @reflections_app.command("context")
@@ -189,9 +190,9 @@ def context(
     if ctx.text:
         typer.echo(ctx.text)
     else:
-        _console.print(f"no reflections yet for {team}/{user}", highlight=False)
+        _console.print(escape(f"no reflections yet for {team}/{user}"), highlight=False)
     _console.print(
-        f"[dim]{len(ctx.same_subject)} on {subject}, {len(ctx.other_subjects)} on other subjects, "
+        f"[dim]{len(ctx.same_subject)} on {escape(subject)}, {len(ctx.other_subjects)} on other subjects, "
         f"~{ctx.token_estimate}/{ctx.budget_tokens} tokens"
         + (f", {ctx.omitted} left out for the budget" if ctx.omitted else "")
         + "[/dim]",
@@ -217,17 +218,17 @@ def list_command(
             typer.echo(json.dumps(r.to_dict(), ensure_ascii=False))
         return
     if not rows:
-        _console.print(f"no reflections yet for {team}/{user}", highlight=False)
+        _console.print(escape(f"no reflections yet for {team}/{user}"), highlight=False)
         return
     table = Table("when", "subject", "rating", "alpha", "right", "reflection", show_lines=False)
     for r in rows:
         table.add_row(
             r.occurred_at.strftime("%Y-%m-%d %H:%M"),
-            r.subject,
+            escape(r.subject),
             r.rating.value + (" (tpl)" if r.templated else ""),
             f"{r.alpha * 100:+.1f}%" if r.alpha is not None else "-",
             {True: "yes", False: "no", None: "-"}[r.correct],
-            r.content,
+            escape(r.content),  # tenant text: "[/bold]" in a lesson is text, not markup
         )
     _console.print(table)
 

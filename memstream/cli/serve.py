@@ -34,6 +34,7 @@ from typing import IO, Annotated, Any
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -313,7 +314,7 @@ def _ensure_bank(settings: Settings) -> None:
     if not path.exists():
         bank = write_default_bank(settings)
         raw, record = create_key(settings, bank.name, label="created by memstream up")
-        console.print(f"Banks: created {path} with bank [bold]{bank.name}[/] (team {bank.team_id!r})")
+        console.print(f"Banks: created {escape(str(path))} with bank [bold]{escape(bank.name)}[/] (team {escape(repr(bank.team_id))})")
         console.print(
             f"API key for bank {bank.name!r} (shown once; only its hash is kept in {keys_path(settings)}):"
         )
@@ -321,7 +322,7 @@ def _ensure_bank(settings: Settings) -> None:
         return
     registry = _registry_or_fail(settings)
     names = ", ".join(sorted(registry.banks)) or "none"
-    console.print(f"Banks: {names} ({len(registry.keys)} key(s)) from {path}")
+    console.print(f"Banks: {escape(names)} ({len(registry.keys)} key(s)) from {escape(str(path))}")
     if not registry.keys:
         console.print("  no API keys yet: create one with `memstream keys create --bank NAME`")
 

@@ -48,6 +48,7 @@ from starlette.types import Receive, Scope as AsgiScope, Send
 
 from memstream import __version__
 from memstream.banks import BankConfigError, Principal, RegistrySource
+from memstream.domain.access import ReadScope, client_content_problem, system_claim
 from memstream.domain.events import (
     MAX_MEMORY_CHARS,
     MAX_MESSAGE_CHARS,
@@ -55,6 +56,8 @@ from memstream.domain.events import (
     Event,
     EventBase,
     EventValidationError,
+    MemoryAdded,
+    MemoryLinked,
     Scope,
     parse_event,
 )
@@ -69,8 +72,10 @@ from memstream.interfaces.errors import (
     install_error_handlers,
 )
 from memstream.interfaces.mcp_server import build_mcp_server
+from memstream.interfaces.ratelimit import RateLimiter
 from memstream.interfaces.service import (
     MemoryService,
+    PositionBeyondLog,
     PositionNotReached,
     UnknownTopicError,
     check_request_values,
@@ -224,6 +229,24 @@ def _resolve(principal: Principal, scope: ScopeIn | None) -> Scope:
         raise ApiError(422, "validation_error", f"{where}: {err.get('msg', 'invalid')}") from None
 
 
+def _read_scope(
+    principal: Principal, team_id: str | None, user_id: str | None, agent_id: str | None = None
+) -> ReadScope:
+    """What a read may see (``AccessScope.read_scope``): the space it names within the
+    key's bank, confined to the key's agent when the bank pins one."""
+    access = principal.access
+    if team_id is not None and team_id != access.team_id:
+        raise _forbidden(principal, f"team {team_id!r}")
+    try:
+        return access.read_scope(user_id, agent_id)
+    except PermissionError as exc:
+        raise _forbidden(principal, str(exc)) from None
+    except ValidationError as exc:  # a malformed id
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err.get("loc", ())) or "scope"
+        raise ApiError(422, "validation_error", f"{where}: {err.get('msg', 'invalid')}") from None
+
+
 def _forbidden(principal: Principal, what: str) -> ApiError:
     return ApiError(
         403,
@@ -275,6 +298,43 @@ def _service(request: Request) -> MemoryService:
     return service
 
 
+def _check_content(event: EventBase) -> None:
+    """A client memory that tries to instruct its future reader is refused (422)."""
+    problem = client_content_problem(event)
+    if problem is not None:
+        raise ApiError(422, "prompt_injection", f"content refused by the quality gate: {problem}",
+                       {"rule": "prompt_injection"})
+
+
+async def _check_owners(service: MemoryService, principal: Principal, event: EventBase) -> None:
+    """The stored rows a client write names must be the caller's: a memory id owned by
+    another agent is never written over (409), a link's ends must lie in the caller's
+    scope (403) and belong to the link's agent (422: the projector would ignore it)."""
+    if isinstance(event, MemoryAdded):
+        owner = await service.memory_owner(event.scope, event.memory_id)
+        if owner is not None and owner != event.scope.agent_id:
+            raise ApiError(
+                409, "memory_id_taken",
+                f"memory id {event.memory_id!r} belongs to another agent of this space; choose another id",
+                {"memory_id": event.memory_id},
+            )
+    elif isinstance(event, MemoryLinked):
+        for end in (event.from_memory_id, event.to_memory_id):
+            owner = await service.memory_owner(event.scope, end)
+            if owner is None:
+                continue
+            if not principal.access.allows(event.scope.model_copy(update={"agent_id": owner})):
+                raise ApiError(
+                    403, "forbidden", f"memory {end!r} lies outside this key's scope; a link needs both ends in it",
+                    {"bank": principal.bank.name, "memory_id": end},
+                )
+            if owner != event.scope.agent_id:
+                raise ApiError(
+                    422, "invalid_event",
+                    f"memory {end!r} belongs to agent {owner!r}: a link's scope must name its memories' agent",
+                )
+
+
 async def _append(service: MemoryService, event: EventBase) -> Accepted:
     try:
         position = await service.append(event, interface="api")
@@ -294,6 +354,11 @@ async def _wait(service: MemoryService, positions: list[LogPosition], wait_s: fl
         await service.wait_for(positions, wait_s)
     except UnknownTopicError as exc:
         raise ApiError(422, "validation_error", f"min_position: {exc}") from None
+    except PositionBeyondLog as exc:
+        raise ApiError(
+            409, "position_beyond_log", str(exc),
+            {"requested": str(exc.requested), "end_offset": exc.end_offset},
+        ) from None
     except PositionNotReached as exc:
         raise ApiError(
             409,
@@ -320,7 +385,7 @@ def _present_key(headers: Mapping[str, str]) -> str | None:
     return key.strip() if key and key.strip() else None
 
 
-def _authenticate(source: RegistrySource, raw_key: str | None) -> Principal:
+def _authenticate(source: RegistrySource, raw_key: str | None, limiter: RateLimiter | None = None) -> Principal:
     if raw_key is None:
         raise ApiError(
             401,
@@ -336,6 +401,14 @@ def _authenticate(source: RegistrySource, raw_key: str | None) -> Principal:
     principal = registry.authenticate(raw_key)
     if principal is None:
         raise ApiError(401, "unauthorized", "unknown API key", headers={"WWW-Authenticate": "Bearer"})
+    if limiter is not None:
+        wait = limiter.take(principal.key_id)
+        if wait > 0:
+            raise ApiError(
+                429, "too_many_requests",
+                f"this key is over its rate limit ({limiter.rate:g}/s, burst {limiter.burst:g}); retry later",
+                {"retry_after_s": round(wait, 3)}, headers={"Retry-After": RateLimiter.retry_after(wait)},
+            )
     return principal
 
 
@@ -347,7 +420,7 @@ async def principal_of(
     """The caller, from the key in the request headers (the two security schemes above
     are declared for the OpenAPI spec; the header parsing is ours, so a malformed
     header gives our 401 rather than a framework 403)."""
-    return _authenticate(request.app.state.registry, _present_key(request.headers))
+    return _authenticate(request.app.state.registry, _present_key(request.headers), request.app.state.limiter)
 
 
 Caller = Annotated[Principal, Depends(principal_of)]
@@ -370,7 +443,9 @@ WaitS = Annotated[
 class _McpEndpoint:
     """ASGI endpoint at ``/mcp``: authenticates the key, then hands the request to the
     MCP server of the key's bank. Each bank has its own server (built at startup), so
-    the scope is pinned by the key, never by anything inside the MCP messages."""
+    the scope is pinned by the key, never by anything inside the MCP messages; the key
+    is checked against the live registry on every request, and each tool call reads
+    its bank's current declaration (a moved or removed bank takes effect at once)."""
 
     def __init__(self, app: FastAPI) -> None:
         self.app = app
@@ -378,7 +453,7 @@ class _McpEndpoint:
     async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         try:
-            principal = _authenticate(self.app.state.registry, _present_key(headers))
+            principal = _authenticate(self.app.state.registry, _present_key(headers), self.app.state.limiter)
             servers: dict[str, MCPServer] = getattr(self.app.state, "mcp_servers", {})
             server = servers.get(principal.bank.name)
             if server is None:
@@ -478,7 +553,10 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
             stack.push_async_callback(service.stop)
             servers: dict[str, MCPServer] = {}
             for name, bank in sorted(banks.banks.items()):
-                server = build_mcp_server(bank, settings, service=service)
+                server = build_mcp_server(
+                    bank, settings, service=service,
+                    live=lambda name=name: source.current().bank(name),  # type: ignore[misc]
+                )
                 server.streamable_http_app(streamable_http_path="/mcp", host=settings.api_host)
                 await stack.enter_async_context(server.session_manager.run())
                 servers[name] = server
@@ -502,6 +580,7 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
         responses={500: {"model": ErrorResponse, "description": "Unexpected error."}},
     )
     app.state.registry = source
+    app.state.limiter = RateLimiter(settings.api_rate_per_s, settings.api_rate_burst)
     app.state.service = None
     app.state.mcp_servers = {}
     install_error_handlers(app)
@@ -514,7 +593,7 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
         "/v1/events",
         status_code=202,
         response_model=Accepted,
-        responses=ERROR_RESPONSES,
+        responses={**ERROR_RESPONSES, 409: {"model": ErrorResponse, "description": "The memory id belongs to another agent."}},
         tags=["write"],
         summary="Append any event (validated; upcast from older schema versions)",
         openapi_extra={
@@ -529,6 +608,8 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
             raw = json.loads(await request.body())
         except (ValueError, UnicodeDecodeError) as exc:
             raise ApiError(422, "validation_error", f"body is not JSON: {exc}") from None
+        except RecursionError:
+            raise ApiError(422, "validation_error", "the JSON body is nested too deeply") from None
         if not isinstance(raw, dict):
             raise ApiError(422, "invalid_event", f"event must be a JSON object, got {type(raw).__name__}")
         if raw.get("scope") in (None, {}):
@@ -537,9 +618,17 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
         event = _event(raw)
         if not principal.access.allows(event.scope):
             raise _forbidden(principal, f"scope {event.scope.model_dump()}")
-        return await _append(_service(request), event)
+        claim = system_claim(event)
+        if claim is not None:
+            raise ApiError(403, "system_event", f"{claim}; a key writes client events only", {"type": event.type})
+        _check_content(event)
+        service = _service(request)
+        await _check_owners(service, principal, event)
+        return await _append(service, event)
 
-    @app.post("/v1/memories", status_code=202, response_model=MemoryAccepted, responses=ERROR_RESPONSES, tags=["write"],
+    @app.post("/v1/memories", status_code=202, response_model=MemoryAccepted,
+              responses={**ERROR_RESPONSES, 409: {"model": ErrorResponse, "description": "The memory id belongs to another agent."}},
+              tags=["write"],
               summary="Add one memory (a MemoryAdded event)")
     async def post_memory(body: MemoryIn, request: Request, principal: Caller) -> MemoryAccepted:
         scope = _resolve(principal, body.scope)
@@ -555,7 +644,10 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
             if not raw.get(name):
                 raw.pop(name, None)
         event = _event(raw)
-        accepted = await _append(_service(request), event)
+        _check_content(event)
+        service = _service(request)
+        await _check_owners(service, principal, event)
+        accepted = await _append(service, event)
         return MemoryAccepted(memory_id=raw["memory_id"], **accepted.model_dump())
 
     @app.post("/v1/messages", status_code=202, response_model=MessagesAccepted, responses=ERROR_RESPONSES, tags=["write"],
@@ -631,15 +723,14 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
         min_position: MinPosition = [],  # noqa: B006
         wait_s: WaitS = None,
     ) -> SearchOut:
-        scope = _resolve(principal, ScopeIn(team_id=team_id, user_id=user_id))
-        agent = agent_id or principal.access.agent_id
-        if principal.access.agent_id is not None and agent != principal.access.agent_id:
-            raise _forbidden(principal, f"agent {agent!r}")
+        if agent_id is not None:
+            _check(agent_id=agent_id)
+        scope = _read_scope(principal, team_id, user_id, agent_id)
         try:
             filters = search_filters(
                 memory_types=memory_type,
                 session_id=session_id,
-                agent_id=agent,
+                agent_id=scope.agent_id,
                 time_from=time_from,
                 time_to=time_to,
                 include_superseded=include_superseded,
@@ -667,11 +758,11 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
         min_position: MinPosition = [],  # noqa: B006
         wait_s: WaitS = None,
     ) -> dict[str, Any]:
-        scope = _resolve(principal, ScopeIn(team_id=team_id, user_id=user_id))
+        scope = _read_scope(principal, team_id, user_id)
         _check(memory_id=memory_id)
         service = _service(request)
         await _wait(service, _positions(min_position), wait_s)
-        found = await service.get_memory(scope, memory_id, agent_id=principal.access.agent_id)
+        found = await service.get_memory(scope, memory_id)
         if found is None:
             raise ApiError(404, "not_found", f"no memory {memory_id!r} in {scope.team_id}/{scope.user_id}")
         return memory_payload(found)
@@ -688,13 +779,13 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
         min_position: MinPosition = [],  # noqa: B006
         wait_s: WaitS = None,
     ) -> dict[str, Any]:
-        scope = _resolve(principal, ScopeIn(team_id=team_id, user_id=user_id))
+        scope = _read_scope(principal, team_id, user_id)
         if not subject.strip():
             raise ApiError(422, "validation_error", "query.subject: is empty")
         _check(subject=subject)
         service = _service(request)
         await _wait(service, _positions(min_position), wait_s)
-        context = await service.lessons(scope, subject, budget, same_agent=principal.access.agent_id is not None)
+        context = await service.lessons(scope, subject, budget)
         return lessons_payload(context)
 
     # --- operations ---------------------------------------------------------------------------

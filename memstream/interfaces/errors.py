@@ -126,7 +126,23 @@ async def _http_error(_: Request, exc: Exception) -> JSONResponse:
     return error_response(exc.status_code, code, message, headers=getattr(exc, "headers", None))
 
 
+def _malformed_body(exc: BaseException) -> str | None:
+    """Why a request body the framework could not even parse is the client's fault:
+    nested too deeply for the JSON parser, an integer too long to convert, bytes that
+    are not UTF-8. These surface as exceptions outside FastAPI's own parse errors."""
+    if isinstance(exc, RecursionError):
+        return "the JSON body is nested too deeply"
+    if isinstance(exc, UnicodeError):
+        return f"the body is not valid UTF-8 text: {exc}"
+    if isinstance(exc, ValueError) and "integer string conversion" in str(exc):
+        return "the JSON body holds a number too long to read"
+    return None
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    reason = _malformed_body(exc)
+    if reason is not None:
+        return error_response(422, "validation_error", reason)
     log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return error_response(500, "internal_error", "internal server error; see the server log")
 

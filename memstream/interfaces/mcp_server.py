@@ -35,6 +35,7 @@ from mcp_types import ToolAnnotations
 from pydantic import BaseModel, Field
 
 from memstream.banks import Bank
+from memstream.domain.access import client_content_problem, system_claim
 from memstream.domain.events import (
     CURRENT_SCHEMA_VERSIONS,
     MAX_MEMORY_CHARS,
@@ -121,13 +122,26 @@ class LessonsResult(BaseModel):
 class _State:
     """What the tools close over: the bank, the service, this server's latest writes."""
 
-    def __init__(self, bank: Bank, settings: Settings, service: MemoryService | None):
+    def __init__(
+        self, bank: Bank, settings: Settings, service: MemoryService | None, live: Callable[[], Bank] | None = None
+    ):
         self.bank = bank
+        self.live = live
         self.settings = settings
         self.service = service
         # Highest acknowledged offset per (topic, partition) written through this server,
         # for topics the projection applies (the memory log).
         self.written: dict[tuple[str, int], int] = {}
+
+    def current_bank(self) -> Bank:
+        """The bank as the registry declares it now (``live``), else as built: a bank
+        moved to another team or removed takes effect on the next tool call."""
+        if self.live is None:
+            return self.bank
+        try:
+            return self.live()
+        except LookupError:
+            raise ToolError(f"bank {self.bank.name!r} is no longer declared; nothing was done") from None
 
     def require(self) -> MemoryService:
         if self.service is None:
@@ -149,6 +163,12 @@ class _State:
             event = parse_event(raw)
             if not isinstance(event, cls):
                 raise EventValidationError(f"type: expected {cls.__name__}, got {event.type}")
+            claim = system_claim(event)
+            if claim is not None:
+                raise ToolError(f"forbidden, nothing was saved: {claim}")
+            problem = client_content_problem(event)
+            if problem is not None:
+                raise ToolError(f"refused by the quality gate, nothing was saved: {problem}")
             position = await service.append(event, interface="mcp")
         except (EventValidationError, EncodeError) as exc:
             raise _reject(exc) from None
@@ -190,15 +210,19 @@ def build_mcp_server(
     *,
     service: MemoryService | None = None,
     clock: Callable[[], datetime] | None = None,
+    live: Callable[[], Bank] | None = None,
 ) -> MCPServer:
     """An MCP server whose tools read and write ``bank`` only.
 
     With ``service`` (the API server's), the server uses it and owns nothing; without
     one, the server starts its own service in its lifespan (stdio use) and stops it on
-    exit. ``clock`` supplies "now" for templates and default deadlines.
+    exit. ``clock`` supplies "now" for templates and default deadlines. ``live``
+    returns the bank as the registry declares it at the moment of each tool call (the
+    API server passes its registry's; raises ``LookupError`` once it is removed):
+    every call reads and writes the bank's current scope, never the one at start-up.
     """
     now: Callable[[], datetime] = clock or (lambda: datetime.now(timezone.utc))
-    state = _State(bank, settings, service)
+    state = _State(bank, settings, service, live)
     owns_service = service is None
 
     @asynccontextmanager
@@ -238,6 +262,7 @@ def build_mcp_server(
         scene: Annotated[str | None, Field(max_length=500, description="Optional context or topic.")] = None,
     ) -> AddMemoryResult:
         state.require()
+        bank = state.current_bank()
         if not content.strip():
             # Checked before the template: a template would make blank content look full.
             raise ToolError("invalid input, nothing was saved: content is empty")
@@ -270,16 +295,16 @@ def build_mcp_server(
         session_id: Annotated[str | None, Field(description="Only memories from this session.")] = None,
     ) -> QueryResult:
         service = state.require()
+        bank = state.current_bank()
         note = await state.catch_up()
         try:
             filters = search_filters(
                 memory_types=[t.value for t in memory_types or []],
                 session_id=session_id,
-                agent_id=bank.agent_id,
             )
         except ValueError as exc:
             raise ToolError(str(exc)) from None
-        hits = await service.search(bank.scope, query, k, filters, interface="mcp")
+        hits = await service.search(bank.access.read_scope(), query, k, filters, interface="mcp")
         return QueryResult(
             memories=[search_hit_payload(h, explain=False) for h in hits],
             up_to_date=note is None,
@@ -293,6 +318,7 @@ def build_mcp_server(
         horizon_days: Annotated[int, Field(ge=1, le=3650, description="Days until the outcome should be judged.")] = 5,
     ) -> DecisionResult:
         state.require()
+        bank = state.current_bank()
         try:
             parsed_rating = parse_rating(rating)
         except ValueError as exc:
@@ -325,11 +351,12 @@ def build_mcp_server(
         budget_tokens: Annotated[int, Field(ge=50, le=20_000, description="Rough size limit of the context.")] = 800,
     ) -> LessonsResult:
         service = state.require()
+        bank = state.current_bank()
         if not subject.strip():
             raise ToolError("subject is empty")
         _check(subject=subject)
         note = await state.catch_up()
-        context = await service.lessons(bank.scope, subject, budget_tokens, same_agent=bank.agent_id is not None)
+        context = await service.lessons(bank.access.read_scope(), subject, budget_tokens)
         return LessonsResult(
             subject=subject, context=lessons_payload(context), up_to_date=note is None, note=note
         )
@@ -338,9 +365,10 @@ def build_mcp_server(
         memory_id: Annotated[str, Field(min_length=1, max_length=128, description="A memory_id from query_memory.")],
     ) -> dict[str, Any]:
         service = state.require()
+        bank = state.current_bank()
         _check(memory_id=memory_id)
         note = await state.catch_up()
-        found = await service.get_memory(bank.scope, memory_id, agent_id=bank.agent_id)
+        found = await service.get_memory(bank.access.read_scope(), memory_id)
         if found is None:
             raise ToolError(
                 f"no memory {memory_id!r} in bank {bank.name!r}"

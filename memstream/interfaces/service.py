@@ -28,6 +28,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from memstream.domain.access import ReadScope, read_scope_of
 from memstream.domain.events import EventBase, Identifier, Name, Scope, describe_validation_error
 from memstream.domain.log import LogPosition
 from memstream.interfaces import metrics
@@ -38,6 +39,7 @@ from memstream.streams.topics import Topics
 __all__ = [
     "MemoryService",
     "PositionNotReached",
+    "PositionBeyondLog",
     "UnknownTopicError",
     "to_jsonable",
     "default_deadline",
@@ -64,6 +66,20 @@ class PositionNotReached(TimeoutError):
         self.requested = requested
         self.reached = reached
         self.waited_s = waited_s
+
+
+class PositionBeyondLog(PositionNotReached):
+    """A position at or past the end of its partition: no write has it yet, so waiting
+    cannot help (answered at once instead of polling for the whole wait)."""
+
+    def __init__(self, requested: LogPosition, end_offset: int) -> None:
+        TimeoutError.__init__(
+            self, f"{requested} is past the end of its partition (next offset {end_offset}); no write has it"
+        )
+        self.requested = requested
+        self.reached = None
+        self.waited_s = 0.0
+        self.end_offset = end_offset
 
 
 class UnknownTopicError(ValueError):
@@ -191,21 +207,39 @@ class MemoryService:
             return
         bound = self.settings.read_wait_max_s if timeout_s is None else min(timeout_s, self.settings.read_wait_max_s)
         start = time.monotonic()
+        checked_ends = False
         while True:
             stored = await asyncio.to_thread(self.store.positions)
             missing = [p for p in wanted if stored.get((p.topic, p.partition), 0) <= p.offset]
             if not missing:
                 return
+            if not checked_ends:  # once per read, only when it would have to wait
+                checked_ends = True
+                await self._check_written(missing)
             waited = time.monotonic() - start
             if waited >= bound:
                 first = missing[0]
                 raise PositionNotReached(first, stored.get((first.topic, first.partition)), waited)
             await asyncio.sleep(min(_POLL_S, max(0.0, bound - waited)))
 
+    async def _check_written(self, positions: Sequence[LogPosition]) -> None:
+        """Raise :class:`PositionBeyondLog` for a position no write has reached (its
+        partition's end offset is not past it). Kafka unreachable: no answer, the
+        bounded wait decides."""
+        try:
+            ends = await self.end_offsets({p.topic for p in positions})
+        except (KafkaError, OSError) as exc:
+            log.warning("cannot read end offsets to check min_position: %s", exc)
+            return
+        for p in positions:
+            end = ends.get((p.topic, p.partition))
+            if end is None or p.offset >= end:
+                raise PositionBeyondLog(p, end or 0)
+
     # --- reads -------------------------------------------------------------------------
 
     async def search(
-        self, scope: Scope, query: str, k: int, filters: Any, *, interface: str
+        self, scope: Scope | ReadScope, query: str, k: int, filters: Any, *, interface: str
     ) -> list[Any]:
         from memstream.projections.search import search
 
@@ -215,24 +249,23 @@ class MemoryService:
 
         return await asyncio.to_thread(run)
 
-    async def get_memory(
-        self, scope: Scope, memory_id: str, *, agent_id: str | None = None
-    ) -> dict[str, Any] | None:
-        """One memory of the scope's space with its history, links and provenance;
-        ``None`` when there is none, or when ``agent_id`` (a bank pinned to one agent)
-        is given and the memory was written by another agent."""
+    async def get_memory(self, scope: Scope | ReadScope, memory_id: str) -> dict[str, Any] | None:
+        """One memory the read scope sees, with its history, links and provenance;
+        ``None`` when there is none (a scope pinned to an agent sees that agent's only)."""
         result: dict[str, Any] | None = await asyncio.to_thread(self.store.get_memory, scope, memory_id)
-        if result is not None and agent_id is not None and result.get("agent_id") not in (None, agent_id):
-            return None
         return result
 
-    async def lessons(self, scope: Scope, subject: str, budget_tokens: int, *, same_agent: bool = False) -> Any:
-        """Past lessons on ``subject`` in the scope's space; ``same_agent`` keeps only
-        the reflections of the scope's agent (for agent-pinned banks)."""
+    async def memory_owner(self, scope: Scope, memory_id: str) -> str | None:
+        """The agent that owns ``memory_id`` in the scope's space, if it is stored."""
+        rows = await asyncio.to_thread(self.store.get_memories, read_scope_of(scope), [memory_id])
+        return str(rows[0]["agent_id"]) if rows else None
+
+    async def lessons(self, scope: Scope | ReadScope, subject: str, budget_tokens: int) -> Any:
+        """Past lessons on ``subject`` the read scope sees (a pinned scope: its agent's)."""
         from memstream.projections.reflections import context_for
 
         return await asyncio.to_thread(
-            functools.partial(context_for, self.store, scope, subject, budget_tokens, same_agent=same_agent)
+            functools.partial(context_for, self.store, scope, subject, budget_tokens)
         )
 
     # --- health and metrics ----------------------------------------------------------------

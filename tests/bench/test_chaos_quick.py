@@ -80,3 +80,4 @@ def test_short_chaos_run_loses_nothing(tmp_path: Path) -> None:
     assert result["turns_extracted"] + result["turns_pending"] == result["turns"]
     assert result["searches"] == 200 and result["search_results"] > 0
     assert result["cross_tenant_results"] == 0
+    assert result["cross_agent_results"] == 0 and result["agents_per_tenant"] >= 2

@@ -414,7 +414,12 @@ def draft(content: str, sources: tuple[str, ...] = ("m0",), priority: int = 50, 
 
 def test_memory_ids_depend_on_the_space_and_the_normalised_content() -> None:
     a = memory_id_for(SCOPE, content_hash("Ana likes tea."))
-    assert a == memory_id_for(Scope(team_id="acme", user_id="ana", agent_id="other"), content_hash("ANA  likes tea."))
+    assert a == memory_id_for(SCOPE, content_hash("ANA  likes tea."))
+    # two agents of one user never share a memory id (a write of one can never replace
+    # the other's row)
+    other = memory_id_for(Scope(team_id="acme", user_id="ana", agent_id="other"), content_hash("Ana likes tea."))
+    assert other != a
+    assert other != memory_id_for(Scope(team_id="acme", user_id="ana", agent_id="third"), content_hash("Ana likes tea."))
     assert a != memory_id_for(Scope(team_id="acme", user_id="bob"), content_hash("Ana likes tea."))
     assert a != memory_id_for(SCOPE, content_hash("Ana likes tea"))
     assert a.startswith("mem-") and len(a) == 36

@@ -75,6 +75,27 @@ def test_override_paths_order(tmp_path: Path) -> None:
     ]
 
 
+def test_override_ids_never_leave_the_prompts_directory(tmp_path: Path) -> None:
+    # another team's override, reachable by "../" ids before
+    prompts = tmp_path / "prompts"
+    beta = prompts / "teams" / "beta"
+    beta.mkdir(parents=True)
+    (beta / "judgment.toml").write_text(override("beta-secret", "beta"))
+    (tmp_path / "judgment.toml").write_text(override("outside", "outside"))
+    lib = PromptLibrary(prompts)
+    for scope in (
+        Scope(team_id="acme", agent_id="../../beta"),
+        Scope(team_id="acme", agent_id=".."),
+        Scope(team_id="..", agent_id="teams"),
+        Scope(team_id="../prompts/teams/beta"),
+    ):
+        assert lib.get("judgment", scope).source == "package:judgment.toml", scope
+        for path in override_paths(prompts, "judgment", scope):
+            assert ".." not in path.relative_to(prompts).parts
+    assert override_paths(prompts, "../judgment", ACME_BOT) == []
+    assert lib.get("judgment", Scope(team_id="beta")).version == "beta-secret"  # its own team still works
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -52,6 +52,22 @@ description = "Erin's preferences, reached over stdio."
 team_id = "acme"
 user_id = "frank"
 description = "Frank's facts, asked for in other words."
+
+[banks.planner]
+team_id = "trust"
+user_id = "u1"
+agent_id = "planner"
+description = "The planner agent's memory of user u1."
+
+[banks.spy]
+team_id = "trust"
+user_id = "u1"
+agent_id = "spy"
+description = "Another agent of the same user, trying to read the planner's."
+
+[banks.trustteam]
+team_id = "trust"
+description = "Team-wide key of team trust."
 """
 
 

@@ -141,7 +141,7 @@ def test_memory_template_renders_current_time() -> None:
     assert Bank(name="b", team_id="t", description="d").render_memory("x", when) == "x"
 
 
-def test_registry_source_reloads_on_change_and_keeps_last_good(tmp_path: Path) -> None:
+def test_registry_source_reloads_on_change_and_fails_closed(tmp_path: Path) -> None:
     settings = _settings(tmp_path, "[banks.a]\nteam_id = 'x'\ndescription = 'd'\n")
     source = RegistrySource(settings)
     assert source.current().keys == {}
@@ -149,12 +149,54 @@ def test_registry_source_reloads_on_change_and_keeps_last_good(tmp_path: Path) -
     assert source.current().authenticate(raw) is not None  # picked up without restart
     revoke_key(settings, record.key_id)
     assert source.current().authenticate(raw) is None
-    # A broken edit keeps the last good registry in force and records the error.
+    # A broken banks file is never a reason to keep serving its old keys.
+    raw, record = create_key(settings, "a")
+    assert source.current().authenticate(raw) is not None
     assert settings.banks_file is not None
     settings.banks_file.write_text("[banks.a\n")
     os.utime(settings.banks_file, ns=(1, 1))
-    assert "a" in source.current().banks
+    assert source.current().banks == {} and source.current().authenticate(raw) is None
     assert source.last_error and "not valid" in source.last_error
+
+
+def test_an_invalid_bank_entry_is_skipped_with_its_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    good = "[banks.a]\nteam_id = 'x'\ndescription = 'd'\n"
+    settings = _settings(tmp_path, good + "[banks.b]\nteam_id = 'y'\ndescription = 'd'\n")
+    raw_a, _ = create_key(settings, "a")
+    raw_b, _ = create_key(settings, "b")
+    source = RegistrySource(settings)
+    assert source.current().authenticate(raw_b) is not None
+    assert settings.banks_file is not None
+    # bank b becomes invalid (a bad team id): b and its key are out, a keeps working
+    settings.banks_file.write_text(good + "\n[banks.b]\nteam_id = 'bad team'\ndescription = 'd'\n")
+    with caplog.at_level("ERROR", logger="memstream.banks"):
+        registry = source.current()
+    assert set(registry.banks) == {"a"}
+    assert registry.authenticate(raw_a) is not None and registry.authenticate(raw_b) is None
+    assert source.last_error and f"{settings.banks_file}:5: skipped: bank 'b'" in source.last_error
+    assert any(":5: skipped" in r.getMessage() for r in caplog.records)
+    # a keys file that does not parse grants nothing (the banks file's own keys still work)
+    assert settings.keys_file is not None
+    settings.keys_file.write_text("[[keys]\n")
+    assert source.current().authenticate(raw_a) is None
+
+
+def test_registry_source_reloads_every_few_seconds_whatever_the_stat_says(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, "[banks.a]\nteam_id = 'x'\ndescription = 'd'\n")
+    now = [0.0]
+    loads: list[int] = []
+
+    def loader(s: Settings, **kw: object) -> object:
+        loads.append(1)
+        return load_registry(s, **kw)  # type: ignore[arg-type]
+
+    source = RegistrySource(settings, loader=loader, clock=lambda: now[0])  # type: ignore[arg-type]
+    source.current()
+    source.current()
+    assert len(loads) == 1  # nothing changed, inside the bound
+    now[0] += RegistrySource.RELOAD_EVERY_S
+    source.current()
+    assert len(loads) == 2
 
 
 def test_revoke_needs_an_unambiguous_id(tmp_path: Path) -> None:

@@ -105,6 +105,34 @@ def test_sql_over_the_tables(cli: typer.Typer, lance_dir: Path) -> None:
         CliRunner().invoke(cli, ["sql", "SELEKT 1"], catch_exceptions=False)
 
 
+@pytest.mark.parametrize(
+    "query",
+    [
+        "SELECT * FROM read_csv('{secret}')",
+        "SELECT * FROM read_text('{secret}')",
+        "COPY (SELECT memory_id FROM memories) TO '{out}'",
+        "ATTACH '{out}.db' AS other",
+        "INSTALL httpfs",
+        "LOAD httpfs",
+        "SET enable_external_access = true",
+    ],
+)
+def test_sql_has_no_external_access_unless_allowed(cli: typer.Typer, lance_dir: Path, tmp_path: Path, query: str) -> None:
+    secret = tmp_path / "secret.csv"
+    secret.write_text("password\nhunter2\n")
+    out = tmp_path / "out.csv"
+    with pytest.raises(CLIError, match="SQL"):
+        CliRunner().invoke(cli, ["sql", query.format(secret=secret, out=out)], catch_exceptions=False)
+    assert not out.exists() and not (tmp_path / "out.csv.db").exists()
+
+
+def test_sql_allow_files_turns_access_back_on(cli: typer.Typer, lance_dir: Path, tmp_path: Path) -> None:
+    data = tmp_path / "data.csv"
+    data.write_text("x\n41\n")
+    out = _run(cli, "sql", f"SELECT x + 1 AS y FROM read_csv('{data}')", "--json", "--allow-files")
+    assert json.loads(out) == {"y": 42}
+
+
 def test_positions_read_as_the_furthest_row_per_partition(cli: typer.Typer, lance_dir: Path, tmp_path: Path) -> None:
     store = LanceStore(lance_dir, embedding_dim=DIM)
     before = store.positions()

@@ -193,3 +193,23 @@ def test_cli_without_a_projection_says_so(tmp_path: Path, monkeypatch: pytest.Mo
             )
     finally:
         get_settings.cache_clear()
+
+
+def test_cli_prints_tenant_text_as_text_never_as_markup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a lesson holding rich markup crashed `reflections list` with a traceback
+    root = tmp_path / "markup-lance"
+    monkeypatch.setenv("MEMSTREAM_EMBEDDING_DIM", str(DIM))
+    monkeypatch.setenv("MEMSTREAM_LANCE_DIR", str(root))
+    get_settings.cache_clear()
+    try:
+        store = LanceStore(root, embedding_dim=DIM)
+        event = reflected(ANA, 1, "AAPL").model_copy(update={"content": "Sold too early [/bold] [red]x[/red] [link=y]"})
+        Projector(store, LocalEmbedder(DIM)).apply(positioned([event]))
+        result = CliRunner().invoke(
+            _cli(), ["reflections", "list", "--team", "acme", "--user", "ana"], catch_exceptions=False,
+            env={"COLUMNS": "300"},
+        )
+        assert result.exit_code == 0, result.output
+        assert "[/bold] [red]x[/red] [link=y]" in result.output
+    finally:
+        get_settings.cache_clear()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from tests.projections.projection_helpers import DIM, EVENTS_TOPIC, link, memory, positioned
 
+from memstream.domain.access import ReadScope
 from memstream.domain.content import content_hash
 from memstream.domain.events import Scope
 from memstream.projections.embedder import LocalEmbedder
@@ -131,24 +132,44 @@ def test_find_hashes_in_spaces_answers_each_space_alone_in_one_query(store: Lanc
     h = content_hash
     found = store.find_hashes_in_spaces(
         {
-            ("a/b", "c"): [h("shared words"), h("only left asked")],
-            ("a", "b/c"): [h("shared words"), h("only right has")],
-            ("acme", "alice"): [h("shared words"), h("bob alone"), ""],
-            ("acme", "nobody"): [h("shared words")],
+            ReadScope("a/b", "c"): [h("shared words"), h("only left asked")],
+            ReadScope("a", "b/c"): [h("shared words"), h("only right has")],
+            ReadScope("acme", "alice"): [h("shared words"), h("bob alone"), ""],
+            ReadScope("acme", "nobody"): [h("shared words")],
         }
     )
     assert found == {
-        ("a/b", "c"): {h("shared words"): "l0", h("only left asked"): "l1"},
-        ("a", "b/c"): {h("only right has"): "r0"},  # left's "shared words" is not right's
-        ("acme", "alice"): {h("shared words"): "a0"},  # Bob's memory was not Alice's question
+        ReadScope("a/b", "c"): {h("shared words"): "l0", h("only left asked"): "l1"},
+        ReadScope("a", "b/c"): {h("only right has"): "r0"},  # left's "shared words" is not right's
+        ReadScope("acme", "alice"): {h("shared words"): "a0"},  # Bob's memory was not Alice's question
     }
     # the same answers as one space at a time
-    for (team, user), answer in found.items():
+    for sc, answer in found.items():
         asked = [h("shared words"), h("only left asked"), h("only right has"), h("bob alone")]
-        assert {k: v for k, v in store.find_hashes(Scope(team_id=team, user_id=user), asked).items()
+        assert {k: v for k, v in store.find_hashes(Scope(team_id=sc.team_id, user_id=sc.user_id), asked).items()
                 if k in answer} == answer
     with pytest.raises(ScopeRequiredError):
-        store.find_hashes_in_spaces({("", "alice"): [h("shared words")]})
+        store.find_hashes_in_spaces({ReadScope("", "alice"): [h("shared words")]})
+
+
+def test_find_hashes_pinned_to_an_agent_sees_that_agent_only(store: LanceStore) -> None:
+    # the extractor's exact dedup for an agent's turns: another agent's memory of the
+    # same text is neither a duplicate nor an answer (it would be an oracle)
+    planner = Scope(team_id="acme", user_id="alice", agent_id="planner")
+    spy = Scope(team_id="acme", user_id="alice", agent_id="spy")
+    Projector(store, LocalEmbedder(DIM)).apply(
+        positioned([memory(planner, "p0", "the launch code is 1234"), memory(spy, "s0", "spy text")])
+    )
+    h = content_hash
+    asked = [h("the launch code is 1234"), h("spy text")]
+    assert store.find_hashes(ReadScope.pinned(spy), asked) == {h("spy text"): "s0"}
+    assert store.find_hashes(ReadScope.pinned(planner), asked) == {h("the launch code is 1234"): "p0"}
+    both = store.find_hashes_in_spaces({ReadScope.pinned(spy): asked, ReadScope.pinned(planner): asked})
+    assert both == {
+        ReadScope.pinned(spy): {h("spy text"): "s0"},
+        ReadScope.pinned(planner): {h("the launch code is 1234"): "p0"},
+    }
+    assert store.find_hashes(planner, asked) == {h("the launch code is 1234"): "p0", h("spy text"): "s0"}
 
 
 def test_find_hashes_prefers_the_current_memory(store: LanceStore) -> None:

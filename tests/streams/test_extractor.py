@@ -571,8 +571,8 @@ class Counted:
             raise OSError("disk gone")
         return self.inner.find_hashes(scope, hashes)
 
-    def find_hashes_in_spaces(self, wanted: dict[tuple[str, str], Sequence[str]]) -> Any:
-        spaces = sorted(f"{team}/{user}" for team, user in wanted)
+    def find_hashes_in_spaces(self, wanted: dict[Any, Sequence[str]]) -> Any:
+        spaces = sorted(sc.space for sc in wanted)
         self.calls.append(("batch", spaces))
         if self.fail_for & set(spaces):
             raise OSError("disk gone")

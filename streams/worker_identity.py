@@ -1,0 +1,84 @@
+"""The worker's producer identity on Kafka: what makes a system event believable.
+
+Client events (turns, memories, client links, decisions, outcomes) may come from any
+producer. System events (``memstream.domain.access.system_claim``: lessons, expiries,
+judgment links, anything claiming the extractor, reflector or projector) come only
+from the worker. Kafka's own producers are trusted services, but a plaintext broker
+cannot say *which* service wrote a record, so the worker signs what it writes: every
+record it produces carries the header ``memstream-worker`` holding an HMAC-SHA256 of
+the record's value under the worker key. The projector dead-letters a system event
+whose record lacks a valid signature, with the reason.
+
+The key is 32 random bytes in ``MEMSTREAM_WORKER_KEY_FILE`` (default
+``<home>/worker.key``, mode 0600), created by the first worker that needs it. Limits
+(docs/security.md): whoever can read that file can sign; a signed record copied
+verbatim is the same event (same id, same scope) and changes nothing; a rotated key
+makes older system events fail verification on replay unless the old key is kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from memstream.settings import Settings
+
+__all__ = ["HEADER", "worker_key_path", "worker_key", "signature", "signed_headers", "verifier", "Verifier"]
+
+HEADER = "memstream-worker"
+_KEY_BYTES = 32
+
+Verifier = Callable[[bytes | None, Sequence[tuple[str, bytes]] | None], bool]
+"""``(value, headers) -> True`` when the record carries the worker's valid signature."""
+
+
+def worker_key_path(settings: Settings) -> Path:
+    return settings.worker_key_file or (settings.home / "worker.key")
+
+
+def worker_key(settings: Settings, *, create: bool = True) -> bytes:
+    """The worker key, created (0600) when absent and ``create``; raises
+    ``FileNotFoundError`` otherwise, ``ValueError`` for a file that is not one."""
+    path = worker_key_path(settings)
+    if not path.exists() and create:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass  # another process made it first: read theirs
+        else:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_hex(_KEY_BYTES) + "\n")
+    text = path.read_text(encoding="ascii").strip()
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        raise ValueError(f"{path}: not a worker key (64 hex characters)") from None
+    if len(key) != _KEY_BYTES:
+        raise ValueError(f"{path}: not a worker key (64 hex characters)")
+    return key
+
+
+def signature(key: bytes, value: bytes) -> bytes:
+    return hmac.new(key, value, hashlib.sha256).hexdigest().encode("ascii")
+
+
+def signed_headers(key: bytes, value: bytes, headers: Sequence[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+    """``headers`` with the worker's signature of ``value`` (any earlier one replaced)."""
+    return [*(h for h in headers if h[0] != HEADER), (HEADER, signature(key, value))]
+
+
+def verifier(key: bytes) -> Verifier:
+    """A check of records against ``key`` (constant-time comparison)."""
+
+    def verify(value: bytes | None, headers: Sequence[tuple[str, bytes]] | None) -> bool:
+        if value is None:
+            return False
+        found = [v for k, v in headers or () if k == HEADER]
+        return len(found) == 1 and found[0] is not None and hmac.compare_digest(found[0], signature(key, value))
+
+    return verify

@@ -1,0 +1,53 @@
+"""MCP tools read their bank from the live registry on every call (the API server's
+wiring): a bank moved to another team reads and writes the new team at once, and a
+removed bank answers a tool error. Real broker, real worker, real LanceDB."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+
+from memstream.banks import RegistrySource
+from memstream.interfaces.mcp_server import build_mcp_server
+from tests.interfaces.iface_stack import Stack
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+
+def _bank(team: str) -> str:
+    return f"[banks.mover]\nteam_id = '{team}'\nuser_id = 'u'\ndescription = 'A bank that moves.'\n"
+
+
+async def _call(client: Client, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+    result = await client.call_tool(tool, args)
+    assert not result.is_error, result.content
+    assert result.structured_content is not None
+    return result.structured_content
+
+
+async def test_a_moved_bank_reads_and_writes_its_new_team(stack: Stack, tmp_path: Path) -> None:
+    mark = uuid.uuid4().hex[:8]
+    beta, gamma = f"beta{mark}", f"gamma{mark}"
+    banks = tmp_path / "banks.toml"
+    banks.write_text(_bank(beta))
+    settings = stack.settings.model_copy(update={"banks_file": banks, "keys_file": tmp_path / "keys.toml"})
+    source = RegistrySource(settings)
+    server = build_mcp_server(source.current().bank("mover"), stack.settings, live=lambda: source.current().bank("mover"))
+    async with Client(server) as client:
+        await _call(client, "add_memory", {"content": f"beta secret {mark}"})
+        found = await _call(client, "query_memory", {"query": f"beta secret {mark}"})
+        assert found["memories"] and found["memories"][0]["team_id"] == beta
+        banks.write_text(_bank(gamma))  # the operator moves the bank
+        found = await _call(client, "query_memory", {"query": f"beta secret {mark}"})
+        assert found["memories"] == []  # beta is no longer this bank's
+        added = await _call(client, "add_memory", {"content": f"gamma fact {mark}"})
+        found = await _call(client, "query_memory", {"query": f"gamma fact {mark}"})
+        assert [m["memory_id"] for m in found["memories"]] == [added["memory_id"]]
+        assert found["memories"][0]["team_id"] == gamma
+        banks.write_text("")  # removed
+        result = await client.call_tool("query_memory", {"query": "anything"})
+        assert result.is_error and "no longer declared" in str(result.content)
