@@ -346,13 +346,15 @@ def load_registry(settings: Settings, *, skipped: list[str] | None = None) -> Ba
     does not parse (none of its banks or keys). Nothing stale is ever kept.
     """
     bpath, kpath = banks_path(settings), keys_path(settings)
-    banks = _lenient(skipped, lambda: _parse_banks(bpath, _read_mapping(bpath), skipped), {}) if bpath.exists() else {}
+    no_banks: dict[str, Bank] = {}
+    banks = _lenient(skipped, lambda: _parse_banks(bpath, _read_mapping(bpath), skipped), no_banks) if bpath.exists() else {}
     keys: dict[str, KeyRecord] = {}
     for bank in banks.values():
         for digest in bank.api_key_sha256:
             keys[digest] = KeyRecord(sha256=digest, bank=bank.name, label="banks file")
     if kpath.exists():
-        for record in _lenient(skipped, lambda: _parse_keys(kpath, _read_mapping(kpath), skipped), []):
+        no_keys: list[KeyRecord] = []
+        for record in _lenient(skipped, lambda: _parse_keys(kpath, _read_mapping(kpath), skipped), no_keys):
             if record.bank not in banks:
                 problem = (
                     f"{kpath}: key {record.key_id} is bound to bank {record.bank!r}, "

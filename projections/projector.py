@@ -189,6 +189,9 @@ class _Plan:
     """pk -> the agent of the batch's first memory with that key (it owns the id)."""
     memory_events: dict[str, PositionedEvent] = field(default_factory=dict)
     """pk -> the general path's event of that memory (to dead-letter it)."""
+    turn_owners: dict[str, str] = field(default_factory=dict)
+    """The same for turns (message ids): pk -> the agent of the batch's first turn."""
+    turn_events: dict[str, PositionedEvent] = field(default_factory=dict)
 
 
 class Projector:
@@ -315,6 +318,9 @@ class Projector:
         e = pe.event
         assert isinstance(e, MessageObserved)
         pk = scoped_key(e.scope.team_id, e.scope.user_id, e.message_id)
+        if plan.turn_owners.setdefault(pk, e.scope.agent_id) != e.scope.agent_id:
+            raise ProjectionError(_taken(e.message_id, plan.turn_owners[pk], "turn"))
+        plan.turn_events[pk] = pe
         plan.messages[pk] = {
             "pk": pk,
             "message_id": e.message_id,
@@ -506,15 +512,9 @@ class Projector:
         owns: a memory id belongs to the agent that wrote it first in the log, and no
         other agent's write (a predicted or copied id) replaces its row. Keys the
         table certainly lacks (its key filter) are not read."""
+        refused = self._refuse_taken_turns(plan)
         pks = [pk for pk in plan.owners if pk in plan.memories or pk in plan.fast]
-        if not pks:
-            return []
-        maybe = [pk for pk, new in zip(pks, self.store.key_absent(MEMORIES, pks)) if not new]
-        if not maybe:
-            return []
-        stored = self.store.rows_by_keys(MEMORIES, maybe, ["pk", "agent_id"])
-        refused: list[tuple[PositionedEvent, str]] = []
-        for pk, agent in zip(stored.column("pk").to_pylist(), stored.column("agent_id").to_pylist()):
+        for pk, agent in self._stored_owners(MEMORIES, pks):
             if agent == plan.owners[pk]:
                 continue
             if pk in plan.fast:
@@ -526,6 +526,26 @@ class Projector:
                 plan.vectors.pop(pk, None)
             refused.append((pe, _taken(pe.event.memory_id, agent)))  # type: ignore[attr-defined]
         return refused
+
+    def _refuse_taken_turns(self, plan: _Plan) -> list[tuple[PositionedEvent, str]]:
+        """The same rule for turns: a message id belongs to the agent that wrote it
+        first, so another agent's turn never replaces its text (a memory's evidence)."""
+        refused: list[tuple[PositionedEvent, str]] = []
+        for pk, agent in self._stored_owners(MESSAGES, list(plan.turn_owners)):
+            if agent != plan.turn_owners[pk]:
+                pe = plan.turn_events[pk]
+                plan.messages.pop(pk)
+                refused.append((pe, _taken(pe.event.message_id, agent, "turn")))  # type: ignore[attr-defined]
+        return refused
+
+    def _stored_owners(self, table: str, pks: list[str]) -> list[tuple[str, str]]:
+        """(pk, agent) of the stored rows among ``pks`` (keys the table certainly
+        lacks, by its key filter, are not read)."""
+        maybe = [pk for pk, new in zip(pks, self.store.key_absent(table, pks)) if not new] if pks else []
+        if not maybe:
+            return []
+        stored = self.store.rows_by_keys(table, maybe, ["pk", "agent_id"])
+        return list(zip(stored.column("pk").to_pylist(), stored.column("agent_id").to_pylist()))
 
     # ------------------------------------------------------------------ embeddings
     def _needs_vector(self, event: EventBase) -> bool:
@@ -698,8 +718,11 @@ class Projector:
                 self.store.upsert(ENTITIES, ents)
 
 
-def _taken(memory_id: str, owner: str) -> str:
-    return f"memory id {memory_id!r} belongs to agent {owner!r} of this memory space; another agent's write never replaces it"
+def _taken(the_id: str, owner: str, what: str = "memory") -> str:
+    return (
+        f"{what} id {the_id!r} belongs to agent {owner!r} of this memory space; "
+        "another agent's write never replaces it"
+    )
 
 
 def _fast_event(source: PositionedMemories, i: int) -> PositionedEvent:

@@ -33,6 +33,7 @@ from rich.table import Table
 from memstream.cli._common import jsonable, open_store, scope_from_options
 from memstream.cli._errors import CLIError
 from memstream.settings import Settings, get_settings
+from memstream.streams.worker_identity import worker_key
 
 __all__ = ["register", "provenance_cmd", "extract_cmd"]
 
@@ -224,7 +225,12 @@ async def _extract(settings: Settings, store: Any, new: list[Any], background: l
 
     llm = build_llm(settings)
     embedder = build_embedder(settings)
-    producer: Any = MemstreamProducer(settings, client_id="memstream-extract-cli") if emit else _DryRunSink()
+    # the operator runs the worker's extractor: its events are signed as the worker's
+    producer: Any = (
+        MemstreamProducer(settings, client_id="memstream-extract-cli", signing_key=worker_key(settings))
+        if emit
+        else _DryRunSink()
+    )
     try:
         if emit:
             await producer.start()
@@ -276,7 +282,7 @@ async def _retry(settings: Settings, store: Any, windows: list[Any]) -> Any:
     llm = build_llm(settings)
     if llm is None:
         raise CLIError("no LLM configured (MEMSTREAM_LLM_BASE_URL): nothing to retry the windows with")
-    producer = MemstreamProducer(settings, client_id="memstream-extract-retry")
+    producer = MemstreamProducer(settings, client_id="memstream-extract-retry", signing_key=worker_key(settings))
     await producer.start()
     try:
         with Progress(console=console, transient=True) as progress:

@@ -48,7 +48,6 @@ from starlette.types import Receive, Scope as AsgiScope, Send
 
 from memstream import __version__
 from memstream.banks import BankConfigError, Principal, RegistrySource
-from memstream.domain.access import ReadScope, client_content_problem, system_claim
 from memstream.domain.events import (
     MAX_MEMORY_CHARS,
     MAX_MESSAGE_CHARS,
@@ -56,8 +55,6 @@ from memstream.domain.events import (
     Event,
     EventBase,
     EventValidationError,
-    MemoryAdded,
-    MemoryLinked,
     Scope,
     parse_event,
 )
@@ -71,6 +68,7 @@ from memstream.interfaces.errors import (
     error_body,
     install_error_handlers,
 )
+from memstream.interfaces.guards import check_client_event, check_owners, forbidden, read_scope
 from memstream.interfaces.mcp_server import build_mcp_server
 from memstream.interfaces.ratelimit import RateLimiter
 from memstream.interfaces.service import (
@@ -215,45 +213,18 @@ def _utc(value: datetime | None) -> str | None:
 def _resolve(principal: Principal, scope: ScopeIn | None) -> Scope:
     access = principal.access
     if scope is not None and scope.team_id is not None and scope.team_id != access.team_id:
-        raise _forbidden(principal, f"team {scope.team_id!r}")
+        raise forbidden(principal, f"team {scope.team_id!r}")
     try:
         return access.resolve(
             scope.user_id if scope else None,
             scope.agent_id if scope else None,
         )
     except PermissionError as exc:
-        raise _forbidden(principal, str(exc)) from None
+        raise forbidden(principal, str(exc)) from None
     except ValidationError as exc:  # a malformed id
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err.get("loc", ())) or "scope"
         raise ApiError(422, "validation_error", f"{where}: {err.get('msg', 'invalid')}") from None
-
-
-def _read_scope(
-    principal: Principal, team_id: str | None, user_id: str | None, agent_id: str | None = None
-) -> ReadScope:
-    """What a read may see (``AccessScope.read_scope``): the space it names within the
-    key's bank, confined to the key's agent when the bank pins one."""
-    access = principal.access
-    if team_id is not None and team_id != access.team_id:
-        raise _forbidden(principal, f"team {team_id!r}")
-    try:
-        return access.read_scope(user_id, agent_id)
-    except PermissionError as exc:
-        raise _forbidden(principal, str(exc)) from None
-    except ValidationError as exc:  # a malformed id
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err.get("loc", ())) or "scope"
-        raise ApiError(422, "validation_error", f"{where}: {err.get('msg', 'invalid')}") from None
-
-
-def _forbidden(principal: Principal, what: str) -> ApiError:
-    return ApiError(
-        403,
-        "forbidden",
-        f"this key's bank {principal.bank.name!r} covers {principal.access.describe()} only",
-        {"bank": principal.bank.name, "requested": what},
-    )
 
 
 def _event(raw: dict[str, Any]) -> EventBase:
@@ -296,43 +267,6 @@ def _service(request: Request) -> MemoryService:
     if service is None or service.producer is None:
         raise ApiError(503, "unavailable", "the API server is starting or stopping")
     return service
-
-
-def _check_content(event: EventBase) -> None:
-    """A client memory that tries to instruct its future reader is refused (422)."""
-    problem = client_content_problem(event)
-    if problem is not None:
-        raise ApiError(422, "prompt_injection", f"content refused by the quality gate: {problem}",
-                       {"rule": "prompt_injection"})
-
-
-async def _check_owners(service: MemoryService, principal: Principal, event: EventBase) -> None:
-    """The stored rows a client write names must be the caller's: a memory id owned by
-    another agent is never written over (409), a link's ends must lie in the caller's
-    scope (403) and belong to the link's agent (422: the projector would ignore it)."""
-    if isinstance(event, MemoryAdded):
-        owner = await service.memory_owner(event.scope, event.memory_id)
-        if owner is not None and owner != event.scope.agent_id:
-            raise ApiError(
-                409, "memory_id_taken",
-                f"memory id {event.memory_id!r} belongs to another agent of this space; choose another id",
-                {"memory_id": event.memory_id},
-            )
-    elif isinstance(event, MemoryLinked):
-        for end in (event.from_memory_id, event.to_memory_id):
-            owner = await service.memory_owner(event.scope, end)
-            if owner is None:
-                continue
-            if not principal.access.allows(event.scope.model_copy(update={"agent_id": owner})):
-                raise ApiError(
-                    403, "forbidden", f"memory {end!r} lies outside this key's scope; a link needs both ends in it",
-                    {"bank": principal.bank.name, "memory_id": end},
-                )
-            if owner != event.scope.agent_id:
-                raise ApiError(
-                    422, "invalid_event",
-                    f"memory {end!r} belongs to agent {owner!r}: a link's scope must name its memories' agent",
-                )
 
 
 async def _append(service: MemoryService, event: EventBase) -> Accepted:
@@ -617,13 +551,10 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
         raw.setdefault("producer", f"api:{principal.bank.name}")
         event = _event(raw)
         if not principal.access.allows(event.scope):
-            raise _forbidden(principal, f"scope {event.scope.model_dump()}")
-        claim = system_claim(event)
-        if claim is not None:
-            raise ApiError(403, "system_event", f"{claim}; a key writes client events only", {"type": event.type})
-        _check_content(event)
+            raise forbidden(principal, f"scope {event.scope.model_dump()}")
+        check_client_event(event)
         service = _service(request)
-        await _check_owners(service, principal, event)
+        await check_owners(service, principal, event)
         return await _append(service, event)
 
     @app.post("/v1/memories", status_code=202, response_model=MemoryAccepted,
@@ -644,9 +575,9 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
             if not raw.get(name):
                 raw.pop(name, None)
         event = _event(raw)
-        _check_content(event)
+        check_client_event(event)
         service = _service(request)
-        await _check_owners(service, principal, event)
+        await check_owners(service, principal, event)
         accepted = await _append(service, event)
         return MemoryAccepted(memory_id=raw["memory_id"], **accepted.model_dump())
 
@@ -725,7 +656,7 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
     ) -> SearchOut:
         if agent_id is not None:
             _check(agent_id=agent_id)
-        scope = _read_scope(principal, team_id, user_id, agent_id)
+        scope = read_scope(principal, team_id, user_id, agent_id)
         try:
             filters = search_filters(
                 memory_types=memory_type,
@@ -758,7 +689,7 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
         min_position: MinPosition = [],  # noqa: B006
         wait_s: WaitS = None,
     ) -> dict[str, Any]:
-        scope = _read_scope(principal, team_id, user_id)
+        scope = read_scope(principal, team_id, user_id)
         _check(memory_id=memory_id)
         service = _service(request)
         await _wait(service, _positions(min_position), wait_s)
@@ -779,7 +710,7 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
         min_position: MinPosition = [],  # noqa: B006
         wait_s: WaitS = None,
     ) -> dict[str, Any]:
-        scope = _read_scope(principal, team_id, user_id)
+        scope = read_scope(principal, team_id, user_id)
         if not subject.strip():
             raise ApiError(422, "validation_error", "query.subject: is empty")
         _check(subject=subject)

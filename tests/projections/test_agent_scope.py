@@ -171,3 +171,13 @@ def test_a_memory_id_belongs_to_the_agent_that_wrote_it_first(store: LanceStore)
     assert not projector.apply(positioned([memory(PLANNER, "plan-1", "plan, revised")], start=4)).failed
     row = store.get_memory(ReadScope.pinned(PLANNER), "plan-1")
     assert row is not None and row["content"] == "plan, revised"
+
+
+def test_a_message_id_belongs_to_the_agent_that_wrote_it_first(store: LanceStore) -> None:
+    projector = Projector(store, LocalEmbedder(DIM))
+    projector.apply(positioned([turn(PLANNER, "m-1", "the planner's own words")]))
+    result = projector.apply(positioned([turn(SPY, "m-1", "the spy's words"), turn(PLANNER, "m-2", "x"),
+                                         turn(SPY, "m-2", "y")], start=1))
+    assert sorted(pe.position.offset for pe, _ in result.failed) == [1, 3]
+    assert all("turn id" in reason for _, reason in result.failed)
+    assert store.get_messages(ReadScope.pinned(PLANNER), ["m-1"])[0]["content"] == "the planner's own words"
