@@ -535,8 +535,8 @@ class Extractor:
         run.extraction = _llm_stage(prompt, call, repaired)
 
     async def _known_memories(self, run: _Run) -> list[Candidate]:
-        """The space's memories closest to the window's new turns, for the extraction
-        call: the judgment's candidate recall (same scope), by the turns' vectors (one
+        """The memories of the turns' agent closest to the window's new turns, for the
+        extraction call: the judgment's candidate recall (same scope), by the turns' vectors (one
         embedding call) else by full text; none if recall is off or fails."""
         limit = self.settings.extract_known_memories
         turns = run.window.new_turns
@@ -554,7 +554,8 @@ class Extractor:
             except Exception as exc:  # noqa: BLE001 - full text instead
                 log.warning("extraction %s: known memories by full text (%s)", run.run_id, exc)
         try:
-            found = await asyncio.to_thread(self._recall, run.scope, texts, vectors, limit)
+            # pinned to the turns' agent: other agents' memories never reach the prompt
+            found = await asyncio.to_thread(self._recall, ReadScope.pinned(run.scope), texts, vectors, limit)
         except Exception as exc:  # noqa: BLE001 - the call goes without them
             log.warning("extraction %s: known memories not recalled: %s", run.run_id, exc)
             return []
