@@ -59,7 +59,7 @@ def test_decode_dead_letters_what_only_the_worker_may_write(fast: bool) -> None:
     records = [_record(e, i) for i, e in enumerate((lesson, claims, hijack, plain))]
     records += [_record(e, 10 + i, key) for i, e in enumerate((lesson, claims, hijack))]
     decoder = FastMemoryDecoder("memstream-hash-v1-384", 384) if fast else None
-    batch = decode_batch(records, decoder, key)
+    batch = decode_batch(records, decoder, worker_key=key)
     dead = {d.source_offset: d.reason for d in batch.dead}
     assert set(dead) == {0, 1, 2}
     assert "MemoryReflected" in dead[0] and "worker's producer identity" in dead[0]
