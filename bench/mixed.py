@@ -135,6 +135,8 @@ class Tally:
     memories_written: int = 0
     ryw_checks: int = 0
     ryw_failed: int = 0
+    timeouts: int = 0
+    """Requests the server did not answer within the client's 60 s."""
     write_seconds: float = 0.0
     last_positions: dict[str, dict[tuple[str, int], int]] = field(default_factory=dict)
 
@@ -231,7 +233,7 @@ class ApiProcess:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
-    def start(self, timeout_s: float = 90.0) -> None:
+    def start(self, timeout_s: float = 240.0) -> None:
         env = {**child_env(self.settings), "PYTHONUNBUFFERED": "1"}
         with open(self.log_path, "ab") as out:
             self._proc = subprocess.Popen(
@@ -360,12 +362,21 @@ class Load:
             query = self.queries[i % len(self.queries)]
             i += 1
             started = time.perf_counter()
-            response = await client.get("/v1/search", params={"q": query, "k": 10}, headers=tenant.headers)
+            response = await self._call(client.get("/v1/search", params={"q": query, "k": 10}, headers=tenant.headers))
             elapsed_ms = (time.perf_counter() - started) * 1000.0
-            if self.tally.answer(response):
+            if response is not None and self.tally.answer(response):
                 self._check_results(tenant, response.json())
                 if self.phase is not None:
                     self.phase.samples_ms.append(elapsed_ms)
+
+    async def _call(self, request: Any) -> httpx.Response | None:
+        """An answer, or ``None`` (counted) when the server did not answer in time."""
+        try:
+            response: httpx.Response = await request
+        except httpx.TimeoutException:
+            self.tally.timeouts += 1
+            return None
+        return response
 
     async def search_for(self, seconds: float, log: PhaseLog | None, *, write: bool = False) -> None:
         """Run the searchers (and, with ``write``, the writers) for ``seconds``."""
@@ -418,14 +429,14 @@ class Load:
             memory_id = f"{tenant.name}-w{w:02d}-m{n:06d}"
             n += 1
             body = {"session_id": session, "messages": [{"content": text, "message_id": turn_id, "speaker": SPEAKERS[n % 2]}]}
-            response = await client.post("/v1/messages", json=body, headers=tenant.headers)
+            response = await self._call(client.post("/v1/messages", json=body, headers=tenant.headers))
             self.tally.writes += 1
-            if self.tally.answer(response):
+            if response is not None and self.tally.answer(response):
                 self.tally.position(tenant, response.json()["position"])
             memory = {"content": text, "memory_id": memory_id, "session_id": session, "source_message_ids": [turn_id]}
-            response = await client.post("/v1/memories", json=memory, headers=tenant.headers)
+            response = await self._call(client.post("/v1/memories", json=memory, headers=tenant.headers))
             self.tally.writes += 1
-            if not self.tally.answer(response):
+            if response is None or not self.tally.answer(response):
                 continue
             self.tally.memories_written += 1
             tenant.memory_ids.add(memory_id)
@@ -436,11 +447,11 @@ class Load:
 
     async def _read_back(self, client: httpx.AsyncClient, tenant: Tenant, text: str, memory_id: str, position: str) -> None:
         self.tally.ryw_checks += 1
-        response = await client.get(
+        response = await self._call(client.get(
             "/v1/search", params={"q": text, "k": 10, "min_position": position}, headers=tenant.headers
-        )
-        ok = self.tally.answer(response)
-        if not ok or memory_id not in self._check_results(tenant, response.json()):
+        ))
+        ok = response is not None and self.tally.answer(response)
+        if not ok or memory_id not in self._check_results(tenant, response.json()):  # type: ignore[union-attr]
             self.tally.ryw_failed += 1
 
     async def drain(self) -> None:
@@ -577,6 +588,7 @@ def _figures(
         "memories_written": tally.memories_written,
         "errors_5xx": tally.errors_5xx,
         "errors_4xx": tally.other_errors,
+        "client_timeouts": tally.timeouts,
         "ryw_checks": tally.ryw_checks,
         "ryw_failed": tally.ryw_failed,
         "missing_after_drain": missing,
@@ -590,7 +602,7 @@ def _figures(
     out["meets_targets"] = bool(
         out["mixed_ratio"] is not None and out["mixed_ratio"] >= TARGET_MIXED_RATIO
         and out["p99_ratio"] is not None and out["p99_ratio"] <= TARGET_P99_RATIO
-        and not (tally.errors_5xx or tally.ryw_failed or missing or tally.cross_tenant)
+        and not (tally.errors_5xx or tally.timeouts or tally.ryw_failed or missing or tally.cross_tenant)
     )
     return out
 
@@ -622,7 +634,7 @@ def _print(r: dict[str, Any]) -> None:
                 "alone -> mixed (mixed includes the writes' handling)",
             ),
             ("writes/s", num(r["writes_per_s"]), f"{r['memories_written']:,} memories (each with its turn)"),
-            ("errors_5xx", str(r["errors_5xx"]), f"4xx: {r['errors_4xx']}"),
+            ("errors_5xx", str(r["errors_5xx"]), f"4xx: {r['errors_4xx']}, client timeouts (60 s): {r['client_timeouts']}"),
             ("ryw_failed", str(r["ryw_failed"]), f"of {r['ryw_checks']} read-backs with min_position"),
             ("missing_after_drain", str(r["missing_after_drain"]), "acknowledged memories not in the store"),
             ("cross_tenant_results", str(r["cross_tenant_results"]), f"of {r['results_checked']:,} results"),

@@ -89,6 +89,8 @@ class TableChanges:
         self._steps: OrderedDict[int, Changes | None] = OrderedDict()
         self._lock = threading.Lock()
         self._dataset: Any = None
+        self._last: tuple[int, dict[int, Any]] | None = None
+        """The fragments of the last version read (the next step starts from them)."""
 
     def between(self, begin: int, end: int) -> Changes | None:
         """What versions ``begin + 1`` .. ``end`` changed (``None``: cannot be told)."""
@@ -126,8 +128,12 @@ class TableChanges:
 
     def _read_step(self, version: int) -> Changes | None:
         after = self._at(version)
-        before = {f.fragment_id: f.metadata for f in self._at(version - 1).get_fragments()}
+        if self._last is not None and self._last[0] == version - 1:
+            before = self._last[1]
+        else:
+            before = {f.fragment_id: f.metadata for f in self._at(version - 1).get_fragments()}
         now = {f.fragment_id: f.metadata for f in after.get_fragments()}
+        self._last = (version, now)
         added = sorted(now.keys() - before.keys())
         moved = bool(added) or bool(before.keys() - now.keys()) or any(
             before[i].deletion_file != now[i].deletion_file for i in before.keys() & now.keys()
@@ -143,13 +149,12 @@ class TableChanges:
             return None
         ids: dict[tuple[str, str], set[str]] = {}
         sessions: dict[tuple[str, str], set[str]] = {}
-        for fragment_id in added:
-            table = after.get_fragment(fragment_id).to_table(columns=self.columns)
-            columns = [table.column(c).to_pylist() for c in self.columns]
-            for team, user, key, *session in zip(*columns):
-                ids.setdefault((team, user), set()).add(key)
-                if session and session[0]:
-                    sessions.setdefault((team, user), set()).add(session[0])
+        table = after.scanner(columns=self.columns, fragments=[after.get_fragment(i) for i in added]).to_table()
+        columns = [table.column(c).to_pylist() for c in self.columns]
+        for team, user, key, *session in zip(*columns):
+            ids.setdefault((team, user), set()).add(key)
+            if session and session[0]:
+                sessions.setdefault((team, user), set()).add(session[0])
         return Changes(
             {space: SpaceChanges(frozenset(keys), frozenset(sessions.get(space, ()))) for space, keys in ids.items()}
         )

@@ -20,6 +20,7 @@ import math
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import date, datetime, timedelta
 from enum import Enum
 from typing import Any
@@ -32,6 +33,7 @@ from memstream.domain.access import ReadScope, read_scope_of
 from memstream.domain.events import EventBase, Identifier, Name, Scope, describe_validation_error
 from memstream.domain.log import LogPosition
 from memstream.interfaces import metrics
+from memstream.projections.schema import POSITIONS
 from memstream.settings import Settings
 from memstream.streams.producer import MemstreamProducer
 from memstream.streams.topics import Topics
@@ -102,6 +104,9 @@ class MemoryService:
         self.embedder: Any = None
         self._offsets: AIOKafkaConsumer | None = None
         self._offsets_lock = asyncio.Lock()
+        self._positions: tuple[Any, int, dict[tuple[str, int], int]] | None = None
+        self._positions_read: asyncio.Future[dict[tuple[str, int], int]] | None = None
+        self._positions_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-positions")
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -137,6 +142,7 @@ class MemoryService:
         finally:
             if offsets is not None:
                 await offsets.stop()
+            self._positions_reader.shutdown(wait=False)
             close = getattr(self._store.opened if self._store is not None else None, "close", None)
             if callable(close):
                 await asyncio.to_thread(close)
@@ -193,8 +199,28 @@ class MemoryService:
 
     async def stored_offset(self, topic: str, partition: int) -> int | None:
         """The projection's stored next offset for a partition (None: nothing yet)."""
-        positions = await asyncio.to_thread(self.store.positions)
+        positions = await self.stored_positions()
         return positions.get((topic, partition))
+
+    async def stored_positions(self) -> dict[tuple[str, int], int]:
+        """The projection's stored positions. Every read waiting for a position polls,
+        and under a stream of writes many wait at once: callers that arrive while a
+        read is under way share it, the table is read again only when it has a new
+        version, and on a thread of its own (not queued behind searches)."""
+        read = self._positions_read
+        if read is None or read.done():
+            loop = asyncio.get_running_loop()
+            read = self._positions_read = loop.run_in_executor(self._positions_reader, self._read_positions)
+        return await asyncio.shield(read)
+
+    def _read_positions(self) -> dict[tuple[str, int], int]:
+        store = self.store  # one table set for the whole read (a replay may swap it)
+        version = int(store.table(POSITIONS).version)
+        held = self._positions
+        if held is None or held[0] is not store or held[1] != version:
+            # read after the version: a commit in between is only read again later
+            held = self._positions = (store, version, store.positions())
+        return held[2]
 
     async def wait_for(self, positions: Iterable[LogPosition], timeout_s: float | None = None) -> None:
         """Return once the projection has applied every given position (its stored next
@@ -209,7 +235,7 @@ class MemoryService:
         start = time.monotonic()
         checked_ends = False
         while True:
-            stored = await asyncio.to_thread(self.store.positions)
+            stored = await self.stored_positions()
             missing = [p for p in wanted if stored.get((p.topic, p.partition), 0) <= p.offset]
             if not missing:
                 return
