@@ -61,12 +61,18 @@ def test_priority_never_outweighs_relevance(tmp_path: Path) -> None:
     assert results[0].memory_id == "relevant"
 
 
-def test_explain_shows_the_priority_factor(tmp_path: Path) -> None:
+def test_explain_shows_the_priority_factor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from memstream.cli import app
+    from memstream.settings import get_settings
 
-    store = _project(tmp_path, [memory(ALICE, "m", "answer in French about invoices", priority=90)])
-    del store
-    base = ["search", "French invoices", "--team", "acme", "--user", "alice", "--lance-dir", str(tmp_path / "lance")]
-    result = CliRunner().invoke(app, [*base, "--explain"], env={"MEMSTREAM_EMBEDDER": "local", "MEMSTREAM_EMBEDDING_DIM": str(DIM)})
+    _project(tmp_path, [memory(ALICE, "m", "answer in French about invoices", priority=90)])
+    monkeypatch.setenv("MEMSTREAM_EMBEDDER", "local")  # the lexical embedder at the tables' small width
+    monkeypatch.setenv("MEMSTREAM_EMBEDDING_DIM", str(DIM))
+    get_settings.cache_clear()
+    try:
+        base = ["search", "French invoices", "--team", "acme", "--user", "alice", "--lance-dir", str(tmp_path / "lance")]
+        result = CliRunner().invoke(app, [*base, "--explain"])
+    finally:
+        get_settings.cache_clear()  # no later test may see these settings
     assert result.exit_code == 0, result.output
     assert "priority 90 x1.040" in result.output
