@@ -12,7 +12,8 @@ from rich.markup import escape
 
 __all__ = ["CLIError", "run_cli", "err_console", "validation_line"]
 
-err_console = Console(stderr=True)
+# soft_wrap: a piped stderr must get the error as one line, not hard-wrapped at 80 columns
+err_console = Console(stderr=True, soft_wrap=True)
 
 
 class CLIError(Exception):
