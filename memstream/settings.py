@@ -47,6 +47,7 @@ HOME_RELATIVE_PATHS = (
     "outcome_prices_path",
     "banks_file",
     "keys_file",
+    "master_key_file",
 )
 """Path settings that, when relative, are resolved under ``home``."""
 
@@ -211,6 +212,21 @@ class Settings(BaseSettings):
     reflection_poll_seconds: float = Field(default=5.0, gt=0)
     outcome_prices_path: Path | None = None
     outcome_benchmark_symbol: str = "SPY"
+
+    # --- sealing (crypto-shredding, docs/security.md) -----------------------------------
+    sealing: bool = True
+    """Seal every event written to the kept-forever topics under its subject's data key
+    (off: plaintext, as before sealing existed; `memstream reseal` migrates)."""
+    master_key: SecretStr | None = None
+    """The master key (base64 of 32 bytes) that wraps the data keys; unset: read from
+    ``master_key_file``, which the first start creates when no wrapped key exists yet."""
+    master_key_file: Path | None = None
+    """Default ``<home>/master.key`` (mode 0600)."""
+    ingress_retention_ms: int = Field(default=7 * 24 * 3600 * 1000, ge=60_000)
+    """How long the plaintext ingress topic (and the dead-letter topic) keep records."""
+    keys_segment_ms: int = Field(default=60_000, ge=1_000)
+    """Segment roll (and longest compaction lag) of the key topic: bounds how long a
+    forgotten key stays on the broker's disk (docs/security.md)."""
 
     # --- HTTP API / MCP --------------------------------------------------------------------
     api_host: str = "127.0.0.1"

@@ -1,7 +1,11 @@
 """The topic catalogue: names (from a configurable prefix), partitions and retention.
 
 ``memstream.events`` and ``memstream.messages`` are the source of truth: kept forever
-(``retention.ms=-1``, ``cleanup.policy=delete`` so nothing is compacted away).
+(``retention.ms=-1``, ``cleanup.policy=delete`` so nothing is compacted away). With
+sealing on they hold sealed records only; producers that cannot seal write plaintext
+to ``memstream.ingress`` (finite retention), which the worker seals into them.
+``memstream.keys`` holds the wrapped data keys, compacted so that a forgotten key
+leaves the broker's disk within a bound (docs/security.md).
 """
 
 from __future__ import annotations
@@ -19,6 +23,27 @@ from memstream.settings import Settings
 __all__ = ["TopicSpec", "Topics", "topic_for"]
 
 _FOREVER = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
+_WEEK_MS = 7 * 24 * 3600 * 1000
+
+
+def _finite(retention_ms: int) -> dict[str, str]:
+    return {"retention.ms": str(retention_ms), "retention.bytes": "-1", "cleanup.policy": "delete"}
+
+
+def keys_topic_config(segment_ms: int) -> dict[str, str]:
+    """A tombstoned key is gone from disk once its segment rolled (at the next append
+    after ``segment_ms``; the worker appends one), the cleaner ran (broker
+    ``log.cleaner.backoff.ms``, 15 s by default) and the replaced files were deleted
+    (``file.delete.delay.ms``)."""
+    return {
+        "cleanup.policy": "compact",
+        "segment.ms": str(segment_ms),
+        "max.compaction.lag.ms": str(segment_ms),
+        "min.compaction.lag.ms": "0",
+        "min.cleanable.dirty.ratio": "0.01",
+        "delete.retention.ms": str(10 * segment_ms),
+        "file.delete.delay.ms": "1000",
+    }
 
 
 @dataclass(frozen=True)
@@ -36,10 +61,18 @@ class Topics:
     prefix: str = "memstream."
     partitions: int = 3
     replication_factor: int = 1
+    ingress_retention_ms: int = _WEEK_MS
+    keys_segment_ms: int = 60_000
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "Topics":
-        return cls(settings.topic_prefix, settings.partitions, settings.replication_factor)
+        return cls(
+            settings.topic_prefix,
+            settings.partitions,
+            settings.replication_factor,
+            settings.ingress_retention_ms,
+            settings.keys_segment_ms,
+        )
 
     @property
     def messages(self) -> str:
@@ -61,16 +94,28 @@ class Topics:
     def dead_letter(self) -> str:
         return f"{self.prefix}dead-letter"
 
+    @property
+    def ingress(self) -> str:
+        return f"{self.prefix}ingress"
+
+    @property
+    def keys(self) -> str:
+        return f"{self.prefix}keys"
+
+    def kept_forever(self) -> list[str]:
+        """The topics replay reads: sealed when sealing is on."""
+        return [self.events, self.messages, self.pending_reflections, self.outcomes]
+
     def catalogue(self) -> list[TopicSpec]:
-        """Every topic memstream needs. All keep their data forever: pending decisions
-        must never be dropped by retention, and dead letters are evidence."""
+        """Every topic memstream needs. The log keeps its data forever (pending decisions
+        must never be dropped by retention); the plaintext ingress and the dead letters
+        (which keep a record's original bytes) only for ``ingress_retention_ms``."""
         rf, p = self.replication_factor, self.partitions
         return [
-            TopicSpec(self.events, p, rf, dict(_FOREVER)),
-            TopicSpec(self.messages, p, rf, dict(_FOREVER)),
-            TopicSpec(self.pending_reflections, p, rf, dict(_FOREVER)),
-            TopicSpec(self.outcomes, p, rf, dict(_FOREVER)),
-            TopicSpec(self.dead_letter, 1, rf, dict(_FOREVER)),
+            *(TopicSpec(name, p, rf, dict(_FOREVER)) for name in self.kept_forever()),
+            TopicSpec(self.dead_letter, 1, rf, _finite(self.ingress_retention_ms)),
+            TopicSpec(self.ingress, p, rf, _finite(self.ingress_retention_ms)),
+            TopicSpec(self.keys, 1, rf, keys_topic_config(self.keys_segment_ms)),
         ]
 
 

@@ -1,0 +1,229 @@
+"""The shared keyring on Kafka: every worker and API node follows ``memstream.keys``.
+
+A node reads the compacted key topic from the beginning at start (so it knows every
+subject's key), then follows it live: a key another node creates arrives within a
+poll, a tombstone drops the key at once. The master key is resolved here, after the
+topic was read: a missing master key file is created only when no wrapped key exists
+yet, so a lost master key is a one-line error at start, never a second master key
+(whose data would be readable while the old subjects' would not) and never plaintext.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from memstream.sealing import (
+    AesGcmKeyWrapper,
+    DataKey,
+    Keyring,
+    MasterKeyError,
+    Subject,
+    decode_master_key,
+    is_sealed,
+    new_master_key,
+    read_master_key_file,
+    sealed_kid,
+    write_master_key_file,
+)
+from memstream.sealing.keyring import ROLL_KEY
+from memstream.settings import Settings
+from memstream.streams.topics import Topics
+
+__all__ = ["SubjectKeys", "master_key_path", "MasterKeyError"]
+
+log = logging.getLogger(__name__)
+
+_POLL_MS = 200
+
+
+def master_key_path(settings: Settings) -> Path:
+    return settings.master_key_file or (settings.home / "master.key")
+
+
+def _master_key(settings: Settings, keys_exist: bool) -> bytes:
+    if settings.master_key is not None:
+        return decode_master_key(settings.master_key.get_secret_value(), source="MEMSTREAM_MASTER_KEY")
+    path = master_key_path(settings)
+    found = read_master_key_file(path)
+    if found is not None:
+        return found
+    if keys_exist:
+        raise MasterKeyError(
+            f"master key lost: {path} does not exist and MEMSTREAM_MASTER_KEY is unset, but "
+            "memstream.keys holds wrapped data keys; restore the master key (refusing to start)"
+        )
+    return write_master_key_file(path, new_master_key())
+
+
+class SubjectKeys:
+    """This node's keyring, following the key topic; creates and forgets keys."""
+
+    def __init__(self, settings: Settings, topics: Topics | None = None, *, client_id: str = "memstream-keys") -> None:
+        self._settings = settings
+        self._topics = topics or Topics.from_settings(settings)
+        self._tp = TopicPartition(self._topics.keys, 0)
+        self._client_id = client_id
+        self._consumer: AIOKafkaConsumer | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self._follow: asyncio.Task[None] | None = None
+        self._roll: asyncio.Task[None] | None = None
+        self._create_lock = asyncio.Lock()
+        self.keyring: Keyring | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> "SubjectKeys":
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self._settings.bootstrap_servers,
+            client_id=self._client_id,
+            enable_auto_commit=False,
+            group_id=None,
+        )
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self._settings.bootstrap_servers,
+            client_id=self._client_id,
+            enable_idempotence=True,
+            acks="all",
+        )
+        await consumer.start()
+        try:
+            await producer.start()
+        except BaseException:
+            await consumer.stop()
+            raise
+        self._consumer, self._producer = consumer, producer
+        try:
+            consumer.assign([self._tp])
+            await consumer.seek_to_beginning(self._tp)
+            backlog = await self._read_to_end()
+            exist = any(key != ROLL_KEY and value is not None for key, value in backlog)
+            self.keyring = Keyring(AesGcmKeyWrapper(_master_key(self._settings, exist)))
+            for key, value in backlog:
+                self.keyring.apply(key, value)
+        except BaseException:
+            await self.stop()
+            raise
+        self._follow = asyncio.create_task(self._follow_live(), name="memstream-keys-follow")
+        return self
+
+    async def stop(self) -> None:
+        for task in (self._follow, self._roll):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self._follow = self._roll = None
+        if self._consumer is not None:
+            await self._consumer.stop()
+        if self._producer is not None:
+            await self._producer.stop()
+        self._consumer = self._producer = None
+
+    async def __aenter__(self) -> "SubjectKeys":
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------------ reading
+    async def _read_to_end(self) -> list[tuple[bytes | None, bytes | None]]:
+        assert self._consumer is not None
+        end = (await self._consumer.end_offsets([self._tp]))[self._tp]
+        records: list[tuple[bytes | None, bytes | None]] = []
+        while await self._consumer.position(self._tp) < end:
+            polled = await self._consumer.getmany(self._tp, timeout_ms=_POLL_MS)
+            records.extend((r.key, r.value) for r in polled.get(self._tp, ()))
+        return records
+
+    async def _follow_live(self) -> None:
+        assert self._consumer is not None and self.keyring is not None
+        while True:
+            polled = await self._consumer.getmany(self._tp, timeout_ms=_POLL_MS)
+            for record in polled.get(self._tp, ()):
+                try:
+                    self.keyring.apply(record.key, record.value)
+                except Exception:
+                    log.exception("key record at offset %d not applied", record.offset)
+                if record.value is None:
+                    self._schedule_roll()
+
+    async def sync(self) -> None:
+        """Return once every key record written before this call is in the keyring."""
+        assert self._consumer is not None
+        end = (await self._consumer.end_offsets([self._tp]))[self._tp]
+        while await self._consumer.position(self._tp) < end:
+            await asyncio.sleep(0.005)
+
+    async def ensure_readable(self, values: Iterable[bytes | None]) -> None:
+        """Catch up with the key topic when a sealed value names a key this node has
+        not seen yet (created by another node a moment ago): after it, a key still
+        missing is a forgotten one."""
+        ring = self._ring()
+        for value in values:
+            if is_sealed(value):
+                kid = sealed_kid(value)  # type: ignore[arg-type]
+                if ring.by_kid(kid) is None and not ring.was_forgotten(kid):
+                    await self.sync()
+                    return
+
+    def _ring(self) -> Keyring:
+        if self.keyring is None:
+            raise RuntimeError("SubjectKeys used before start()")
+        return self.keyring
+
+    # ------------------------------------------------------------------ writing
+    async def key_for(self, subject: Subject) -> DataKey:
+        """The subject's data key, created and published (acknowledged by the broker
+        before it is returned, so no event is ever sealed under an unpublished key)."""
+        ring = self._ring()
+        found = ring.key_for(subject)
+        if found is not None:
+            return found
+        async with self._create_lock:
+            found = ring.key_for(subject)
+            if found is not None:
+                return found
+            data_key, key, value = ring.new_key(subject)
+            try:
+                await self._send(key, value)
+            except BaseException:
+                ring.forget_locally(subject)
+                raise
+            return data_key
+
+    async def forget(self, team_id: str, user_id: str | None = None) -> list[Subject]:
+        """Tombstone every key of one user's space, or of every user of a team; the
+        subjects forgotten (none: nothing was known). Catches up first, so keys made
+        elsewhere are forgotten too."""
+        await self.sync()
+        ring = self._ring()
+        subjects = ring.subjects(team_id, user_id)
+        for subject in subjects:
+            for key in ring.record_keys(subject):
+                await self._send(key, None)
+            ring.forget_locally(subject)
+        if subjects:
+            self._schedule_roll()
+        return subjects
+
+    async def _send(self, key: bytes, value: bytes | None) -> None:
+        assert self._producer is not None
+        await (await self._producer.send(self._tp.topic, value=value, key=key, partition=0))
+
+    def _schedule_roll(self) -> None:
+        """Append a keep-alive record once the segment holding a tombstone is old enough
+        to roll: only rolled segments are compacted (docs/security.md)."""
+        if self._roll is None or self._roll.done():
+            self._roll = asyncio.create_task(self._roll_later(), name="memstream-keys-roll")
+
+    async def _roll_later(self) -> None:
+        await asyncio.sleep(self._settings.keys_segment_ms / 1000 + 1)
+        try:
+            await self._send(ROLL_KEY, b"{}")
+        except Exception:
+            log.warning("could not append the key topic's roll record", exc_info=True)

@@ -1,0 +1,81 @@
+"""The shared keyring on the real broker: two nodes follow ``memstream.keys``."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from memstream.sealing import MasterKeyError, SealedHeader, Subject, UnreadableRecord, open_sealed, seal
+from memstream.streams.keys import SubjectKeys, master_key_path
+from memstream.streams.topics import Topics
+
+pytestmark = pytest.mark.kafka
+
+ALICE = Subject("acme", "alice")
+BOB = Subject("acme", "bob")
+
+
+async def _until(check, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_key_made_on_one_node_opens_on_another_and_forget_drops_it_everywhere(
+    fresh_topics: Topics, settings_for
+) -> None:  # type: ignore[no-untyped-def]
+    settings = settings_for(fresh_topics)
+    async with SubjectKeys(settings) as a, SubjectKeys(settings) as b:
+        key = await a.key_for(ALICE)
+        assert await a.key_for(ALICE) is key
+        await a.key_for(BOB)
+        sealed = seal(b'{"c":"canary"}', SealedHeader("e1", "MemoryAdded", 2, "acme", "alice", "default"), key)
+        await b.ensure_readable([sealed])
+        assert open_sealed(sealed, b.keyring) == b'{"c":"canary"}'  # type: ignore[arg-type]
+
+        assert await b.forget("acme", "alice") == [ALICE]
+        await _until(lambda: a.keyring.by_kid(key.kid) is None)  # type: ignore[union-attr]
+        with pytest.raises(UnreadableRecord):
+            open_sealed(sealed, a.keyring)  # type: ignore[arg-type]
+        assert await a.forget("acme", "alice") == []  # twice: nothing left to forget
+        assert a.keyring.subjects("acme") == [BOB]  # type: ignore[union-attr]
+
+    # a node started later never sees the forgotten key, and a fresh key is a new one
+    async with SubjectKeys(settings) as c:
+        assert c.keyring.subjects("acme") == [BOB]  # type: ignore[union-attr]
+        assert (await c.key_for(ALICE)).kid != key.kid
+
+
+async def test_forgetting_a_team_forgets_all_its_users(fresh_topics: Topics, settings_for) -> None:  # type: ignore[no-untyped-def]
+    settings = settings_for(fresh_topics)
+    async with SubjectKeys(settings) as node:
+        for s in (ALICE, BOB, Subject("globex", "alice")):
+            await node.key_for(s)
+        assert await node.forget("acme") == [ALICE, BOB]
+    async with SubjectKeys(settings) as later:
+        assert later.keyring.subjects("acme") == []  # type: ignore[union-attr]
+        assert later.keyring.subjects("globex") == [Subject("globex", "alice")]  # type: ignore[union-attr]
+
+
+async def test_a_lost_master_key_is_an_error_at_start_never_a_new_key(
+    fresh_topics: Topics, settings_for
+) -> None:  # type: ignore[no-untyped-def]
+    settings = settings_for(fresh_topics)
+    async with SubjectKeys(settings) as node:
+        await node.key_for(ALICE)
+    path = master_key_path(settings)
+    original = path.read_bytes()
+    path.unlink()
+    with pytest.raises(MasterKeyError, match="master key lost"):
+        await SubjectKeys(settings).start()
+    assert not path.exists()
+
+    other = settings_for(fresh_topics, master_key="A" * 43 + "=")  # another key, given by setting
+    with pytest.raises(MasterKeyError, match="restore the original master key"):
+        await SubjectKeys(other).start()
+
+    path.write_bytes(original)
+    async with SubjectKeys(settings) as node:
+        assert node.keyring.subjects("acme") == [ALICE]  # type: ignore[union-attr]
