@@ -20,7 +20,7 @@ from memstream.domain.events import (
 )
 from memstream.settings import Settings
 
-__all__ = ["TopicSpec", "Topics", "topic_for"]
+__all__ = ["TopicSpec", "Topics", "topic_for", "topic_for_type", "keys_topic_config"]
 
 _FOREVER = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
 _WEEK_MS = 7 * 24 * 3600 * 1000
@@ -128,5 +128,17 @@ def topic_for(event: EventBase, topics: Topics) -> str:
     if isinstance(event, DecisionRecorded):
         return topics.pending_reflections
     if isinstance(event, OutcomeObserved):
+        return topics.outcomes
+    return topics.events
+
+
+def topic_for_type(event_type: str, topics: Topics) -> str:
+    """:func:`topic_for` by type name (for records that are not decoded, e.g. the
+    sealer's ingress records)."""
+    if event_type == "MessageObserved":
+        return topics.messages
+    if event_type == "DecisionRecorded":
+        return topics.pending_reflections
+    if event_type == "OutcomeObserved":
         return topics.outcomes
     return topics.events

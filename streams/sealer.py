@@ -1,0 +1,107 @@
+"""The ingress sealer: plaintext from producers that cannot seal, sealed into the log.
+
+kcat, Java or Go producers write events as plain JSON to ``memstream.ingress`` (finite
+retention, docs/producers.md). The worker reads that topic in a consumer group, seals
+each record under its subject's key and appends it, same key and headers, to the
+kept-forever topic its type belongs to; only then are the ingress offsets committed.
+A crash between the two re-seals a record (at least once): events are idempotent by
+id in every projection. A record without the envelope needed to seal it (JSON with
+``type``, ``event_id`` and ``scope.team_id``) goes to the dead-letter topic, which has
+the same finite retention. Full validation happens where the log is read, as always.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import ConsumerRecord
+
+from memstream.settings import Settings
+from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher
+from memstream.streams.keys import SubjectKeys
+from memstream.streams.sealed_records import PLAIN_TYPES, NotAnEvent, ingress_header, seal_value
+from memstream.sealing import Subject
+from memstream.streams.topics import Topics, topic_for_type
+
+__all__ = ["IngressSealer"]
+
+log = logging.getLogger(__name__)
+
+_BATCH = 2000
+
+
+class IngressSealer:
+    """Seals ``memstream.ingress`` into the kept-forever topics; run as a task."""
+
+    def __init__(self, settings: Settings, keys: SubjectKeys, topics: Topics | None = None) -> None:
+        self._settings = settings
+        self._keys = keys
+        self._topics = topics or Topics.from_settings(settings)
+        self.sealed = 0
+        self.dead_lettered = 0
+
+    async def run(self, *, until_idle: bool = False) -> None:
+        """Seal until cancelled (or, with ``until_idle``, until a poll finds nothing)."""
+        consumer = AIOKafkaConsumer(
+            self._topics.ingress,
+            bootstrap_servers=self._settings.bootstrap_servers,
+            group_id=f"{self._settings.app_id}-sealer",
+            client_id="memstream-sealer",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+        )
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self._settings.bootstrap_servers,
+            client_id="memstream-sealer",
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=self._settings.producer_linger_ms,
+            max_request_size=self._settings.max_request_bytes,
+        )
+        await consumer.start()
+        await producer.start()
+        dead = DeadLetterPublisher(self._topics.dead_letter, settings=self._settings, producer=producer)
+        try:
+            while True:
+                polled = await consumer.getmany(timeout_ms=500, max_records=_BATCH)
+                records = [r for batch in polled.values() for r in batch]
+                if not records:
+                    if until_idle:
+                        return
+                    continue
+                await self._seal_batch(records, producer, dead)
+                await consumer.commit()
+        finally:
+            with contextlib.suppress(Exception):
+                await producer.stop()
+            await consumer.stop()
+
+    async def _seal_batch(
+        self, records: list[ConsumerRecord], producer: AIOKafkaProducer, dead: DeadLetterPublisher  # type: ignore[type-arg]
+    ) -> None:
+        sends = []
+        refused: list[DeadLetter] = []
+        for r in records:
+            try:
+                header = ingress_header(r.value)
+                if header.type in PLAIN_TYPES:
+                    raise NotAnEvent(f"{header.type} is written by `memstream forget`, not through the ingress")
+            except NotAnEvent as exc:
+                refused.append(
+                    DeadLetter(str(exc), r.topic, r.partition, r.offset, r.value, r.key, tuple(r.headers or ()), "seal")
+                )
+                continue
+            key = await self._keys.key_for(Subject(header.team_id, header.user_id))
+            sealed = seal_value(key, header, r.value)
+            target = topic_for_type(header.type, self._topics)
+            record_key = f"{header.team_id}/{header.user_id}".encode("utf-8")
+            sends.append(await producer.send(target, value=sealed, key=record_key, headers=list(r.headers or ())))
+        if sends:
+            await asyncio.gather(*sends)
+        if refused:
+            await dead.publish_many(refused)
+        self.sealed += len(sends)
+        self.dead_lettered += len(refused)
