@@ -1,0 +1,68 @@
+"""Forgetting a subject in the projection: rows gone from every table and from the files."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from tests.projections.projection_helpers import memory, positioned
+
+from memstream.domain.events import MessageObserved, Scope
+from memstream.projections.forget import SCOPED_TABLES, delete_subject, shred_deleted_rows, subject_where
+from memstream.projections.projector import Projector
+from memstream.projections.store import LanceStore
+
+ALICE = Scope(team_id="acme", user_id="alice")
+BOB = Scope(team_id="acme", user_id="bob")
+GLOBEX = Scope(team_id="globex", user_id="alice")
+
+
+def _files_holding(root: Path, needle: bytes) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
+
+
+def _rows(store: LanceStore, scope: Scope) -> dict[str, list[dict]]:  # type: ignore[type-arg]
+    where = subject_where(scope.team_id, scope.user_id)
+    return {name: sorted(store.table(name).search().where(where).limit(None).to_list(), key=lambda r: r["pk"]) for name in SCOPED_TABLES}
+
+
+def _project(projector: Projector, canary: str) -> None:
+    events = []
+    for n, scope in enumerate((ALICE, BOB, GLOBEX)):
+        who = scope.user_id + scope.team_id
+        for i in range(5):
+            events.append(memory(scope, f"{who}-m{i}", f"{canary}-{who} note {i} about Lyon", entities=[("Lyon", "place")]))
+            events.append(MessageObserved(scope=scope, message_id=f"{who}-t{i}", content=f"{canary}-{who} said {i}"))
+    projector.apply(positioned(events))
+
+
+def test_forgetting_a_user_leaves_no_row_and_no_byte_and_others_untouched(
+    store: LanceStore, projector: Projector, tmp_path: Path
+) -> None:
+    canary = f"zq{uuid.uuid4().hex[:10]}"
+    _project(projector, canary)
+    store.ensure_base_indexes()
+    store.optimize()
+    before_bob, before_globex = _rows(store, BOB), _rows(store, GLOBEX)
+    alice_needle = f"{canary}-aliceacme".encode()
+    assert _files_holding(tmp_path / "lance", alice_needle)
+
+    deleted = delete_subject(store, "acme", "alice")
+    assert deleted["memories"] == 5 and deleted["messages"] == 5 and deleted["entities"] == 5
+    shred_deleted_rows(store)
+
+    assert all(rows == [] for rows in _rows(store, ALICE).values())
+    assert not _files_holding(tmp_path / "lance", alice_needle)
+    assert _rows(store, BOB) == before_bob and _rows(store, GLOBEX) == before_globex
+    assert _files_holding(tmp_path / "lance", f"{canary}-bobacme".encode())
+
+
+def test_forgetting_a_team_deletes_every_user_of_it(store: LanceStore, projector: Projector) -> None:
+    _project(projector, "c")
+    before = _rows(store, GLOBEX)
+    delete_subject(store, "acme")
+    shred_deleted_rows(store)
+    assert all(rows == [] for rows in _rows(store, ALICE).values())
+    assert all(rows == [] for rows in _rows(store, BOB).values())
+    assert _rows(store, GLOBEX) == before
+    assert delete_subject(store, "acme") == dict.fromkeys(SCOPED_TABLES, 0)  # twice: nothing left
