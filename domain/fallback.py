@@ -25,7 +25,7 @@ from enum import StrEnum
 from typing import Any
 
 from memstream.domain.events import LinkRelation, MemoryAdded, MemoryLinked, Provenance, Scope
-from memstream.domain.extraction import link_id_for
+from memstream.domain.extraction.dedup import link_id_for
 
 __all__ = [
     "FallbackReason",

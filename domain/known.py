@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from memstream.domain.events import LinkRelation
-from memstream.domain.extraction import Action, Candidate, Decision, MemoryDraft, clean_text
+from memstream.domain.extraction.drafts import MemoryDraft, clean_text
+from memstream.domain.extraction.judgment import Action, Candidate, Decision
 
 __all__ = ["KNOWN_RELATIONS", "pick_known", "render_known", "read_known_links", "decide_by_links", "uncertain"]
 

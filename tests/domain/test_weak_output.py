@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from memstream.domain.events import MemoryType, MessageObserved, Scope
-from memstream.domain.extraction import EmptyExtraction, build_window, parse_extraction
+from memstream.domain.extraction.parsing import EmptyExtraction, parse_extraction
+from memstream.domain.extraction.window import build_window
 from memstream.domain.repair import UnusableAnswer
 from memstream.domain.weak_output import content_words, repair_type, shares_content_word
 
