@@ -1,127 +1,25 @@
-"""The local broker (`memstream broker`): configuration, jar cache, and a second real
-broker started, reused, stopped and restarted next to the session's broker.
+"""The local broker's lifecycle (`memstream broker`): a second real broker started,
+reused, stopped and restarted next to the session's broker, and the ports it will not take.
 
 The lifecycle tests launch their own JVM on free ports with data under ``tmp_path``;
 the jars come from the shared cache (fetched by Maven on first use), so these are real
-starts, not simulations.
-"""
+starts, not simulations."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import re
-import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
-from tests.support import free_port
 
 from memstream.settings import Settings, child_env
 from memstream.streams.admin import ensure_topics
 from memstream.streams.broker import local
 from memstream.streams.topics import Topics
-
-
-def _settings(tmp_path: Path, **overrides: object) -> Settings:
-    broker_port = int(overrides.pop("broker_port", free_port()))  # type: ignore[call-overload]
-    values: dict[str, object] = {
-        "home": tmp_path / "home",
-        "broker_port": broker_port,
-        "controller_port": free_port(),
-        "bootstrap_servers": f"127.0.0.1:{broker_port}",
-        "broker_heap": "256m",
-        "broker_start_timeout_s": 90.0,
-    }
-    values.update(overrides)
-    return Settings(**values)  # type: ignore[arg-type]
-
-
-def _parse_properties(text: str) -> dict[str, str]:
-    """Read a .properties file the way java.util.Properties does for the subset the
-    generator writes (key=value lines, whole-line comments, backslash and \\uXXXX
-    escapes)."""
-    props: dict[str, str] = {}
-    for line in text.splitlines():
-        if not line.strip() or line.lstrip().startswith(("#", "!")):
-            continue
-        key, sep, value = line.partition("=")
-        assert sep, f"not a key=value line: {line!r}"
-        value = re.sub(r"\\u([0-9a-fA-F]{4})", lambda m: chr(int(m.group(1), 16)), value)
-        props[key.strip()] = value.replace("\\\\", "\\")
-    return props
-
-
-@pytest.fixture
-def listening_socket() -> Iterator[int]:
-    """A port held by a plain TCP listener that never speaks Kafka."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield int(sock.getsockname()[1])
-
-
-# --- configuration ------------------------------------------------------------------------
-
-
-def test_server_properties_describe_one_kraft_node_on_loopback(tmp_path: Path) -> None:
-    settings = _settings(tmp_path, broker_port=29192, controller_port=29193)
-    props = local.server_properties(settings, tmp_path / "data")
-
-    assert props["process.roles"] == "broker,controller"
-    assert props["listeners"] == "PLAINTEXT://127.0.0.1:29192,CONTROLLER://127.0.0.1:29193"
-    assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:29192"
-    assert props["controller.quorum.bootstrap.servers"] == "127.0.0.1:29193"
-    assert "controller.quorum.voters" not in props  # dynamic quorum, formatted --standalone
-    assert props["log.dirs"] == str(tmp_path / "data")
-    assert props["group.initial.rebalance.delay.ms"] == "0"
-    for key in (
-        "offsets.topic.replication.factor",
-        "transaction.state.log.replication.factor",
-        "transaction.state.log.min.isr",
-        "share.coordinator.state.topic.replication.factor",
-        "share.coordinator.state.topic.min.isr",
-        "default.replication.factor",
-    ):
-        assert props[key] == "1", key
-    assert props["auto.create.topics.enable"] == "false"
-    flipped = _settings(tmp_path, broker_auto_create_topics=True)
-    assert local.server_properties(flipped, tmp_path)["auto.create.topics.enable"] == "true"
-
-
-def test_rendered_properties_round_trip_odd_paths(tmp_path: Path) -> None:
-    odd = tmp_path / "dätä dir" / "back\\slash=x:y #not-a-comment"
-    props = local.server_properties(_settings(tmp_path), odd)
-    text = local.render_properties(props)
-
-    assert text.isascii()  # Kafka reads .properties as ISO-8859-1
-    assert _parse_properties(text) == props
-
-
-def test_jar_cache_is_trusted_only_with_a_complete_marker(tmp_path: Path) -> None:
-    libs = tmp_path / "kafka-9.9.9" / "libs"
-    libs.mkdir(parents=True)
-    for name in ("kafka_2.13-9.9.9.jar", "kafka-clients-9.9.9.jar"):
-        (libs / name).write_bytes(b"jar")
-    assert not local.jar_cache_complete(libs)  # no marker: an interrupted download
-
-    marker = libs.parent / "complete.json"
-    marker.write_text(json.dumps({"version": "9.9.9", "jars": sorted(p.name for p in libs.iterdir())}))
-    assert local.jar_cache_complete(libs)
-
-    (libs / "kafka-clients-9.9.9.jar").unlink()
-    assert not local.jar_cache_complete(libs)
-    marker.write_text("{not json")
-    assert not local.jar_cache_complete(libs)
-
-
-def test_jar_dir_lives_in_the_configured_cache(tmp_path: Path) -> None:
-    settings = _settings(tmp_path, kafka_cache_dir=tmp_path / "cache", kafka_version="4.1.1")
-    assert local.jar_dir(settings) == (tmp_path / "cache" / "kafka-4.1.1" / "libs").resolve()
+from tests.streams.broker.helpers import broker_settings
 
 
 def test_bootstrap_servers_follow_the_broker_port_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -133,18 +31,10 @@ def test_bootstrap_servers_follow_the_broker_port_unless_set(monkeypatch: pytest
     assert Settings(_env_file=None).bootstrap_servers == "kafka:9092"  # type: ignore[call-arg]
 
 
-# --- talking to whatever holds the port ------------------------------------------------
-
-
-def test_probe_gets_nothing_from_a_closed_or_non_kafka_port(listening_socket: int) -> None:
-    assert local.probe_metadata(free_port(), timeout=1.0) is None
-    assert local.probe_metadata(listening_socket, timeout=0.5) is None
-
-
 def test_a_port_held_by_another_program_is_reported_and_never_taken_over(
     tmp_path: Path, listening_socket: int
 ) -> None:
-    settings = _settings(tmp_path, broker_port=listening_socket)
+    settings = broker_settings(tmp_path, broker_port=listening_socket)
 
     current = local.status(settings)
     assert current.state == "external"
@@ -159,7 +49,7 @@ def test_a_port_held_by_another_program_is_reported_and_never_taken_over(
 
 
 def test_status_of_a_never_started_broker_is_stopped(tmp_path: Path) -> None:
-    settings = _settings(tmp_path)
+    settings = broker_settings(tmp_path)
     current = local.status(settings)
     assert current.state == "stopped"
     assert current.pid is None
@@ -180,18 +70,15 @@ def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_cli_status_exits_3_when_stopped(tmp_path: Path) -> None:
-    done = _cli(_settings(tmp_path), "broker", "status")
+    done = _cli(broker_settings(tmp_path), "broker", "status")
     assert done.returncode == 3, done.stderr
     assert "stopped" in done.stdout
-
-
-# --- a second real broker ------------------------------------------------------------------
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_second_broker_starts_once_serves_stops_and_keeps_its_data(tmp_path: Path) -> None:
-    settings = _settings(tmp_path, topic_prefix="brokertest.", partitions=2)
+    settings = broker_settings(tmp_path, topic_prefix="brokertest.", partitions=2)
     paths = local.BrokerPaths.from_settings(settings)
     try:
         first = local.start(settings)
@@ -254,7 +141,7 @@ async def _describe(bootstrap: str, topic: str) -> dict[str, object]:
 def test_a_broker_that_cannot_start_fails_with_its_log_tail(tmp_path: Path, listening_socket: int) -> None:
     # The controller port is taken: Kafka formats its storage, launches, fails to bind and
     # exits. start() must notice the exit (not wait for the deadline) and say why.
-    settings = _settings(tmp_path, controller_port=listening_socket, broker_start_timeout_s=120.0)
+    settings = broker_settings(tmp_path, controller_port=listening_socket, broker_start_timeout_s=120.0)
 
     with pytest.raises(local.BrokerError) as failure:
         local.start(settings)
