@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-
 from memstream.domain.content import content_hash
 from memstream.domain.events import (
     EmbeddingPayload,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from memstream.domain.content import content_hash
 from memstream.domain.events import LinkRelation, Scope
 from memstream.domain.extraction.dedup import dedupe_batch, link_id_for, memory_id_for, split_known
