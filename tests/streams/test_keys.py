@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from memstream.sealing import MasterKeyError, SealedHeader, Subject, UnreadableRecord, open_sealed, seal
+from memstream.settings import Settings
+from memstream.streams.admin import ensure_topics
+from memstream.streams.broker import local
 from memstream.streams.keys import SubjectKeys, master_key_path
 from memstream.streams.topics import Topics
 
@@ -79,3 +84,53 @@ async def test_a_lost_master_key_is_an_error_at_start_never_a_new_key(
     path.write_bytes(original)
     async with SubjectKeys(settings) as node:
         assert node.keyring.subjects("acme") == [ALICE]  # type: ignore[union-attr]
+
+
+@pytest.mark.slow
+async def test_a_forgotten_key_leaves_the_brokers_disk_within_the_bound(topic_prefix: str, settings_for) -> None:  # type: ignore[no-untyped-def]
+    """The bound of docs/security.md, on the local broker's files: segment roll
+    (``keys_segment_ms``) + the roll record's second + the cleaner's back-off (15 s) +
+    ``file.delete.delay.ms`` (1 s)."""
+    env = Settings()
+    if not local.is_local_bootstrap(env):
+        pytest.skip("needs the local broker's data directory")
+    segment_ms = 3000
+    topics = Topics(topic_prefix, 3, 1, keys_segment_ms=segment_ms)
+    await ensure_topics(env.bootstrap_servers, topics)
+    settings = settings_for(topics, keys_segment_ms=segment_ms)
+    partition_dir = local.BrokerPaths.from_settings(env).data_dir / f"{topics.keys}-0"
+
+    def holding(needle: bytes) -> list[str]:
+        return [p.name for p in partition_dir.iterdir() if p.is_file() and needle in p.read_bytes()]
+
+    async with SubjectKeys(settings) as node:
+        await node.key_for(BOB)
+        key = await node.key_for(ALICE)
+        wrapped = next(v for k, v in await _key_records(settings.bootstrap_servers, topics.keys) if k and key.kid.hex().encode() in k)
+        needle = json.loads(wrapped)["wrapped"].encode()
+        assert holding(needle)
+        await node.forget("acme", "alice")
+        bound_s = segment_ms / 1000 + 1 + 15 + 1
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        while holding(needle):
+            assert loop.time() - started < 2 * bound_s, f"still on disk after {2 * bound_s:.0f} s: {holding(needle)}"
+            await asyncio.sleep(1)
+    async with SubjectKeys(settings) as later:
+        assert later.keyring.subjects("acme") == [BOB]  # type: ignore[union-attr]
+
+
+async def _key_records(bootstrap: str, topic: str) -> list[tuple[bytes | None, bytes | None]]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        end = (await consumer.end_offsets([tp]))[tp]
+        out: list[tuple[bytes | None, bytes | None]] = []
+        while await consumer.position(tp) < end:
+            out.extend((r.key, r.value) for r in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, ()))
+        return out
+    finally:
+        await consumer.stop()
