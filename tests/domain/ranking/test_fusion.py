@@ -8,10 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memstream.domain.ranking import (
-    HALF_LIFE_SECONDS,
-    RRF_K,
-    RankingWeights,
+from memstream.domain.ranking.fusion import (
     entity_boost,
     entity_idf,
     final_score,
@@ -24,6 +21,7 @@ from memstream.domain.ranking import (
     tokens,
     weighted_rrf,
 )
+from memstream.domain.ranking.weights import HALF_LIFE_SECONDS, RRF_K, RankingWeights
 
 
 def test_weighted_rrf_matches_the_formula() -> None:

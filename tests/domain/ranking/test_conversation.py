@@ -1,5 +1,5 @@
 """The conversation-aware ranking math: query processing, score fusion, neighbouring
-turns and the speaker and time priors (``memstream.domain.ranking`` 5-8)."""
+turns and the speaker and time priors (``memstream.domain.ranking.conversation``, steps 5-8)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memstream.domain.ranking import (
-    RankingWeights,
+from memstream.domain.ranking.conversation import (
     asks_for_time,
     is_question,
     lexical_query,
@@ -17,6 +16,7 @@ from memstream.domain.ranking import (
     propagate_context,
     score_fusion,
 )
+from memstream.domain.ranking.weights import RankingWeights
 
 
 def test_lexical_query_keeps_content_words_only() -> None:
