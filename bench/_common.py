@@ -6,7 +6,7 @@ way, so the plumbing lives once:
 
 * timing and percentiles (:func:`percentile`, :class:`LatencyLog`) computed the same
   way for every system compared;
-* :class:`WorkerProcess`: ``python -m memstream.streams.worker`` as a child process
+* :class:`WorkerProcess`: ``python -m memstream.services.worker`` as a child process
   configured only through ``MEMSTREAM_*`` variables built from a :class:`Settings`
   (:func:`settings_env`), in its own working directory so no ``.env`` leaks in; it can
   be stopped gracefully, SIGKILLed and restarted (the chaos benchmark does);
@@ -166,7 +166,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
 
 
 class WorkerProcess:
-    """One memstream worker (``python -m memstream.streams.worker``) as a child process.
+    """One memstream worker (``python -m memstream.services.worker``) as a child process.
 
     The child gets a clean ``MEMSTREAM_*`` environment from ``settings`` and runs in
     ``workdir`` (its stdout and stderr go to ``workdir/worker.log``, appended across
@@ -210,7 +210,7 @@ class WorkerProcess:
         """Start the worker (no-op while one runs)."""
         if self.alive():
             return
-        cmd = [self.python, "-m", "memstream.streams.worker", "--loglevel", self.loglevel]
+        cmd = [self.python, "-m", "memstream.services.worker", "--loglevel", self.loglevel]
         if self.agents:
             cmd += ["--agents", ",".join(self.agents)]
         with open(self.log_path, "ab") as out:
@@ -337,7 +337,7 @@ class LogWatch:
         from aiokafka import AIOKafkaConsumer
         from aiokafka.admin import AIOKafkaAdminClient
 
-        from memstream.streams.extractor_agent import consumer_group
+        from memstream.services.extractor_service import consumer_group
 
         self.topics = Topics.from_settings(settings)
         self.group = consumer_group(settings)

@@ -589,7 +589,7 @@ def _verify_turns(
     from memstream.bench._common import group_offsets
     from memstream.domain.quality import gate
     from memstream.projections.schema import MEMORIES
-    from memstream.streams.extractor_agent import consumer_group
+    from memstream.services.extractor_service import consumer_group
 
     committed = _asyncio.run(group_offsets(settings.bootstrap_servers, consumer_group(settings)))
     cited: set[tuple[str, str]] = set()
@@ -689,7 +689,7 @@ def chaos_settings(workdir: Path, llm_base_url: str, *, timeout_s: float) -> Set
 def run_plan(plan: ChaosPlan, *, workdir: Path | None = None, keep: bool = False) -> dict[str, Any]:
     """Run ``plan`` (see the module docstring) and return the summary."""
     from memstream.projections.embedder import build_embedder
-    from memstream.projections.replay import replay
+    from memstream.services.replay import replay
     from memstream.projections.store import LanceStore
     from memstream.streams.admin import ensure_topics
     from memstream.streams.broker import local

@@ -247,7 +247,7 @@ def _seed(settings: Settings, embedder: Any) -> Any:
 
 async def _measure(settings: Settings, n: int) -> dict[str, Any]:
     from memstream.projections.embedder import build_embedder
-    from memstream.streams.extractor_agent import ExtractorRunner
+    from memstream.services.extractor_service import ExtractorRunner
     from memstream.streams.producer import MemstreamProducer
 
     topics = await create_topics(settings)

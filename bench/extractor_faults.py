@@ -164,7 +164,7 @@ async def _extract(settings: Settings, turns: list[MessageObserved], restart_aft
     from memstream.llm import LLMClient
     from memstream.projections.embedder import build_embedder
     from memstream.projections.store import LanceStore
-    from memstream.streams.extractor_agent import ExtractorRunner
+    from memstream.services.extractor_service import ExtractorRunner
     from memstream.streams.producer import MemstreamProducer
 
     topics = await create_topics(settings)

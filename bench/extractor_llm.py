@@ -235,7 +235,7 @@ def _pct(values: Sequence[float], q: float) -> float:
 async def _measure(settings: Settings, sessions: int, deadline_s: float) -> dict[str, Any]:
     from memstream.projections.embedder import build_embedder
     from memstream.projections.store import LanceStore
-    from memstream.streams.extractor_agent import ExtractorRunner
+    from memstream.services.extractor_service import ExtractorRunner
     from memstream.streams.producer import MemstreamProducer
 
     topics = await create_topics(settings)

@@ -39,7 +39,7 @@ async def _replay(settings: Settings, sessions: list[list[MessageObserved]]) -> 
     from memstream.projections.embedder import build_embedder
     from memstream.projections.projector import Projector
     from memstream.projections.store import LanceStore
-    from memstream.streams.extractor_agent import ExtractorRunner
+    from memstream.services.extractor_service import ExtractorRunner
     from memstream.streams.producer import MemstreamProducer
 
     topics = await create_topics(settings)

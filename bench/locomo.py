@@ -11,7 +11,7 @@ What runs (nothing is shortcut):
    sample id); every turn becomes a ``MessageObserved`` on Kafka with its speaker, its
    ``dia_id`` as ``message_id``, its session's date and time as ``occurred_at`` and the
    session as ``session_id``; an image turn carries its caption in the text;
-2. a real worker process (``python -m memstream.streams.worker``) extracts them with the
+2. a real worker process (``python -m memstream.services.worker``) extracts them with the
    no-LLM extractor (each qualifying turn becomes one memory whose source is the turn)
    and projects them into LanceDB; ingest time runs from the first send until the
    extractor committed every turn and the projector's stored positions reached the end

@@ -39,10 +39,10 @@ from memstream.domain.events import DecisionRecorded, EventBase, OutcomeObserved
 from memstream.llm import ChatResult
 from memstream.settings import Settings, get_settings
 from memstream.streams.admin import ensure_topics
-from memstream.streams.app import build_app
+from memstream.services.app import build_app
 from memstream.streams.producer import MemstreamProducer
-from memstream.streams.reflector import LLMReflectionWriter
-from memstream.streams.reflector_agent import ReflectorHandle, register_reflector
+from memstream.services.reflector import LLMReflectionWriter
+from memstream.services.reflector_agent import ReflectorHandle, register_reflector
 from memstream.streams.topics import Topics
 
 __all__ = ["ScriptedChat", "deep_sizeof", "run"]

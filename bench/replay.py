@@ -3,7 +3,7 @@ raw ceiling.
 
 The data and the ceilings are those of ``memstream bench projector`` (see
 :mod:`memstream.bench.projector`), at 1,000,000 events (``--quick``: 100,000). The
-product side is :func:`memstream.projections.replay.replay` itself, the function
+product side is :func:`memstream.services.replay.replay` itself, the function
 behind ``memstream replay``: read both source topics from offset 0 with a plain
 aiokafka consumer, decode and project every batch (10,000 records) through the same
 path as the worker into a fresh table set, then optimise, build the indexes that are
@@ -39,7 +39,7 @@ from memstream.bench._events import (
 )
 from memstream.bench.projector import cpu_figures, cpu_rows, measure_ceilings
 from memstream.gc_tuning import tune_gc
-from memstream.projections.replay import ReplayProgress, replay
+from memstream.services.replay import ReplayProgress, replay
 from memstream.settings import Settings
 
 __all__ = ["run", "TARGET_RATIO", "DEFAULT_EVENTS", "QUICK_EVENTS", "measure_replay"]

@@ -1,6 +1,6 @@
 """memstream: long-term memory for fleets of LLM agents.
 
-Immutable events on Kafka are the source of truth; Faust agents project them into
+Immutable events on Kafka are the source of truth; the worker projects them into
 LanceDB tables that agents query with hybrid search under hard tenant isolation.
 """
 

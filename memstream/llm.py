@@ -57,7 +57,7 @@ from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
 from memstream.domain.repair import UnusableAnswer
-from memstream.interfaces.metrics import record_llm_call
+from memstream.metrics import record_llm_call
 from memstream.llm_modes import ModeMemory, endpoint_key
 from memstream.settings import Settings
 

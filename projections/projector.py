@@ -1,6 +1,6 @@
 """The projector: turns a batch of positioned events into LanceDB rows, idempotently.
 
-The worker (a Faust agent) reads ``memstream.events`` and ``memstream.messages`` in
+The worker's projector service reads ``memstream.events`` and ``memstream.messages`` in
 batches and hands each batch to :meth:`Projector.apply` from an executor thread. What
 ``apply`` guarantees:
 

@@ -16,7 +16,7 @@ lose what the worker wrote meanwhile. Layout::
 Readers resolve the current set when they open and follow a change through
 :class:`CurrentStore` (a ``stat`` per use); a set they may still be reading is only
 deleted by the *next* replay. Hand-over with a running worker (which holds the
-root's :class:`~memstream.streams.projector_agent.LanceDirLock`): the replay writes
+root's :class:`~memstream.services.projector_service.LanceDirLock`): the replay writes
 ``swap.request`` (id, target set, its pid); the worker finishes the write in flight,
 stops applying and answers ``swap.paused`` with the same id; the replay catches the
 new set up to the paused worker's positions, verifies, points ``CURRENT`` at it and

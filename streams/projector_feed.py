@@ -2,7 +2,7 @@
 pipeline (fetch, decode, apply), shared by the worker and by ``memstream replay``.
 
 Why not a Faust stream: the projector owns every partition of its topics anyway (one
-writer per LanceDB directory, enforced by :class:`~memstream.streams.projector_agent.LanceDirLock`)
+writer per LanceDB directory, enforced by :class:`~memstream.services.projector_service.LanceDirLock`)
 and resumes from the positions stored *with the rows*, never from Kafka's commits, so
 a consumer group adds nothing but rebalances. Faust's per-record machinery (an event
 object, an ack and a commit bookkeeping step for every record, then ``take_events``
@@ -50,7 +50,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from memstream.domain.log import PositionedMemories
 from memstream.streams.fast_decode import FastMemoryDecoder
-from memstream.streams.projector_agent import DecodedBatch, RawRecord, decode_batch
+from memstream.streams.record_batches import DecodedBatch, RawRecord, decode_batch
 
 __all__ = ["FeedBatch", "ProjectorFeed", "raw_record", "merge_batches", "decoder_pool"]
 

@@ -1,7 +1,7 @@
 """CLI commands of the projection side: ``memstream worker`` and ``memstream replay``.
 
-Thin shells: the worker is :func:`memstream.streams.worker.run_worker`, the replay is
-:func:`memstream.projections.replay.replay`; this module only turns options into
+Thin shells: the worker is :func:`memstream.services.worker.run_worker`, the replay is
+:func:`memstream.services.replay.replay`; this module only turns options into
 calls and results into readable lines.
 """
 
@@ -47,7 +47,7 @@ def worker(
     loglevel: Annotated[str, typer.Option("--loglevel", help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Run the stream worker (help text: :data:`WORKER_HELP`)."""
-    from memstream.streams.worker import WorkerError, run_worker
+    from memstream.services.worker import WorkerError, run_worker
 
     names = [a.strip() for a in agents.split(",") if a.strip()] if agents else None
     try:
@@ -75,8 +75,8 @@ def replay(
 ) -> None:
     """Rebuild every table from offset 0 into a fresh set, verify it, swap it in
     (help text: :data:`REPLAY_HELP`)."""
-    from memstream.projections.replay import ReplayError, RichProgress
-    from memstream.projections.replay import replay as run_replay
+    from memstream.services.replay import ReplayError, RichProgress
+    from memstream.services.replay import replay as run_replay
 
     from memstream.gc_tuning import tune_gc
 

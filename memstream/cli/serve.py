@@ -376,7 +376,7 @@ def _serve(settings: Settings, loglevel: str, *, stops_broker: bool) -> int:
     }
     worker = Child(
         "worker",
-        [sys.executable, "-m", "memstream.streams.worker", "--loglevel", loglevel],
+        [sys.executable, "-m", "memstream.services.worker", "--loglevel", loglevel],
         env,
         color=_COLORS[0],
         stop_timeout_s=60.0,

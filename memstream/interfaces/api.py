@@ -60,7 +60,7 @@ from memstream.domain.events import (
 )
 from memstream.domain.log import LogPosition
 from memstream.domain.reflection import parse_rating
-from memstream.interfaces import metrics
+from memstream import metrics
 from memstream.interfaces.errors import (
     ERROR_RESPONSES,
     ApiError,

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from memstream.domain.access import ReadScope, read_scope_of
 from memstream.domain.events import EventBase, Identifier, Name, Scope, describe_validation_error
 from memstream.domain.log import LogPosition
-from memstream.interfaces import metrics
+from memstream import metrics
 from memstream.projections.schema import POSITIONS
 from memstream.settings import Settings
 from memstream.streams.producer import MemstreamProducer

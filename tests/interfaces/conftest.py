@@ -56,7 +56,7 @@ def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     logs = root / "logs"
     logs.mkdir()
     s = Stack(settings=settings, env=env, base_url=f"http://127.0.0.1:{port}", keys=keys, logs=logs)
-    start_process(s, "worker", [sys.executable, "-m", "memstream.streams.worker"])
+    start_process(s, "worker", [sys.executable, "-m", "memstream.services.worker"])
     start_process(s, "api", [sys.executable, "-m", "memstream", "api"])
     try:
         deadline = time.monotonic() + 90

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from memstream.domain.log import LogPosition
-from memstream.interfaces import metrics
+from memstream import metrics
 from memstream.interfaces.api import openapi_spec
 from memstream.settings import Settings
 

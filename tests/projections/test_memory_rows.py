@@ -18,7 +18,8 @@ from memstream.projections.projector import Projector
 from memstream.projections.schema import POSITIONS, TABLE_NAMES
 from memstream.projections.store import LanceStore
 from memstream.streams.fast_decode import FastMemoryDecoder
-from memstream.streams.projector_agent import DecodedBatch, RawRecord, apply_decoded, decode_batch
+from memstream.services.projector_service import apply_decoded
+from memstream.streams.record_batches import DecodedBatch, RawRecord, decode_batch
 from memstream.streams.serializer import encode_event
 
 EMBEDDER = LocalEmbedder(DIM)

@@ -42,8 +42,8 @@ from memstream.llm import LLMClient, LLMError
 from memstream.projections.embedder import LocalEmbedder
 from memstream.projections.store import LanceStore
 from memstream.settings import Settings
-from memstream.streams.app import build_app
-from memstream.streams.extractor_agent import ExtractorRunner
+from memstream.services.app import build_app
+from memstream.services.extractor_service import ExtractorRunner
 from memstream.streams.producer import MemstreamProducer
 from memstream.streams.serializer import DecodeError, decode_record
 from memstream.streams.topics import Topics

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, ConsumerRecord
-from tests.streams.test_worker import WorkerProcess, read_dead_letters
+from tests.services.test_worker import WorkerProcess, read_dead_letters
 from tests.support import read_records
 
 from memstream.domain.events import MemoryAdded, Scope

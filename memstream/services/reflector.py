@@ -1,6 +1,6 @@
 """The reflector's state machine, reflection writers and retry runner, without Faust.
 
-Why split from the Faust agent (:mod:`memstream.streams.reflector_agent`): the rules
+Why split from the Faust agent (:mod:`memstream.services.reflector_agent`): the rules
 for *when* a decision moves on live here and in :mod:`memstream.domain.reflection`,
 and they must be testable with plain dicts. The agent only feeds events in, sends
 what this module asks it to send, and keeps the state in changelog-backed Faust tables

@@ -90,11 +90,15 @@ from memstream.domain.extraction import (
 from memstream.domain.fallback import FALLBACK_STATUS, FallbackReason, fallback_reason, fallback_record
 from memstream.domain.known import decide_by_links, pick_known, read_known_links, render_known, uncertain
 from memstream.domain.log import LogPosition
-from memstream.domain.resume_marks import ResumeMark, encode_mark
 from memstream.domain.prompts import Prompt, PromptError, PromptLibrary
 from memstream.domain.repair import Repaired, repair_json
-from memstream.interfaces.metrics import record_extraction_fallback, record_extraction_repairs
+from memstream.domain.resume_marks import ResumeMark, encode_mark
 from memstream.llm import ChatModel, LLMCall, LLMError, call_with_retry
+from memstream.metrics import record_extraction_fallback, record_extraction_repairs
+from memstream.projections.embedder import embed_array
+from memstream.projections.schema import MEMORIES
+from memstream.projections.search import RESULT_COLUMNS, SearchFilters, build_where, text_search
+from memstream.projections.store import VECTOR_REFINE_FACTOR
 from memstream.settings import Settings
 
 __all__ = [
@@ -141,10 +145,6 @@ def store_recall(store: Any, embedder: Any) -> CandidateRecall:
     for each content, by cosine similarity of its vector (one multi-vector query for
     the window), else (no vector, the vector query failed or found nothing) by BM25 full
     text, else none."""
-    from memstream.projections.schema import MEMORIES
-    from memstream.projections.search import RESULT_COLUMNS, SearchFilters, build_where, text_search
-    from memstream.projections.store import VECTOR_REFINE_FACTOR
-
     current = SearchFilters(include_superseded=False)
 
     def candidate(row: Mapping[str, Any], score: float | None) -> Candidate:
@@ -257,8 +257,6 @@ class _CountingEmbedder:
     def embed_array(self, texts: Sequence[str]) -> np.ndarray:
         """float32 ``(len(texts), dim)``, through the inner embedder's own matrix form
         when it has one (:func:`memstream.projections.embedder.embed_array`)."""
-        from memstream.projections.embedder import embed_array
-
         self.calls += 1
         return embed_array(self.inner, texts)
 
@@ -545,8 +543,6 @@ class Extractor:
         texts = [t.text for t in turns]
         vectors: list[Sequence[float] | None] = [None] * len(texts)
         if self.embedder is not None:
-            from memstream.projections.embedder import embed_array
-
             try:
                 got = await asyncio.to_thread(embed_array, self.embedder, texts)
                 vectors = [row.tolist() for row in got]

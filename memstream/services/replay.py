@@ -47,11 +47,15 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from memstream.projections.dir_lock import LanceDirBusyError, LanceDirLock
+from memstream.projections.embedder import build_embedder
+from memstream.projections.projector import Projector
+from memstream.projections.store import LanceStore, StoreError
+from memstream.projections.table_sets import TableSets
+from memstream.services.projector_service import apply_decoded
 from memstream.settings import Settings
 from memstream.streams.admin import topic_partitions
 from memstream.streams.fast_decode import FastMemoryDecoder
-from memstream.projections.table_sets import TableSets
-from memstream.streams.projector_agent import LanceDirBusyError, LanceDirLock, apply_decoded
 from memstream.streams.producer import create_kafka_producer
 from memstream.streams.projector_feed import FeedBatch, ProjectorFeed
 from memstream.streams.rerouting import Rerouter
@@ -234,15 +238,10 @@ def _utc_stamp(now: datetime) -> str:
 
 
 def _open_store(path: Path, settings: Settings) -> Any:
-    from memstream.projections.store import LanceStore
-
     return LanceStore.from_settings(settings, path)
 
 
 def _open_projector(store: Any, settings: Settings) -> Any:
-    from memstream.projections.embedder import build_embedder
-    from memstream.projections.projector import Projector
-
     return Projector(store, build_embedder(settings))
 
 
@@ -342,8 +341,6 @@ async def _consume_into(
 def _live_positions(live_dir: Path, settings: Settings) -> dict[tuple[str, int], int]:
     """The live set's stored positions (empty without one): how far the worker has
     handled each partition, re-routing included."""
-    from memstream.projections.store import LanceStore, StoreError
-
     if not (live_dir / "positions.lance").exists():
         return {}
     try:
@@ -640,8 +637,6 @@ async def _finish(
 
 
 def _open_live(path: Path, settings: Settings) -> Any:
-    from memstream.projections.store import LanceStore
-
     return LanceStore.from_settings(settings, path, create=False)
 
 

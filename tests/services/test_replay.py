@@ -23,7 +23,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from memstream.domain.events import MemoryAdded, MemoryLinked, MessageObserved, Scope
-from memstream.projections.replay import (
+from memstream.services.replay import (
     PHASE_COMPACT,
     PHASE_SWAP,
     PHASE_VERIFY,
@@ -35,7 +35,7 @@ from memstream.projections.store import LanceStore
 from memstream.projections.table_sets import TableSets
 from memstream.settings import Settings, child_env
 from memstream.streams.producer import MemstreamProducer
-from memstream.streams.projector_agent import LanceDirBusyError, LanceDirLock
+from memstream.projections.dir_lock import LanceDirBusyError, LanceDirLock
 from memstream.streams.topics import Topics
 
 pytestmark = [pytest.mark.kafka]

@@ -1,5 +1,5 @@
 """The Faust worker end to end: a real broker, a real LanceDB directory, the worker as
-a separate process (``python -m memstream.streams.worker``), exactly as deployed.
+a separate process (``python -m memstream.services.worker``), exactly as deployed.
 
 What must hold:
 
@@ -29,14 +29,15 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from memstream.domain.events import MemoryAdded, MemoryLinked, MessageObserved, Scope
 from memstream.projections.embedder import build_embedder
-from memstream.projections.replay import replay
+from memstream.services.replay import replay
 from memstream.projections.search import search
 from memstream.projections.store import LanceStore
 from memstream.settings import Settings
 from memstream.projections.schema import scoped_key
 from memstream.streams.deadletter import parse_dead_letter
 from memstream.streams.producer import MemstreamProducer
-from memstream.streams.projector_agent import LanceDirLock, projector_group
+from memstream.projections.dir_lock import LanceDirLock
+from memstream.services.projector_service import projector_group
 from memstream.streams.topics import Topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -48,7 +49,7 @@ CATCH_UP_TIMEOUT_S = 90.0
 
 
 class WorkerProcess:
-    """``python -m memstream.streams.worker`` for one settings object, started and
+    """``python -m memstream.services.worker`` for one settings object, started and
     stopped (or killed) on demand; its log goes to a file for post-mortems."""
 
     def __init__(self, settings: Settings, workdir: Path) -> None:
@@ -80,7 +81,7 @@ class WorkerProcess:
         self.starts += 1
         log = open(self.workdir / f"worker-{self.starts}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "memstream.streams.worker", "--agents", "projector"],
+            [sys.executable, "-m", "memstream.services.worker", "--agents", "projector"],
             cwd=self.workdir,  # no stray .env file is read
             env=self.env(),
             stdout=log,
@@ -475,7 +476,7 @@ async def test_sigkill_under_load_equals_a_full_replay(
 def _run_worker_cli(settings: Settings, workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = WorkerProcess(settings, workdir).env()
     return subprocess.run(
-        [sys.executable, "-m", "memstream.streams.worker", *args],
+        [sys.executable, "-m", "memstream.services.worker", *args],
         cwd=workdir,
         env=env,
         capture_output=True,

@@ -1,5 +1,5 @@
 """Run the memstream Faust worker in this process (``memstream worker``,
-``python -m memstream.streams.worker``).
+``python -m memstream.services.worker``).
 
 Why not ``faust -A ... worker``: the app is built from :class:`Settings` at run time
 (topic prefix, app id, LanceDB directory), the topics must exist before Faust
@@ -12,7 +12,7 @@ A SIGKILL loses nothing either: the projector resumes from its stored positions.
 One projector worker per LanceDB directory: the projector's tables hold every
 partition, so a second worker sharing the consumer group would only see part of the
 log. The worker takes the directory's lock (``<lance_dir>.lock``, see
-:class:`~memstream.streams.projector_agent.LanceDirLock`) and refuses to start when
+:class:`~memstream.services.projector_service.LanceDirLock`) and refuses to start when
 another worker or a replay's swap holds it. Scale reads with more API processes, not
 more projector workers. Workers running other agent sets (``--agents extractor``)
 should use their own ``MEMSTREAM_APP_ID``: one Faust app, one set of agents.
@@ -30,16 +30,16 @@ from typing import Any
 import faust
 
 from memstream.gc_tuning import tune_gc
+from memstream.projections.dir_lock import LanceDirBusyError, LanceDirLock
+from memstream.services.app import AGENT_NAMES, FAUST_LOGGER, build_app
 from memstream.settings import Settings, load_settings, parse_log_level
 from memstream.streams.admin import TopicCreationError, ensure_topics
-from memstream.streams.app import AGENT_NAMES, FAUST_LOGGER, build_app
 from memstream.streams.connect import until_reachable
-from memstream.streams.projector_agent import LanceDirBusyError, LanceDirLock
 from memstream.streams.topics import Topics
 
 __all__ = ["WorkerError", "logging_config", "run_worker", "main"]
 
-log = logging.getLogger("memstream.streams.worker")
+log = logging.getLogger("memstream.services.worker")
 
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
@@ -168,9 +168,9 @@ def run_worker(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m memstream.streams.worker [--agents projector,...] [--loglevel info]``."""
+    """``python -m memstream.services.worker [--agents projector,...] [--loglevel info]``."""
     parser = argparse.ArgumentParser(
-        prog="python -m memstream.streams.worker",
+        prog="python -m memstream.services.worker",
         description="Run the memstream Faust worker (settings from MEMSTREAM_* variables).",
     )
     parser.add_argument(

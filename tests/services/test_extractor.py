@@ -10,7 +10,7 @@ Four levels:
 * :class:`ExtractorRunner`: turns produced to ``messages`` -> memories searchable with
   their source ids; the LLM down -> turns kept (and re-read after a restart), extracted
   once it is back, nothing lost; the ``provenance`` and ``extract`` commands;
-* the whole worker (``python -m memstream.streams.worker``, projector + extractor) end
+* the whole worker (``python -m memstream.services.worker``, projector + extractor) end
   to end: an outage, a repeated fact, a changed preference.
 """
 
@@ -42,8 +42,8 @@ from memstream.projections.schema import MEMORIES
 from memstream.projections.store import LanceStore, space_where
 from memstream.settings import Settings
 from memstream.streams.consumer import decode_or_dead_letter
-from memstream.streams.extractor import ExtractionOutcome, Extractor, TurnBuffer, WindowInput
-from memstream.streams.extractor_agent import ExtractorRunner, consumer_group
+from memstream.services.extractor import ExtractionOutcome, Extractor, TurnBuffer, WindowInput
+from memstream.services.extractor_service import ExtractorRunner, consumer_group
 from memstream.streams.producer import MemstreamProducer
 from memstream.streams.serializer import decode_record, encode_event
 from memstream.streams.topics import Topics
@@ -1116,7 +1116,7 @@ async def test_the_worker_extracts_dedups_links_and_survives_an_llm_outage(
     log_path = tmp_path / "worker.log"
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "memstream.streams.worker", "--agents", "projector,extractor"],
+            [sys.executable, "-m", "memstream.services.worker", "--agents", "projector,extractor"],
             env=worker_env(settings),
             cwd=tmp_path,
             stdout=log_file,

@@ -26,13 +26,13 @@ changed while an event of their source stream is being processed ("Cannot modify
 table key from outside of stream iteration"). The leader's timer therefore sends one
 tick per partition; handling it (expiry, provider polling, resubmitting settled
 decisions, retention sweep) happens inside stream iteration. The background
-:class:`~memstream.streams.reflector.ReflectionRunner` (LLM calls never block the
+:class:`~memstream.services.reflector.ReflectionRunner` (LLM calls never block the
 stream) sends each finished reflection back as a candidate; the agent stores the first
 candidate of a settled decision in its entry (``emitting``), sends it, and marks the
 decision reflected once the broker's ack is in (checked when the next record of that
 partition is handled, so the stream never stalls on an ack; batches of expiries and
 provider outcomes are sent together and their acks awaited once). See
-:mod:`memstream.streams.reflector` for the guarantees this gives.
+:mod:`memstream.services.reflector` for the guarantees this gives.
 
 Tests inject a clock: set :data:`clock` (module level) or pass ``clock=`` to
 :func:`register_reflector`; ticks carry the time the leader read, so every partition
@@ -59,11 +59,8 @@ from memstream.domain.events import (
     utcnow,
 )
 from memstream.domain.reflection import decision_key, subject_key
-from memstream.settings import Settings
-from memstream.streams.consumer import decode_or_dead_letter
-from memstream.streams.deadletter import DeadLetter, dead_letter_record
-from memstream.streams.outcomes import OutcomeProvider, build_outcome_provider
-from memstream.streams.reflector import (
+from memstream.services.outcomes import OutcomeProvider, build_outcome_provider
+from memstream.services.reflector import (
     ReflectionRunner,
     ReflectionWriter,
     ReflectorCore,
@@ -71,6 +68,9 @@ from memstream.streams.reflector import (
     SettledDecision,
     build_reflection_writer,
 )
+from memstream.settings import Settings
+from memstream.streams.consumer import decode_or_dead_letter
+from memstream.streams.deadletter import DeadLetter, dead_letter_record
 from memstream.streams.serializer import encode_event
 from memstream.streams.topics import Topics
 from memstream.streams.worker_identity import signed_headers, worker_key

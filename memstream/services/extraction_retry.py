@@ -22,13 +22,19 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from memstream.domain.events import EventBase, Provenance, utcnow
-from memstream.domain.fallback import FALLBACK_STATUS, RETRY_KEY, FallbackWindow, fallback_windows, retry_links
+from memstream.domain.fallback import (
+    FALLBACK_STATUS,
+    RETRY_KEY,
+    FallbackWindow,
+    fallback_windows,
+    retry_links,
+)
 from memstream.domain.log import LogPosition
 from memstream.llm import ChatModel
 from memstream.projections.schema import MEMORIES
 from memstream.projections.session_turns import turns_by_id
+from memstream.services.extractor import EventSink, Extractor, WindowInput
 from memstream.settings import Settings
-from memstream.streams.extractor import EventSink, Extractor, WindowInput
 
 __all__ = ["parse_since", "find_windows", "RetryReport", "retry_windows"]
 

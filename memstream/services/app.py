@@ -6,30 +6,28 @@ through Faust at all: it owns every partition of its topics and resumes from the
 positions stored with its rows (see :mod:`memstream.streams.projector_feed`), so it
 runs as a service of this app with its own group-less consumer.
 
-Which agents run: the projector always can; the extractor and the reflector register
-themselves through ``register_extractor`` / ``register_reflector`` from their own
-modules, imported here only if they are installed in this tree (see
-:data:`OPTIONAL_AGENTS`), so this app works before and without them.
+Which processors run is picked per worker (``--agents``): the projector and the
+extractor are ``mode`` services with their own consumers, the reflector is a Faust
+agent; each registers itself through ``register_<name>(app, settings, topics)``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import socket
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, cast
+from collections.abc import Sequence
 
 import faust
 
+from memstream.services.extractor_service import register_extractor
+from memstream.services.projector_service import register_projector
+from memstream.services.reflector_agent import register_reflector
 from memstream.settings import Settings
 from memstream.streams.topics import Topics
 
 __all__ = [
     "AGENT_NAMES",
-    "OPTIONAL_AGENTS",
     "MemstreamApp",
     "FAUST_LOGGER",
     "build_app",
@@ -41,21 +39,6 @@ log = logging.getLogger(__name__)
 
 AGENT_NAMES: tuple[str, ...] = ("projector", "extractor", "reflector")
 """Every agent a worker can run, in registration order."""
-
-
-@dataclass(frozen=True)
-class _OptionalAgent:
-    module: str
-    function: str
-
-
-OPTIONAL_AGENTS: dict[str, _OptionalAgent] = {
-    # ---- extension point: agents owned by their own modules -------------------------
-    # Each module exposes ``register_<name>(app, settings, topics)``; it is imported
-    # only when present, so the worker runs with whatever agents this tree provides.
-    "extractor": _OptionalAgent("memstream.streams.extractor_agent", "register_extractor"),
-    "reflector": _OptionalAgent("memstream.streams.reflector_agent", "register_reflector"),
-}
 
 
 def broker_urls(bootstrap_servers: str) -> list[str]:
@@ -91,17 +74,6 @@ def group_instance_id(settings: Settings) -> str:
     return f"{settings.app_id}@{socket.gethostname()}"
 
 
-def _load_optional(name: str) -> Callable[[MemstreamApp, Settings, Topics], Any] | None:
-    spec = OPTIONAL_AGENTS[name]
-    try:
-        module = importlib.import_module(spec.module)
-    except ModuleNotFoundError as exc:
-        if exc.name != spec.module:
-            raise  # the module exists but one of *its* imports is missing: surface it
-        return None
-    return cast(Callable[[MemstreamApp, Settings, Topics], Any], getattr(module, spec.function))
-
-
 def build_app(
     settings: Settings,
     *,
@@ -110,8 +82,7 @@ def build_app(
 ) -> MemstreamApp:
     """The configured Faust app with its agents registered.
 
-    ``agents`` picks which agents to run (default: every one available in this
-    tree); naming an agent whose module is absent is an error, never a silent skip.
+    ``agents`` picks which processors to run (default: all of them).
     Faust's own web server stays off (it needs aiohttp, which memstream does not
     ship); health and metrics are served by memstream's HTTP API.
     """
@@ -144,21 +115,8 @@ def build_app(
         loop=loop,
     )
 
-    if "projector" in requested:
-        from memstream.streams.projector_agent import register_projector
-
-        register_projector(app, settings, topics)
-
-    for name in ("extractor", "reflector"):
-        if name not in requested:
-            continue
-        register = _load_optional(name)
-        if register is None:
-            if agents is not None:
-                raise ValueError(
-                    f"agent {name!r} is not available: module {OPTIONAL_AGENTS[name].module} is missing"
-                )
-            log.info("agent %s not installed in this tree; running without it", name)
-            continue
-        register(app, settings, topics)
+    register = {"projector": register_projector, "extractor": register_extractor, "reflector": register_reflector}
+    for name in AGENT_NAMES:
+        if name in requested:
+            register[name](app, settings, topics)
     return app

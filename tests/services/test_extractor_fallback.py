@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from tests.fakes.openai_server import FakeOpenAI, Reply, fake_llm  # noqa: F401 - the fixture
-from tests.streams.test_extractor import (  # noqa: F401 - env is a fixture
+from tests.services.test_extractor import (  # noqa: F401 - env is a fixture
     SCOPE,
     Env,
     added,
@@ -38,10 +38,10 @@ from tests.streams.test_extractor import (  # noqa: F401 - env is a fixture
 from tests.support import wait_until
 
 from memstream.domain.events import LinkRelation
-from memstream.interfaces.metrics import EXTRACTION_FALLBACKS
+from memstream.metrics import EXTRACTION_FALLBACKS
 from memstream.projections.projector import Projector
-from memstream.streams.extractor import TurnBuffer, WindowInput
-from memstream.streams.extractor_agent import ExtractorRunner
+from memstream.services.extractor import TurnBuffer, WindowInput
+from memstream.services.extractor_service import ExtractorRunner
 
 pytestmark = [pytest.mark.kafka]
 
@@ -171,13 +171,13 @@ def _at(offset: int) -> Any:
 
 
 def _failed(job: Any) -> Any:
-    from memstream.streams.extractor import ExtractionOutcome
+    from memstream.services.extractor import ExtractionOutcome
 
     return ExtractionOutcome("failed", "llm", kept=tuple(m.message_id for m in job.turns), failure="down")
 
 
 def _done(job: Any) -> Any:
-    from memstream.streams.extractor import ExtractionOutcome
+    from memstream.services.extractor import ExtractionOutcome
 
     return ExtractionOutcome("extracted", "llm", consumed=tuple(m.message_id for m in job.turns))
 

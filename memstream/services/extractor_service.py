@@ -56,7 +56,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -68,25 +68,27 @@ from memstream.domain.events import MessageObserved
 from memstream.domain.log import LogPosition
 from memstream.domain.resume_marks import decode_mark
 from memstream.llm import ChatModel, build_llm
+from memstream.projections.embedder import build_embedder
+from memstream.projections.session_turns import turns_before
+from memstream.projections.store import LanceStore
 from memstream.projections.table_sets import TableSets
-from memstream.settings import Settings
-from memstream.streams.connect import until_started
-from memstream.streams.consumer import decode_or_dead_letter, sharing_turns
-from memstream.streams.rerouting import is_misrouted
-from memstream.streams.deadletter import DeadLetter
-from memstream.streams.extractor import (
+from memstream.services.extractor import (
     EventSink,
     ExtractionOutcome,
     Extractor,
     TurnBuffer,
     WindowInput,
     WindowJob,
+    store_recall,
 )
+from memstream.settings import Settings
+from memstream.streams.connect import until_started
+from memstream.streams.consumer import decode_or_dead_letter, sharing_turns
+from memstream.streams.deadletter import DeadLetter
+from memstream.streams.producer import MemstreamProducer
+from memstream.streams.rerouting import is_misrouted
 from memstream.streams.topics import Topics
 from memstream.streams.worker_identity import worker_key
-
-if TYPE_CHECKING:
-    from memstream.streams.producer import MemstreamProducer
 
 __all__ = [
     "MAX_PENDING_TURNS",
@@ -240,12 +242,8 @@ class ExtractorRunner:
         llm = build_llm(settings) if isinstance(self._llm_arg, str) else self._llm_arg
         self._llm = llm
         if self._embedder is None:
-            from memstream.projections.embedder import build_embedder
-
             self._embedder = await asyncio.to_thread(build_embedder, settings)
         if self._producer is None:
-            from memstream.streams.producer import MemstreamProducer
-
             producer = await until_started(
                 lambda: MemstreamProducer(
                     settings, topics=self.topics, client_id="memstream-extractor", signing_key=worker_key(settings)
@@ -296,8 +294,6 @@ class ExtractorRunner:
         )
 
     def _attach_store(self, store: Any) -> None:
-        from memstream.streams.extractor import store_recall
-
         assert self.extractor is not None
         self._store = store
         self.extractor.store = store
@@ -308,8 +304,6 @@ class ExtractorRunner:
         for it (opening took a quarter of a second of the first extraction on a busy
         machine). Read-only never races the projector creating the tables; if they do
         not exist yet, :meth:`_ensure_store` opens them when the first turn needs them."""
-        from memstream.projections.store import LanceStore
-
         try:
             store = await asyncio.to_thread(
                 LanceStore.from_settings, self.settings, read_consistency_interval=timedelta(0), create=False
@@ -329,8 +323,6 @@ class ExtractorRunner:
         current = TableSets(self.settings.lance_dir).current()
         if getattr(store, "root", current) == current:
             return
-        from memstream.projections.store import LanceStore
-
         async with self._store_lock:
             fresh = await asyncio.to_thread(
                 LanceStore.from_settings, self.settings, current, read_consistency_interval=timedelta(0), create=False
@@ -346,8 +338,6 @@ class ExtractorRunner:
                 await asyncio.wait([self._prefetch])
             if self.extractor.store is not None:
                 return
-            from memstream.projections.store import LanceStore
-
             store = await asyncio.to_thread(
                 LanceStore.from_settings, self.settings, read_consistency_interval=timedelta(0)
             )
@@ -561,8 +551,6 @@ class ExtractorRunner:
         max_background = self.buffer.max_background
         if not job.load_history or not max_background or self.extractor is None or self.extractor.store is None:
             return job
-        from memstream.projections.session_turns import turns_before
-
         first = job.positions[0]
         try:
             earlier = await asyncio.to_thread(

@@ -35,45 +35,39 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from mode import Service
 
 from memstream.domain.log import PositionedEvent, PositionedMemories
-from memstream.domain.quality import injection_reason
+from memstream.projections.embedder import build_embedder
+from memstream.projections.projector import Projector
+from memstream.projections.store import LanceStore
 from memstream.projections.table_sets import SwapRequest, TableSets
 from memstream.settings import Settings
+from memstream.streams.admin import topic_partitions
 from memstream.streams.connect import until_started
-from memstream.streams.consumer import decode_or_dead_letter
 from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher
-from memstream.streams.rerouting import Rerouter, home_partition, is_misrouted
-from memstream.streams.serializer import header_value
+from memstream.streams.fast_decode import FastMemoryDecoder
+from memstream.streams.projector_feed import FeedBatch, ProjectorFeed
+from memstream.streams.record_batches import DecodedBatch, RawRecord, project_dead_letters
+from memstream.streams.rerouting import Rerouter
 from memstream.streams.topics import Topics
-from memstream.streams.worker_identity import HEADER as WORKER_HEADER, verifier, worker_key
+from memstream.streams.worker_identity import worker_key
 
 if TYPE_CHECKING:
-    from memstream.streams.app import MemstreamApp
-    from memstream.streams.fast_decode import FastMemoryDecoder
-    from memstream.streams.projector_feed import FeedBatch
+    from memstream.services.app import MemstreamApp
 
 __all__ = [
-    "RawRecord",
-    "LanceDirLock",
-    "LanceDirBusyError",
-    "DecodedBatch",
     "BatchOutcome",
     "ProjectorStats",
     "ProjectorRuntime",
-    "decode_batch",
     "apply_decoded",
-    "project_dead_letters",
     "register_projector",
     "ProjectorService",
     "feed_consumer",
@@ -88,44 +82,6 @@ _HINT_EVERY_S = 1.0
 _SWAP_POLL_S = 0.1
 _HANDOVER_MAX_S = 600.0
 """Longest pause for a replay's hand-over; then the worker resumes on its own set."""
-
-
-class RawRecord(NamedTuple):
-    """A record as read from Kafka, before decoding (the same for Faust and aiokafka).
-    A named tuple: one is built per record read, and a tuple builds fastest."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[tuple[str, bytes | None], ...] = ()
-
-
-@dataclass(frozen=True)
-class DecodedBatch:
-    """One batch after decoding: the events (read order), the dead letters, and the
-    ``MemoryAdded`` events the fast read path decoded (columnar, apart)."""
-
-    events: list[PositionedEvent]
-    dead: list[DeadLetter]
-    next_offsets: dict[tuple[str, int], int]
-    """Per partition, the offset after the batch's last record (dead letters included)."""
-    memories: PositionedMemories | None = None
-    misrouted: list[tuple[RawRecord, int]] = field(default_factory=list)
-    """Records on another partition than their key's, with that partition: not
-    decoded here, re-published there (:mod:`memstream.streams.rerouting`)."""
-
-    def covered(self) -> dict[tuple[str, int], int]:
-        """Per partition, the offset after the last *event* (fast or not)."""
-        out: dict[tuple[str, int], int] = {}
-        for item in self.events:
-            key = (item.position.topic, item.position.partition)
-            out[key] = max(out.get(key, 0), item.position.offset + 1)
-        for topic, partition, offset in self.memories.positions if self.memories else ():
-            key = (topic, partition)
-            out[key] = max(out.get(key, 0), offset + 1)
-        return out
 
 
 @dataclass
@@ -167,136 +123,6 @@ class _Projector(Protocol):
     def save_positions(self, next_offsets: dict[tuple[str, int], int]) -> None: ...
 
 
-class LanceDirBusyError(RuntimeError):
-    """Another process (a worker, a replay's swap) owns the LanceDB directory."""
-
-
-class LanceDirLock:
-    """The exclusive right to write (or swap) a LanceDB directory: an advisory
-    ``flock`` on the sibling file ``<lance_dir>.lock``.
-
-    Why: the projector's tables hold every partition, so two writers on one
-    directory would interleave positions, and a replay must never swap the directory
-    under a running worker. The kernel drops the lock when its process dies, SIGKILL
-    included, so a crash never leaves a stale lock. The file sits next to the
-    directory, not in it, so the lock belongs to the path that a swap renames.
-    It only guards processes on the same host, which is where a local LanceDB
-    directory can be written and renamed at all. POSIX only (``fcntl``).
-    """
-
-    def __init__(self, lance_dir: Path) -> None:
-        self.dir = Path(lance_dir)
-        self.path = self.dir.with_name(self.dir.name + ".lock")
-        self._fd: int | None = None
-
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
-    def acquire(self, owner: str) -> None:
-        """Take the lock or raise :class:`LanceDirBusyError` naming the holder."""
-        import fcntl
-
-        if self._fd is not None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "another process"
-            os.close(fd)
-            raise LanceDirBusyError(f"{self.dir} is in use by {holder}") from None
-        except BaseException:
-            os.close(fd)
-            raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{owner} (pid {os.getpid()})".encode(), 0)
-        self._fd = fd
-
-    def release(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)  # closing the descriptor drops the flock
-
-    def __enter__(self) -> "LanceDirLock":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-def decode_batch(
-    records: Sequence[RawRecord],
-    fast: "FastMemoryDecoder | None" = None,
-    partition_counts: Mapping[str, int] | None = None,
-    worker_key: bytes | None = None,
-) -> DecodedBatch:
-    """Decode records (pure CPU work: call it off the event loop for big batches).
-
-    With ``fast``, canonical ``MemoryAdded`` records carrying a vector of its model, or
-    none, take the fast read path (:mod:`memstream.streams.fast_decode`) and come out
-    columnar in ``memories``; every other record, and any the fast path is unsure
-    of, takes the general path (which dead-letters what is invalid). With
-    ``partition_counts`` (topic -> partitions), a keyed record on another partition
-    than its key's is set apart in ``misrouted``, not decoded. With
-    ``worker_key``, a system event whose record does not carry the worker's signature
-    is a dead letter (:mod:`memstream.streams.worker_identity`; a key, not a closure,
-    so that a decoder process can receive it)."""
-    trusted = verifier(worker_key) if worker_key is not None else None
-    events: list[PositionedEvent] = []
-    dead: list[DeadLetter] = []
-    next_offsets: dict[tuple[str, int], int] = {}
-    quick: list[RawRecord] = []
-    quick_fields = []
-    general: list[RawRecord] = []
-    misrouted: list[tuple[RawRecord, int]] = []
-    for rec in records:
-        if partition_counts is not None and is_misrouted(rec.key, rec.partition, partition_counts.get(rec.topic)):
-            assert rec.key is not None
-            misrouted.append((rec, home_partition(rec.key, partition_counts[rec.topic])))
-            key = (rec.topic, rec.partition)
-            next_offsets[key] = max(next_offsets.get(key, 0), rec.offset + 1)
-            continue
-        signed = trusted is not None and header_value(rec.headers, WORKER_HEADER) is not None and trusted(rec.value, rec.headers)
-        got = fast.decode(rec.value, rec.headers, trusted=signed or trusted is None) if fast is not None else None
-        if got is not None and not signed and trusted is not None and injection_reason(got.content) is not None:
-            got = None  # the general path dead-letters it, with the reason
-        if got is None:
-            general.append(rec)
-        else:
-            quick.append(rec)
-            quick_fields.append(got)
-        key = (rec.topic, rec.partition)
-        next_offsets[key] = max(next_offsets.get(key, 0), rec.offset + 1)
-    memories: PositionedMemories | None = None
-    if fast is not None and quick:
-        vectors, finite = fast.vectors(quick_fields)
-        if not finite.all():  # the model refuses these: let the general path say why
-            general.extend(rec for rec, ok in zip(quick, finite) if not ok)
-            keep = [i for i, ok in enumerate(finite) if ok]
-            quick = [quick[i] for i in keep]
-            quick_fields = [quick_fields[i] for i in keep]
-            vectors = vectors[finite]
-        if quick:
-            memories = PositionedMemories(
-                model=fast.model,
-                positions=[(r.topic, r.partition, r.offset) for r in quick],
-                fields=quick_fields,
-                vectors=vectors,
-                unembedded=[i for i, f in enumerate(quick_fields) if not f.embedding_data],
-            )
-    for rec in general:
-        item = decode_or_dead_letter(
-            rec.topic, rec.partition, rec.offset, rec.key, rec.value, rec.headers, share_turns=True, trusted=trusted
-        )
-        if isinstance(item, DeadLetter):
-            dead.append(item)
-        else:
-            events.append(item)
-    return DecodedBatch(events=events, dead=dead, next_offsets=next_offsets, memories=memories, misrouted=misrouted)
-
-
 def apply_decoded(projector: _Projector, decoded: DecodedBatch) -> _ApplyResult:
     """Apply a decoded batch and make the stored positions cover *all* its records.
 
@@ -314,36 +140,10 @@ def apply_decoded(projector: _Projector, decoded: DecodedBatch) -> _ApplyResult:
     return cast(_ApplyResult, result)
 
 
-def project_dead_letters(
-    failed: Sequence[tuple[PositionedEvent, str]], records: Sequence[RawRecord]
-) -> list[DeadLetter]:
-    """Dead letters (stage ``project``) for events the projector refused, carrying the
-    original record bytes."""
-    if not failed:
-        return []
-    by_position = {(r.topic, r.partition, r.offset): r for r in records}
-    out: list[DeadLetter] = []
-    for item, reason in failed:
-        pos = item.position
-        rec = by_position.get((pos.topic, pos.partition, pos.offset))
-        out.append(
-            DeadLetter(
-                reason=reason,
-                source_topic=pos.topic,
-                source_partition=pos.partition,
-                source_offset=pos.offset,
-                original_value=rec.value if rec else None,
-                original_key=rec.key if rec else None,
-                original_headers=tuple((k, v if v is not None else b"") for k, v in rec.headers) if rec else (),
-                stage="project",
-            )
-        )
-    return out
-
-
 _SMALL_BATCH = 500
 """A batch of fewer records counts towards ``compact_after_commits``: what a steady
 stream of agents' writes commits (a bulk load's batches hold thousands)."""
+
 
 class ProjectorRuntime:
     """Everything the projector agent needs, owned in one place: the LanceDB store,
@@ -388,8 +188,6 @@ class ProjectorRuntime:
     def store(self) -> Any:
         with self._open_lock:
             if self._store is None:
-                from memstream.projections.store import LanceStore
-
                 self._store = LanceStore.from_settings(self.settings)
             return self._store
 
@@ -398,17 +196,10 @@ class ProjectorRuntime:
         store = self.store
         with self._open_lock:
             if self._projector is None:
-                from memstream.projections.embedder import build_embedder
-                from memstream.projections.projector import Projector
-
                 self._projector = Projector(store, build_embedder(self.settings))
             return self._projector
 
     def _open_current(self) -> None:
-        from memstream.projections.embedder import build_embedder
-        from memstream.projections.projector import Projector
-        from memstream.projections.store import LanceStore
-
         store = LanceStore.from_settings(self.settings, self.sets.current())
         projector = Projector(store, build_embedder(self.settings))
         with self._open_lock:
@@ -715,10 +506,6 @@ class ProjectorService(Service):
             sets.resume()
 
     async def _run(self) -> None:
-        from memstream.streams.admin import topic_partitions
-        from memstream.streams.fast_decode import FastMemoryDecoder
-        from memstream.streams.projector_feed import ProjectorFeed
-
         rt = self.runtime
         try:
             start = await rt.positions()

@@ -9,10 +9,10 @@ import re
 
 import pytest
 from tests.fakes.openai_server import fake_llm  # noqa: F401 - the fixture
-from tests.streams.test_extractor import SCOPE, Env, env, mem, scenes, turn  # noqa: F401 - env is a fixture
+from tests.services.test_extractor import SCOPE, Env, env, mem, scenes, turn  # noqa: F401 - env is a fixture
 
 from memstream.domain.events import LinkRelation, Scope
-from memstream.streams.extractor import Extractor
+from memstream.services.extractor import Extractor
 
 pytestmark = [pytest.mark.kafka]
 

@@ -15,16 +15,16 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.streams.test_worker import WorkerProcess, end_offsets, read_positions
+from tests.services.test_worker import WorkerProcess, end_offsets, read_positions
 
 from memstream.domain.events import MemoryAdded, Scope
 from memstream.interfaces.service import MemoryService
-from memstream.projections.replay import replay
+from memstream.services.replay import replay
 from memstream.projections.search import SearchFilters
 from memstream.projections.table_sets import TableSets
 from memstream.settings import Settings, child_env
 from memstream.streams.producer import MemstreamProducer
-from memstream.streams.projector_agent import LanceDirLock
+from memstream.projections.dir_lock import LanceDirLock
 from memstream.streams.topics import Topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

@@ -43,11 +43,11 @@ from memstream.domain.reflection import (
 )
 from memstream.llm import LLMClient, LLMError
 from memstream.settings import Settings
-from memstream.streams import reflector_agent
-from memstream.streams.app import build_app
-from memstream.streams.outcomes import OutcomeProviderError, PriceFileProvider, load_price_file
+from memstream.services import reflector_agent
+from memstream.services.app import build_app
+from memstream.services.outcomes import OutcomeProviderError, PriceFileProvider, load_price_file
 from memstream.streams.producer import MemstreamProducer
-from memstream.streams.reflector import (
+from memstream.services.reflector import (
     Backoff,
     DecisionState,
     LLMReflectionWriter,
@@ -57,7 +57,7 @@ from memstream.streams.reflector import (
     SettledDecision,
     TemplateReflectionWriter,
 )
-from memstream.streams.reflector_agent import ReflectorHandle, register_reflector
+from memstream.services.reflector_agent import ReflectorHandle, register_reflector
 from memstream.streams.deadletter import is_dead_letter, parse_dead_letter
 from memstream.streams.serializer import DecodeError, decode_record
 from memstream.streams.topics import Topics
@@ -754,7 +754,7 @@ def _worker_env(settings: Settings, llm_url: str) -> dict[str, str]:
 def _start_worker(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
     with open(log_path, "ab") as out:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(
-            [sys.executable, "-m", "memstream.streams.worker", "--agents", "reflector", "--loglevel", "info"],
+            [sys.executable, "-m", "memstream.services.worker", "--agents", "reflector", "--loglevel", "info"],
             env=env,
             cwd=log_path.parent,
             stdout=out,
