@@ -619,8 +619,9 @@ def _searches(
     agent is a cross-agent result). Returns (cross-tenant, cross-agent, results,
     latencies)."""
     from memstream.domain.access import ReadScope
-    from memstream.projections.search import search
+    from memstream.projections.search import SearchCache, search
 
+    cache = SearchCache()
     jobs = []
     for _ in range(plan.searches):
         tenant = rng.randrange(plan.tenants)
@@ -637,7 +638,7 @@ def _searches(
     def one(job: tuple[ReadScope, str, int]) -> tuple[int, int, int, float]:
         reader, query, k = job
         t0 = time.perf_counter()
-        results = search(store, embedder, reader, query, k)
+        results = search(store, embedder, reader, query, k, cache=cache)
         ms = (time.perf_counter() - t0) * 1000
         tenant_leaks = sum(1 for r in results if (r.team_id, r.user_id) != (reader.team_id, reader.user_id))
         agent_leaks = sum(1 for r in results if reader.agent_id is not None and r.agent_id != reader.agent_id)

@@ -50,7 +50,7 @@ from memstream.bench._events import (
 from memstream.domain.events import Scope
 from memstream.projections.embedder import LocalEmbedder, build_embedder
 from memstream.projections.schema import scoped_key
-from memstream.projections.search import search
+from memstream.projections.search import SearchCache, search
 from memstream.projections.store import LanceStore, in_list
 from memstream.settings import Settings
 from memstream.streams.producer import MemstreamProducer
@@ -205,9 +205,10 @@ def _search_check(settings: Settings, corpus: Any, indices: list[int]) -> int:
     store = LanceStore.from_settings(settings)
     embedder = build_embedder(settings)
     found = 0
+    cache = SearchCache()
     for i in indices:
         scope = Scope(team_id=TEAM, user_id=corpus.users[i])
-        results = search(store, embedder, scope, corpus.contents[i], k=5)
+        results = search(store, embedder, scope, corpus.contents[i], k=5, cache=cache)
         found += any(r.memory_id == corpus.memory_ids[i] for r in results)
     return found
 

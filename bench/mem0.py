@@ -184,14 +184,14 @@ def run(data: Path, embedder: str | None = None, k: tuple[int, ...] = (5, 10, 20
     try:
         report = ingest(settings, conversations, workdir)
         from memstream.projections.embedder import build_embedder
-        from memstream.projections.search import search
+        from memstream.projections.search import SearchCache, search
 
         store = LanceStore.from_settings(settings)
         store.optimize()
         query_embedder = build_embedder(settings)
         ms_eval = evaluate(
             store, query_embedder, conversations, cutoffs,
-            {"memstream": lambda st, e, sc, q, kk: search(st, e, sc, q, kk)},
+            {"memstream": lambda st, e, sc, q, kk, cache=SearchCache(): search(st, e, sc, q, kk, cache=cache)},
         )
         mem0 = Mem0Runner(workdir, server.base_url, model.model_id, model.dim)
         mem0_ingest_s = mem0.add_turns(conversations)

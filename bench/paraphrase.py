@@ -93,8 +93,9 @@ SearchFn = Callable[[Any, Any, str, int], list[Any]]
 def _systems() -> dict[str, SearchFn]:
     from memstream.projections import search as s
 
+    cache = s.SearchCache()  # held across the run, as a serving process holds one
     return {
-        "memstream": lambda store, emb, q, k: s.search(store, emb, SCOPE, q, k),
+        "memstream": lambda store, emb, q, k: s.search(store, emb, SCOPE, q, k, cache=cache),
         "vector": lambda store, emb, q, k: s.vector_search(store, emb, SCOPE, q, k),
         "bm25": lambda store, emb, q, k: s.text_search(store, emb, SCOPE, q, k),
     }

@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Generic, TypeVar
 
 __all__ = ["TableSets", "SwapRequest", "CurrentStore", "pid_alive"]
 
@@ -181,29 +181,34 @@ class TableSets:
         (self.root / _PAUSED).unlink(missing_ok=True)
 
 
-class CurrentStore:
+_S = TypeVar("_S")
+
+
+class CurrentStore(Generic[_S]):
     """A reader's store that follows ``CURRENT``: each :meth:`get` checks which set is
     current and opens it when it changed (the old store object stays valid for
     whoever still holds it: a search runs on one set from start to end)."""
 
-    def __init__(self, root: Path, opener: Callable[[Path], Any]) -> None:
+    def __init__(self, root: Path, opener: Callable[[Path], _S]) -> None:
         self._sets = TableSets(root)
         self._opener = opener
         self._lock = threading.Lock()
         self._path: Path | None = None
-        self._store: Any = None
+        self._store: _S | None = None
 
-    def get(self) -> Any:
+    def get(self) -> _S:
         path = self._sets.current()
-        if path == self._path and self._store is not None:
-            return self._store
+        store = self._store
+        if path == self._path and store is not None:
+            return store
         with self._lock:
-            if path != self._path or self._store is None:
-                self._store = self._opener(path)
+            store = self._store
+            if path != self._path or store is None:
+                store = self._store = self._opener(path)
                 self._path = path
-            return self._store
+            return store
 
     @property
-    def opened(self) -> Any:
+    def opened(self) -> _S | None:
         """The store opened last (None before the first :meth:`get`), without a check."""
         return self._store

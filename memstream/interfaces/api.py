@@ -726,7 +726,7 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
     async def healthz(request: Request) -> JSONResponse:
         service: MemoryService | None = request.app.state.service
         kafka = service is not None and await service.kafka_reachable()
-        store = service is not None and service.store is not None
+        store = service is not None and service.has_store
         ok = kafka and store
         body = Health(status="ok" if ok else "degraded", kafka=kafka, store=store, version=__version__)
         return JSONResponse(body.model_dump(), status_code=200 if ok else 503)

@@ -29,11 +29,17 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from memstream.domain.access import ReadScope, read_scope_of
-from memstream.domain.events import EventBase, Identifier, Name, Scope, describe_validation_error
-from memstream.domain.log import LogPosition
 from memstream import metrics
+from memstream.domain.access import ReadScope, read_scope_of
+from memstream.domain.events import EventBase, Identifier, MemoryType, Name, Scope, describe_validation_error
+from memstream.domain.log import LogPosition
+from memstream.domain.reflection import ReflectionContext
+from memstream.projections.embedder import Embedder, build_embedder
+from memstream.projections.reflections import context_for
 from memstream.projections.schema import POSITIONS
+from memstream.projections.search import SearchCache, SearchFilters, SearchResult, search
+from memstream.projections.store import LanceStore
+from memstream.projections.table_sets import CurrentStore
 from memstream.settings import Settings
 from memstream.streams.producer import MemstreamProducer
 from memstream.streams.topics import Topics
@@ -100,11 +106,12 @@ class MemoryService:
         self.topics = Topics.from_settings(settings)
         self.client_id = client_id
         self.producer: MemstreamProducer | None = None
-        self._store: Any = None  # a CurrentStore: follows a replay's swap
-        self.embedder: Any = None
+        self._store: CurrentStore[LanceStore] | None = None  # follows a replay's swap
+        self.embedder: Embedder | None = None
+        self.search_cache = SearchCache()  # what searches read, kept between them
         self._offsets: AIOKafkaConsumer | None = None
         self._offsets_lock = asyncio.Lock()
-        self._positions: tuple[Any, int, dict[tuple[str, int], int]] | None = None
+        self._positions: tuple[LanceStore, int, dict[tuple[str, int], int]] | None = None
         self._positions_read: asyncio.Future[dict[tuple[str, int], int]] | None = None
         self._positions_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-positions")
 
@@ -114,10 +121,6 @@ class MemoryService:
         """Connect the producer and open the store for reading (the worker is its only
         writer). ``read_consistency_interval=0``: every read checks for the worker's
         latest commit, so a position the projection stored is visible at once."""
-        from memstream.projections.embedder import build_embedder
-        from memstream.projections.store import LanceStore
-        from memstream.projections.table_sets import CurrentStore
-
         producer = MemstreamProducer(self.settings, client_id=self.client_id)
         await producer.start()
         try:
@@ -155,10 +158,22 @@ class MemoryService:
         await self.stop()
 
     @property
-    def store(self) -> Any:
-        """The current table set's store (None before :meth:`start`): after a replay's
-        swap, the new set; each read takes it once and runs on that set whole."""
-        return self._store.get() if self._store is not None else None
+    def store(self) -> LanceStore:
+        """The current table set's store: after a replay's swap, the new set; each read
+        takes it once and runs on that set whole."""
+        if self._store is None:
+            raise RuntimeError("the memory service is not started")
+        return self._store.get()
+
+    @property
+    def has_store(self) -> bool:
+        """Whether the service is started and its current table set opens."""
+        return self._store is not None and self._store.get() is not None
+
+    def _embedder(self) -> Embedder:
+        if self.embedder is None:
+            raise RuntimeError("the memory service is not started")
+        return self.embedder
 
     def _producer(self) -> MemstreamProducer:
         if self.producer is None:
@@ -265,13 +280,11 @@ class MemoryService:
     # --- reads -------------------------------------------------------------------------
 
     async def search(
-        self, scope: Scope | ReadScope, query: str, k: int, filters: Any, *, interface: str
-    ) -> list[Any]:
-        from memstream.projections.search import search
-
-        def run() -> list[Any]:
+        self, scope: Scope | ReadScope, query: str, k: int, filters: SearchFilters | None, *, interface: str
+    ) -> list[SearchResult]:
+        def run() -> list[SearchResult]:
             with metrics.time_search(interface):
-                return list(search(self.store, self.embedder, scope, query, k, filters))
+                return search(self.store, self._embedder(), scope, query, k, filters, cache=self.search_cache)
 
         return await asyncio.to_thread(run)
 
@@ -286,10 +299,8 @@ class MemoryService:
         rows = await asyncio.to_thread(self.store.get_memories, read_scope_of(scope), [memory_id])
         return str(rows[0]["agent_id"]) if rows else None
 
-    async def lessons(self, scope: Scope | ReadScope, subject: str, budget_tokens: int) -> Any:
+    async def lessons(self, scope: Scope | ReadScope, subject: str, budget_tokens: int) -> ReflectionContext:
         """Past lessons on ``subject`` the read scope sees (a pinned scope: its agent's)."""
-        from memstream.projections.reflections import context_for
-
         return await asyncio.to_thread(
             functools.partial(context_for, self.store, scope, subject, budget_tokens)
         )
@@ -410,7 +421,7 @@ def memory_payload(found: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def lessons_payload(context: Any) -> dict[str, Any]:
+def lessons_payload(context: ReflectionContext) -> dict[str, Any]:
     """A reflection context (text plus the lessons it holds) as JSON."""
     to_dict = getattr(context, "to_dict", None)
     out = to_jsonable(to_dict() if callable(to_dict) else context)
@@ -427,14 +438,11 @@ def search_filters(
     time_to: datetime | None = None,
     include_superseded: bool = True,
     entity: str | None = None,
-) -> Any:
+) -> SearchFilters:
     """The projection's :class:`SearchFilters` from request parameters. Raises
     ``ValueError`` (one line) for a bad value: an unknown memory type, a session or
     agent that is not an id, an entity name no event could carry, a time without a UTC
     offset, a range that ends before it starts."""
-    from memstream.domain.events import MemoryType
-    from memstream.projections.search import SearchFilters
-
     for name, value in (("time_from", time_from), ("time_to", time_to)):
         if value is not None and value.tzinfo is None:
             raise ValueError(f"{name} needs a UTC offset, e.g. 2025-01-31T09:30:00Z")
@@ -474,7 +482,7 @@ def check_request_values(**values: str | None) -> _RequestValues:
         raise ValueError(describe_validation_error(exc)) from None
 
 
-def search_hit_payload(hit: Any, *, explain: bool) -> dict[str, Any]:
+def search_hit_payload(hit: SearchResult, *, explain: bool) -> dict[str, Any]:
     """One search result as JSON: the memory's fields and its score; the score parts
     only when ``explain`` is asked for."""
     out = to_jsonable(hit)

@@ -22,7 +22,7 @@ from tests.fakes.openai_server import FakeOpenAI, Reply, hashed_embedding
 from pydantic import SecretStr
 
 from memstream.domain.content import normalize_content
-from memstream.projections import embedder as embedder_module
+from memstream.projections import local_embedder
 from memstream.projections.embedder import (
     Embedder,
     EmbedderConfigError,
@@ -30,10 +30,10 @@ from memstream.projections.embedder import (
     LocalEmbedder,
     MiniLMEmbedder,
     OpenAIEmbedder,
-    _slot,
     build_embedder,
     embed_array,
 )
+from memstream.projections.local_embedder import _slot
 from memstream.settings import Settings
 
 
@@ -147,7 +147,7 @@ def test_local_embedder_starts_a_full_feature_table_again(monkeypatch: pytest.Mo
     unbounded = LocalEmbedder(64)
     for batch in batches:
         unbounded.embed(batch)
-    monkeypatch.setattr(embedder_module, "_FEATURE_TABLE_SIZE", 40)
+    monkeypatch.setattr(local_embedder, "_FEATURE_TABLE_SIZE", 40)
     emb = LocalEmbedder(64)
     for batch in batches * 2:
         assert emb.embed(batch) == [_reference_vector(t, 64) for t in batch]
@@ -156,7 +156,7 @@ def test_local_embedder_starts_a_full_feature_table_again(monkeypatch: pytest.Mo
 
 def test_local_embedder_sums_long_lists_in_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     """A long list is embedded batch by batch, with the same vectors."""
-    monkeypatch.setattr(embedder_module, "_BATCH_TEXTS", 3)
+    monkeypatch.setattr(local_embedder, "_BATCH_TEXTS", 3)
     texts = [*_TEXTS, "one more text", "and the last"]
     matrix = LocalEmbedder(32).embed_array(texts)
     assert matrix.shape == (len(texts), 32)

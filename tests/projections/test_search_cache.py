@@ -1,10 +1,10 @@
-"""The search cache (``memstream.projections.search_cache``) on real LanceDB tables:
+"""The search cache (``memstream.projections.search_cache.SearchCache``) on real LanceDB tables:
 a warm cache returns exactly what a cold one does, sees every write (in the same
 process and through a reader's own handle), never mixes memory spaces, keeps the
 search's filters, and stays within its bound.
 
 Each scenario compares a search served from the cache with the same search after
-``search_cache.clear()`` (everything read again), and checks that the cache was
+``CACHE.clear()`` (everything read again), and checks that the cache was
 really used (a warm search reads no session)."""
 
 from __future__ import annotations
@@ -18,14 +18,16 @@ import pytest
 from tests.projections.projection_helpers import DIM, T0, link, memory, positioned
 
 from memstream.domain.events import MemoryAdded, MessageObserved, Scope
-from memstream.projections import search as search_module
+from memstream.projections import search_queries, search_reads
 from memstream.projections import search_cache
+from memstream.projections.search_cache import SearchCache
 from memstream.projections.embedder import LocalEmbedder
 from memstream.projections.projector import Projector
 from memstream.projections.search import SearchFilters, SearchResult, search
 from memstream.projections.store import LanceStore
 
 EMB = LocalEmbedder(DIM)
+CACHE = SearchCache()  # what the serving process holds; cleared around each test
 ANN = Scope(team_id="acme", user_id="ann")
 EVE = Scope(team_id="acme", user_id="eve")
 FILLER = [
@@ -42,9 +44,9 @@ NOW = T0 + timedelta(days=3)  # one clock for every search compared (recency)
 
 @pytest.fixture(autouse=True)
 def _fresh_cache() -> Iterator[None]:
-    search_cache.clear()
+    CACHE.clear()
     yield
-    search_cache.clear()
+    CACHE.clear()
 
 
 def _turn(scope: Scope, i: int, speaker: str, text: str, session: str = "s1") -> MessageObserved:
@@ -84,11 +86,11 @@ class Writer:
 
 
 def _search(store: LanceStore, scope: Scope, query: str, **kwargs: Any) -> list[SearchResult]:
-    return search(store, EMB, scope, query, now=NOW, **kwargs)
+    return search(store, EMB, scope, query, now=NOW, cache=CACHE, **kwargs)
 
 
 def _cold(store: LanceStore, scope: Scope, query: str, **kwargs: Any) -> list[SearchResult]:
-    search_cache.clear()
+    CACHE.clear()
     return _search(store, scope, query, **kwargs)
 
 
@@ -97,14 +99,14 @@ class SessionReads:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.count = 0
-        scan = search_module._scan
+        scan = search_queries.scan
 
         async def counting(table: Any, where: str, columns: Any, limit: int | None = None) -> Any:
             if "session_id IN" in where:
                 self.count += 1
             return await scan(table, where, columns, limit)
 
-        monkeypatch.setattr(search_module, "_scan", counting)
+        monkeypatch.setattr(search_queries, "scan", counting)
 
 
 def test_a_warm_search_reads_no_session_and_returns_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -114,7 +116,7 @@ def test_a_warm_search_reads_no_session_and_returns_the_same(tmp_path: Path, mon
     first = _search(w.store, ANN, QUERY, k=5)
     assert reads.count == 2  # the session's turns and memories, read once
     again = _search(w.store, ANN, QUERY, k=5)
-    assert reads.count == 2 and search_cache.cached_rows() > 0
+    assert reads.count == 2 and CACHE.cached_rows() > 0
     assert again == first == _cold(w.store, ANN, QUERY, k=5)
     assert "m-s1-5" in [r.memory_id for r in first]  # the answer, through the question before it
 
@@ -176,7 +178,7 @@ def test_spaces_never_share_what_is_cached(tmp_path: Path) -> None:
             else:
                 assert all(r.content.startswith(("Zed", "Kim")) for r in results)
     for scope in (ANN, EVE):
-        entry = search_cache.entry_of(str(w.store.root), scope)
+        entry = CACHE.entry_of(str(w.store.root), scope)
         assert entry is not None
         rows = [r for r in entry.memories.values() if r is not None]
         assert rows and {(r["team_id"], r["user_id"]) for r in rows} == {(scope.team_id, scope.user_id)}
@@ -211,8 +213,8 @@ def test_the_lists_read_only_ids_or_whole_rows_with_the_same_results(
     w.write(events=[memory(ANN, "loose", "a pottery workshop voucher, no session")])
     results = {}
     for whole in (True, False):
-        search_cache.clear()
-        monkeypatch.setattr(search_cache, "lists_need_rows", lambda root, scope, whole=whole: whole)
+        CACHE.clear()
+        monkeypatch.setattr(CACHE, "lists_need_rows", lambda root, scope, whole=whole: whole)
         results[whole] = [_search(w.store, ANN, QUERY, k=8) for _ in range(2)]
     assert results[True] == results[False]
     assert "loose" in [r.memory_id for r in results[False][0]]
@@ -223,26 +225,26 @@ def test_the_cache_stays_within_its_bound(tmp_path: Path, monkeypatch: pytest.Mo
     w.conversation(ANN, FILLER + [QUESTION, ANSWER] + FILLER)
     w.conversation(EVE, FILLER + [QUESTION, ANSWER])
     expected = {s: _cold(w.store, s, QUERY, k=4) for s in (ANN, EVE)}
-    search_cache.clear()
-    monkeypatch.setattr(search_cache, "CACHE_MAX_ROWS", 30)
+    CACHE.clear()
+    monkeypatch.setattr(CACHE, "max_rows", 30)
     root = str(w.store.root)
     for scope in (ANN, EVE, ANN, EVE):
         assert _search(w.store, scope, QUERY, k=4) == expected[scope]
-        assert search_cache.cached_rows() <= 30
-        held = [e for e in (search_cache.entry_of(root, s) for s in (ANN, EVE)) if e is not None]
-        assert search_cache.cached_rows() == sum(e.size for e in held) > 0
-    assert search_cache.entry_of(str(w.store.root), ANN) is None  # the least recently searched went
-    monkeypatch.setattr(search_cache, "CACHE_MAX_ROWS", 5)  # one space alone exceeds it: not kept
+        assert CACHE.cached_rows() <= 30
+        held = [e for e in (CACHE.entry_of(root, s) for s in (ANN, EVE)) if e is not None]
+        assert CACHE.cached_rows() == sum(e.size for e in held) > 0
+    assert CACHE.entry_of(str(w.store.root), ANN) is None  # the least recently searched went
+    monkeypatch.setattr(CACHE, "max_rows", 5)  # one space alone exceeds it: not kept
     assert _search(w.store, ANN, QUERY, k=4) == expected[ANN]
-    assert search_cache.cached_rows() <= 5
+    assert CACHE.cached_rows() <= 5
 
 
 def test_a_session_read_cut_short_is_used_but_not_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     w = Writer(LanceStore(tmp_path / "lance", embedding_dim=DIM))
     w.conversation(ANN, FILLER + [QUESTION, ANSWER] + FILLER)
-    monkeypatch.setattr(search_module, "_MAX_TURNS", 4)
+    monkeypatch.setattr(search_reads, "MAX_TURNS", 4)
     cut = _search(w.store, ANN, QUERY, k=5)
-    entry = search_cache.entry_of(str(w.store.root), ANN)
+    entry = CACHE.entry_of(str(w.store.root), ANN)
     assert entry is not None and not entry.session_turns and not entry.session_memories
     assert _search(w.store, ANN, QUERY, k=5) == cut == _cold(w.store, ANN, QUERY, k=5)
 
@@ -257,8 +259,8 @@ def test_a_swapped_in_table_set_never_passes_for_the_old_one(tmp_path: Path) -> 
     Writer(LanceStore(live, embedding_dim=DIM)).conversation(ANN, [QUESTION])
     new = {t: search_cache.table_identity(root, t) for t in ("memories", "messages")}
     assert old["memories"] != new["memories"] and old["messages"] != new["messages"]
-    entry = search_cache.space_cache(root, ANN, (*old["memories"], 3), (*old["messages"], 3))
-    search_cache.add_memories(entry, (*old["memories"], 3), [{"memory_id": "m-s1-0", "content": "from the old set"}])
+    entry = CACHE.space_cache(root, ANN, (*old["memories"], 3), (*old["messages"], 3))
+    CACHE.add_memories(entry, (*old["memories"], 3), [{"memory_id": "m-s1-0", "content": "from the old set"}])
     assert entry.memories
-    same_numbers = search_cache.space_cache(root, ANN, (*new["memories"], 3), (*new["messages"], 3))
+    same_numbers = CACHE.space_cache(root, ANN, (*new["memories"], 3), (*new["messages"], 3))
     assert same_numbers is not entry and not same_numbers.memories

@@ -1,4 +1,4 @@
-"""The search cache carried across table versions (``search_cache.space_cache`` with
+"""The search cache carried across table versions (``SearchCache.space_cache`` with
 ``memstream.projections.table_changes``), on real LanceDB tables.
 
 The property: whatever the projector commits between searches (new turns and
@@ -21,14 +21,16 @@ from hypothesis import strategies as st
 from tests.projections.projection_helpers import DIM, T0, link, memory, positioned
 
 from memstream.domain.events import MemoryAdded, MessageObserved, Scope
-from memstream.projections import search as search_module
+from memstream.projections import search_queries, search_reads
 from memstream.projections import search_cache
+from memstream.projections.search_cache import SearchCache
 from memstream.projections.embedder import LocalEmbedder
 from memstream.projections.projector import Projector
 from memstream.projections.search import SearchResult, search
 from memstream.projections.store import LanceStore
 
 EMB = LocalEmbedder(DIM)
+CACHE = SearchCache()
 SPACES = (
     Scope(team_id="acme", user_id="ann"),
     Scope(team_id="acme", user_id="eve"),  # same team, another user
@@ -41,9 +43,9 @@ NOW = T0 + timedelta(days=3)
 
 @pytest.fixture(autouse=True)
 def _fresh_cache() -> Iterator[None]:
-    search_cache.clear()
+    CACHE.clear()
     yield
-    search_cache.clear()
+    CACHE.clear()
 
 
 class Log:
@@ -88,12 +90,12 @@ class Log:
 
 
 def _search(store: LanceStore, scope: Scope, query: str) -> list[SearchResult]:
-    return search(store, EMB, scope, query, k=6, now=NOW)
+    return search(store, EMB, scope, query, k=6, now=NOW, cache=CACHE)
 
 
 def _check_isolation(root: str) -> None:
     for scope in SPACES:
-        entry = search_cache.entry_of(root, scope)
+        entry = CACHE.entry_of(root, scope)
         if entry is None:
             continue
         rows = [r for r in entry.memories.values() if r is not None]
@@ -117,7 +119,7 @@ _action = st.one_of(
 def test_a_carried_cache_answers_as_a_fresh_search_at_the_same_version(
     tmp_path_factory: pytest.TempPathFactory, actions: list[tuple[Any, ...]]
 ) -> None:
-    search_cache.clear()
+    CACHE.clear()
     path = tmp_path_factory.mktemp("carry")
     log = Log(LanceStore(path / "lance", embedding_dim=DIM))
     reader = LanceStore(path / "lance", embedding_dim=DIM, read_consistency_interval=timedelta(0), create=False)
@@ -138,7 +140,7 @@ def test_a_carried_cache_answers_as_a_fresh_search_at_the_same_version(
             log.store.optimize_indexes()
         warm = {(s, q): _search(reader, s, q) for s in SPACES for q in QUERIES}
         _check_isolation(root)
-        search_cache.clear()
+        CACHE.clear()
         cold = {(s, q): _search(reader, s, q) for s in SPACES for q in QUERIES}
         assert warm == cold
         for (scope, _), results in warm.items():
@@ -153,14 +155,14 @@ def test_a_commit_in_one_space_leaves_another_spaces_sessions_cached(
     log.turns(ann, "s0", [0, 1, 2, 3, 4])
     log.turns(eve, "s0", [5, 6, 7])
     reads: list[str] = []
-    scan = search_module._scan
+    scan = search_queries.scan
 
     async def counting(table: Any, where: str, columns: Any, limit: int | None = None) -> Any:
         if "session_id IN" in where:
             reads.append(where)
         return await scan(table, where, columns, limit)
 
-    monkeypatch.setattr(search_module, "_scan", counting)
+    monkeypatch.setattr(search_queries, "scan", counting)
     first = _search(log.store, ann, QUERIES[0])
     assert reads  # cold: the session was read
     reads.clear()
@@ -174,5 +176,5 @@ def test_a_commit_in_one_space_leaves_another_spaces_sessions_cached(
 
 
 def _cold(store: LanceStore, scope: Scope, query: str) -> list[SearchResult]:
-    search_cache.clear()
+    CACHE.clear()
     return _search(store, scope, query)

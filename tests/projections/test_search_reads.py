@@ -18,7 +18,8 @@ from tests.projections.projection_helpers import DIM, T0, link, memory, position
 
 from memstream.domain.events import MessageObserved, Scope
 from memstream.domain.ranking import ENTITY_WEIGHT, entity_boost, entity_idf
-from memstream.projections import search as search_module
+from memstream.projections import search_queries
+from memstream.projections.search_cache import SearchCache
 from memstream.projections.embedder import EmbedderUnavailableError, LocalEmbedder
 from memstream.projections.projector import Projector
 from memstream.projections.schema import MESSAGES
@@ -26,6 +27,7 @@ from memstream.projections.search import search
 from memstream.projections.store import LanceStore
 
 EMB = LocalEmbedder(DIM)
+CACHE = SearchCache()
 ANN = Scope(team_id="acme", user_id="ann")
 EVE = Scope(team_id="acme", user_id="eve")
 
@@ -81,11 +83,11 @@ def test_a_successor_id_of_another_space_is_never_pulled(tmp_path: Path) -> None
          link(ANN, "new", "old", "supersedes")],
     )
     store.optimize()
-    results = search(store, EMB, ANN, "lighthouse keeper", k=5)
+    results = search(store, EMB, ANN, "lighthouse keeper", k=5, cache=CACHE)
     assert results and results[0].memory_id == "old" and results[0].superseded_by == "new"
     assert all(r.user_id == "ann" for r in results)
     assert "new" not in [r.memory_id for r in results]
-    assert [r.user_id for r in search(store, EMB, EVE, "lighthouse keeper", k=5)] == ["eve"]
+    assert [r.user_id for r in search(store, EMB, EVE, "lighthouse keeper", k=5, cache=CACHE)] == ["eve"]
 
 
 def test_a_turn_of_another_space_never_lends_its_speaker(tmp_path: Path) -> None:
@@ -98,9 +100,9 @@ def test_a_turn_of_another_space_never_lends_its_speaker(tmp_path: Path) -> None
          memory(EVE, "y", "Zed collects old maps", source_message_ids=("t1",))],
     )
     store.optimize()
-    ann = search(store, EMB, ANN, "What does Zed collect?", k=1)[0]
+    ann = search(store, EMB, ANN, "What does Zed collect?", k=1, cache=CACHE)[0]
     assert ann.memory_id == "x" and ann.parts.prior == 1.0
-    eve = search(store, EMB, EVE, "What does Zed collect?", k=1)[0]
+    eve = search(store, EMB, EVE, "What does Zed collect?", k=1, cache=CACHE)[0]
     assert eve.memory_id == "y" and eve.parts.prior > 1.0  # the same turn counts in its own space
 
 
@@ -116,7 +118,7 @@ def _session_store(tmp_path: Path) -> LanceStore:
 
 def test_a_failed_list_leaves_no_query_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = _session_store(tmp_path)
-    assert search(store, EMB, ANN, "kites", k=3)  # the space's speakers are cached now
+    assert search(store, EMB, ANN, "kites", k=3, cache=CACHE)  # the space's speakers are cached now
     stopped: list[str] = []
 
     async def slow_text(*args: Any, **kwargs: Any) -> Any:
@@ -131,10 +133,10 @@ def test_a_failed_list_leaves_no_query_running(tmp_path: Path, monkeypatch: pyte
         await asyncio.sleep(0.1)
         raise RuntimeError("vector search failed")
 
-    monkeypatch.setattr(search_module, "_text_query", slow_text)
-    monkeypatch.setattr(search_module, "_vector_query", broken)
+    monkeypatch.setattr(search_queries, "text_query", slow_text)
+    monkeypatch.setattr(search_queries, "vector_query", broken)
     with pytest.raises(RuntimeError, match="vector search failed"):
-        search(store, EMB, ANN, "kites", k=3)
+        search(store, EMB, ANN, "kites", k=3, cache=CACHE)
     assert stopped == ["text"]  # cancelled and finished before search raised
 
 
@@ -146,7 +148,7 @@ def test_the_counts_behind_the_entity_boost_follow_writes(tmp_path: Path) -> Non
                                 memory(EVE, "e", "Zed sails", entities=[("Zed", "person")])]))
 
     def boost() -> float:
-        hit = search(store, EMB, ANN, "What does Zed restore?", k=1)[0]
+        hit = search(store, EMB, ANN, "What does Zed restore?", k=1, cache=CACHE)[0]
         assert hit.memory_id == "z"
         return hit.parts.entity
 
@@ -168,7 +170,7 @@ def test_the_counts_behind_the_entity_boost_follow_writes(tmp_path: Path) -> Non
 
 def test_a_failed_query_embedding_leaves_no_query_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = _session_store(tmp_path)
-    assert search(store, EMB, ANN, "kites", k=3)  # the space's speakers are cached now
+    assert search(store, EMB, ANN, "kites", k=3, cache=CACHE)  # the space's speakers are cached now
     stopped: list[str] = []
 
     async def slow_text(*args: Any, **kwargs: Any) -> Any:
@@ -185,7 +187,7 @@ def test_a_failed_query_embedding_leaves_no_query_running(tmp_path: Path, monkey
         def embed(self, texts: Any) -> Any:
             raise EmbedderUnavailableError("embedding endpoint down")
 
-    monkeypatch.setattr(search_module, "_text_query", slow_text)
+    monkeypatch.setattr(search_queries, "text_query", slow_text)
     with pytest.raises(EmbedderUnavailableError, match="endpoint down"):
-        search(store, Down(), ANN, "kites", k=3)  # type: ignore[arg-type]
+        search(store, Down(), ANN, "kites", k=3, cache=CACHE)  # type: ignore[arg-type]
     assert stopped == ["text"]

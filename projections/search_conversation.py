@@ -1,0 +1,196 @@
+"""Conversation-aware reads of the candidates: the turns they were drawn from, their
+neighbouring turns in log order, and the speaker and time priors.
+
+Each memory receives a share of the fused score of the memory drawn from the turn
+before its source turn (more when that turn asks a question) and of the one after it,
+within the session (``memstream.domain.ranking.propagate_context``); memories found
+only this way join the candidates when they pass the search's filters."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from memstream.domain.content import normalize_content
+from memstream.domain.events import Scope
+from memstream.domain.ranking import RankingWeights, asks_for_time, mentions_time, prior_factor, query_mentions
+from memstream.projections import search_queries as q
+from memstream.projections.lance_async import wait
+from memstream.projections.schema import MEMORIES
+from memstream.projections.search_reads import Gathered
+from memstream.projections.search_results import READ_COLUMNS, rows_of
+from memstream.projections.search_turns import Line, SessionMemories, Turn, step
+from memstream.projections.search_view import View
+from memstream.projections.store import LanceStore
+
+__all__ = ["conversation", "neighbours", "joiner", "priors", "sources"]
+
+
+def sources(row: Mapping[str, Any]) -> Sequence[str]:
+    return row.get("source_message_ids") or ()  # type: ignore[no-any-return]
+
+
+def conversation(
+    g: Gathered,
+) -> tuple[dict[str, Turn], dict[tuple[str | None, int], Line], list[SessionMemories]]:
+    """What the conversational ranking sees of the candidates' turns, as the
+    sessions' reads would show it: every turn of the candidates' sessions and the
+    source turns of the session-less candidates (``message_id -> turn``); their lines
+    in log order per session and partition; the memories of those sessions."""
+    view = g.view
+    turns: dict[str, Turn] = {}
+    lines: dict[tuple[str | None, int], Line] = {}
+    members: list[SessionMemories] = []
+    for s in g.sessions:
+        st = view.turns_of(s)
+        if st is not None:
+            turns.update(st.turns)
+            lines.update(st.lines)
+        sm = view.memories_of(s)
+        if sm is not None:
+            members.append(sm)
+    extra: dict[tuple[str | None, int], Line] = {}
+    for mid in g.loose:
+        t = view.turn(mid)
+        if isinstance(t, Turn) and mid not in turns:
+            turns[mid] = t
+            key = t.line_key
+            if key not in extra:
+                extra[key] = list(lines.get(key, ()))
+            extra[key].append((t.offset, mid))
+    for key, line in extra.items():
+        line.sort()
+        lines[key] = line
+    return turns, lines, members
+
+
+def neighbours(
+    rows: dict[str, dict[str, Any]],
+    turns: Mapping[str, Turn],
+    lines: Mapping[tuple[str | None, int], Line],
+    members: Sequence[SessionMemories],
+    scores: Mapping[str, float],
+    join: Callable[[list[str]], list[dict[str, Any]]],
+) -> tuple[dict[str, str], set[str]]:
+    """``(previous, questions)`` for :func:`propagate_context` over the candidates: the
+    memory drawn from the turn just before each candidate's first source turn, and the
+    candidate each memory drawn from the turn just after a candidate's last source turn
+    follows (same space, session and partition, in log order). Memories of the
+    sessions (``members``) drawn from those turns join ``rows`` through ``join`` (which
+    keeps those that pass the search's filters)."""
+
+    before, after, lasts = _edges(rows, turns, lines)
+    wanted = {m for m in [*before.values(), *after.values()] if m}
+    if members and wanted:
+        _join_members(rows, members, wanted, join)
+    by_message: dict[str, list[str]] = {}
+    for pk, row in rows.items():
+        for m in sources(row):
+            by_message.setdefault(m, []).append(pk)
+
+    def best(pks: list[str]) -> str:
+        return max(pks, key=lambda pk: (scores.get(pk, 0.0), pk))
+
+    previous: dict[str, str] = {}
+    for pk, prev_turn in before.items():
+        if prev_turn and prev_turn in by_message:
+            previous[pk] = best(by_message[prev_turn])
+    for pk, next_turn in after.items():
+        if not next_turn or next_turn not in by_message:
+            continue
+        for follower in by_message[next_turn]:
+            current = previous.get(follower)
+            if current is None or scores.get(pk, 0.0) > scores.get(current, 0.0):
+                previous[follower] = pk
+    questions = {pk for pk, t in lasts.items() if t.question}
+    for pk, row in rows.items():
+        if pk not in lasts:
+            src = [turns[m] for m in sources(row) if m in turns]
+            if src and max(src, key=_offset).question:
+                questions.add(pk)
+    return previous, questions
+
+
+def _offset(t: Turn) -> int:
+    return t.offset
+
+
+def _edges(
+    rows: Mapping[str, Mapping[str, Any]], turns: Mapping[str, Turn], lines: Mapping[tuple[str | None, int], Line]
+) -> tuple[dict[str, str | None], dict[str, str | None], dict[str, Turn]]:
+    """Per candidate: the turn before its first source turn, the turn after its last,
+    and that last source turn."""
+    before: dict[str, str | None] = {}
+    after: dict[str, str | None] = {}
+    lasts: dict[str, Turn] = {}
+    for pk, row in rows.items():
+        src = sorted((turns[m] for m in sources(row) if m in turns), key=_offset)
+        if src:
+            first, last = src[0], src[-1]
+            before[pk] = step(lines.get(first.line_key, ()), first, False)
+            after[pk] = step(lines.get(last.line_key, ()), last, True)
+            lasts[pk] = last
+    return before, after, lasts
+
+
+def _join_members(
+    rows: dict[str, dict[str, Any]],
+    members: Sequence[SessionMemories],
+    wanted: set[str],
+    join: Callable[[list[str]], list[dict[str, Any]]],
+) -> None:
+    """Add to ``rows`` the sessions' memories drawn from the ``wanted`` turns."""
+    known = {r["memory_id"] for r in rows.values()}
+    ids: list[str] = []
+    for sm in members:
+        cited = sm.citing.keys() & wanted
+        if cited:
+            hit = {i for m in cited for i in sm.citing[m]}
+            ids.extend(i for i in sm.memory_ids if i in hit and i not in known)
+    for row in join(ids) if ids else ():
+        rows.setdefault(row["pk"], row)
+
+
+def joiner(
+    store: LanceStore, scope: Scope, view: View, extra: Sequence[str]
+) -> Callable[[list[str]], list[dict[str, Any]]]:
+    """How neighbour memories join the candidates: from the view (read with their
+    sessions) when the search has no filters; else only those that pass the filters,
+    read by id with them (in the order asked)."""
+
+    def from_view(ids: list[str]) -> list[dict[str, Any]]:
+        return [row for row in (view.memory(m) for m in ids) if isinstance(row, dict)]
+
+    def filtered(ids: list[str]) -> list[dict[str, Any]]:
+        table = wait(q.by_ids(store, MEMORIES, scope, "memory_id", ids, READ_COLUMNS, extra))
+        got = {r["memory_id"]: r for r in rows_of(table, scope)}
+        return [got[m] for m in ids if m in got]
+
+    return filtered if extra else from_view
+
+
+def priors(
+    query: str, rows: Mapping[str, Mapping[str, Any]], turns: Mapping[str, Turn], w: RankingWeights
+) -> dict[str, float]:
+    """The speaker prior (the query names the source turn's speaker) and the time prior
+    (the query asks when, the memory states a time) of each candidate, where not 1."""
+    speakers = {t.speaker for t in turns.values() if t.speaker}
+    named_keys = {normalize_content(s) for s in query_mentions(query, speakers)}
+    wants_time = asks_for_time(query)
+    said_key: dict[str, str] = {}
+    out: dict[str, float] = {}
+    for pk, r in rows.items():
+        said = set()
+        for m in sources(r):
+            t = turns.get(m)
+            if t is not None:
+                spoken = t.speaker or ""
+                key = said_key.get(spoken)
+                if key is None:
+                    key = said_key[spoken] = normalize_content(spoken)
+                said.add(key)
+        factor = prior_factor(bool(named_keys & said), wants_time and mentions_time(r.get("content") or ""), w)
+        if factor != 1.0:
+            out[pk] = factor
+    return out
+

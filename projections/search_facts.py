@@ -1,0 +1,91 @@
+"""The small facts about a memory space that ranking needs besides the candidates:
+who speaks in it (query processing), how many memories it holds and how many name
+each entity (the entity boost's IDF). Kept in the :class:`SearchCache` per table
+version, because a conversation's questions keep naming its few participants."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+
+import pyarrow.compute as pc
+
+from memstream.domain.content import normalize_content
+from memstream.domain.events import Scope
+from memstream.projections import search_queries as q
+from memstream.projections.lance_async import gather_all, wait
+from memstream.projections.schema import ENTITIES, MEMORIES, MESSAGES
+from memstream.projections.search_cache import FACTS_MAX, SearchCache, space_key, table_identity
+from memstream.projections.store import LanceStore, chunked, in_list, space_where
+
+__all__ = ["SPEAKERS_TTL_S", "space_speakers", "space_size", "entity_stats"]
+
+SPEAKERS_TTL_S = 30.0
+"""How long a memory space's list of speakers is reused for query processing (a
+speaker who joins meanwhile only misses the name removal, never the speaker prior)."""
+
+
+def space_speakers(cache: SearchCache, store: LanceStore, scope: Scope) -> frozenset[str]:
+    """The distinct speakers of the space's turns, cached for :data:`SPEAKERS_TTL_S`."""
+    key = space_key(str(store.root), scope)
+    now = time.monotonic()
+    hit = cache.speakers(key, now)
+    if hit is not None:
+        return hit
+    where = f"{space_where(scope)} AND speaker IS NOT NULL"
+    table = wait(q.scan(q.native(store, MESSAGES), where, ["speaker"]))
+    speakers = frozenset(str(v) for v in pc.unique(table.column("speaker")).to_pylist() if v)
+    cache.keep_speakers(key, now + SPEAKERS_TTL_S, speakers)
+    return speakers
+
+
+async def space_size(cache: SearchCache, store: LanceStore, scope: Scope) -> int:
+    """How many memories the space holds (``LanceStore.count_memories``), counted once
+    per version of the memories table: counting a large space through its
+    ``team_id`` / ``user_id`` indexes costs about as much as a lookup. Kept only when
+    no write landed while counting, so a count is never filed under a wrong version."""
+    table = q.native(store, MEMORIES)
+    key = space_key(str(store.root), scope)
+    version = (*table_identity(key[0], MEMORIES), int(await table.version()))
+    hit = cache.size(key)
+    if hit is not None and hit[0] == version:
+        return hit[1]
+    if hit is not None and await asyncio.to_thread(cache.unchanged, key[0], MEMORIES, scope, hit[0], version):
+        cache.keep_size(key, version, hit[1])
+        return hit[1]
+    total = int(await table.count_rows(space_where(scope)))
+    if await table.version() == version[2]:
+        cache.keep_size(key, version, total)
+    return total
+
+
+async def entity_stats(
+    cache: SearchCache, store: LanceStore, scope: Scope, keys: Iterable[str]
+) -> tuple[dict[str, int], int]:
+    """How many memories of the space name each entity, and how many there are (what
+    ``LanceStore.entity_frequencies`` and ``count_memories`` return), kept per version
+    of their table like :func:`space_size`."""
+    names = sorted({normalize_content(n) for n in keys if normalize_content(n)})
+    entities = q.native(store, ENTITIES)
+    key = space_key(str(store.root), scope)
+    version = (*table_identity(key[0], ENTITIES), int(await entities.version()))
+    hit = cache.frequencies(key)
+    still = hit is not None and (
+        hit[0] == version or await asyncio.to_thread(cache.unchanged, key[0], ENTITIES, scope, hit[0], version)
+    )
+    known = dict(hit[1]) if hit is not None and still else {}
+    missing = [n for n in names if n not in known]
+    space = space_where(scope)
+    reads = [q.scan(entities, f"{space} AND {in_list('name_key', chunk)}", ["name_key"]) for chunk in chunked(missing)]
+    *tables, total = await gather_all([*reads, space_size(cache, store, scope)])
+    counted = {k: 0 for k in missing}
+    for tbl in tables:
+        for name in tbl.column("name_key").to_pylist():
+            counted[name] = counted.get(name, 0) + 1
+    if still and not missing and hit is not None and hit[0] != version:
+        cache.keep_frequencies(key, version, hit[1])
+    if missing and await entities.version() == version[2]:
+        known.update(counted)
+        cache.keep_frequencies(key, version, known if len(known) <= FACTS_MAX else counted)
+    return {k: known.get(k, counted.get(k, 0)) for k in names}, int(total)

@@ -1,0 +1,134 @@
+"""The hybrid ranking's glue: fuse the two lists, add the entity boost, recency,
+supersession and priority, cap every superseded or duplicate memory just below its
+successor, and shape the ordered results (formulas in ``memstream.domain.ranking``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from memstream.domain.events import Scope
+from memstream.domain.priority import priority_factor
+from memstream.domain.ranking import (
+    RankingWeights,
+    entity_boost,
+    entity_idf,
+    final_score,
+    normalised_rrf,
+    order_after_successors,
+    recency_score,
+    score_fusion,
+    supersession_factor,
+)
+from memstream.projections.schema import scoped_key
+from memstream.projections.search_results import ScoreParts, SearchResult, to_result
+from memstream.projections.search_view import successor_of
+
+__all__ = ["Evidence", "fuse", "entity_boosts", "ranked"]
+
+
+@dataclass
+class Evidence:
+    """What ranks the candidates (``pk -> value``): the cosine similarity and BM25
+    score of each list, the fused score, the score received from neighbouring turns
+    and the speaker / time prior."""
+
+    vsim: dict[str, float] = field(default_factory=dict)
+    tscore: dict[str, float] = field(default_factory=dict)
+    fused: dict[str, float] = field(default_factory=dict)
+    context: dict[str, float] = field(default_factory=dict)
+    priors: dict[str, float] = field(default_factory=dict)
+
+
+def fuse(
+    scope: Scope, vector: list[tuple[str, float]], text: list[tuple[str, float]], w: RankingWeights
+) -> Evidence:
+    """Score fusion (or weighted RRF with ``fusion="rrf"``) of the vector list
+    (``memory_id``, cosine distance) and the BM25 list (``memory_id``, score)."""
+    team, user = scope.team_id, scope.user_id
+    vpks = [scoped_key(team, user, mid) for mid, _ in vector]
+    tpks = [scoped_key(team, user, mid) for mid, _ in text]
+    vsim = {pk: 1.0 - distance for pk, (_, distance) in zip(vpks, vector)}
+    tscore = {pk: score for pk, (_, score) in zip(tpks, text)}
+    if w.fusion == "score":
+        fused = score_fusion(tscore, vsim, w.text_weight, w.fusion_vector_weight, w.vector_scaling)
+    else:
+        fused = normalised_rrf(
+            {"vector": vpks, "text": tpks}, {"vector": w.vector_weight, "text": w.text_weight}, w.rrf_k
+        )
+    return Evidence(vsim=vsim, tscore=tscore, fused=fused)
+
+
+def entity_boosts(
+    rows: Mapping[str, Mapping[str, Any]],
+    keys: set[str],
+    stats: tuple[dict[str, int], int] | None,
+    w: RankingWeights,
+) -> dict[str, float]:
+    """The boost of the candidates that name entities the query names, damped by IDF."""
+    if not keys:
+        return {}
+    df, total = stats if stats is not None else ({}, 0)
+    idf = {key: entity_idf(df.get(key, 1), total) for key in keys}
+    boosts: dict[str, float] = {}
+    for pk, r in rows.items():
+        hits = [idf[key] for key in (r.get("entity_keys") or ()) if key in idf]
+        if hits:
+            boosts[pk] = entity_boost(hits, w.entity_weight)
+    return boosts
+
+
+def _anchor_time(row: Mapping[str, Any]) -> datetime:
+    for col in ("timestamp", "timestamp_end", "timestamp_start", "created_at"):
+        value = row.get(col)
+        if value is not None:
+            return value  # type: ignore[no-any-return]
+    raise ValueError("memory row without any time")
+
+
+def ranked(
+    rows: Mapping[str, Mapping[str, Any]],
+    ev: Evidence,
+    boosts: Mapping[str, float],
+    now: datetime,
+    w: RankingWeights,
+    *,
+    drop_zero: bool,
+    k: int | None,
+) -> list[SearchResult]:
+    """The candidates as results in ranking order: ``prior * (fused + context)`` with
+    recency, supersession, entity boost and priority, capped below each successor;
+    without evidence (``drop_zero``) a candidate never pads the list; cut at ``k``
+    (``None``: every candidate, for a reranker)."""
+    raw: dict[str, float] = {}
+    pieces: dict[str, tuple[float, float, float, float]] = {}
+    for pk, r in rows.items():
+        f = ev.fused.get(pk, 0.0)
+        rec = recency_score((now - _anchor_time(r)).total_seconds(), w.half_life_s)
+        sup = supersession_factor(bool(r.get("superseded_by")), bool(r.get("canonical_id")), w)
+        ent = boosts.get(pk, 0.0)
+        pieces[pk] = (f, rec, sup, ent)
+        base = (f + ev.context.get(pk, 0.0)) * ev.priors.get(pk, 1.0)
+        raw[pk] = final_score(base, rec, sup, ent, w) * priority_factor(r.get("priority"))
+    successor = {}
+    for pk, r in rows.items():
+        nxt = successor_of(r)
+        if nxt:
+            successor[pk] = scoped_key(r["team_id"], r["user_id"], nxt)
+    final = order_after_successors(raw, successor)
+    order = sorted(rows, key=lambda pk: (-final[pk], rows[pk]["memory_id"]))
+    if drop_zero:
+        order = [pk for pk in order if final[pk] > 0.0]
+    if k is not None:
+        order = order[:k]
+    results = []
+    for pk in order:
+        f, rec, sup, ent = pieces[pk]
+        parts = ScoreParts(
+            ev.vsim.get(pk), ev.tscore.get(pk), f, rec, sup, ent, final[pk], ev.context.get(pk, 0.0),
+            ev.priors.get(pk, 1.0), priority_factor(rows[pk].get("priority")),
+        )
+        results.append(to_result(rows[pk], final[pk], parts))
+    return results

@@ -1,0 +1,209 @@
+"""Index and file maintenance of the table set, and its replay digest.
+
+Indexes (created by :meth:`StoreMaintenance.ensure_indexes`, kept current by
+:meth:`StoreMaintenance.optimize` or :meth:`StoreMaintenance.optimize_indexes`):
+
+* **Full text**: a BM25 index on ``memories.content``, created with the table. Rows
+  written since the last optimize are scanned flat and merged in, so they are found.
+* **Vector**: exact search below ``vector_index_threshold`` rows; from there
+  ``IVF_PQ`` with cosine distance and ``dim / 8`` sub-vectors, queries re-ranking
+  :data:`VECTOR_REFINE_FACTOR` times the candidates on the full vectors. IVF_PQ
+  because it builds several times faster than IVF_HNSW_SQ (the worker rebuilds it,
+  and a long build delays everything behind it; figures in docs/benchmarks.md).
+* **Scalar**: BTrees on ``team_id`` and ``user_id`` of every scoped table (the
+  isolation prefilter goes through them) and on the lookup columns. Never on ``pk``,
+  the merge key (see ``memstream.projections.schema`` for the LanceDB bugs this avoids).
+
+Many small writes make many fragments and versions; :meth:`StoreMaintenance.compact`
+merges the recent ones and :meth:`StoreMaintenance.cleanup_versions` removes versions
+older than ``keep_versions`` (readers in other processes keep theirs that long).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import warnings
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from lancedb.index import FTS, BTree, IvfPq
+
+from memstream.projections.schema import (
+    DECISIONS,
+    DIGEST_COLUMNS,
+    ENTITIES,
+    LINKS,
+    MEMORIES,
+    MESSAGES,
+    POSITIONS,
+    REFLECTIONS,
+    TABLE_NAMES,
+)
+from memstream.projections.store_positions import StorePositions
+
+__all__ = ["StoreMaintenance", "VECTOR_REFINE_FACTOR", "COMPACT_TARGET_ROWS", "SCALAR_INDEXES"]
+
+log = logging.getLogger("memstream.projections")
+
+VECTOR_REFINE_FACTOR = 5
+"""With an IVF_PQ index, fetch this many times ``k`` by PQ distance and re-rank them on
+the full vectors."""
+_INDEX_RECHECK_S = 30.0
+COMPACT_TARGET_ROWS = 16_384
+"""Fragment size the worker's frequent compaction aims at (see :meth:`LanceStore.compact`)."""
+_FTS_CONFIG = FTS(with_position=False, stem=True, remove_stop_words=True, ascii_folding=True)
+SCALAR_INDEXES: dict[str, tuple[str, ...]] = {
+    MEMORIES: ("team_id", "user_id", "content_hash", "memory_id"),
+    MESSAGES: ("team_id", "user_id", "message_id"),
+    LINKS: ("team_id", "user_id", "to_pk", "from_pk"),
+    ENTITIES: ("team_id", "user_id", "name_key"),
+    REFLECTIONS: ("team_id", "user_id"),
+    DECISIONS: ("team_id", "user_id"),
+}
+"""BTree indexes per table (never on ``pk``)."""
+
+
+class StoreMaintenance(StorePositions):
+    """Indexes, compaction, version cleanup and the digest a replay is checked by."""
+
+    def ensure_base_indexes(self) -> dict[str, list[str]]:
+        """FTS on ``memories.content`` and the scalar BTrees; cheap on empty tables,
+        which is when they are normally made."""
+        created: dict[str, list[str]] = {}
+        if not self._has_index(MEMORIES, "content"):
+            self.table(MEMORIES).create_index("content", config=_FTS_CONFIG)
+            created.setdefault(MEMORIES, []).append("content:FTS")
+        for name, columns in SCALAR_INDEXES.items():
+            present = {c for idx in self.table(name).list_indices() for c in idx.columns}
+            for col in columns:
+                if col not in present:
+                    self.table(name).create_index(col, config=BTree())
+                    created.setdefault(name, []).append(f"{col}:BTREE")
+        return created
+
+    def ensure_indexes(self) -> dict[str, list[str]]:
+        """Create the indexes that are due (idempotent); returns what was created, per
+        table. FTS and scalar indexes exist from the start (re-created here if missing);
+        the IVF_PQ vector index from ``vector_index_threshold`` memories on. A vector
+        index build takes minutes at a million rows: call this from a thread that can
+        wait (the worker builds it beside the writer, see :meth:`build_vector_index`)."""
+        created = self.ensure_base_indexes()
+        if self.vector_index_due():
+            created.setdefault(MEMORIES, []).append(self.build_vector_index())
+        return created
+
+    def vector_index_due(self) -> bool:
+        """Whether ``memories`` is big enough for its IVF_PQ index and has none yet."""
+        mem = self.table(MEMORIES)
+        return mem.count_rows() >= max(self.vector_index_threshold, 256) and not self._has_index(MEMORIES, "vector")
+
+    def build_vector_index(self) -> str:
+        """Train and write the IVF_PQ index over ``memories.vector`` (minutes at a million
+        rows). Safe beside the projector's writes: rows committed meanwhile are simply
+        not in the index yet (searched exactly until the next optimize folds them in).
+        Do not run it beside :meth:`optimize`, whose compaction rewrites the fragments
+        the index is being built over."""
+        mem = self.table(MEMORIES)
+        dim = self.embedding_dim
+        subs = dim // 8 if dim % 8 == 0 and dim >= 16 else None
+        started = time.monotonic()
+        mem.create_index("vector", config=IvfPq(distance_type="cosine", num_sub_vectors=subs))
+        self._vector_index_checked = float("-inf")
+        log.info("built the IVF_PQ vector index over %d memories in %.0fs", mem.count_rows(), time.monotonic() - started)
+        return "vector:IVF_PQ"
+
+    def has_vector_index(self) -> bool:
+        """Whether ``memories.vector`` has an ANN index (checked at most every
+        ``_INDEX_RECHECK_S`` seconds: a reader process learns of a new index soon,
+        without a metadata round trip per query)."""
+        now = time.monotonic()
+        if now - self._vector_index_checked > _INDEX_RECHECK_S:
+            self._vector_index = self._has_index(MEMORIES, "vector")
+            self._vector_index_checked = now
+        return self._vector_index
+
+    def optimize(self) -> None:
+        """Compact fragments, fold new rows into every index (FTS included) and drop
+        versions older than ``keep_versions``, on every table."""
+        self.prune_positions()
+        for name in TABLE_NAMES:
+            tbl = self.table(name)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                tbl.optimize(cleanup_older_than=self.keep_versions)
+
+    def compact(self, target_rows: int = COMPACT_TARGET_ROWS, *, refresh: bool = True) -> int:
+        """Merge the small fragments that batched writes leave behind into fragments
+        of up to ``target_rows`` rows; returns how many tables were compacted.
+
+        Why not :meth:`optimize`: LanceDB's optimize compacts towards million-row
+        fragments, so every run rewrites the whole still-growing fragment (0.2-0.8 s
+        at 60,000 rows here, more as the table grows), and the writer must wait for
+        it. A small target rewrites only the recent rows. Compaction rewrites data:
+        beside a write it commits when the write appends (LanceDB rebases the append)
+        and loses to one that updates the same rows (retry it later). With
+        ``refresh=False`` this store's table handles are left as they are (for a
+        caller beside the writer, which owns them; its next commit rebases)."""
+        self.prune_positions()
+        done = 0
+        for name in TABLE_NAMES:
+            tbl = self.table(name)
+            ds = tbl.to_lance()
+            ds = ds.checkout_version(ds.latest_version)
+            small = sum(1 for f in ds.get_fragments() if f.count_rows() < target_rows)
+            if small < 2:
+                continue
+            ds.optimize.compact_files(target_rows_per_fragment=target_rows)
+            if refresh:  # beside the writer, leave its handle to it (its commits rebase)
+                tbl.checkout_latest()
+            done += 1
+        return done
+
+    def cleanup_versions(self) -> None:
+        """Delete table versions older than ``keep_versions`` (readers in other
+        processes keep the version they are reading for that long)."""
+        for name in TABLE_NAMES:
+            ds = self.table(name).to_lance()
+            ds = ds.checkout_version(ds.latest_version)
+            ds.cleanup_old_versions(older_than=self.keep_versions)
+
+    def optimize_indexes(self) -> None:
+        """Fold rows written since the last call into every table's indexes (FTS,
+        BTree, vector), without compacting. Safe beside the projector's writes
+        (LanceDB rebases either commit over the other), not beside :meth:`optimize`,
+        whose compaction it would preempt."""
+        for name in TABLE_NAMES:
+            tbl = self.table(name)
+            if not tbl.list_indices():
+                continue
+            # At the newest version, not this handle's: another index update may have
+            # been committed since the writer's last commit.
+            ds = tbl.to_lance()
+            ds = ds.checkout_version(ds.latest_version)
+            ds.optimize.optimize_indices()
+
+    def table_digest(self) -> dict[str, tuple[int, str]]:
+        """Per table: (row count, SHA-256 over the rows' ``DIGEST_COLUMNS`` sorted by
+        ``pk``). Two stores with equal digests hold the same keys, content hashes and
+        derived view: what a replay must reproduce."""
+        out: dict[str, tuple[int, str]] = {}
+        for name in TABLE_NAMES:
+            cols = DIGEST_COLUMNS[name]
+            if name == POSITIONS:  # the view (one row per partition), not the raw rows
+                view = self.positions()
+                tbl = pa.table({"pk": [f"{t}|{p}" for (t, p) in view], "next_offset": list(view.values())})
+            else:
+                tbl = self.table(name).to_lance().to_table(columns=list(cols))
+            tbl = tbl.sort_by([("pk", "ascending")])
+            h = hashlib.sha256()
+            if tbl.num_rows:
+                texts = [pc.fill_null(pc.cast(tbl.column(c), pa.string()), "\u2205") for c in cols]
+                joined = pc.binary_join_element_wise(*texts, "\x1f")
+                for chunk in joined.chunks:
+                    for value in chunk.to_pylist():
+                        h.update(value.encode("utf-8"))
+                        h.update(b"\n")
+            out[name] = (tbl.num_rows, h.hexdigest())
+        return out

@@ -1,0 +1,191 @@
+"""The LanceDB table set under one directory, opened and checked: the base every part
+of :class:`memstream.projections.store.LanceStore` builds on (its writes,
+maintenance and lookups), with the plain filtered reads they share.
+
+LanceDB's synchronous API runs on LanceDB's own background event loop, so callers on
+an asyncio loop run these in an executor thread.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Self
+
+import lancedb
+import pyarrow as pa
+
+from memstream.projections.key_filter import KeyFilter
+from memstream.projections.schema import MEMORIES, TABLE_NAMES, schema_for
+from memstream.projections.store_filters import EmbedderMismatchError, StoreError, chunked, in_list
+from memstream.projections.table_sets import TableSets
+from memstream.settings import Settings
+
+__all__ = ["StoreTables", "json_or_none"]
+
+
+def json_or_none(text: str | None) -> Any:
+    if text is None or text == "":
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+class StoreTables:
+    """The projection's tables under ``root``: memories, messages, links, entities,
+    reflections, decisions, positions (schemas in ``memstream.projections.schema``)."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        embedding_dim: int,
+        read_consistency_interval: timedelta | None = None,
+        vector_index_threshold: int = 100_000,
+        keep_versions: timedelta = timedelta(minutes=5),
+        create: bool = True,
+    ) -> None:
+        """``create=False`` opens an existing table set for reading only: nothing is
+        created (no directory, table or index), and :class:`StoreError` is raised when
+        a table is missing. A reader in the writer's process uses it to open the
+        tables beside the writer without racing it to create them."""
+        self.root = Path(root)
+        if create:
+            self.root.mkdir(parents=True, exist_ok=True)
+        elif not self.root.is_dir():
+            raise StoreError(f"{self.root} has no table set yet")
+        self.embedding_dim = int(embedding_dim)
+        self.vector_index_threshold = int(vector_index_threshold)
+        self.keep_versions = keep_versions
+        self._db = lancedb.connect(str(self.root), read_consistency_interval=read_consistency_interval)
+        existing = set(self._table_names())
+        self._tables: dict[str, Any] = {}
+        for name in TABLE_NAMES:
+            schema = schema_for(name, self.embedding_dim)
+            if name in existing:
+                tbl = self._db.open_table(name)
+                self._check_schema(name, tbl.schema, schema)
+            elif not create:
+                raise StoreError(f"{self.root} has no table {name} yet")
+            else:
+                tbl = self._db.create_table(name, schema=schema, exist_ok=True)
+            self._tables[name] = tbl
+        self._vector_model: str | None = None
+        self._vector_index_checked = float("-inf")
+        self._vector_index = False
+        # Built on first write per table (this store is the directory's only writer).
+        self._key_filters: dict[str, KeyFilter] = {}
+
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        root: Path | None = None,
+        *,
+        read_consistency_interval: timedelta | None = None,
+        create: bool = True,
+    ) -> Self:
+        return cls(
+            root if root is not None else TableSets(settings.lance_dir).current(),
+            embedding_dim=settings.embedding_dim,
+            read_consistency_interval=read_consistency_interval,
+            vector_index_threshold=settings.vector_index_threshold,
+            create=create,
+        )
+
+    def _table_names(self) -> list[str]:
+        names: list[str] = []
+        token: str | None = None
+        while True:
+            resp = self._db.list_tables(page_token=token)
+            names.extend(resp.tables)
+            token = resp.page_token
+            if not token:
+                return names
+
+    def _check_schema(self, name: str, actual: pa.Schema, expected: pa.Schema) -> None:
+        if name == MEMORIES:
+            vec = actual.field("vector").type
+            width = getattr(vec, "list_size", None)
+            if width != self.embedding_dim:
+                raise StoreError(
+                    f"{self.root}/memories holds {width}-dimension vectors but the embedder "
+                    f"makes {self.embedding_dim}: use another lance_dir or replay into a fresh one"
+                )
+        missing = [f.name for f in expected if f.name not in actual.names]
+        if missing:
+            raise StoreError(
+                f"{self.root}/{name} lacks columns {missing}: it was written by another "
+                "memstream version; replay into a fresh directory"
+            )
+
+    def table(self, name: str) -> Any:
+        """The LanceDB table handle (``lancedb.table.LanceTable``)."""
+        try:
+            return self._tables[name]
+        except KeyError:
+            raise ValueError(f"unknown table {name!r} (tables: {', '.join(TABLE_NAMES)})") from None
+
+    @property
+    def table_names(self) -> tuple[str, ...]:
+        return TABLE_NAMES
+
+    def vector_model(self) -> str | None:
+        """The embedding model of the memories table's vectors (None while it is
+        empty). Remembered once known: only a replay into a fresh directory changes it."""
+        if self._vector_model is None:
+            rows = self.table(MEMORIES).search().select(["embedding_model"]).limit(1).to_arrow()
+            if rows.num_rows:
+                self._vector_model = str(rows.column("embedding_model")[0].as_py())
+        return self._vector_model
+
+    def check_vector_model(self, model_id: str) -> None:
+        """Raise :class:`EmbedderMismatchError` when the memories table holds vectors
+        of another model than ``model_id``."""
+        stored = self.vector_model()
+        if stored is not None and stored != model_id:
+            raise EmbedderMismatchError(
+                f"{self.root}/memories holds vectors of embedding model {stored!r} but the "
+                f"configured embedder is {model_id!r}: switch back (MEMSTREAM_EMBEDDER), or "
+                "replay the log into a fresh directory with the new embedder (memstream replay)"
+            )
+
+    def count(self, name: str, where: str | None = None) -> int:
+        return int(self.table(name).count_rows(where))
+
+    def _has_index(self, name: str, column: str, index_type: str | None = None) -> bool:
+        for idx in self.table(name).list_indices():
+            if column in idx.columns and (index_type is None or str(idx.index_type) == index_type):
+                return True
+        return False
+
+    def rows(
+        self,
+        name: str,
+        where: str | None,
+        columns: Sequence[str] | None = None,
+        limit: int | None = None,
+    ) -> pa.Table:
+        """A filtered scan (all matches unless ``limit``)."""
+        q = self.table(name).search()
+        if where:
+            q = q.where(where)
+        if columns is not None:
+            q = q.select(list(columns))
+        q = q.limit(limit)
+        return q.to_arrow()
+
+    def rows_by_keys(self, name: str, keys: Sequence[str], columns: Sequence[str] | None = None) -> pa.Table:
+        """Rows whose ``pk`` is in ``keys`` (any order; missing keys are simply absent)."""
+        parts = [self.rows(name, in_list("pk", chunk), columns) for chunk in chunked(list(dict.fromkeys(keys)))]
+        if not parts:
+            schema = schema_for(name, self.embedding_dim)
+            if columns is not None:
+                schema = pa.schema([schema.field(c) for c in columns])
+            return schema.empty_table()
+        return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
