@@ -9,11 +9,11 @@ from pydantic import ValidationError
 
 from memstream.banks import Principal
 from memstream.domain.access import ReadScope, client_content_problem, system_claim
-from memstream.domain.events import EventBase, MemoryAdded, MemoryLinked
+from memstream.domain.events import EventBase, MemoryAdded, MemoryLinked, Scope
 from memstream.interfaces.errors import ApiError
 from memstream.interfaces.service import MemoryService
 
-__all__ = ["read_scope", "forbidden", "check_client_event", "check_owners"]
+__all__ = ["read_scope", "write_scope", "forbidden", "check_client_event", "check_owners"]
 
 
 def read_scope(
@@ -26,12 +26,29 @@ def read_scope(
         raise forbidden(principal, f"team {team_id!r}")
     try:
         return access.read_scope(user_id, agent_id)
-    except PermissionError as exc:
-        raise forbidden(principal, str(exc)) from None
-    except ValidationError as exc:  # a malformed id
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err.get("loc", ())) or "scope"
-        raise ApiError(422, "validation_error", f"{where}: {err.get('msg', 'invalid')}") from None
+    except (PermissionError, ValidationError) as exc:
+        raise _scope_error(principal, exc) from None
+
+
+def write_scope(principal: Principal, team_id: str | None, user_id: str | None, agent_id: str | None) -> Scope:
+    """The scope a shortcut write lands in (``AccessScope.resolve``): omitted parts
+    default from the key's bank; anything outside it is a 403."""
+    access = principal.access
+    if team_id is not None and team_id != access.team_id:
+        raise forbidden(principal, f"team {team_id!r}")
+    try:
+        return access.resolve(user_id, agent_id)
+    except (PermissionError, ValidationError) as exc:
+        raise _scope_error(principal, exc) from None
+
+
+def _scope_error(principal: Principal, exc: PermissionError | ValidationError) -> ApiError:
+    """A scope outside the key's bank answers 403; a malformed id 422."""
+    if isinstance(exc, PermissionError):
+        return forbidden(principal, str(exc))
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err.get("loc", ())) or "scope"
+    return ApiError(422, "validation_error", f"{where}: {err.get('msg', 'invalid')}")
 
 
 def forbidden(principal: Principal, what: str) -> ApiError:
