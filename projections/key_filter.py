@@ -2,8 +2,8 @@
 
 Why: LanceDB's ``merge_insert`` (the idempotent upsert every table is written with)
 joins the new rows against every key already stored, so its cost grows with the
-table: profiled in the worker it was 38 µs of writer time per memory at 40,000 rows,
-against ~4 µs for a plain ``add``. Nearly every row the projector writes is new.
+table, many times a plain ``add`` (docs/benchmarks.md). Nearly every row the
+projector writes is new.
 The filter answers "certainly absent" for those (``add``), and "maybe present" for
 the rest (a re-added id, a batch re-applied after a crash, a false positive), which
 keep the idempotent ``merge_insert``. A wrong "absent" is impossible: every key that

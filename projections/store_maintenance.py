@@ -139,9 +139,8 @@ class StoreMaintenance(StorePositions):
         of up to ``target_rows`` rows; returns how many tables were compacted.
 
         Why not :meth:`optimize`: LanceDB's optimize compacts towards million-row
-        fragments, so every run rewrites the whole still-growing fragment (0.2-0.8 s
-        at 60,000 rows here, more as the table grows), and the writer must wait for
-        it. A small target rewrites only the recent rows. Compaction rewrites data:
+        fragments, so every run rewrites the whole still-growing fragment (longer as
+        the table grows), and the writer must wait for it. A small target rewrites only the recent rows. Compaction rewrites data:
         beside a write it commits when the write appends (LanceDB rebases the append)
         and loses to one that updates the same rows (retry it later). With
         ``refresh=False`` this store's table handles are left as they are (for a

@@ -52,8 +52,8 @@ class StorePositions(StoreTables):
     def save_positions(self, next_offsets: Mapping[tuple[str, int], int], *, now: datetime | None = None) -> None:
         """Record positions. Positions only move forward (the projector takes the max
         of the stored and the new offset), so they are *appended* and read back as the
-        maximum per partition: an append costs a few milliseconds, an upsert 15-25
-        (LanceDB's merge), once per batch. :meth:`prune_positions` drops the passed
+        maximum per partition: an append costs a fraction of an upsert (LanceDB's
+        merge), once per batch. :meth:`prune_positions` drops the passed
         rows now and then."""
         if not next_offsets:
             return

@@ -74,12 +74,11 @@ class StoreWrites(StoreTables):
         """Load what the first write would otherwise load on its way: the key filters of
         the tables written at the rate of the log (their stored keys) and the Lance
         modules behind them. A writer calls this when it starts, so the first batch
-        it projects pays none of it (measured: that batch took several times as long
-        as the next ones)."""
+        it projects pays none of it."""
         for name in sorted(APPEND_WHEN_NEW):
             self._key_filter(name)
         # Arrow's first conversion of a NumPy array (the vector column) imports NumPy's
-        # masked arrays: about 10 ms, once, in the middle of the first batch otherwise.
+        # masked arrays, once: in the middle of the first batch otherwise.
         pa.array(np.zeros(1, dtype=np.float32))
 
     def key_absent(self, name: str, pks: Sequence[str]) -> list[bool]:

@@ -1,5 +1,8 @@
 """The HTTP API on a real uvicorn server (loopback, random port) with real Kafka, a real
-worker projecting into LanceDB, and tenant-bound keys."""
+worker projecting into LanceDB, and tenant-bound keys.
+
+Covers ``api``, ``api_auth``, ``api_models``, ``api_requests``, ``asgi`` (the ``/mcp``
+endpoint) and ``routes_write`` / ``routes_read`` / ``routes_ops``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """Bounded resources at the HTTP boundary: hostile bodies get a 4xx (never a 500), and
 a key over its rate limit gets 429 with Retry-After. Real uvicorn server and broker
-(the shared stack), and the real app in process for the limiter."""
+(the shared stack), and the real app in process for the limiter.
+
+Covers ``asgi.BodyLimit`` and ``ratelimit``."""
 
 from __future__ import annotations
 

@@ -1,10 +1,13 @@
-"""Hybrid search on real LanceDB tables: hard isolation (as a property), supersession,
-filters, entity boost, recency, listing, the reranker hook and the baselines."""
+"""Hybrid search on real LanceDB tables (``memstream.projections.search`` and its ranking,
+``search_ranking``): hard isolation (as a property), supersession, entity boost,
+recency, listing, the reranker hook.
+
+Covers ``search``, ``search_ranking`` and ``search_results``."""
 
 from __future__ import annotations
 
 import itertools
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -28,11 +31,17 @@ from memstream.projections.search import (
 from memstream.projections.store import LanceStore
 
 EMB = LocalEmbedder(DIM)
+
+
 ALICE = Scope(team_id="acme", user_id="alice")
 
-# --------------------------------------------------------------------------- isolation
+
 TEAMS = ["acme", "globex", "initech"]
+
+
 USERS = ["alice", "bob"]
+
+
 WORDS = ["pizza", "tennis", "paris", "budget", "python", "guitar", "coffee", "report", "o'brien", "deadline"]
 
 
@@ -66,8 +75,12 @@ scopes = st.builds(
     team_id=st.sampled_from([*TEAMS, "nobody"]),
     user_id=st.sampled_from([*USERS, "default"]),
 )
+
+
 queries = st.lists(st.sampled_from([*WORDS, "note", "and", "'", '"quoted"', "x' OR '1'='1", "acme", "bob"]),
                    min_size=0, max_size=4).map(" ".join)
+
+
 filters = st.builds(
     SearchFilters,
     memory_types=st.lists(st.sampled_from(list(MemoryType)), max_size=2).map(tuple),
@@ -76,6 +89,16 @@ filters = st.builds(
     include_superseded=st.booleans(),
     entity=st.none() | st.sampled_from([w.title() for w in WORDS] + ["x') OR true OR ('"]),
 )
+
+
+def _project(tmp_path: Path, events: list) -> LanceStore:
+    store = LanceStore(tmp_path / "lance", embedding_dim=DIM)
+    Projector(store, EMB).apply(positioned(events))
+    return store
+
+
+def _ids(results: list[SearchResult]) -> list[str]:
+    return [r.memory_id for r in results]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -125,17 +148,6 @@ def test_missing_scope_is_rejected_never_widened(tenants: LanceStore) -> None:
             fn(tenants, EMB, Blank(), "pizza")  # type: ignore[arg-type]
     with pytest.raises(ScopeRequiredError):
         build_where(None)
-
-
-# --------------------------------------------------------------------------- ranking
-def _project(tmp_path: Path, events: list) -> LanceStore:
-    store = LanceStore(tmp_path / "lance", embedding_dim=DIM)
-    Projector(store, EMB).apply(positioned(events))
-    return store
-
-
-def _ids(results: list[SearchResult]) -> list[str]:
-    return [r.memory_id for r in results]
 
 
 def test_superseded_ranks_below_its_successor_and_can_be_hidden(tmp_path: Path) -> None:
@@ -190,53 +202,6 @@ def test_duplicates_rank_below_their_canonical_memory(tmp_path: Path) -> None:
     ids = _ids(search(store, EMB, ALICE, "team standup morning", k=5))
     assert ids.index("canon") < ids.index("dup")
     assert "dup" not in _ids(search(store, EMB, ALICE, "standup", filters=SearchFilters(include_superseded=False)))
-
-
-def test_filters_type_session_agent(tmp_path: Path) -> None:
-    bot = Scope(team_id="acme", user_id="alice", agent_id="bot")
-    store = _project(
-        tmp_path,
-        [
-            memory(ALICE, "p", "prefers tea over coffee", memory_type="persona", session_id="s1"),
-            memory(bot, "w", "coffee machine repair task", memory_type="work_task", session_id="s2"),
-            memory(ALICE, "e", "had coffee with Bob", memory_type="episodic", session_id="s2"),
-        ],
-    )
-    q = "coffee"
-    assert set(_ids(search(store, EMB, ALICE, q))) == {"p", "w", "e"}
-    assert _ids(search(store, EMB, ALICE, q, filters=SearchFilters(memory_types=(MemoryType.persona,)))) == ["p"]
-    assert set(_ids(search(store, EMB, ALICE, q, filters=SearchFilters(session_id="s2")))) == {"w", "e"}
-    assert _ids(search(store, EMB, ALICE, q, filters=SearchFilters(agent_id="bot"))) == ["w"]
-    assert _ids(search(store, EMB, ALICE, q, filters=SearchFilters(agent_id="bot", session_id="s1"))) == []
-
-
-def test_time_filter_point_interval_and_created_at(tmp_path: Path) -> None:
-    day = timedelta(days=1)
-    store = _project(
-        tmp_path,
-        [
-            memory(ALICE, "point", "trip note point", timestamp=T0),
-            memory(ALICE, "span", "trip note span", timestamp_start=T0 - 10 * day, timestamp_end=T0 - 5 * day),
-            memory(ALICE, "open", "trip note open ended", timestamp_start=T0 + 20 * day),
-            memory(ALICE, "plain", "trip note plain", occurred_at=T0 + 2 * day),
-        ],
-    )
-
-    def window(lo: datetime | None, hi: datetime | None) -> set[str]:
-        return set(_ids(search(store, EMB, ALICE, "trip note", filters=SearchFilters(time_from=lo, time_to=hi))))
-
-    assert window(T0 - day, T0 + day) == {"point"}
-    assert window(T0 - 6 * day, T0 - 6 * day) == {"span"}  # inside the interval
-    assert window(T0 - 30 * day, T0 - 9 * day) == {"span"}  # overlaps its start
-    assert window(T0 + 1 * day, T0 + 3 * day) == {"plain"}  # no event time: created_at
-    assert window(T0 + 21 * day, T0 + 22 * day) == {"open"}  # no end: still going on
-    assert window(T0 + 400 * day, None) == {"open"}
-    assert window(T0 + 19 * day, T0 + 19 * day) == set()  # before it started
-    assert window(None, T0) == {"point", "span"}
-    with pytest.raises(ValueError):
-        SearchFilters(time_from=datetime(2024, 1, 1))  # naive
-    with pytest.raises(ValueError):
-        SearchFilters(time_from=T0, time_to=T0 - day)
 
 
 def test_entity_boost_and_its_idf_damping(tmp_path: Path) -> None:
@@ -298,19 +263,6 @@ def test_reranker_hook_sees_all_candidates(tmp_path: Path) -> None:
     reranked = _ids(search(store, EMB, ALICE, "garden note", k=3, reranker=reverse))
     assert seen == [6]
     assert reranked == list(reversed(plain))[:3]
-
-
-def test_baselines_report_their_own_scores(tmp_path: Path) -> None:
-    store = _project(tmp_path, [memory(ALICE, "x", "kayak rental by the lake"), memory(ALICE, "y", "tax forms")])
-    v = vector_search(store, EMB, ALICE, "kayak rental", k=1)
-    assert _ids(v) == ["x"] and v[0].parts.text is None and v[0].score == pytest.approx(v[0].parts.vector)
-    t = text_search(store, EMB, ALICE, "kayak", k=5)
-    assert _ids(t) == ["x"] and t[0].parts.vector is None and t[0].score > 0
-    r = rrf_search(store, EMB, ALICE, "kayak rental", k=2)
-    assert r[0].memory_id == "x" and r[0].parts.fused == pytest.approx(1.0)
-    # the extractor passes its own vector for candidate recall
-    vec = EMB.embed(["tax forms"])[0]
-    assert _ids(vector_search(store, EMB, ALICE, "", k=1, vector=vec)) == ["y"]
 
 
 def test_blank_query_lists_newest_first(tmp_path: Path) -> None:

@@ -21,8 +21,7 @@ from hypothesis import strategies as st
 from tests.projections.projection_helpers import DIM, T0, link, memory, positioned
 
 from memstream.domain.events import MemoryAdded, MessageObserved, Scope
-from memstream.projections import search_queries, search_reads
-from memstream.projections import search_cache
+from memstream.projections import search_queries
 from memstream.projections.search_cache import SearchCache
 from memstream.projections.embedder import LocalEmbedder
 from memstream.projections.projector import Projector

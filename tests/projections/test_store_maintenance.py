@@ -1,0 +1,229 @@
+"""Indexes, compaction and the replay digest (``memstream.projections.store_maintenance``),
+alone and beside the writer."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.projections.projection_helpers import DIM, EVENTS_TOPIC, link, memory, positioned
+
+from memstream.domain.events import Scope
+from memstream.projections.embedder import LocalEmbedder
+from memstream.projections.projector import Projector
+from memstream.projections.schema import MEMORIES
+from memstream.projections.search import text_search, vector_search
+from memstream.projections.store import LanceStore
+
+ALICE = Scope(team_id="acme", user_id="alice")
+
+
+@contextmanager
+def _repeated_beside(step: Callable[[], None]) -> Iterator[list[BaseException]]:
+    """Run ``step`` over and over on another thread while the body runs, as the
+    worker's maintenance thread runs beside its writer; yields the failure that
+    stopped it, if any."""
+    stop = threading.Event()
+    failure: list[BaseException] = []
+
+    def loop() -> None:
+        try:
+            while not stop.is_set():
+                step()
+        except BaseException as exc:  # noqa: BLE001 - reported to the test thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    try:
+        yield failure
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_full_text_finds_rows_written_after_the_index(store: LanceStore) -> None:
+    emb = LocalEmbedder(DIM)
+    projector = Projector(store, emb)
+    projector.apply(positioned([memory(ALICE, "early", "the lighthouse keeper rowed home")]))
+    store.optimize()  # folds the first row into the FTS index
+    projector.apply(positioned([memory(ALICE, "late", "a lighthouse on the northern cape")], start=1))
+    fts = next(i for i in store.table(MEMORIES).list_indices() if i.columns == ["content"])
+    assert fts.num_unindexed_rows >= 1
+    assert {r.memory_id for r in text_search(store, emb, ALICE, "lighthouse")} == {"early", "late"}
+    store.optimize()
+    fts = next(i for i in store.table(MEMORIES).list_indices() if i.columns == ["content"])
+    assert fts.num_unindexed_rows == 0
+    assert {r.memory_id for r in text_search(store, emb, ALICE, "lighthouse")} == {"early", "late"}
+
+
+def test_optimize_compacts_small_writes(store: LanceStore) -> None:
+    projector = Projector(store, LocalEmbedder(DIM))
+    for i in range(6):
+        projector.apply(positioned([memory(ALICE, f"m{i}", f"small write {i}")], start=i))
+    before = len(store.table(MEMORIES).to_lance().get_fragments())
+    store.optimize()
+    after = len(store.table(MEMORIES).to_lance().get_fragments())
+    assert before >= 6 and after == 1
+    assert store.count(MEMORIES) == 6
+
+
+def test_vector_index_is_built_at_the_threshold(tmp_path: Path) -> None:
+    store = LanceStore(tmp_path / "lance", embedding_dim=DIM, vector_index_threshold=300)
+    emb = LocalEmbedder(DIM)
+    projector = Projector(store, emb)
+    words = ["river", "mountain", "desert", "forest", "ocean", "valley", "island", "canyon"]
+    events = [memory(ALICE, f"m{i}", f"{words[i % 8]} trip number {i} with {words[(i * 3) % 8]}") for i in range(299)]
+    projector.apply(positioned(events))
+    assert store.ensure_indexes() == {}
+    assert not store.has_vector_index()
+    projector.apply(positioned([memory(ALICE, "target", "glacier expedition with sled dogs")], start=299))
+    assert store.ensure_indexes() == {MEMORIES: ["vector:IVF_PQ"]}
+    assert store.has_vector_index()
+    assert store.ensure_indexes() == {}  # idempotent
+    hits = vector_search(store, emb, ALICE, "glacier expedition with sled dogs", k=3)
+    assert hits[0].memory_id == "target"
+    assert all((h.team_id, h.user_id) == ("acme", "alice") for h in hits)
+
+
+def test_digest_depends_on_content_not_on_batching(tmp_path: Path) -> None:
+    events = [memory(ALICE, f"m{i}", f"fact {i}") for i in range(20)] + [link(ALICE, "m1", "m0", "supersedes")]
+    digests = []
+    for name, cut in (("a", 21), ("b", 7), ("c", 1)):
+        store = LanceStore(tmp_path / name, embedding_dim=DIM)
+        projector = Projector(store, LocalEmbedder(DIM))
+        batch = positioned(events)
+        for i in range(0, len(batch), cut):
+            projector.apply(batch[i : i + cut])
+        digests.append(store.table_digest())
+    assert digests[0] == digests[1] == digests[2]
+    assert digests[0][MEMORIES][0] == 20
+
+    other = LanceStore(tmp_path / "d", embedding_dim=DIM)
+    changed = list(events)
+    changed[5] = memory(ALICE, "m5", "a different fact")
+    Projector(other, LocalEmbedder(DIM)).apply(positioned(changed))
+    d = other.table_digest()
+    assert d[MEMORIES] != digests[0][MEMORIES]
+    assert d["links"] == digests[0]["links"]  # the very same link event
+    assert d["positions"] == digests[0]["positions"]
+    assert store.positions() == {(EVENTS_TOPIC, 0): 21}
+
+
+def test_vector_index_builds_beside_the_writer(tmp_path: Path) -> None:
+    """The worker trains IVF_PQ on its own thread while batches keep being written:
+    LanceDB must accept both commits, and no row may be lost to the race."""
+    import threading
+
+    store = LanceStore(tmp_path / "lance", embedding_dim=DIM, vector_index_threshold=300)
+    projector = Projector(store, LocalEmbedder(DIM))
+    projector.apply(positioned([memory(ALICE, f"m{i}", f"seed memory number {i}") for i in range(3000)]))
+    assert store.vector_index_due()
+
+    failure: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            store.build_vector_index()
+        except BaseException as exc:  # noqa: BLE001 - reported to the test thread
+            failure.append(exc)
+
+    builder = threading.Thread(target=build)
+    builder.start()
+    written_during_build = 0
+    offset = 3000
+    while builder.is_alive() or written_during_build == 0:
+        batch = [memory(ALICE, f"w{offset + i}", f"written while indexing {offset + i}") for i in range(50)]
+        projector.apply(positioned(batch, start=offset))
+        offset += 50
+        if builder.is_alive():
+            written_during_build += 50
+    builder.join()
+    assert not failure, failure
+    assert written_during_build > 0
+    assert store.has_vector_index() and not store.vector_index_due()
+    assert store.count(MEMORIES) == offset  # every row of every batch, none twice
+    assert projector.positions() == store.positions() == {(EVENTS_TOPIC, 0): offset}
+    hits = vector_search(store, LocalEmbedder(DIM), ALICE, f"written while indexing {offset - 1}", k=1)
+    assert hits[0].memory_id == f"w{offset - 1}"  # a row newer than the index is found
+
+
+def test_index_updates_run_beside_the_writer(tmp_path: Path) -> None:
+    """The worker folds new rows into the indexes on its own thread while batches
+    (new memories and re-added ones) keep being written: neither may fail, and the
+    indexes end up covering the rows."""
+    store = LanceStore(tmp_path / "lance", embedding_dim=DIM)
+    projector = Projector(store, LocalEmbedder(DIM))
+    projector.apply(positioned([memory(ALICE, f"m{i}", f"seed memory number {i}") for i in range(500)]))
+    updates: list[int] = []
+
+    def update_indexes() -> None:
+        store.optimize_indexes()
+        updates.append(1)
+
+    offset = 500
+    with _repeated_beside(update_indexes) as failure:
+        for round_ in range(30):
+            batch = [memory(ALICE, f"w{offset + i}", f"fresh row {offset + i}") for i in range(20)]
+            batch += [memory(ALICE, f"m{round_}", f"seed memory number {round_}, revised")]
+            projector.apply(positioned(batch, start=offset))
+            offset += len(batch)
+    assert not failure, failure
+    assert len(updates) >= 2  # the index updates really overlapped the writes
+    assert store.count(MEMORIES) == 500 + 30 * 20  # re-added memories replaced in place
+    store.optimize_indexes()
+    mem = store.table(MEMORIES)
+    mem.checkout_latest()
+    assert all(mem.index_stats(ix.name).num_unindexed_rows == 0 for ix in mem.list_indices())
+    assert [h.memory_id for h in text_search(store, None, ALICE, "revised", k=40)].count("m29") == 1
+
+
+def test_compaction_runs_beside_an_appending_writer(tmp_path: Path) -> None:
+    """The worker compacts on its maintenance thread while batches of new memories
+    keep being appended: the writer never fails, compactions commit, and afterwards
+    every row is there exactly once with few fragments left."""
+    store = LanceStore(tmp_path / "lance", embedding_dim=DIM)
+    projector = Projector(store, LocalEmbedder(DIM))
+    compactions: list[int] = []
+
+    def compact() -> None:
+        try:
+            compactions.append(store.compact(target_rows=1_000, refresh=False))
+        except Exception as exc:  # noqa: BLE001 - only a lost race is acceptable
+            if "conflict" not in str(exc).lower():
+                raise
+
+    offset = 0
+    with _repeated_beside(compact) as failure:
+        for _ in range(40):
+            batch = [memory(ALICE, f"n{offset + i}", f"appended row {offset + i}") for i in range(25)]
+            projector.apply(positioned(batch, start=offset))
+            offset += len(batch)
+    assert not failure, failure
+    assert sum(compactions) >= 2  # compactions really committed while the writer wrote
+    mem = store.table(MEMORIES)
+    mem.checkout_latest()
+    pks = mem.to_arrow().column("pk").to_pylist()
+    assert len(pks) == len(set(pks)) == 1_000
+    assert store.positions() == {(EVENTS_TOPIC, 0): 1_000}
+    store.compact(target_rows=1_000)
+    assert len(mem.to_lance().get_fragments()) <= 3
+
+
+def test_compact_merges_small_fragments_only(tmp_path: Path) -> None:
+    store = LanceStore(tmp_path / "lance", embedding_dim=DIM)
+    projector = Projector(store, LocalEmbedder(DIM))
+    for i in range(12):  # twelve batches: twelve small fragments
+        projector.apply(positioned([memory(ALICE, f"m{i}-{j}", f"batch {i} row {j}") for j in range(25)], start=i * 25))
+    fragments = lambda: store.table(MEMORIES).to_lance().get_fragments()  # noqa: E731
+    assert len(fragments()) >= 12
+    assert store.compact(target_rows=100) >= 1
+    sizes = sorted(f.count_rows() for f in fragments())
+    assert sum(sizes) == 300 and len(sizes) <= 4  # 300 rows in fragments of about 100
+    assert store.compact(target_rows=100) == 0 or len(fragments()) <= 4  # nothing left to merge
+    store.optimize_indexes()
+    assert [h.memory_id for h in text_search(store, None, ALICE, "batch 11 row 24", k=1)] == ["m11-24"]
+    store.cleanup_versions()
+    assert store.count(MEMORIES) == 300

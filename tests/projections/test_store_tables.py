@@ -1,0 +1,83 @@
+"""Opening a table set (``memstream.projections.store_tables``): tables created or checked,
+readers that create nothing, text storage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tests.projections.projection_helpers import DIM, memory, positioned
+
+from memstream.domain.content import content_hash
+from memstream.domain.events import Scope
+from memstream.projections.embedder import LocalEmbedder
+from memstream.projections.projector import Projector
+from memstream.projections.schema import MEMORIES, TABLE_NAMES
+from memstream.projections.search import text_search
+from memstream.projections.store import LanceStore, StoreError
+
+ALICE = Scope(team_id="acme", user_id="alice")
+
+
+def _data_bytes(table_dir: Path) -> bytes:
+    return b"".join(f.read_bytes() for f in sorted((table_dir / "data").glob("*.lance")))
+
+
+def test_tables_exist_and_reopen(tmp_path: Path) -> None:
+    root = tmp_path / "lance"
+    LanceStore(root, embedding_dim=DIM)
+    again = LanceStore(root, embedding_dim=DIM)
+    assert sorted(p.name for p in root.iterdir()) == sorted(f"{t}.lance" for t in TABLE_NAMES)
+    assert all(again.count(t) == 0 for t in TABLE_NAMES)
+    with pytest.raises(StoreError, match="32-dimension"):
+        LanceStore(root, embedding_dim=DIM * 2)
+
+
+def test_a_reader_opens_an_existing_table_set_without_creating_anything(tmp_path: Path) -> None:
+    root = tmp_path / "lance"
+    with pytest.raises(StoreError, match="no table"):
+        LanceStore(root, embedding_dim=DIM, create=False)
+    assert not root.exists()  # nothing created, not even the directory
+    writer = LanceStore(root, embedding_dim=DIM)
+    Projector(writer, LocalEmbedder(DIM)).apply(positioned([memory(ALICE, "a1", "Alice likes tea")]))
+    indexes = {t: [i.name for i in writer.table(t).list_indices()] for t in TABLE_NAMES}
+    reader = LanceStore(root, embedding_dim=DIM, create=False)
+    assert reader.find_hashes(ALICE, [content_hash("Alice likes tea")]) == {content_hash("Alice likes tea"): "a1"}
+    assert {t: [i.name for i in reader.table(t).list_indices()] for t in TABLE_NAMES} == indexes
+    with pytest.raises(StoreError, match="32-dimension"):
+        LanceStore(root, embedding_dim=DIM * 2, create=False)
+
+
+def test_tables_store_their_text_uncompressed(tmp_path: Path) -> None:
+    """The tables are created with every string column uncompressed (the projector
+    writes at the rate of the log; compressing the texts doubled the cost of a write),
+    and Lance honours it: the written text is in the data files as it is (compressed,
+    none of them would be: Lance compresses these 2,000 texts by default)."""
+    store = LanceStore(tmp_path / "lance", embedding_dim=DIM)
+    for name in TABLE_NAMES:
+        strings = [f for f in store.table(name).schema if f.type == "string"]
+        assert strings and all((f.metadata or {}).get(b"lance-encoding:compression") == b"none" for f in strings), name
+    text = "Alice keeps her grandmother's recipe for plum dumplings in a blue tin"
+    memories = [memory(ALICE, f"m{i}", f"{text} number {i:04d}") for i in range(2000)]
+    Projector(store, LocalEmbedder(DIM)).apply(positioned(memories))
+    written = _data_bytes(tmp_path / "lance" / f"{MEMORIES}.lance")
+    assert all(f"{text} number {i:04d}".encode() in written for i in range(2000))
+
+
+def test_a_table_set_created_with_compressed_text_is_still_written_and_read(tmp_path: Path) -> None:
+    """Tables created before the text was stored uncompressed keep their format."""
+    import lancedb
+    import pyarrow as pa
+
+    from memstream.projections.schema import schema_for
+
+    root = tmp_path / "lance"
+    db = lancedb.connect(str(root))
+    for name in TABLE_NAMES:
+        plain = pa.schema([f.remove_metadata() for f in schema_for(name, DIM)])
+        db.create_table(name, schema=plain)
+    store = LanceStore(root, embedding_dim=DIM)
+    assert all(f.metadata is None for f in store.table(MEMORIES).schema)
+    emb = LocalEmbedder(DIM)
+    Projector(store, emb).apply(positioned([memory(ALICE, "a1", "Alice likes tea")]))
+    assert [r.memory_id for r in text_search(store, emb, ALICE, "tea")] == ["a1"]
