@@ -29,6 +29,7 @@ figures are those of the largest size; every size is under ``sizes``.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -51,7 +52,7 @@ from memstream.bench._events import (
     status,
 )
 from memstream.domain.events import Scope
-from memstream.projections.embedder import build_embedder
+from memstream.projections.embedder import Embedder, build_embedder
 from memstream.projections.schema import ENTITIES, MEMORIES, MESSAGES
 from memstream.projections.search import RESULT_COLUMNS, SearchCache, build_where, search
 from memstream.projections.store import VECTOR_REFINE_FACTOR, LanceStore
@@ -88,6 +89,19 @@ def _build(store: LanceStore, corpus: Any, model_id: str) -> dict[str, Any]:
     return {"index_build_s": time.perf_counter() - started, "indexes_created": created}
 
 
+@dataclass
+class _Timings:
+    """Per query (after the warm-up), in ms: memstream's search, the raw vector query,
+    raw BM25 and the query embedding; and how often a result list came back short."""
+
+    hybrid: list[float] = field(default_factory=list)
+    vector: list[float] = field(default_factory=list)
+    text: list[float] = field(default_factory=list)
+    embed: list[float] = field(default_factory=list)
+    empty: int = 0
+    short_raw: int = 0
+
+
 def measure_size(size: int, *, queries: int, k: int, keep: bool = False) -> dict[str, Any]:
     """Build one table of ``size`` memories in one space and time the queries."""
     with BenchWorkdir(f"search-{size}", keep=keep) as wd:
@@ -106,88 +120,90 @@ def measure_size(size: int, *, queries: int, k: int, keep: bool = False) -> dict
         built = _build(store, corpus, embedder.model_id)
         del corpus
         indexed = store.has_vector_index()
-        scope = Scope(team_id=TEAM, user_id="u00")
-        where = build_where(scope)
-        table = store.table(MEMORIES)
-        columns = [*RESULT_COLUMNS, "_distance"]
-        texts = make_queries(queries + _WARMUP)
-        cache = SearchCache()  # held across the queries, as a serving process holds one
-
-        def raw_vector(vec: list[float]) -> int:
-            q = (
-                table.search(vec, vector_column_name="vector")
-                .distance_type("cosine")
-                .where(where, prefilter=True)
-                .select(columns)
-                .limit(k)
-            )
-            if indexed:
-                q = q.refine_factor(VECTOR_REFINE_FACTOR)
-            return int(q.to_arrow().num_rows)
-
-        def raw_text(text: str) -> int:
-            q = (
-                table.search(MatchQuery(text, "content"), query_type="fts")  # type: ignore[call-arg]
-                .where(where, prefilter=True)
-                .select([*RESULT_COLUMNS, "_score"])
-                .limit(k)
-            )
-            return int(q.to_arrow().num_rows)
-
-        hybrid: list[float] = []
-        vector: list[float] = []
-        text: list[float] = []
-        embed: list[float] = []
-        empty = 0
-        short_raw = 0
-        with progress_bar() as bar:
-            task = bar.add_task(f"queries at {size:,}", total=len(texts))
-            for i, q in enumerate(texts):
-                t0 = time.perf_counter()
-                vec = list(embedder.embed([q])[0])
-                t1 = time.perf_counter()
-                # Alternate the order so neither side always runs on warmer caches.
-                if i % 2:
-                    results = search(store, embedder, scope, q, k, cache=cache)
-                    t2 = time.perf_counter()
-                    got = raw_vector(vec)
-                    t3 = time.perf_counter()
-                    h, v = t2 - t1, t3 - t2
-                else:
-                    got = raw_vector(vec)
-                    t2 = time.perf_counter()
-                    results = search(store, embedder, scope, q, k, cache=cache)
-                    t3 = time.perf_counter()
-                    v, h = t2 - t1, t3 - t2
-                t4 = time.perf_counter()
-                raw_text(q)
-                t5 = time.perf_counter()
-                if i >= _WARMUP:
-                    hybrid.append(_ms(h))
-                    vector.append(_ms(v))
-                    embed.append(_ms(t1 - t0))
-                    text.append(_ms(t5 - t4))
-                    empty += not results
-                    short_raw += got < k
-                bar.update(task, completed=i + 1)
-    p50_h, p50_v = percentile(hybrid, 50), percentile(vector, 50)
+        t = _time_queries(store, embedder, make_queries(queries + _WARMUP), k, indexed, f"queries at {size:,}")
+    p50_h, p50_v = percentile(t.hybrid, 50), percentile(t.vector, 50)
     return {
         "memories": size,
-        "queries": len(hybrid),
+        "queries": len(t.hybrid),
         "k": k,
         "vector_index": "IVF_PQ" if indexed else "none (exact)",
         "hybrid_p50_ms": p50_h,
-        "hybrid_p99_ms": percentile(hybrid, 99),
+        "hybrid_p99_ms": percentile(t.hybrid, 99),
         "raw_vector_p50_ms": p50_v,
-        "raw_vector_p99_ms": percentile(vector, 99),
+        "raw_vector_p99_ms": percentile(t.vector, 99),
         "ratio_p50": p50_h / p50_v,
-        "raw_fts_p50_ms": percentile(text, 50),
-        "query_embed_p50_ms": percentile(embed, 50),
-        "hybrid_empty_results": empty,
-        "raw_vector_short_results": short_raw,
+        "raw_fts_p50_ms": percentile(t.text, 50),
+        "query_embed_p50_ms": percentile(t.embed, 50),
+        "hybrid_empty_results": t.empty,
+        "raw_vector_short_results": t.short_raw,
         "index_build_s": built["index_build_s"],
         "indexes_created": built["indexes_created"],
     }
+
+
+def _time_queries(
+    store: LanceStore, embedder: Embedder, texts: list[str], k: int, indexed: bool, label: str
+) -> _Timings:
+    """Every query through memstream's search and through LanceDB alone, side by side."""
+    scope = Scope(team_id=TEAM, user_id="u00")
+    where = build_where(scope)
+    table = store.table(MEMORIES)
+    columns = [*RESULT_COLUMNS, "_distance"]
+    cache = SearchCache()  # held across the queries, as a serving process holds one
+
+    def raw_vector(vec: list[float]) -> int:
+        q = (
+            table.search(vec, vector_column_name="vector")
+            .distance_type("cosine")
+            .where(where, prefilter=True)
+            .select(columns)
+            .limit(k)
+        )
+        if indexed:
+            q = q.refine_factor(VECTOR_REFINE_FACTOR)
+        return int(q.to_arrow().num_rows)
+
+    def raw_text(text: str) -> int:
+        q = (
+            table.search(MatchQuery(text, "content"), query_type="fts")  # type: ignore[call-arg]
+            .where(where, prefilter=True)
+            .select([*RESULT_COLUMNS, "_score"])
+            .limit(k)
+        )
+        return int(q.to_arrow().num_rows)
+
+    t = _Timings()
+    with progress_bar() as bar:
+        task = bar.add_task(label, total=len(texts))
+        for i, q in enumerate(texts):
+            t0 = time.perf_counter()
+            vec = list(embedder.embed([q])[0])
+            t1 = time.perf_counter()
+            # Alternate the order so neither side always runs on warmer caches.
+            if i % 2:
+                results = search(store, embedder, scope, q, k, cache=cache)
+                t2 = time.perf_counter()
+                got = raw_vector(vec)
+                t3 = time.perf_counter()
+                h, v = t2 - t1, t3 - t2
+            else:
+                got = raw_vector(vec)
+                t2 = time.perf_counter()
+                results = search(store, embedder, scope, q, k, cache=cache)
+                t3 = time.perf_counter()
+                v, h = t2 - t1, t3 - t2
+            t4 = time.perf_counter()
+            raw_text(q)
+            t5 = time.perf_counter()
+            if i >= _WARMUP:
+                t.hybrid.append(_ms(h))
+                t.vector.append(_ms(v))
+                t.embed.append(_ms(t1 - t0))
+                t.text.append(_ms(t5 - t4))
+                t.empty += not results
+                t.short_raw += got < k
+            bar.update(task, completed=i + 1)
+    return t
 
 
 def run(
