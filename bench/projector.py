@@ -17,7 +17,11 @@ are produced to a fresh topic prefix over 16 memory spaces. Then, interleaved
   ``projector_startup_s``, and ``projector_eps_incl_startup`` includes it.
 
 ``ratio`` = median ``projector_eps`` / min(median ``raw_consume_eps``, median
-``raw_lance_add_eps``); the target is >= 0.5. Every sample is in the JSON too.
+``raw_lance_add_eps``); the target is >= 0.5. On two cores that share the broker the
+projector has to both consume and write, so the honest ceiling is the serial one:
+``serial_ceiling_eps`` = 1 / (1 / ``raw_consume_eps`` + 1 / ``raw_lance_add_eps``), and
+``serial_ratio`` = ``projector_eps`` / ``serial_ceiling_eps`` (long-term target 0.5).
+Every sample is in the JSON too.
 """
 
 from __future__ import annotations
@@ -189,6 +193,8 @@ def run(
     projector_eps = median(x["eps"] for x in runs)
     ceiling = min(consume_eps, add_eps)
     ratio = projector_eps / ceiling
+    serial_ceiling = 1 / (1 / consume_eps + 1 / add_eps)
+    serial_ratio = projector_eps / serial_ceiling
     cpu_per_wall = [c / x["wall_s"] for x in runs if (c := x["cpu_s"]) is not None and x["wall_s"]]
     result: dict[str, Any] = {
         "benchmark": "projector",
@@ -206,6 +212,8 @@ def run(
         "ratio": ratio,
         "target_ratio": TARGET_RATIO,
         "meets_target": ratio >= TARGET_RATIO,
+        "serial_ceiling_eps": serial_ceiling,
+        "serial_ratio": serial_ratio,
         "projector_startup_s": median(x["startup_s"] for x in runs),
         "projector_eps_incl_startup": median(x["eps_incl_startup"] for x in runs),
         "worker_cpu_per_wall": median(cpu_per_wall) if cpu_per_wall else None,
@@ -229,6 +237,8 @@ def run(
             ("raw_lance_add_eps", f"{add_eps:,.0f}", "one LanceDB add of the same rows"),
             ("projector_eps", f"{projector_eps:,.0f}", "worker subprocess, seek to all rows counted"),
             ("ratio", f"{ratio:.3f}", f"target >= {TARGET_RATIO} ({'met' if ratio >= TARGET_RATIO else 'NOT met'})"),
+            ("serial_ceiling_eps", f"{serial_ceiling:,.0f}", "1 / (1/raw_consume_eps + 1/raw_lance_add_eps)"),
+            ("serial_ratio", f"{serial_ratio:.3f}", "projector_eps / serial_ceiling_eps (consume and write on one core)"),
             ("projector_startup_s", f"{result['projector_startup_s']:.1f}", "process start to partitions assigned"),
             ("projector_eps_incl_startup", f"{result['projector_eps_incl_startup']:,.0f}", "from process start"),
             (

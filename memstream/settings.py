@@ -123,7 +123,7 @@ class Settings(BaseSettings):
     (5,261 against 3,922 events/s, docs/benchmarks.md). Try it with idle cores."""
     projector_fast_path: bool = True
     """Read canonical ``MemoryAdded`` records carrying a vector of the configured model
-    on the fast path (``memstream.streams.fast_decode``: msgspec, column-built rows;
+    on the fast path (``memstream.codec.fast_decode``: msgspec, column-built rows;
     proven to agree with the general path). Off: every record is validated by the
     pydantic model and projected row by row (slower, same tables)."""
     gc_threshold: int = Field(default=50_000, ge=0)

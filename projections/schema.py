@@ -286,14 +286,10 @@ UNCOMPRESSED = {b"lance-encoding:compression": b"none"}
 
 
 def _uncompressed_strings(schema: pa.Schema) -> pa.Schema:
-    """``schema`` with its string columns stored uncompressed (:data:`UNCOMPRESSED`).
-
-    Lance's default file format compresses strings (FSST), which made writing the
-    conversation texts cost about twice the CPU of the whole row otherwise (measured
-    on LoCoMo turns: 36 against 14 ms per 2,760 contents); the projector writes at the
-    rate of the log, and the texts are a small part of a row beside its vector. The
-    metadata is stored with a table when it is created: a table created without it
-    keeps compressing, and reads either the same way."""
+    """``schema`` with its string columns stored uncompressed (:data:`UNCOMPRESSED`):
+    Lance's default string compression (FSST) cost more CPU than the rest of a row
+    (figures in docs/benchmarks.md). The metadata is stored when a table is created; a
+    table created without it keeps compressing, and reads either the same way."""
     return pa.schema(
         [f.with_metadata(UNCOMPRESSED) if pa.types.is_string(f.type) else f for f in schema],
         metadata=schema.metadata,

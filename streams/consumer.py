@@ -32,7 +32,6 @@ from memstream.domain.events import MessageObserved
 from memstream.domain.log import LogPosition, PositionedEvent
 from memstream.settings import Settings, get_settings
 from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher
-from memstream.streams.fast_decode import decode_turn
 from memstream.streams.serializer import MAX_RECORD_BYTES, DecodeError, decode_record, encode_event
 from memstream.streams.topics import Topics
 
@@ -195,9 +194,7 @@ def _decode_one(
                 position=LogPosition(topic=topic, partition=partition, offset=offset), event=shared
             )
     try:
-        # Turns, most of what readers of ``messages`` see, take the fast read path
-        # when they are in the canonical form (the same event, or ``None``).
-        event = decode_turn(value, headers, max_bytes=max_bytes) or decode_record(value, headers, max_bytes=max_bytes)
+        event = decode_record(value, headers, max_bytes=max_bytes)
     except DecodeError as exc:
         return DeadLetter(
             reason=exc.reason,

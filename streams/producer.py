@@ -22,12 +22,9 @@ carries a unique ``event_id`` and every reader applies an event at most once.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import functools
 import logging
-import threading
 import uuid
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
@@ -35,21 +32,22 @@ from typing import Any, Generic, TypeVar
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import MessageSizeTooLargeError
-from aiokafka.partitioner import DefaultPartitioner, murmur2
+from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from memstream.domain.access import client_content_problem
 from memstream.domain.events import (
-    CURRENT_SCHEMA_VERSIONS,
     DecisionRecorded,
     EventBase,
+    EventValidationError,
     MemoryAdded,
     MessageObserved,
     OutcomeObserved,
     Scope,
-    parse_event,
+    build_event,
 )
 from memstream.domain.log import LogPosition
+from memstream.domain.reflection import RatingParseError, parse_rating
 from memstream.settings import Settings, get_settings
 from memstream.streams.serializer import EncodedRecord, EncodeError, encode_event
 from memstream.streams.worker_identity import signed_headers
@@ -57,19 +55,16 @@ from memstream.streams.topics import Topics, topic_for
 
 __all__ = [
     "MemstreamProducer",
-    "SyncProducer",
     "Sent",
     "ProduceError",
     "ProducerClosedError",
     "NotSentError",
     "create_kafka_producer",
-    "KeyPartitioner",
 ]
 
 log = logging.getLogger(__name__)
 
 E = TypeVar("E", bound=EventBase)
-T = TypeVar("T")
 
 
 class ProduceError(RuntimeError):
@@ -111,30 +106,6 @@ class Sent(Generic[E]):
         return str(self.position)
 
 
-class KeyPartitioner:
-    """aiokafka's default partitioning, the Java client's (murmur2 of the key bytes, so
-    every client puts a memory space on the same partition), with each key's hash
-    remembered: a producer sends many records per memory space, and the hash is pure
-    Python (about 3 µs a record, measured). Records without a key go where aiokafka's
-    default puts them."""
-
-    _MAX_KEYS = 65_536
-
-    def __init__(self) -> None:
-        self._hashes: dict[bytes, int] = {}
-        self._default = DefaultPartitioner()
-
-    def __call__(self, key: bytes | None, all_partitions: list[int], available: list[int]) -> int:
-        if key is None:
-            return int(self._default(key, all_partitions, available))
-        h = self._hashes.get(key)
-        if h is None:
-            if len(self._hashes) >= self._MAX_KEYS:
-                self._hashes.clear()
-            h = self._hashes[key] = murmur2(key) & 0x7FFFFFFF
-        return all_partitions[h % len(all_partitions)]
-
-
 def create_kafka_producer(
     settings: Settings,
     *,
@@ -142,7 +113,7 @@ def create_kafka_producer(
     client_id: str = "memstream-sdk",
     compression_type: str | None = None,
     transactional_id: str | None = None,
-    partitioner: KeyPartitioner | None = None,
+    partitioner: DefaultPartitioner | None = None,
 ) -> AIOKafkaProducer:
     """The one aiokafka producer configuration memstream writes with.
 
@@ -164,7 +135,7 @@ def create_kafka_producer(
         max_batch_size=settings.producer_max_batch_bytes,
         max_request_size=settings.max_request_bytes,
         compression_type=compression_type,
-        partitioner=partitioner or KeyPartitioner(),
+        partitioner=partitioner or DefaultPartitioner(),
         **kwargs,
     )
 
@@ -213,7 +184,7 @@ class MemstreamProducer:
         self._in_flight: asyncio.Semaphore | None = None
         self._pending: set[asyncio.Future[LogPosition]] = set()
         self._closed = False
-        self._partitioner = KeyPartitioner()  # the client's, also used to group batches
+        self._partitioner = DefaultPartitioner()  # the client's (murmur2, as Java's), also used to group batches
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -369,25 +340,51 @@ class MemstreamProducer:
         """:meth:`send_many` of encoded records, in record batches built here.
 
         The records of one partition go, in input order, into aiokafka's record
-        batches (``create_batch`` / ``send_batch``), one future per batch: the per
-        record path (a partitioner call, an accumulator append and a future per
-        record, and a callback per acknowledgement) was most of the extractor's
-        produce time. The partition is the one ``send`` would choose (the same
-        partitioner). A record over the request size limit is refused before anything
-        is sent, as ``send`` refuses it, and so is every record after it (the records
-        before it are sent)."""
+        batches (``create_batch`` / ``send_batch``), one future per batch, instead of a
+        partitioner call, an append and a future per record. The partition is the one
+        ``send`` would choose (the same partitioner). A record over the request size
+        limit is refused before anything is sent, as ``send`` refuses it, and so is
+        every record after it (the records before it are sent)."""
         producer = self._require()
-        assert self._in_flight is not None
-        refused: BaseException | None = None
-        cut = len(records)
+        cut, refused = self._cut_oversized(records)
+        groups = await self._groups(producer, records, cut)
+        positions: dict[int, LogPosition | BaseException] = {}
+        sent = await self._hand_over_groups(producer, records, groups, cut, positions)
+        for (future, members), outcome in zip(
+            sent, await asyncio.gather(*(f for f, _ in sent), return_exceptions=True)
+        ):
+            for relative, i in enumerate(members):
+                if isinstance(outcome, BaseException):
+                    positions[i] = outcome
+                else:
+                    positions[i] = LogPosition.model_construct(
+                        topic=outcome.topic, partition=outcome.partition, offset=outcome.offset + relative
+                    )
+        results = [positions[i] for i in range(cut)]
+        if refused is not None:
+            results.append(refused)
+            skipped = NotSentError("not sent: an earlier event of the batch was refused")
+            results.extend([skipped] * (len(records) - len(results)))
+        if any(isinstance(r, BaseException) for r in results):
+            raise ProduceError(results) from refused
+        return [r for r in results if isinstance(r, LogPosition)]
+
+    def _cut_oversized(self, records: list[tuple[str, EncodedRecord]]) -> tuple[int, BaseException | None]:
+        """How many records come before the first one over the request size limit,
+        and the error refusing that one (``None``: all fit)."""
         for i, (_, record) in enumerate(records):
             size = DefaultRecordBatchBuilder.estimate_size_in_bytes(record.key, record.value, record.headers)
             if size > self.settings.max_request_bytes:
-                cut, refused = i, MessageSizeTooLargeError(
+                return i, MessageSizeTooLargeError(
                     f"The message is {size} bytes when serialized which is larger than the maximum "
                     f"request size you have configured with the max_request_size configuration"
                 )
-                break
+        return len(records), None
+
+    async def _groups(
+        self, producer: AIOKafkaProducer, records: list[tuple[str, EncodedRecord]], cut: int
+    ) -> dict[tuple[str, int], list[int]]:
+        """The first ``cut`` records' indexes by (topic, partition), in input order."""
         groups: dict[tuple[str, int], list[int]] = {}
         partitions: dict[str, list[int]] = {}
         for i in range(cut):
@@ -396,13 +393,25 @@ class MemstreamProducer:
             if known is None:
                 known = partitions[target] = sorted(await producer.partitions_for(target))
             groups.setdefault((target, self._partitioner(record.key, known, known)), []).append(i)
+        return groups
+
+    async def _hand_over_groups(
+        self,
+        producer: AIOKafkaProducer,
+        records: list[tuple[str, EncodedRecord]],
+        groups: dict[tuple[str, int], list[int]],
+        cut: int,
+        positions: dict[int, LogPosition | BaseException],
+    ) -> list[tuple[asyncio.Future[Any], list[int]]]:
+        """Hand every group to the client in record batches (each record holding a
+        permit); the batches' futures with their records. If the client fails a batch
+        outright, its records and those not yet handed over fail in ``positions``."""
+        assert self._in_flight is not None
         sent: list[tuple[asyncio.Future[Any], list[int]]] = []
-        positions: dict[int, LogPosition | BaseException] = {}
         held: list[int] = []  # records in the batch being built, each holding a permit
         builder = producer.create_batch()
 
         async def hand_over(members: list[int], target: str, partition: int) -> None:
-            """Send the batch being built (holding ``members``); start a new one."""
             nonlocal builder
             sent.append((await self._send_batch(producer, builder, target, partition, members), members))
             builder = producer.create_batch()
@@ -427,10 +436,7 @@ class MemstreamProducer:
                     await hand_over(held, target, partition)
                     held = []
         except BaseException as exc:
-            # The client failed a batch outright: its records and those not yet handed
-            # over fail (their permits are returned); batches already handed over are
-            # awaited below.
-            for _ in held:
+            for _ in held:  # their permits are returned; batches handed over are awaited by the caller
                 self._in_flight.release()
             handed = {i for _, members in sent for i in members}
             for i in range(cut):
@@ -438,24 +444,7 @@ class MemstreamProducer:
                     positions[i] = exc if isinstance(exc, Exception) else NotSentError(str(exc))
             if not isinstance(exc, Exception):
                 raise
-        for (future, members), outcome in zip(
-            sent, await asyncio.gather(*(f for f, _ in sent), return_exceptions=True)
-        ):
-            for relative, i in enumerate(members):
-                if isinstance(outcome, BaseException):
-                    positions[i] = outcome
-                else:
-                    positions[i] = LogPosition.model_construct(
-                        topic=outcome.topic, partition=outcome.partition, offset=outcome.offset + relative
-                    )
-        results = [positions[i] for i in range(cut)]
-        if refused is not None:
-            results.append(refused)
-            skipped = NotSentError("not sent: an earlier event of the batch was refused")
-            results.extend([skipped] * (len(records) - len(results)))
-        if any(isinstance(r, BaseException) for r in results):
-            raise ProduceError(results) from refused
-        return [r for r in results if isinstance(r, LogPosition)]
+        return sent
 
     async def _send_batch(
         self, producer: AIOKafkaProducer, builder: Any, topic: str, partition: int, members: list[int]
@@ -478,18 +467,8 @@ class MemstreamProducer:
     # --- conveniences ------------------------------------------------------------------
 
     def _build(self, cls: type[E], scope: Scope | Mapping[str, Any], fields: dict[str, Any]) -> E:
-        etype = cls.model_fields["type"].default
-        raw = {
-            "type": etype,
-            "schema_version": CURRENT_SCHEMA_VERSIONS[etype],
-            "scope": _scope_input(scope),
-            "producer": self.client_id,
-            # None means "not given": the model's default applies.
-            **{k: v for k, v in fields.items() if v is not None},
-        }
-        event = parse_event(raw)
-        assert isinstance(event, cls)
-        return event
+        given = {k: v for k, v in fields.items() if v is not None}  # None: the model's default
+        return build_event(cls, **{"scope": _scope_input(scope), "producer": self.client_id, **given})
 
     async def _send_built(self, event: E, topic: str | None) -> Sent[E]:
         return Sent(event=event, position=await self.send(event, topic=topic))
@@ -556,9 +535,6 @@ class MemstreamProducer:
         ``rating`` is read leniently ("Strong Buy", "Rating: Overweight", "neutral"; see
         :func:`memstream.domain.reflection.parse_rating`); the event carries the exact
         5-level value."""
-        from memstream.domain.events import EventValidationError
-        from memstream.domain.reflection import RatingParseError, parse_rating
-
         try:
             rating = parse_rating(rating).value
         except RatingParseError as exc:
@@ -606,176 +582,3 @@ class MemstreamProducer:
             },
         )
         return await self._send_built(event, topic)
-
-
-class SyncProducer:
-    """The same API as :class:`MemstreamProducer`, blocking, for code without asyncio.
-
-    An event loop runs in one background (daemon) thread and owns the aiokafka client;
-    every call is handed to it and the caller waits for the result. Thread-safe: many
-    threads may share one ``SyncProducer``. Use as a context manager or call
-    :meth:`close` (which flushes).
-    """
-
-    def __init__(
-        self,
-        settings: Settings | None = None,
-        *,
-        bootstrap_servers: str | None = None,
-        topics: Topics | None = None,
-        client_id: str = "memstream-sdk",
-        compression_type: str | None = None,
-        timeout_s: float | None = None,
-    ) -> None:
-        self._make: Callable[[], MemstreamProducer] = functools.partial(
-            MemstreamProducer,
-            settings,
-            bootstrap_servers=bootstrap_servers,
-            topics=topics,
-            client_id=client_id,
-            compression_type=compression_type,
-        )
-        self._timeout_s = timeout_s
-        self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._producer: MemstreamProducer | None = None
-        self._closed = False
-
-    def start(self) -> None:
-        """Start the loop thread and connect (called by the first use if not before)."""
-        with self._lock:
-            if self._producer is not None:
-                return
-            if self._closed:
-                raise ProducerClosedError("this producer was closed; create a new one")
-            loop = asyncio.new_event_loop()
-            thread = threading.Thread(
-                target=loop.run_forever, name="memstream-sync-producer", daemon=True
-            )
-            thread.start()
-
-            async def _create() -> MemstreamProducer:
-                producer = self._make()
-                await producer.start()
-                return producer
-
-            try:
-                self._producer = asyncio.run_coroutine_threadsafe(_create(), loop).result()
-            except BaseException:
-                loop.call_soon_threadsafe(loop.stop)
-                thread.join()
-                loop.close()
-                raise
-            self._loop, self._thread = loop, thread
-
-    def _call(self, make: Callable[[MemstreamProducer], Coroutine[Any, Any, T]]) -> T:
-        if self._producer is None:
-            self.start()
-        assert self._producer is not None and self._loop is not None
-        if threading.current_thread() is self._thread:
-            raise RuntimeError("SyncProducer cannot be called from its own loop thread")
-        future = asyncio.run_coroutine_threadsafe(make(self._producer), self._loop)
-        return future.result(self._timeout_s)
-
-    @property
-    def producer(self) -> MemstreamProducer:
-        """The underlying async producer (lives on the background loop)."""
-        if self._producer is None:
-            self.start()
-        assert self._producer is not None
-        return self._producer
-
-    def send(self, event: EventBase, *, topic: str | None = None) -> LogPosition:
-        return self._call(lambda p: p.send(event, topic=topic))
-
-    def send_many(self, events: Iterable[EventBase], *, topic: str | None = None) -> list[LogPosition]:
-        items = list(events)
-        return self._call(lambda p: p.send_many(items, topic=topic))
-
-    def send_nowait(
-        self, event: EventBase, *, topic: str | None = None
-    ) -> concurrent.futures.Future[LogPosition]:
-        """Enqueue ``event``; blocks only while too many sends are in flight."""
-        result: concurrent.futures.Future[LogPosition] = concurrent.futures.Future()
-
-        async def _enqueue(p: MemstreamProducer) -> None:
-            inner = await p.send_nowait(event, topic=topic)
-
-            def _relay(fut: asyncio.Future[LogPosition]) -> None:
-                if fut.cancelled():
-                    result.cancel()
-                elif (exc := fut.exception()) is not None:
-                    result.set_exception(exc)
-                else:
-                    result.set_result(fut.result())
-
-            inner.add_done_callback(_relay)
-
-        self._call(_enqueue)
-        return result
-
-    def flush(self) -> None:
-        self._call(lambda p: p.flush())
-
-    def add_memory(self, scope: Scope | Mapping[str, Any], content: str, **fields: Any) -> Sent[MemoryAdded]:
-        return self._call(lambda p: p.add_memory(scope, content, **fields))
-
-    def observe_message(
-        self, scope: Scope | Mapping[str, Any], message_id: str, content: str, **fields: Any
-    ) -> Sent[MessageObserved]:
-        return self._call(lambda p: p.observe_message(scope, message_id, content, **fields))
-
-    def record_decision(
-        self,
-        scope: Scope | Mapping[str, Any],
-        decision_id: str,
-        subject: str,
-        rating: str,
-        decision_text: str,
-        deadline: datetime,
-        **fields: Any,
-    ) -> Sent[DecisionRecorded]:
-        return self._call(
-            lambda p: p.record_decision(scope, decision_id, subject, rating, decision_text, deadline, **fields)
-        )
-
-    def observe_outcome(
-        self,
-        scope: Scope | Mapping[str, Any],
-        outcome_id: str,
-        subject: str,
-        raw_return: float,
-        horizon_days: int,
-        **fields: Any,
-    ) -> Sent[OutcomeObserved]:
-        return self._call(
-            lambda p: p.observe_outcome(scope, outcome_id, subject, raw_return, horizon_days, **fields)
-        )
-
-    def close(self) -> None:
-        """Flush every pending send, disconnect and stop the loop thread. Idempotent."""
-        with self._lock:
-            self._closed = True
-            producer, loop, thread = self._producer, self._loop, self._thread
-            self._producer = self._loop = self._thread = None
-        if producer is None or loop is None or thread is None:
-            return
-        try:
-            asyncio.run_coroutine_threadsafe(producer.stop(), loop).result(self._timeout_s)
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join()
-            loop.close()
-
-    def __enter__(self) -> "SyncProducer":
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -48,8 +48,8 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
-from memstream.domain.log import PositionedMemories
-from memstream.streams.fast_decode import FastMemoryDecoder
+from memstream.codec.batch import PositionedMemories
+from memstream.codec.fast_decode import FastMemoryDecoder
 from memstream.streams.record_batches import DecodedBatch, RawRecord, decode_batch
 
 __all__ = ["FeedBatch", "ProjectorFeed", "raw_record", "merge_batches", "decoder_pool"]

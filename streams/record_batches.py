@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
-from memstream.domain.log import PositionedEvent, PositionedMemories
+from memstream.codec.batch import PositionedMemories
+from memstream.domain.log import PositionedEvent
 from memstream.domain.quality import injection_reason
 from memstream.streams.consumer import decode_or_dead_letter
 from memstream.streams.deadletter import DeadLetter
@@ -17,7 +18,7 @@ from memstream.streams.serializer import header_value
 from memstream.streams.worker_identity import HEADER as WORKER_HEADER, verifier
 
 if TYPE_CHECKING:
-    from memstream.streams.fast_decode import FastMemoryDecoder
+    from memstream.codec.fast_decode import FastMemoryDecoder
 
 __all__ = ["RawRecord", "DecodedBatch", "decode_batch", "project_dead_letters"]
 
@@ -69,7 +70,7 @@ def decode_batch(
     """Decode records (pure CPU work: call it off the event loop for big batches).
 
     With ``fast``, canonical ``MemoryAdded`` records carrying a vector of its model, or
-    none, take the fast read path (:mod:`memstream.streams.fast_decode`) and come out
+    none, take the fast read path (:mod:`memstream.codec.fast_decode`) and come out
     columnar in ``memories``; every other record, and any the fast path is unsure
     of, takes the general path (which dead-letters what is invalid). With
     ``partition_counts`` (topic -> partitions), a keyed record on another partition
@@ -94,7 +95,7 @@ def decode_batch(
             continue
         signed = trusted is not None and header_value(rec.headers, WORKER_HEADER) is not None and trusted(rec.value, rec.headers)
         got = fast.decode(rec.value, rec.headers, trusted=signed or trusted is None) if fast is not None else None
-        if got is not None and not signed and trusted is not None and injection_reason(got.content) is not None:
+        if got is not None and not signed and trusted is not None and injection_reason(got.values["content"]) is not None:
             got = None  # the general path dead-letters it, with the reason
         if got is None:
             general.append(rec)
@@ -116,9 +117,9 @@ def decode_batch(
             memories = PositionedMemories(
                 model=fast.model,
                 positions=[(r.topic, r.partition, r.offset) for r in quick],
-                fields=quick_fields,
+                fields=[f.values for f in quick_fields],
                 vectors=vectors,
-                unembedded=[i for i, f in enumerate(quick_fields) if not f.embedding_data],
+                unembedded=[i for i, f in enumerate(quick_fields) if not f.vector],
             )
     for rec in general:
         item = decode_or_dead_letter(

@@ -105,7 +105,8 @@ def test_wheel_holds_every_module_of_the_mapped_folders(wheel: Path) -> None:
     expected = {
         "memstream/py.typed",
         "memstream/domain/py.typed",
-        "memstream/domain/events.py",
+        "memstream/domain/events/__init__.py",
+        "memstream/codec/wire.py",
         "memstream/domain/schemas.py",
         "memstream/schemas_gen.py",
         "memstream/streams/topics.py",

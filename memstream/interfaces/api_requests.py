@@ -11,7 +11,7 @@ from typing import Any
 from aiokafka.errors import KafkaError
 from fastapi import Request
 
-from memstream.domain.events import EventBase, EventValidationError, parse_event
+from memstream.domain.events import EventBase, EventValidationError, build_event, parse_event
 from memstream.domain.log import LogPosition
 from memstream.domain.reflection import parse_rating
 from memstream.interfaces.api_models import Accepted
@@ -34,9 +34,11 @@ def utc(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def event_from(raw: dict[str, Any]) -> EventBase:
+def event_from(raw: dict[str, Any], cls: type[EventBase] | None = None) -> EventBase:
+    """A client's event as sent (``parse_event``), or a new ``cls`` event built from
+    ``raw`` (``build_event``, the one constructor)."""
     try:
-        return parse_event(raw)
+        return parse_event(raw) if cls is None else build_event(cls, **raw)
     except EventValidationError as exc:
         raise ApiError(422, "invalid_event", exc.reason) from None
 

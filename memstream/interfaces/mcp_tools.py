@@ -14,7 +14,6 @@ from pydantic import BaseModel, Field
 from memstream.banks import Bank
 from memstream.domain.access import client_content_problem, system_claim
 from memstream.domain.events import (
-    CURRENT_SCHEMA_VERSIONS,
     MAX_MEMORY_CHARS,
     DecisionRecorded,
     EventBase,
@@ -22,7 +21,7 @@ from memstream.domain.events import (
     MemoryAdded,
     MemoryType,
     Provenance,
-    parse_event,
+    build_event,
 )
 from memstream.domain.log import LogPosition
 from memstream.domain.reflection import parse_rating
@@ -138,9 +137,7 @@ class BankTools:
         every failure is a tool error the model can read, and nothing is written."""
         service = self.require()
         try:
-            event = parse_event(raw)
-            if not isinstance(event, cls):
-                raise EventValidationError(f"type: expected {cls.__name__}, got {event.type}")
+            event = build_event(cls, **raw)
             claim = system_claim(event)
             if claim is not None:
                 raise ToolError(f"forbidden, nothing was saved: {claim}")
@@ -187,8 +184,6 @@ class BankTools:
             raise ToolError("invalid input, nothing was saved: content is empty")
         stored = bank.render_memory(content, self.now())
         raw = {
-            "type": "MemoryAdded",
-            "schema_version": CURRENT_SCHEMA_VERSIONS["MemoryAdded"],
             "scope": bank.scope.model_dump(),
             "memory_id": uuid.uuid4().hex,
             "content": stored,
@@ -198,7 +193,7 @@ class BankTools:
             "producer": f"mcp:{bank.name}",
             "provenance": Provenance(method="agent", note=f"mcp add_memory, bank {bank.name}").model_dump(),
         }
-        event, position = await self.append(MemoryAdded, {k: v for k, v in raw.items() if v is not None})
+        event, position = await self.append(MemoryAdded, raw)
         return AddMemoryResult(
             memory_id=event.memory_id,
             event_id=str(event.event_id),
@@ -247,8 +242,6 @@ class BankTools:
         at = self.now()
         deadline = default_deadline(at, horizon_days)
         raw = {
-            "type": "DecisionRecorded",
-            "schema_version": CURRENT_SCHEMA_VERSIONS["DecisionRecorded"],
             "scope": bank.scope.model_dump(),
             "decision_id": uuid.uuid4().hex,
             "subject": subject,

@@ -12,7 +12,15 @@ from fastapi import APIRouter, Request
 from pydantic import TypeAdapter
 
 from memstream.banks import Principal
-from memstream.domain.events import DecisionRecorded, Event, EventValidationError, Scope, parse_event
+from memstream.domain.events import (
+    DecisionRecorded,
+    Event,
+    EventValidationError,
+    MemoryAdded,
+    MessageObserved,
+    Scope,
+    build_event,
+)
 from memstream.interfaces.api_auth import Caller
 from memstream.interfaces.api_models import (
     Accepted,
@@ -86,7 +94,6 @@ async def post_memory(body: MemoryIn, request: Request, principal: Caller) -> Me
     scope = _scope_of(principal, body.scope)
     raw = body.model_dump(exclude={"scope"}, exclude_none=True, mode="json")
     raw.update(
-        type="MemoryAdded",
         scope=scope.model_dump(),
         memory_id=body.memory_id or uuid.uuid4().hex,
         producer=f"api:{principal.bank.name}",
@@ -95,7 +102,7 @@ async def post_memory(body: MemoryIn, request: Request, principal: Caller) -> Me
     for name in ("source_message_ids", "entities", "metadata"):
         if not raw.get(name):
             raw.pop(name, None)
-    event = event_from(raw)
+    event = event_from(raw, MemoryAdded)
     check_client_event(event)
     service = service_of(request)
     await check_owners(service, principal, event)
@@ -112,7 +119,6 @@ async def post_messages(body: MessagesIn, request: Request, principal: Caller) -
         if not raw.get("metadata"):
             raw.pop("metadata", None)
         raw.update(
-            type="MessageObserved",
             scope=scope.model_dump(),
             message_id=turn.message_id or uuid.uuid4().hex,
             producer=f"api:{principal.bank.name}",
@@ -120,7 +126,7 @@ async def post_messages(body: MessagesIn, request: Request, principal: Caller) -
         if body.session_id is not None:
             raw["session_id"] = body.session_id
         try:
-            events.append(parse_event(raw))
+            events.append(build_event(MessageObserved, **raw))
         except EventValidationError as exc:
             raise ApiError(422, "invalid_event", f"messages.{i}: {exc.reason}") from None
     service = service_of(request)
@@ -140,7 +146,6 @@ async def post_decision(body: DecisionIn, request: Request, principal: Caller) -
     occurred = body.occurred_at or datetime.now(timezone.utc)
     raw = body.model_dump(exclude={"scope"}, exclude_none=True, mode="json")
     raw.update(
-        type="DecisionRecorded",
         scope=scope.model_dump(),
         decision_id=body.decision_id or uuid.uuid4().hex,
         rating=rating(body.rating),
@@ -148,7 +153,7 @@ async def post_decision(body: DecisionIn, request: Request, principal: Caller) -
         deadline=utc(body.deadline or default_deadline(occurred, body.horizon_days)),
         producer=f"api:{principal.bank.name}",
     )
-    event = event_from(raw)
+    event = event_from(raw, DecisionRecorded)
     assert isinstance(event, DecisionRecorded)
     accepted = await append(service_of(request), event)
     return DecisionAccepted(decision_id=raw["decision_id"], deadline=event.deadline, **accepted.model_dump())

@@ -51,8 +51,8 @@ from memstream.streams.producer import (
     ProduceError,
     ProducerClosedError,
     Sent,
-    SyncProducer,
 )
+from memstream.streams.sync_producer import SyncProducer
 from memstream.streams.serializer import (
     DecodeError,
     EncodedRecord,

@@ -44,7 +44,9 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from mode import Service
 
-from memstream.domain.log import PositionedEvent, PositionedMemories
+from memstream.codec.batch import PositionedMemories
+from memstream.codec.fast_decode import FastMemoryDecoder
+from memstream.domain.log import PositionedEvent
 from memstream.projections.embedder import build_embedder
 from memstream.projections.projector import Projector
 from memstream.projections.store import LanceStore
@@ -53,7 +55,6 @@ from memstream.settings import Settings
 from memstream.streams.admin import topic_partitions
 from memstream.streams.connect import until_started
 from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher
-from memstream.streams.fast_decode import FastMemoryDecoder
 from memstream.streams.projector_feed import FeedBatch, ProjectorFeed
 from memstream.streams.record_batches import DecodedBatch, RawRecord, project_dead_letters
 from memstream.streams.rerouting import Rerouter

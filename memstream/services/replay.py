@@ -55,7 +55,7 @@ from memstream.projections.table_sets import TableSets
 from memstream.services.projector_service import apply_decoded
 from memstream.settings import Settings
 from memstream.streams.admin import topic_partitions
-from memstream.streams.fast_decode import FastMemoryDecoder
+from memstream.codec.fast_decode import FastMemoryDecoder
 from memstream.streams.producer import create_kafka_producer
 from memstream.streams.projector_feed import FeedBatch, ProjectorFeed
 from memstream.streams.rerouting import Rerouter

@@ -93,6 +93,9 @@ def test_projector_bench(kafka_bootstrap: str) -> None:
     assert result["ratio"] == pytest.approx(
         result["projector_eps"] / min(result["raw_consume_eps"], result["raw_lance_add_eps"])
     )
+    serial = 1 / (1 / result["raw_consume_eps"] + 1 / result["raw_lance_add_eps"])
+    assert result["serial_ceiling_eps"] == pytest.approx(serial)
+    assert result["serial_ratio"] == pytest.approx(result["projector_eps"] / serial)
     assert all(len(v) == 1 for v in result["samples"].values())
     assert isinstance(result["meets_target"], bool)
     json.dumps(result)

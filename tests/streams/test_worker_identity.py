@@ -13,7 +13,7 @@ import pytest
 from memstream.domain.events import MemoryAdded, MemoryReflected, Rating, Scope
 from memstream.settings import Settings
 from memstream.streams.deadletter import DeadLetter
-from memstream.streams.fast_decode import FastMemoryDecoder
+from memstream.codec.fast_decode import FastMemoryDecoder
 from memstream.streams.record_batches import RawRecord, decode_batch
 from memstream.streams.serializer import encode_event
 from memstream.streams.worker_identity import HEADER, signed_headers, verifier, worker_key

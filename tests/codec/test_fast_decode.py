@@ -17,8 +17,9 @@ from tests.support import event_strategies, mutate
 
 from memstream.domain.embedding import encode_vector
 from memstream.domain.events import MemoryAdded
-from memstream.streams.fast_decode import FastMemoryDecoder, MemoryAddedFields
-from memstream.streams.serializer import DecodeError, decode_record
+from memstream.codec.fast_decode import FastDecoder, FastMemory, FastMemoryDecoder
+from memstream.codec.values import event_values
+from memstream.codec.wire import DecodeError, decode_record, encode_event
 
 MODEL, DIM = "mini", 3
 VECTOR = [0.5, -1.0, 2.0]
@@ -51,39 +52,18 @@ HEADERS = [("memstream-type", b"MemoryAdded"), ("memstream-schema-version", b"2"
            ("content-type", b"application/json")]
 
 
-def model_values(event: MemoryAdded) -> MemoryAddedFields:
-    """What the fast path must return for ``event``: the model's own values (no vector:
-    empty bytes)."""
-    return MemoryAddedFields(
-        event_id=str(event.event_id),
-        occurred_at=event.occurred_at,
-        recorded_at=event.recorded_at,
-        team_id=event.scope.team_id,
-        user_id=event.scope.user_id,
-        agent_id=event.scope.agent_id,
-        session_id=event.session_id,
-        memory_id=event.memory_id,
-        content=event.content,
-        content_hash=event.content_hash,
-        memory_type=event.memory_type.value,
-        priority=event.priority,
-        scene=event.scene,
-        source_message_ids=list(event.source_message_ids),
-        timestamp=event.timestamp,
-        timestamp_start=event.timestamp_start,
-        timestamp_end=event.timestamp_end,
-        entities=[(e.name, e.kind.value) for e in event.entities],
-        metadata=event.metadata,
-        provenance=None if event.provenance is None else event.provenance.model_dump(mode="json"),
-        embedding_data=b"" if event.embedding is None else event.embedding.to_array().tobytes(),
-    )
+def model_values(event: MemoryAdded) -> FastMemory:
+    """What the fast path must return for ``event``: the general path's values, and
+    the vector's bytes (empty without one)."""
+    vector = b"" if event.embedding is None else event.embedding.to_array().tobytes()
+    return FastMemory(event_values(event), vector)
 
 
 def wire(body: Any) -> bytes:
     return json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass")
 
 
-def fast(body: Any, headers: Any = HEADERS) -> MemoryAddedFields | None:
+def fast(body: Any, headers: Any = HEADERS) -> FastMemory | None:
     """Both steps of the fast path: the record, then its vector (checked per batch)."""
     got = DECODER.decode(wire(body), headers)
     if got is None or not DECODER.vectors([got])[1].all():
@@ -91,7 +71,7 @@ def fast(body: Any, headers: Any = HEADERS) -> MemoryAddedFields | None:
     return got
 
 
-def assert_agrees(body: Any, headers: Any = HEADERS) -> MemoryAddedFields | None:
+def assert_agrees(body: Any, headers: Any = HEADERS) -> FastMemory | None:
     """The contract: accepted -> the general path accepts, with equal values."""
     value = wire(body)
     got = fast(body, headers)
@@ -103,8 +83,9 @@ def assert_agrees(body: Any, headers: Any = HEADERS) -> MemoryAddedFields | None
         raise AssertionError(f"fast path accepted what the general path refuses: {exc.reason}") from None
     assert isinstance(event, MemoryAdded)
     expected = model_values(event)
-    for name in MemoryAddedFields._fields:
-        mine, theirs = getattr(got, name), getattr(expected, name)
+    assert got.values.keys() == expected.values.keys()
+    for name in expected.values:
+        mine, theirs = got.values[name], expected.values[name]
         assert mine == theirs, name
         assert type(mine) is type(theirs) or theirs is None, name
         if isinstance(mine, datetime):
@@ -123,19 +104,18 @@ def test_a_memory_without_a_vector_takes_the_fast_path_for_the_projector_to_embe
     record = canonical()
     del record["embedding"]
     got = assert_agrees({**record, **body})
-    assert got is not None and got.embedding_data == b""
+    assert got is not None and got.vector == b""
 
 
 def test_the_canonical_form_takes_the_fast_path() -> None:
     fast = assert_agrees(canonical())
     assert fast is not None
-    assert fast.entities == [("Lisbon", "place"), ("Ada", "organization")]
-    assert fast.recorded_at == datetime(2025, 1, 31, 8, 30, 1, 250000, tzinfo=timezone.utc)
+    assert fast.values["entities"] == [{"name": "Lisbon", "kind": "place"}, {"name": "Ada", "kind": "organization"}]
+    assert fast.values["recorded_at"] == datetime(2025, 1, 31, 8, 30, 1, 250000, tzinfo=timezone.utc)
 
 
 def test_sdk_encoded_events_take_the_fast_path() -> None:
     from memstream.domain.events import EmbeddingPayload, Entity, Scope
-    from memstream.streams.serializer import encode_event
 
     event = MemoryAdded(
         scope=Scope(team_id="t"), memory_id="m-1", content="Übung macht den Meister",
@@ -228,7 +208,7 @@ def test_base64_the_codec_refuses_is_refused(data: str) -> None:
 def test_a_batch_with_one_bad_vector_flags_only_that_row() -> None:
     good = fast(canonical())
     assert good is not None
-    bad = good._replace(embedding_data=np.array([1.0, np.nan, 0.0], dtype="<f4").tobytes())
+    bad = good._replace(vector=np.array([1.0, np.nan, 0.0], dtype="<f4").tobytes())
     matrix, ok = DECODER.vectors([good, bad, good])
     assert ok.tolist() == [True, False, True]
     assert matrix[0].tolist() == VECTOR
@@ -246,11 +226,46 @@ def test_edge_times_agree_with_the_model(when: str) -> None:
 
 def test_the_wire_provenance_has_the_models_fields_and_defaults() -> None:
     from memstream.domain.events import Provenance
-    from memstream.streams.fast_decode import _Provenance
 
-    assert list(_Provenance.__struct_fields__) == list(Provenance.model_fields)
     # decoded from an empty object, the wire form dumps as the model's defaults
-    assert fast({**canonical(), "provenance": {}}).provenance == Provenance().model_dump(mode="json")  # type: ignore[union-attr]
+    assert fast({**canonical(), "provenance": {}}).values["provenance"] == Provenance().model_dump(mode="json")  # type: ignore[union-attr]
+
+
+def test_the_wire_structs_are_the_models_fields() -> None:
+    struct = FastDecoder(MemoryAdded).struct
+    assert sorted(struct.__struct_fields__) == sorted(MemoryAdded.model_fields)
+
+
+def test_a_field_added_to_the_model_is_read_without_a_change_here() -> None:
+    from memstream.domain.events import Label
+
+    class Extended(MemoryAdded):
+        colour: Label | None = None
+        tags: tuple[Label, ...] = ()
+
+    decoder = FastDecoder(Extended)
+    body = {**canonical(), "colour": "blue", "tags": ["a", "b"]}
+    del body["embedding"]
+    got = decoder.decode(wire(body), None)
+    assert got is not None and got["colour"] == "blue" and got["tags"] == ["a", "b"]
+    assert got == event_values(Extended.model_validate({**body, "recorded_at": body["recorded_at"]}))
+    assert decoder.decode(wire({**body, "colour": "a\nb"}), None) is None  # the model's rule, derived
+    assert decoder.decode(wire({**body, "colour": 3}), None) is None
+
+
+def test_a_rule_it_cannot_derive_stops_the_import() -> None:
+    from pydantic import field_validator
+
+    class Odd(MemoryAdded):
+        colour: str = ""
+
+        @field_validator("colour", mode="after")
+        @classmethod
+        def _upper(cls, v: str) -> str:
+            return v.upper()
+
+    with pytest.raises(TypeError, match="cannot derive"):
+        FastDecoder(Odd)
 
 
 FULL_PROVENANCE = {

@@ -28,7 +28,7 @@ from memstream.domain.events import (
     Provenance,
     Scope,
 )
-from memstream.streams.serializer import (
+from memstream.codec.wire import (
     HEADER_CONTENT_TYPE,
     HEADER_SCHEMA_VERSION,
     HEADER_TYPE,

@@ -17,7 +17,7 @@ from memstream.projections.embedder import LocalEmbedder
 from memstream.projections.projector import Projector
 from memstream.projections.schema import POSITIONS, TABLE_NAMES
 from memstream.projections.store import LanceStore
-from memstream.streams.fast_decode import FastMemoryDecoder
+from memstream.codec.fast_decode import FastMemoryDecoder
 from memstream.services.projector_service import apply_decoded
 from memstream.streams.record_batches import DecodedBatch, RawRecord, decode_batch
 from memstream.streams.serializer import encode_event
@@ -211,3 +211,31 @@ def test_a_batch_embedded_ahead_is_written_without_another_call(tmp_path: Path) 
 
     assert rows(store) == rows(plain)
     assert projector._ahead == {}  # nothing kept once its batch is written
+
+
+# --- the map from events to rows --------------------------------------------------------
+
+from memstream.codec.values import value_names  # noqa: E402
+from memstream.domain.events import MemoryAdded, MemoryLinked, MemoryReflected  # noqa: E402
+from memstream.projections.rows import DERIVED, UNSTORED_FIELDS  # noqa: E402
+from memstream.projections.schema import LINKS, MEMORIES, MESSAGES, REFLECTIONS, schema_for  # noqa: E402
+
+EVENT_OF_TABLE = {MEMORIES: MemoryAdded, MESSAGES: MessageObserved, LINKS: MemoryLinked, REFLECTIONS: MemoryReflected}
+
+
+@pytest.mark.parametrize("table", sorted(EVENT_OF_TABLE))
+def test_every_field_of_an_event_is_a_column_of_its_table_or_listed_as_unstored(table: str) -> None:
+    """A field added to an event needs a column of the same name in its table (or a
+    line in ``UNSTORED_FIELDS`` saying why it is not kept)."""
+    columns = set(schema_for(table, DIM).names)
+    fields = set(value_names(EVENT_OF_TABLE[table])) | ({"embedding"} if table == MEMORIES else set())
+    missing = fields - columns - UNSTORED_FIELDS[table] - set(DERIVED[table])
+    assert not missing, f"{table} keeps no column for {sorted(missing)}"
+    assert not (UNSTORED_FIELDS[table] & columns), "a field listed as unstored has a column"
+
+
+@pytest.mark.parametrize("table", sorted(EVENT_OF_TABLE))
+def test_every_column_is_an_event_field_or_derived(table: str) -> None:
+    fields = set(value_names(EVENT_OF_TABLE[table]))
+    for name in schema_for(table, DIM).names:
+        assert name in fields or name in DERIVED[table], name

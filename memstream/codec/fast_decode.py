@@ -1,0 +1,439 @@
+"""A fast, conservative reader of canonical records, derived from the event models.
+
+The general path (JSON into Python objects, then pydantic) costs tens of µs of
+interpreter time per ``MemoryAdded``, and the projector reads every record of the log.
+Here ``msgspec`` parses and types the bytes in C. Its structs are generated at import
+from the pydantic models' fields (names, types, bounds, defaults); the rules that need
+Python (text limits, field and model validators) are the models' own objects, called
+here. Nothing is mirrored by hand: a field added to a model is read here unchanged, and
+a rule of a kind this module cannot derive stops the import with ``TypeError``.
+
+The contract is one-sided: :meth:`FastDecoder.decode` returns an event's
+:func:`~memstream.codec.values.event_values` only when the record certainly is a valid
+current-version event, and ``None`` for anything unusual (an older schema version, a
+time in an uncommon ISO form, ``50.0`` for an integer, ``null`` where the model has a
+default, odd headers...), for the general path to decide (and to give the exact
+dead-letter reason).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import types
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Annotated, Any, Literal, NamedTuple, Union, get_args, get_origin
+
+import msgspec
+import numpy as np
+from annotated_types import Ge, Gt, Le, Lt
+from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, JsonValue, Strict, StringConstraints
+from pydantic.types import AllowInfNan
+
+from memstream.codec.values import SCOPE_COLUMNS, SCOPE_FIELD, Values, vector_field
+from memstream.codec.wire import CONTENT_TYPE_JSON, HEADER_CONTENT_TYPE, HEADER_SCHEMA_VERSION, HEADER_TYPE, MAX_RECORD_BYTES
+from memstream.domain.access import is_system_producer
+from memstream.domain.events import (
+    JSON_TYPE_VALIDATORS,
+    WIRE_REQUIRED_FIELDS,
+    EventBase,
+    MemoryAdded,
+    Name,
+    SchemaNote,
+    TextRule,
+)
+
+__all__ = ["FastDecoder", "FastMemory", "FastMemoryDecoder"]
+
+Check = Callable[[Any], Any]
+
+
+class _Unsure(Exception):
+    """This record is for the general path to judge."""
+
+
+def _cannot(what: Any) -> TypeError:
+    return TypeError(f"the fast decoder cannot derive a reader for {what!r}; teach memstream.codec.fast_decode")
+
+
+# The one ISO 8601 shape writers use: date, time, up to microseconds, ``Z`` or ``+hh:mm``.
+_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,6})?(?:Z|[+-]\d{2}:\d{2})")
+_UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z"
+
+
+def _utc(value: str) -> datetime:
+    if not _TIME.fullmatch(value):
+        raise _Unsure
+    return datetime.fromisoformat(value).astimezone(timezone.utc)
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value):
+        raise _Unsure
+    return value
+
+
+def _chain(checks: Sequence[Check]) -> Check | None:
+    if not checks:
+        return None
+    if len(checks) == 1:
+        return checks[0]
+
+    def run(value: Any) -> Any:
+        for check in checks:
+            value = check(value)
+        return value
+
+    return run
+
+
+def _optional(check: Check | None) -> Check | None:
+    return None if check is None else (lambda v: None if v is None else check(v))
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """How one type is read: its msgspec type, and the check that turns the decoded
+    value into its plain value (``None``: kept as decoded)."""
+
+    wire: Any
+    check: Check | None = None
+
+
+def _rules(metadata: Sequence[Any]) -> tuple[dict[str, Any], list[Check], list[Check]]:
+    """Constraints msgspec checks in C, and the Python checks before and after the
+    type's own, from ``Annotated`` metadata."""
+    meta: dict[str, Any] = {}
+    before: list[Check] = []
+    after: list[Check] = []
+    for m in metadata:
+        if isinstance(m, (Ge, Gt, Le, Lt)):
+            key = type(m).__name__.lower()
+            meta[key] = getattr(m, key)
+        elif isinstance(m, StringConstraints):
+            if m.min_length is not None:
+                meta["min_length"] = m.min_length
+            if m.max_length is not None:
+                meta["max_length"] = m.max_length
+            if m.pattern is not None:  # Python's ``$`` also matches before a final newline
+                pattern = str(m.pattern)
+                meta["pattern"] = pattern[:-1] + r"\Z" if pattern.endswith("$") else pattern
+        elif isinstance(m, TextRule):
+            if m.per_item:
+                after.append(m)
+        elif isinstance(m, (SchemaNote, Strict)) or (isinstance(m, AllowInfNan) and not m.allow_inf_nan):
+            continue
+        elif isinstance(m, (BeforeValidator, AfterValidator)):
+            if m.func not in JSON_TYPE_VALIDATORS:
+                (before if isinstance(m, BeforeValidator) else after).append(m.func)
+        else:
+            raise _cannot(m)
+    return meta, before, after
+
+
+def _shape(annotation: Any, metadata: Sequence[Any] = ()) -> _Shape:
+    """The reader of one field type (``metadata``: its ``Annotated`` extras)."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        base, *inner = get_args(annotation)
+        return _shape(base, [*inner, *metadata])
+    if origin in (Union, types.UnionType):
+        args = get_args(annotation)
+        rest = [a for a in args if a is not type(None)]
+        if len(args) != 2 or len(rest) != 1:
+            raise _cannot(annotation)
+        inner = _shape(rest[0], metadata)
+        return _Shape(Union[inner.wire, None], _optional(inner.check))
+    meta, before, after = _rules(metadata)
+    if origin is Literal:
+        wire, own = annotation, None
+    elif origin is tuple:
+        wire, own = _tuple_shape(annotation)
+    elif origin is dict:
+        wire, own = _dict_shape(annotation)
+    elif isinstance(annotation, type):
+        wire, own = _class_shape(annotation)
+    elif annotation is JsonValue:
+        wire, own = Any, None
+    else:
+        raise _cannot(annotation)
+    if meta:
+        wire = Annotated[wire, msgspec.Meta(**meta)]
+    return _Shape(wire, _chain([*before, *([own] if own else []), *after]))
+
+
+def _tuple_shape(annotation: Any) -> tuple[Any, Check | None]:
+    args = get_args(annotation)
+    if len(args) != 2 or args[1] is not Ellipsis:
+        raise _cannot(annotation)
+    item = _shape(args[0])
+    check = item.check
+    return list[item.wire], (None if check is None else (lambda v: [check(x) for x in v]))
+
+
+def _dict_shape(annotation: Any) -> tuple[Any, Check | None]:
+    key, value = (_shape(a) for a in get_args(annotation))
+    if key.check is None and value.check is None:
+        return dict[key.wire, value.wire], None
+    kc = key.check or (lambda k: k)
+    vc = value.check or (lambda v: v)
+    return dict[key.wire, value.wire], (lambda d: {kc(k): vc(v) for k, v in d.items()})
+
+
+def _enum_check(cls: type[Enum]) -> Check:
+    allowed = frozenset(m.value for m in cls)
+
+    def check(v: Any) -> Any:
+        v = v.value if isinstance(v, Enum) else v
+        if v not in allowed:
+            raise _Unsure
+        return v
+
+    return check
+
+
+def _class_shape(cls: type) -> tuple[Any, Check | None]:
+    if issubclass(cls, BaseModel):
+        reader = _ModelReader(cls)
+        return reader.struct, reader.values
+    if issubclass(cls, Enum):
+        return str, _enum_check(cls)
+    if cls is AwareDatetime or issubclass(cls, datetime):
+        return str, _utc
+    if cls is uuid.UUID:
+        return Annotated[str, msgspec.Meta(pattern=_UUID)], None
+    if cls is float:
+        return float, _finite
+    if cls in (str, int, bool):
+        return cls, None
+    raise _cannot(cls)
+
+
+def _field_validators(cls: type[BaseModel], name: str) -> list[Check]:
+    """``cls``'s ``mode="before"`` field validators of ``name`` (bound methods)."""
+    found = []
+    for dec in cls.__pydantic_decorators__.field_validators.values():
+        if name in dec.info.fields:
+            if dec.info.mode != "before":
+                raise _cannot(f"{cls.__name__}.{dec.cls_var_name} (mode {dec.info.mode})")
+            found.append(dec.func)
+    return found
+
+
+def _model_validators(cls: type[BaseModel]) -> list[Check]:
+    found = []
+    for dec in cls.__pydantic_decorators__.model_validators.values():
+        if dec.info.mode != "after":
+            raise _cannot(f"{cls.__name__}.{dec.cls_var_name} (mode {dec.info.mode})")
+        found.append(dec.func)
+    return found
+
+
+_CONTAINER_FACTORIES = {dict: dict, list: list, tuple: list}
+
+
+class _Embedding(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The vector field (``EmbeddingPayload``); ``data`` is base64 on the wire, which
+    msgspec decodes as strictly as the codec (tested)."""
+
+    model: str
+    dim: int
+    data: bytes
+
+
+class _ModelReader:
+    """A model's msgspec struct and the check of its values, generated from its fields.
+
+    Wire rules of events (``top``): the envelope fields of ``WIRE_REQUIRED_FIELDS`` are
+    required; ``recorded_at`` may be absent (it is then ``occurred_at``, as
+    ``parse_event`` reads it); any other field whose default is made by a function
+    (an id, a time) is required too, since a reader must never invent one. The vector
+    field is read by :class:`FastMemoryDecoder`, not here."""
+
+    def __init__(self, cls: type[BaseModel], *, top: bool = False, skip: str | None = None) -> None:
+        self.cls = cls
+        fields: list[tuple[Any, ...]] = []
+        self.plan: list[tuple[str, Check | None]] = []
+        for name, info in cls.model_fields.items():
+            if name == skip:
+                continue
+            shape = _shape(info.annotation, info.metadata)
+            wire, check = shape.wire, _chain([*_field_validators(cls, name), *([shape.check] if shape.check else [])])
+            if top and name == "recorded_at":
+                wire, check = Union[wire, None], _optional(check)
+                fields.append((name, wire, None))
+            elif info.is_required() or (top and name in WIRE_REQUIRED_FIELDS):
+                fields.append((name, wire))
+            elif info.default_factory is not None:
+                factory = _CONTAINER_FACTORIES.get(info.default_factory)  # type: ignore[arg-type]
+                if factory is None:
+                    fields.append((name, wire))
+                else:
+                    fields.append((name, wire, msgspec.field(default_factory=factory)))
+            else:
+                default = info.default
+                if isinstance(default, (tuple, list, dict)):
+                    if default:
+                        raise _cannot(f"{cls.__name__}.{name} default {default!r}")
+                    fields.append((name, wire, msgspec.field(default_factory=_CONTAINER_FACTORIES[type(default)])))
+                else:
+                    fields.append((name, wire, default.value if isinstance(default, Enum) else default))
+            self.plan.append((name, check))
+        self.validators = _model_validators(cls)
+        self.struct = msgspec.defstruct(
+            f"{cls.__name__}Wire", fields, kw_only=True, forbid_unknown_fields=True, module=__name__
+        )
+
+    def values(self, wire: Any) -> Values:
+        """The plain values of a decoded struct, checked by the model's rules."""
+        out: Values = {}
+        for name, check in self.plan:
+            value = getattr(wire, name)
+            out[name] = value if check is None else check(value)
+        if self.validators:
+            view = types.SimpleNamespace(**out)
+            for validator in self.validators:
+                validator(view)
+            out = vars(view)
+        return out
+
+
+class FastDecoder:
+    """Reads canonical records of one event type ``cls`` (current schema version) into
+    their :func:`~memstream.codec.values.event_values`, without the vector field."""
+
+    def __init__(self, cls: type[EventBase]) -> None:
+        self.cls = cls
+        self.vector = vector_field(cls)
+        etype, version = cls.model_fields["type"].default, cls.model_fields["schema_version"].default
+        self.headers = {
+            HEADER_TYPE: etype.encode("ascii"),
+            HEADER_SCHEMA_VERSION: str(version).encode("ascii"),
+            HEADER_CONTENT_TYPE: CONTENT_TYPE_JSON.encode("ascii"),
+        }
+        self.reader = _ModelReader(cls, top=True, skip=self.vector)
+        self.struct: Any = self.reader.struct
+        if self.vector is not None:
+            self.struct = msgspec.defstruct(
+                f"{cls.__name__}WireWithVector",
+                [(self.vector, Union[_Embedding, None], None)],
+                bases=(self.reader.struct,), kw_only=True, forbid_unknown_fields=True, module=__name__,
+            )
+        self._decoder = msgspec.json.Decoder(self.struct)
+
+    def headers_ok(self, headers: Sequence[tuple[str, bytes | None]] | None) -> bool:
+        """Whether none of our headers differs from its canonical value (others are
+        ignored, as the general path ignores them)."""
+        for key, value in headers or ():
+            want = self.headers.get(key)
+            if want is not None and value != want:
+                return False
+        return True
+
+    def wire(self, value: bytes | None) -> Any:
+        """The record typed by msgspec, or ``None``."""
+        if value is None or len(value) > MAX_RECORD_BYTES:
+            return None
+        try:
+            return self._decoder.decode(value)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None
+
+    def values(self, wire: Any) -> Values | None:
+        """The checked, flat values of a typed record, or ``None``."""
+        try:
+            out = self.reader.values(wire)
+        except (_Unsure, ValueError, TypeError, AttributeError, OverflowError, RecursionError):
+            return None
+        out.update(out.pop(SCOPE_FIELD))
+        if out["recorded_at"] is None:
+            out["recorded_at"] = out["occurred_at"]
+        return out
+
+    def decode(self, value: bytes | None, headers: Sequence[tuple[str, bytes | None]] | None) -> Values | None:
+        """The values of a canonical record of this type, or ``None``."""
+        if not self.headers_ok(headers):
+            return None
+        wire = self.wire(value)
+        return None if wire is None else self.values(wire)
+
+
+class FastMemory(NamedTuple):
+    """A ``MemoryAdded`` read on the fast path."""
+
+    values: Values
+    """:func:`~memstream.codec.values.event_values` of the event (no vector)."""
+    vector: bytes
+    """Little-endian float32 (``dim * 4`` bytes), or empty when the event carries no
+    vector (the reader embeds its content)."""
+
+
+class FastMemoryDecoder:
+    """Reads canonical ``MemoryAdded`` records carrying a vector of ``model`` (of
+    ``dim`` values), or none; a vector of another model is for the general path."""
+
+    def __init__(self, model: str, dim: int) -> None:
+        self.model = model
+        self.dim = dim
+        self._data_bytes = dim * 4
+        self._events = _MEMORIES
+        try:
+            get_args(Name)[1](model)
+            self.enabled = True
+        except ValueError:  # the model refuses such a model name: nothing can match
+            self.enabled = False
+
+    @classmethod
+    def for_projector(cls, projector: Any, enabled: bool = True) -> "FastMemoryDecoder | None":
+        """The decoder matching a projector's embedder and table dimension, or ``None``
+        when turned off or when the projector has no such pair (a stand-in)."""
+        embedder = getattr(projector, "embedder", None)
+        store = getattr(projector, "store", None)
+        if not enabled or embedder is None or store is None:
+            return None
+        return cls(str(embedder.model_id), int(store.embedding_dim))
+
+    def decode(
+        self, value: bytes | None, headers: Sequence[tuple[str, bytes | None]] | None, *, trusted: bool = False
+    ) -> FastMemory | None:
+        """The record's values and vector, or ``None`` when the general path must
+        decide. A record not ``trusted`` (signed by the worker) whose producer names a
+        part of the worker is left to the general path, which dead-letters it."""
+        events = self._events
+        if not self.enabled or not events.headers_ok(headers):
+            return None
+        wire = events.wire(value)
+        if wire is None:
+            return None
+        emb = wire.embedding
+        if emb is None:
+            vector = b""  # no vector: the projector embeds the content
+        elif emb.model != self.model or emb.dim != self.dim or len(emb.data) != self._data_bytes:
+            return None  # another model's vector: the general path decides
+        else:
+            vector = emb.data
+        if not trusted and wire.producer is not None and is_system_producer(wire.producer):
+            return None
+        values = events.values(wire)
+        return None if values is None else FastMemory(values, vector)
+
+    def vectors(self, items: Sequence[FastMemory]) -> tuple[np.ndarray, np.ndarray]:
+        """The vectors of ``items`` as an ``(n, dim)`` float32 matrix and a mask of the
+        rows whose values are all finite. Rows outside the mask belong to the general
+        path (the model refuses them). An item without a vector has a row of zeros (in
+        the mask), for the reader to fill once it has embedded the content."""
+        n, dim = len(items), self.dim
+        if n == 0:
+            return np.zeros((0, dim), dtype=np.float32), np.zeros(0, dtype=bool)
+        zeros = bytes(self._data_bytes)
+        raw = b"".join(item.vector or zeros for item in items)
+        # A writable copy: the rows of unembedded items are filled in later.
+        matrix = np.frombuffer(raw, dtype="<f4").reshape(n, dim).astype(np.float32)
+        return matrix, np.asarray(np.isfinite(matrix).all(axis=1), dtype=bool)
+
+
+_MEMORIES = FastDecoder(MemoryAdded)

@@ -1,0 +1,81 @@
+"""An event as flat plain values: the shape every projection row is built from.
+
+``event_values(e)`` holds one entry per field of the event's model, in the model's
+order, with the scope's three ids in place of ``scope`` and without the vector field
+(``embedding``, carried apart as a float32 matrix). Values are as the model holds them
+but plain: times stay ``datetime`` in UTC, ``event_id`` is canonical text, enums their
+values, tuples lists, nested models their JSON dumps. The fast decoder gives exactly
+this for the records it accepts (``tests/codec/test_fast_decode.py``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from enum import Enum
+from functools import cache
+from typing import Any
+
+from pydantic import BaseModel
+
+from memstream.domain.events import EmbeddingPayload, EventBase, Scope
+
+__all__ = ["SCOPE_FIELD", "SCOPE_COLUMNS", "Values", "event_values", "plain", "value_names", "vector_field"]
+
+Values = dict[str, Any]
+SCOPE_FIELD = "scope"
+SCOPE_COLUMNS: tuple[str, ...] = tuple(Scope.model_fields)
+
+
+@cache
+def vector_field(cls: type[EventBase]) -> str | None:
+    """The name of ``cls``'s embedding field, if it has one (at most one)."""
+    found = [n for n, f in cls.model_fields.items() if _is_payload(f.annotation)]
+    return found[0] if found else None
+
+
+def _is_payload(annotation: Any) -> bool:
+    return annotation is EmbeddingPayload or EmbeddingPayload in getattr(annotation, "__args__", ())
+
+
+@cache
+def value_names(cls: type[EventBase]) -> tuple[str, ...]:
+    """The keys of ``event_values`` for an event of ``cls``, in order."""
+    skip = vector_field(cls)
+    names: list[str] = []
+    for name in cls.model_fields:
+        if name == SCOPE_FIELD:
+            names.extend(SCOPE_COLUMNS)
+        elif name != skip:
+            names.append(name)
+    return tuple(names)
+
+
+def plain(value: Any) -> Any:
+    """One field's value as plain data (see the module docstring)."""
+    if value is None or isinstance(value, (str, int, float, datetime, dict)):
+        return value.value if isinstance(value, Enum) else value
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, (tuple, list)):
+        return [plain(v) for v in value]
+    raise TypeError(f"no plain form for {type(value).__name__}")
+
+
+def event_values(event: EventBase) -> Values:
+    """``event`` as flat plain values (see the module docstring)."""
+    cls = type(event)
+    skip = vector_field(cls)
+    out: Values = {}
+    for name in cls.model_fields:
+        value = getattr(event, name)
+        if name == SCOPE_FIELD:
+            for key in SCOPE_COLUMNS:
+                out[key] = getattr(value, key)
+        elif name != skip:
+            out[name] = plain(value)
+    return out
