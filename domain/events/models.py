@@ -146,6 +146,7 @@ class Entity(_Frozen):
         return lenient_entity_kind(v)
 
 
+_ENTITY_KINDS = frozenset(EntityKind.__members__)
 _ENTITY_KIND_ALIASES = {"organisation": "organization", "org": "organization", "location": "place"}
 
 
@@ -156,7 +157,7 @@ def lenient_entity_kind(v: Any) -> Any:
     if isinstance(v, str):
         k = v.strip().lower()
         k = _ENTITY_KIND_ALIASES.get(k, k)
-        return k if k in EntityKind.__members__ else "other"
+        return k if k in _ENTITY_KINDS else "other"
     return v
 
 

@@ -24,6 +24,7 @@ import types
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from datetime import datetime, timezone
 from enum import Enum
 from typing import Annotated, Any, Literal, NamedTuple, Union, get_args, get_origin
@@ -65,6 +66,7 @@ _TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,6})?(?:Z|[+-]\
 _UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z"
 
 
+@lru_cache(maxsize=4096)  # writers repeat one time in several fields and events
 def _utc(value: str) -> datetime:
     if not _TIME.fullmatch(value):
         raise _Unsure
@@ -95,6 +97,30 @@ def _optional(check: Check | None) -> Check | None:
     return None if check is None else (lambda v: None if v is None else check(v))
 
 
+class _Pattern:
+    """A ``StringConstraints`` pattern as a check; several values of one pattern are
+    checked in one match of the values joined by newlines (:meth:`all`)."""
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        body = pattern.removeprefix("^").removesuffix("$")
+        self.one = re.compile(body)
+        self.joined = re.compile(rf"(?:{body})(?:\n(?:{body}))*")
+
+    def __call__(self, value: str) -> str:
+        if not self.one.fullmatch(value):
+            raise _Unsure
+        return value
+
+    def all(self, values: list[str]) -> list[str]:
+        """Every one of ``values`` matches. The joined text must hold exactly the
+        joining newlines: a value with its own newline would pass as two."""
+        joined = "\n".join(values)
+        if joined.count("\n") != len(values) - 1 or not self.joined.fullmatch(joined):
+            raise _Unsure
+        return values
+
+
 @dataclass(frozen=True)
 class _Shape:
     """How one type is read: its msgspec type, and the check that turns the decoded
@@ -102,6 +128,12 @@ class _Shape:
 
     wire: Any
     check: Check | None = None
+    optional: bool = False
+    """``None`` is allowed and skips ``check``."""
+
+    def full_check(self) -> Check | None:
+        """``check``, skipping ``None`` when the type is optional."""
+        return _optional(self.check) if self.optional else self.check
 
 
 def _rules(metadata: Sequence[Any]) -> tuple[dict[str, Any], list[Check], list[Check]]:
@@ -119,9 +151,8 @@ def _rules(metadata: Sequence[Any]) -> tuple[dict[str, Any], list[Check], list[C
                 meta["min_length"] = m.min_length
             if m.max_length is not None:
                 meta["max_length"] = m.max_length
-            if m.pattern is not None:  # Python's ``$`` also matches before a final newline
-                pattern = str(m.pattern)
-                meta["pattern"] = pattern[:-1] + r"\Z" if pattern.endswith("$") else pattern
+            if m.pattern is not None:
+                after.append(_Pattern(str(m.pattern)))
         elif isinstance(m, TextRule):
             if m.per_item:
                 after.append(m)
@@ -147,7 +178,7 @@ def _shape(annotation: Any, metadata: Sequence[Any] = ()) -> _Shape:
         if len(args) != 2 or len(rest) != 1:
             raise _cannot(annotation)
         inner = _shape(rest[0], metadata)
-        return _Shape(Union[inner.wire, None], _optional(inner.check))
+        return _Shape(Union[inner.wire, None], inner.full_check(), optional=True)
     meta, before, after = _rules(metadata)
     if origin is Literal:
         wire, own = annotation, None
@@ -171,16 +202,19 @@ def _tuple_shape(annotation: Any) -> tuple[Any, Check | None]:
     if len(args) != 2 or args[1] is not Ellipsis:
         raise _cannot(annotation)
     item = _shape(args[0])
-    check = item.check
+    if isinstance(item.check, _Pattern) and not item.optional:
+        return list[item.wire], (lambda v: item.check.all(v) if v else v)  # type: ignore[union-attr]
+    check = item.full_check()
     return list[item.wire], (None if check is None else (lambda v: [check(x) for x in v]))
 
 
 def _dict_shape(annotation: Any) -> tuple[Any, Check | None]:
     key, value = (_shape(a) for a in get_args(annotation))
-    if key.check is None and value.check is None:
+    kc, vc = key.full_check(), value.full_check()
+    if kc is None and vc is None:
         return dict[key.wire, value.wire], None
-    kc = key.check or (lambda k: k)
-    vc = value.check or (lambda v: v)
+    kc = kc or (lambda k: k)
+    vc = vc or (lambda v: v)
     return dict[key.wire, value.wire], (lambda d: {kc(k): vc(v) for k, v in d.items()})
 
 
@@ -224,6 +258,21 @@ def _field_validators(cls: type[BaseModel], name: str) -> list[Check]:
     return found
 
 
+def _canonical_first(annotation: Any, validators: list[Check], check: Check | None) -> Check | None:
+    """For an enum field whose validators leave every canonical value as it is (tried
+    here, at import), a check that passes canonical values without running them."""
+    if not (validators and isinstance(annotation, type) and issubclass(annotation, Enum)) or check is None:
+        return check
+    allowed = frozenset(m.value for m in annotation)
+    try:
+        if any(check(v) != v for v in allowed):
+            return check
+    except (ValueError, TypeError, _Unsure):
+        return check
+    full = check
+    return lambda v: v if v in allowed else full(v)
+
+
 def _model_validators(cls: type[BaseModel]) -> list[Check]:
     found = []
     for dec in cls.__pydantic_decorators__.model_validators.values():
@@ -245,6 +294,26 @@ class _Embedding(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     data: bytes
 
 
+def _struct_field(cls: type[BaseModel], name: str, info: Any, wire: Any, top: bool) -> tuple[Any, ...]:
+    """One msgspec struct field: name, type and the model's default (none for what
+    the wire must carry, see :class:`_ModelReader`)."""
+    if info.is_required() or (top and name in WIRE_REQUIRED_FIELDS):
+        return (name, wire)
+    if info.default_factory is not None:
+        factory = _CONTAINER_FACTORIES.get(info.default_factory)
+        return (name, wire) if factory is None else (name, wire, msgspec.field(default_factory=factory))
+    default = info.default
+    if isinstance(default, (tuple, list, dict)):
+        if default:
+            raise _cannot(f"{cls.__name__}.{name} default {default!r}")
+        return (name, wire, msgspec.field(default_factory=_CONTAINER_FACTORIES[type(default)]))
+    return (name, wire, default.value if isinstance(default, Enum) else default)
+
+
+class _View:
+    """What a model validator is given: the values as attributes."""
+
+
 class _ModelReader:
     """A model's msgspec struct and the check of its values, generated from its fields.
 
@@ -256,33 +325,29 @@ class _ModelReader:
 
     def __init__(self, cls: type[BaseModel], *, top: bool = False, skip: str | None = None) -> None:
         self.cls = cls
+        self.skip = skip
         fields: list[tuple[Any, ...]] = []
-        self.plan: list[tuple[str, Check | None]] = []
+        self.always: list[tuple[str, Check]] = []  # checked whatever the value
+        self.unless_none: list[tuple[str, Check]] = []  # checked unless None
+        self.patterned: dict[str, tuple[_Pattern, list[str]]] = {}  # one joined match per pattern
         for name, info in cls.model_fields.items():
             if name == skip:
                 continue
             shape = _shape(info.annotation, info.metadata)
-            wire, check = shape.wire, _chain([*_field_validators(cls, name), *([shape.check] if shape.check else [])])
-            if top and name == "recorded_at":
-                wire, check = Union[wire, None], _optional(check)
+            validators = _field_validators(cls, name)
+            optional = shape.optional and not validators  # a validator sees None too
+            check = _chain([*validators, *([c] if (c := shape.check if optional else shape.full_check()) else [])])
+            check = _canonical_first(info.annotation, validators, check)
+            wire = shape.wire
+            if top and name == "recorded_at":  # absent: occurred_at (see the class docstring)
+                wire, optional = Union[wire, None], True
                 fields.append((name, wire, None))
-            elif info.is_required() or (top and name in WIRE_REQUIRED_FIELDS):
-                fields.append((name, wire))
-            elif info.default_factory is not None:
-                factory = _CONTAINER_FACTORIES.get(info.default_factory)  # type: ignore[arg-type]
-                if factory is None:
-                    fields.append((name, wire))
-                else:
-                    fields.append((name, wire, msgspec.field(default_factory=factory)))
             else:
-                default = info.default
-                if isinstance(default, (tuple, list, dict)):
-                    if default:
-                        raise _cannot(f"{cls.__name__}.{name} default {default!r}")
-                    fields.append((name, wire, msgspec.field(default_factory=_CONTAINER_FACTORIES[type(default)])))
-                else:
-                    fields.append((name, wire, default.value if isinstance(default, Enum) else default))
-            self.plan.append((name, check))
+                fields.append(_struct_field(cls, name, info, wire, top))
+            if isinstance(check, _Pattern):
+                self.patterned.setdefault(check.pattern, (check, []))[1].append(name)
+            elif check is not None:
+                (self.unless_none if optional else self.always).append((name, check))
         self.validators = _model_validators(cls)
         self.struct = msgspec.defstruct(
             f"{cls.__name__}Wire", fields, kw_only=True, forbid_unknown_fields=True, module=__name__
@@ -290,15 +355,22 @@ class _ModelReader:
 
     def values(self, wire: Any) -> Values:
         """The plain values of a decoded struct, checked by the model's rules."""
-        out: Values = {}
-        for name, check in self.plan:
-            value = getattr(wire, name)
-            out[name] = value if check is None else check(value)
+        out: Values = msgspec.structs.asdict(wire)
+        if self.skip is not None:
+            del out[self.skip]
+        for check, names in self.patterned.values():
+            check.all([v for n in names if (v := out[n]) is not None])
+        for name, check in self.always:
+            out[name] = check(out[name])
+        for name, check in self.unless_none:
+            value = out[name]
+            if value is not None:
+                out[name] = check(value)
         if self.validators:
-            view = types.SimpleNamespace(**out)
+            view = _View()
+            object.__setattr__(view, "__dict__", out)  # reads and writes go to ``out``
             for validator in self.validators:
                 validator(view)
-            out = vars(view)
         return out
 
 

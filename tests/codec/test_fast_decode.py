@@ -310,7 +310,7 @@ TRICKY = [None, True, 0, 1, -1, 50, 100, 101, 2.0, float("inf"), "", " ", "x", "
 json_values = json_values_of(TRICKY, list(canonical()))
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_mutated_bodies_never_pass_what_the_model_refuses(data: st.DataObject) -> None:
     assert_agrees(mutate(data, canonical(), json_values))
@@ -319,7 +319,7 @@ def test_mutated_bodies_never_pass_what_the_model_refuses(data: st.DataObject) -
 texts, ids, times = event_strategies()
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(content=texts, scene=st.none() | texts, mid=ids, team=ids, when=times, kind=st.text(max_size=12),
        name=texts, priority=st.integers(0, 100), meta=st.dictionaries(st.text(max_size=5), json_values, max_size=3))
 def test_generated_events_round_trip_through_the_wire_agree(
