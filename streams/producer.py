@@ -32,7 +32,6 @@ from typing import Any, Generic, TypeVar
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import MessageSizeTooLargeError
-from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from memstream.domain.access import client_content_problem
@@ -51,6 +50,7 @@ from memstream.domain.reflection import RatingParseError, parse_rating
 from memstream.settings import Settings, get_settings
 from memstream.streams.serializer import EncodedRecord, EncodeError, encode_event
 from memstream.streams.worker_identity import signed_headers
+from memstream.streams.kafka_producer import KeyPartitioner, create_kafka_producer
 from memstream.streams.topics import Topics, topic_for
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
     "ProducerClosedError",
     "NotSentError",
     "create_kafka_producer",
+    "KeyPartitioner",
 ]
 
 log = logging.getLogger(__name__)
@@ -106,40 +107,6 @@ class Sent(Generic[E]):
         return str(self.position)
 
 
-def create_kafka_producer(
-    settings: Settings,
-    *,
-    bootstrap_servers: str | None = None,
-    client_id: str = "memstream-sdk",
-    compression_type: str | None = None,
-    transactional_id: str | None = None,
-    partitioner: DefaultPartitioner | None = None,
-) -> AIOKafkaProducer:
-    """The one aiokafka producer configuration memstream writes with.
-
-    Idempotent with ``acks="all"``: a record is acknowledged only once every in-sync
-    replica has it, and broker-side retries never duplicate or reorder a partition.
-    ``linger_ms`` / ``max_batch_size`` trade a few milliseconds for throughput.
-    Compression is off unless asked for (aiokafka refuses a codec whose library is
-    missing, e.g. ``lz4`` without the ``lz4`` package).
-    """
-    kwargs: dict[str, Any] = {}
-    if transactional_id is not None:
-        kwargs["transactional_id"] = transactional_id
-    return AIOKafkaProducer(
-        bootstrap_servers=bootstrap_servers or settings.bootstrap_servers,
-        client_id=client_id,
-        enable_idempotence=True,
-        acks="all",
-        linger_ms=settings.producer_linger_ms,
-        max_batch_size=settings.producer_max_batch_bytes,
-        max_request_size=settings.max_request_bytes,
-        compression_type=compression_type,
-        partitioner=partitioner or DefaultPartitioner(),
-        **kwargs,
-    )
-
-
 def _scope_input(scope: Scope | Mapping[str, Any]) -> Scope | dict[str, Any]:
     """A Scope, or a plain mapping that validation turns into one (with the same
     one-line errors as any other field)."""
@@ -184,7 +151,7 @@ class MemstreamProducer:
         self._in_flight: asyncio.Semaphore | None = None
         self._pending: set[asyncio.Future[LogPosition]] = set()
         self._closed = False
-        self._partitioner = DefaultPartitioner()  # the client's (murmur2, as Java's), also used to group batches
+        self._partitioner = KeyPartitioner()  # the client's, also used to group batches
 
     # --- lifecycle -------------------------------------------------------------------
 

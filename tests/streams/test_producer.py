@@ -281,3 +281,17 @@ def test_sync_producer_reports_an_unreachable_broker(topic_prefix: str) -> None:
     producer.close()
 
 
+
+
+@settings(max_examples=300)
+@given(keys=st.lists(st.binary(max_size=40), min_size=1, max_size=20), n=st.integers(1, 64))
+def test_the_key_partitioner_places_keys_as_the_default_partitioner(keys: list[bytes], n: int) -> None:
+    from aiokafka.partitioner import DefaultPartitioner
+
+    from memstream.streams.producer import KeyPartitioner
+
+    partitions = list(range(n))
+    mine, theirs = KeyPartitioner(), DefaultPartitioner()
+    for key in keys + keys:  # the second time from the remembered hash
+        assert mine(key, partitions, partitions) == theirs(key, partitions, partitions)
+    assert mine(None, partitions, partitions[:1]) == 0  # no key: an available partition

@@ -1,0 +1,70 @@
+"""The one aiokafka producer configuration memstream writes with, and its partitioner."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.partitioner import DefaultPartitioner, murmur2
+
+from memstream.settings import Settings
+
+__all__ = ["KeyPartitioner", "create_kafka_producer"]
+
+
+class KeyPartitioner:
+    """aiokafka's default partitioning, the Java client's (murmur2 of the key bytes, so
+    every client puts a memory space on the same partition), with each key's hash
+    remembered: a producer sends many records per memory space and murmur2 is pure
+    Python (the saving is in docs/benchmarks.md, issue 18). Records without a key go
+    where aiokafka's default puts them."""
+
+    _MAX_KEYS = 65_536
+
+    def __init__(self) -> None:
+        self._hashes: dict[bytes, int] = {}
+        self._default = DefaultPartitioner()
+
+    def __call__(self, key: bytes | None, all_partitions: list[int], available: list[int]) -> int:
+        if key is None:
+            return int(self._default(key, all_partitions, available))
+        h = self._hashes.get(key)
+        if h is None:
+            if len(self._hashes) >= self._MAX_KEYS:
+                self._hashes.clear()
+            h = self._hashes[key] = murmur2(key) & 0x7FFFFFFF
+        return all_partitions[h % len(all_partitions)]
+
+
+def create_kafka_producer(
+    settings: Settings,
+    *,
+    bootstrap_servers: str | None = None,
+    client_id: str = "memstream-sdk",
+    compression_type: str | None = None,
+    transactional_id: str | None = None,
+    partitioner: KeyPartitioner | None = None,
+) -> AIOKafkaProducer:
+    """The one aiokafka producer configuration memstream writes with.
+
+    Idempotent with ``acks="all"``: a record is acknowledged only once every in-sync
+    replica has it, and broker-side retries never duplicate or reorder a partition.
+    ``linger_ms`` / ``max_batch_size`` trade a few milliseconds for throughput.
+    Compression is off unless asked for (aiokafka refuses a codec whose library is
+    missing, e.g. ``lz4`` without the ``lz4`` package).
+    """
+    kwargs: dict[str, Any] = {}
+    if transactional_id is not None:
+        kwargs["transactional_id"] = transactional_id
+    return AIOKafkaProducer(
+        bootstrap_servers=bootstrap_servers or settings.bootstrap_servers,
+        client_id=client_id,
+        enable_idempotence=True,
+        acks="all",
+        linger_ms=settings.producer_linger_ms,
+        max_batch_size=settings.producer_max_batch_bytes,
+        max_request_size=settings.max_request_bytes,
+        compression_type=compression_type,
+        partitioner=partitioner or KeyPartitioner(),
+        **kwargs,
+    )
