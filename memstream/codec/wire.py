@@ -1,6 +1,6 @@
 """The wire format: the only place where events become Kafka records and records become events.
 
-Why one module: every producer (the Python SDK, the CLI, Faust agents, a Java or Go
+Why one module: every producer (the Python SDK, the CLI, the worker, a Java or Go
 client following ``schemas/``) and every reader must agree byte for byte, and a record
 that cannot be read must fail the same way everywhere, with one readable reason, so
 the consumer can route it to the dead-letter topic instead of crashing on it.
