@@ -40,7 +40,7 @@ __all__ = [
     "client_content_problem",
 ]
 
-SYSTEM_EVENT_TYPES = frozenset({"MemoryReflected", "DecisionExpired"})
+SYSTEM_EVENT_TYPES = frozenset({"MemoryReflected", "DecisionExpired", "SubjectForgotten"})
 """Event types only the worker writes (its reflector)."""
 _SYSTEM_PRODUCER = re.compile(r"^\s*(memstream\s*[-.:/_ ]\s*)?(extractor|reflector|projector|worker)\b", re.IGNORECASE)
 

@@ -14,7 +14,7 @@ from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 from annotated_types import Ge, Le
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic.types import AllowInfNan
 
 from memstream.domain.content import content_hash
@@ -386,6 +386,17 @@ class DecisionExpired(EventBase):
     reason: ShortText = "no outcome by the deadline"
 
 
+class SubjectForgotten(EventBase):
+    """A data subject (one user's memory space) was forgotten: the keys named here are
+    tombstoned and every projection deletes the space's rows (``whole_team``: every
+    space of the team). Written unsealed: it holds ids only (docs/security.md)."""
+
+    type: Literal["SubjectForgotten"] = "SubjectForgotten"
+    schema_version: Literal[1] = 1
+    whole_team: StrictBool = False
+    key_ids: tuple[Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")], ...] = ()
+
+
 Event = Annotated[
     Union[
         MessageObserved,
@@ -395,6 +406,7 @@ Event = Annotated[
         OutcomeObserved,
         MemoryReflected,
         DecisionExpired,
+        SubjectForgotten,
     ],
     Field(discriminator="type"),
 ]
@@ -407,6 +419,7 @@ EVENT_CLASSES: tuple[type[EventBase], ...] = (
     OutcomeObserved,
     MemoryReflected,
     DecisionExpired,
+    SubjectForgotten,
 )
 EVENT_TYPES: dict[str, type[EventBase]] = {
     c.model_fields["type"].default: c for c in EVENT_CLASSES

@@ -92,6 +92,10 @@ def valid_raw() -> dict[str, dict[str, Any]]:
             **env, "type": "DecisionExpired", "schema_version": 1, "decision_id": "d-2",
             "subject": "ACME", "deadline": T0,
         },
+        "SubjectForgotten": {
+            **env, "type": "SubjectForgotten", "schema_version": 1, "whole_team": False,
+            "key_ids": ["0123456789abcdef0123456789abcdef"],
+        },
     }
 
 
