@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -42,9 +43,11 @@ from memstream.domain.events import (
     MessageObserved,
     OutcomeObserved,
     Scope,
+    SubjectForgotten,
 )
 from memstream.domain.log import LogPosition, PositionedEvent
 from memstream.projections.embedder import Embedder, embed_array
+from memstream.projections.forget import READER_GRACE, delete_subject, drop_old_versions, shred_deleted_rows
 from memstream.projections.plan_writer import SUPERSEDING_RELATIONS, Plan, PlanWriter, derive_view
 from memstream.projections.rows import (
     decision_update,
@@ -106,6 +109,9 @@ class Projector:
         # writer (one worker per directory), so after the first read it knows them
         # without a LanceDB query per batch.
         self._positions: dict[tuple[str, int], int] | None = None
+        # After a forget: when the versions readers may still be on can go (monotonic).
+        self.reader_grace = READER_GRACE
+        self.shred_due: float | None = None
         self._handlers: dict[type[EventBase], Callable[[PositionedEvent, Plan], None]] = {
             MessageObserved: self._on_message,
             MemoryAdded: self._on_memory,
@@ -114,6 +120,7 @@ class Projector:
             DecisionRecorded: self._on_decision,
             DecisionExpired: self._on_expired,
             OutcomeObserved: lambda pe, plan: None,
+            SubjectForgotten: self._on_forgotten,
         }
 
     # ------------------------------------------------------------------ positions
@@ -190,6 +197,7 @@ class Projector:
 
         self._embed_missing(plan)
         self._writer.write(plan)
+        self._forget(plan)
 
         next_offsets: dict[tuple[str, int], int] = {}
         for topic, partition, offset in fresh:
@@ -201,6 +209,37 @@ class Projector:
             result.applied, result.skipped, len(result.failed), next_offsets,
         )
         return result
+
+    # ------------------------------------------------------------------ forgetting
+    def _on_forgotten(self, pe: PositionedEvent, plan: Plan) -> None:
+        e = pe.event
+        assert isinstance(e, SubjectForgotten)
+        plan.forgotten.append((e.scope.team_id, None if e.whole_team else e.scope.user_id))
+
+    def _forget(self, plan: Plan) -> None:
+        """Delete forgotten subjects after the batch's writes (rows of the batch that came
+        before the event included), down to the files, before the positions move past
+        it: a crash in between repeats it."""
+        for team, user in plan.forgotten:
+            delete_subject(self.store, team, user)
+        if plan.forgotten:
+            shred_deleted_rows(self.store, grace=self.reader_grace)
+            self.shred_due = time.monotonic() + self.reader_grace.total_seconds()
+
+    def finish_shredding(self) -> bool:
+        """Once the readers' grace after a forget has passed, drop the versions that
+        still held the forgotten rows (the worker's maintenance calls this); True
+        when it did."""
+        if self.shred_due is None or time.monotonic() < self.shred_due:
+            return False
+        try:
+            drop_old_versions(self.store, older_than=self.reader_grace)
+        except Exception as exc:  # noqa: BLE001 - a maintenance task: the next call tries again
+            log.warning("dropping the versions that held forgotten rows failed (will retry): %s", exc)
+            return False
+        self.shred_due = None
+        log.info("forgotten rows dropped from the older table versions")
+        return True
 
     # ------------------------------------------------------------------ handlers
     def _on_message(self, pe: PositionedEvent, plan: Plan) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tests.projections.projection_helpers import memory, positioned
 
-from memstream.domain.events import MessageObserved, Scope
+from memstream.domain.events import MessageObserved, Scope, SubjectForgotten
 from memstream.projections.forget import SCOPED_TABLES, delete_subject, shred_deleted_rows, subject_where
 from memstream.projections.projector import Projector
 from memstream.projections.store import LanceStore
@@ -66,3 +66,19 @@ def test_forgetting_a_team_deletes_every_user_of_it(store: LanceStore, projector
     assert all(rows == [] for rows in _rows(store, BOB).values())
     assert _rows(store, GLOBEX) == before
     assert delete_subject(store, "acme") == dict.fromkeys(SCOPED_TABLES, 0)  # twice: nothing left
+
+
+def test_the_projector_deletes_a_subject_when_it_reaches_its_subject_forgotten(
+    store: LanceStore, projector: Projector, tmp_path: Path
+) -> None:
+    canary = f"zq{uuid.uuid4().hex[:10]}"
+    _project(projector, canary)
+    before_bob = _rows(store, BOB)
+    late = memory(ALICE, "aliceacme-late", f"{canary}-aliceacme written in the same batch, before")
+    forgotten = SubjectForgotten(scope=ALICE, key_ids=("ab" * 16,))
+    result = projector.apply(positioned([late, forgotten], start=100))
+    assert result.applied == 2 and not result.failed
+    assert all(rows == [] for rows in _rows(store, ALICE).values())
+    assert _rows(store, BOB) == before_bob
+    assert not _files_holding(tmp_path / "lance", f"{canary}-aliceacme".encode())
+    assert projector.positions()[("test.events", 0)] == 102
