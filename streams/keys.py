@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -35,11 +36,23 @@ from memstream.sealing.keyring import ROLL_KEY
 from memstream.settings import Settings
 from memstream.streams.topics import Topics
 
-__all__ = ["SubjectKeys", "master_key_path", "MasterKeyError"]
+__all__ = ["SubjectKeys", "LazyKeys", "master_key_path", "MasterKeyError", "forgotten_keys"]
 
 log = logging.getLogger(__name__)
 
 _POLL_MS = 200
+_FORGOTTEN_TYPE = b"SubjectForgotten"
+
+
+def forgotten_keys(value: bytes) -> tuple[Subject, list[bytes]] | None:
+    """The subject and key ids a ``SubjectForgotten`` record names (None if unreadable:
+    the decoder dead-letters it with the reason)."""
+    try:
+        body = json.loads(value)
+        scope = body["scope"]
+        return Subject(scope["team_id"], scope.get("user_id", "default")), [bytes.fromhex(k) for k in body.get("key_ids", ())]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def master_key_path(settings: Settings) -> Path:
@@ -171,6 +184,23 @@ class SubjectKeys:
                     await self.sync()
                     return
 
+    async def prepare(self, records: Iterable[tuple[bytes | None, Sequence[tuple[str, bytes | None]] | None]]) -> None:
+        """Make the keyring right for decoding ``records`` (value, headers) in one go:
+        catch up on keys made elsewhere, and drop at once the keys a
+        ``SubjectForgotten`` among them names, so that no record after it in the batch
+        opens under a forgotten key even if the tombstones are still on their way."""
+        records = list(records)
+        await self.ensure_readable(value for value, _ in records)
+        ring = self._ring()
+        for value, headers in records:
+            if value is None or is_sealed(value):
+                continue
+            if not any(k == "memstream-type" and v == _FORGOTTEN_TYPE for k, v in headers or ()):
+                continue
+            forgotten = forgotten_keys(value)
+            if forgotten is not None:
+                ring.forget_kids(*forgotten)
+
     def _ring(self) -> Keyring:
         if self.keyring is None:
             raise RuntimeError("SubjectKeys used before start()")
@@ -227,3 +257,27 @@ class SubjectKeys:
             await self._send(ROLL_KEY, b"{}")
         except Exception:
             log.warning("could not append the key topic's roll record", exc_info=True)
+
+
+class LazyKeys:
+    """A keyring started on first use (for code that has no start hook of its own, such
+    as Faust agents); None when sealing is off."""
+
+    def __init__(self, settings: Settings, topics: Topics, *, client_id: str) -> None:
+        self._settings = settings
+        self._topics = topics
+        self._client_id = client_id
+        self._keys: SubjectKeys | None = None
+        self._lock = asyncio.Lock()
+
+    async def get(self) -> SubjectKeys | None:
+        if self._keys is None and self._settings.sealing:
+            async with self._lock:
+                if self._keys is None:
+                    self._keys = await SubjectKeys(self._settings, self._topics, client_id=self._client_id).start()
+        return self._keys
+
+    async def stop(self) -> None:
+        keys, self._keys = self._keys, None
+        if keys is not None:
+            await keys.stop()

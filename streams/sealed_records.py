@@ -38,8 +38,13 @@ __all__ = [
     "RecordOpener",
     "OpenCounts",
     "PLAIN_TYPES",
+    "UNOPENED_HEADER",
     "NotAnEvent",
 ]
+
+UNOPENED_HEADER = "memstream-unopened"
+"""Marks, in a reader's batch, a sealed record it could not open (value None; the
+header's value empty for a forgotten key, else the reason it did not open)."""
 
 PLAIN_TYPES = frozenset({"SubjectForgotten"})
 """Event types written unsealed (they carry no personal content)."""
@@ -55,21 +60,19 @@ def subject_of(scope: Scope) -> Subject:
     return Subject(scope.team_id, scope.user_id)
 
 
-def _iso(value: object) -> str | None:
-    return None if value is None else str(value.isoformat()).replace("+00:00", "Z")  # type: ignore[attr-defined]
-
-
 def header_of(event: EventBase) -> SealedHeader:
+    """The plain header of ``event`` (ids and times as objects: msgspec writes UUIDs
+    and RFC 3339 times itself, which is most of the cost of sealing otherwise)."""
     s = event.scope
     return SealedHeader(
-        str(event.event_id),
+        event.event_id,  # type: ignore[arg-type]
         event.type,
         event.schema_version,
         s.team_id,
         s.user_id,
         s.agent_id,
-        _iso(event.occurred_at),
-        _iso(event.recorded_at),
+        event.occurred_at,  # type: ignore[arg-type]
+        event.recorded_at,  # type: ignore[arg-type]
     )
 
 

@@ -27,7 +27,11 @@ _WEEK_MS = 7 * 24 * 3600 * 1000
 
 
 def _finite(retention_ms: int) -> dict[str, str]:
-    return {"retention.ms": str(retention_ms), "retention.bytes": "-1", "cleanup.policy": "delete"}
+    """Retention deletes whole segments, so segments roll at a seventh of it: a record
+    is gone at most ``retention_ms`` plus a seventh (plus the broker's retention check,
+    5 minutes by default) after it was written."""
+    segment_ms = max(60_000, retention_ms // 7)
+    return {"retention.ms": str(retention_ms), "segment.ms": str(segment_ms), "retention.bytes": "-1", "cleanup.policy": "delete"}
 
 
 def keys_topic_config(segment_ms: int) -> dict[str, str]:

@@ -15,10 +15,9 @@ mistake for JSON.
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import asdict, dataclass
 
+import msgspec
 from cryptography.exceptions import InvalidTag
 
 from memstream.sealing.keyring import KID_BYTES, DataKey, Keyring
@@ -42,9 +41,8 @@ _HEADER_AT = _LEN_AT + 2
 _NONCE_BYTES = 12
 
 
-@dataclass(frozen=True)
-class SealedHeader:
-    """The plain part of a sealed record."""
+class SealedHeader(msgspec.Struct, frozen=True):
+    """The plain part of a sealed record (a msgspec struct: encoded once per event)."""
 
     event_id: str
     type: str
@@ -56,7 +54,11 @@ class SealedHeader:
     recorded_at: str | None = None
 
     def encode(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        return _encode_header(self)
+
+
+_encode_header = msgspec.json.Encoder().encode
+_decode_header = msgspec.json.Decoder(SealedHeader).decode
 
 
 class UnreadableRecord(Exception):
@@ -102,8 +104,8 @@ def _header_end(value: bytes) -> int:
 def sealed_header(value: bytes) -> SealedHeader:
     """The plain header of a sealed record (no key needed)."""
     try:
-        return SealedHeader(**json.loads(value[_HEADER_AT : _header_end(value)]))
-    except (ValueError, TypeError):
+        return _decode_header(value[_HEADER_AT : _header_end(value)])
+    except (msgspec.DecodeError, msgspec.ValidationError):
         raise TamperedRecord("sealed record with an unreadable header") from None
 
 

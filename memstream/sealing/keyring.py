@@ -14,8 +14,7 @@ import hashlib
 import hmac
 import json
 import os
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -34,9 +33,8 @@ class KeyRecordError(ValueError):
     """A record of the key topic that is not a key record."""
 
 
-@dataclass(frozen=True, order=True)
-class Subject:
-    """A data subject: one memory space."""
+class Subject(NamedTuple):
+    """A data subject: one memory space (a tuple: made and hashed once per event)."""
 
     team_id: str
     user_id: str
@@ -87,7 +85,9 @@ class Keyring:
         self._wrapper = wrapper
         self._by_kid: dict[bytes, DataKey] = {}
         self._by_subject: dict[Subject, dict[bytes, DataKey]] = {}
+        self._current: dict[Subject, DataKey] = {}
         self._forgotten: set[bytes] = set()
+        self._forgotten_subjects: set[Subject] = set()
 
     @property
     def wrapper_id(self) -> str:
@@ -124,8 +124,11 @@ class Keyring:
         return self._wrapper.unwrap(wrapped, key)
 
     def _add(self, data_key: DataKey) -> None:
+        self._forgotten_subjects.discard(data_key.subject)
         self._by_kid[data_key.kid] = data_key
-        self._by_subject.setdefault(data_key.subject, {})[data_key.kid] = data_key
+        keys = self._by_subject.setdefault(data_key.subject, {})
+        keys[data_key.kid] = data_key
+        self._current[data_key.subject] = keys[min(keys)]
         self._forgotten.discard(data_key.kid)
 
     def _drop(self, subject: Subject, kid: bytes) -> None:
@@ -133,9 +136,13 @@ class Keyring:
         keys = self._by_subject.get(subject)
         if keys is not None:
             keys.pop(kid, None)
-            if not keys:
+            if keys:
+                self._current[subject] = keys[min(keys)]
+            else:
                 del self._by_subject[subject]
+                self._current.pop(subject, None)
         self._forgotten.add(kid)
+        self._forgotten_subjects.add(subject)
 
     def new_key(self, subject: Subject) -> tuple[DataKey, bytes, bytes]:
         """A fresh data key for ``subject``, already in this keyring, and the record
@@ -160,10 +167,7 @@ class Keyring:
 
     def key_for(self, subject: Subject) -> DataKey | None:
         """The key new events of ``subject`` are sealed under (the lowest key id)."""
-        keys = self._by_subject.get(subject)
-        if not keys:
-            return None
-        return keys[min(keys)]
+        return self._current.get(subject)
 
     def by_kid(self, kid: bytes) -> DataKey | None:
         return self._by_kid.get(kid)
@@ -178,9 +182,24 @@ class Keyring:
             s for s in self._by_subject if s.team_id == team_id and (user_id is None or s.user_id == user_id)
         )
 
+    def forgotten_subjects(self, team_id: str, user_id: str | None = None) -> list[Subject]:
+        """Subjects whose keys this node saw tombstoned (tombstones outlive compaction
+        for the key topic's ``delete.retention.ms`` only)."""
+        return sorted(
+            s for s in self._forgotten_subjects if s.team_id == team_id and (user_id is None or s.user_id == user_id)
+        )
+
+    def kids_of(self, subject: Subject) -> list[bytes]:
+        return sorted(self._by_subject.get(subject, {}))
+
     def record_keys(self, subject: Subject) -> list[bytes]:
         """The key-topic record keys of every key of ``subject`` (what forgetting tombstones)."""
         return [key_record_key(subject, kid) for kid in sorted(self._by_subject.get(subject, {}))]
+
+    def forget_kids(self, subject: Subject, kids: list[bytes]) -> None:
+        """Drop the named keys of ``subject`` now (a ``SubjectForgotten`` names them)."""
+        for kid in kids:
+            self._drop(subject, kid)
 
     def forget_locally(self, subject: Subject) -> list[bytes]:
         """Drop every key of ``subject`` now (the tombstones follow); their key ids."""
