@@ -48,6 +48,8 @@ from memstream.domain.events import (
 from memstream.domain.log import LogPosition
 from memstream.domain.reflection import RatingParseError, parse_rating
 from memstream.settings import Settings, get_settings
+from memstream.streams.keys import SubjectKeys
+from memstream.streams.sealed_records import PLAIN_TYPES, header_of, seal_value, subject_of
 from memstream.streams.serializer import EncodedRecord, EncodeError, encode_event
 from memstream.streams.worker_identity import signed_headers
 from memstream.streams.kafka_producer import KeyPartitioner, create_kafka_producer
@@ -138,15 +140,20 @@ class MemstreamProducer:
         client_id: str = "memstream-sdk",
         compression_type: str | None = None,
         signing_key: bytes | None = None,
+        keys: SubjectKeys | None = None,
     ) -> None:
         """``signing_key``: the worker's key (``memstream.streams.worker_identity``);
-        only the worker passes it, so that its system events are believed."""
+        only the worker passes it, so that its system events are believed. With
+        sealing on (the default), events are sealed under their subject's key:
+        ``keys`` is a started keyring to share, else the producer follows its own."""
         self.settings = settings or get_settings()
         self.bootstrap_servers = bootstrap_servers or self.settings.bootstrap_servers
         self.topics = topics or Topics.from_settings(self.settings)
         self.client_id = client_id
         self._compression_type = compression_type
         self._signing_key = signing_key
+        self._keys = keys
+        self._own_keys = keys is None and self.settings.sealing
         self._producer: AIOKafkaProducer | None = None
         self._in_flight: asyncio.Semaphore | None = None
         self._pending: set[asyncio.Future[LogPosition]] = set()
@@ -173,9 +180,12 @@ class MemstreamProducer:
             partitioner=self._partitioner,
         )
         try:
+            if self._own_keys:
+                self._keys = await SubjectKeys(self.settings, self.topics, client_id=f"{self.client_id}-keys").start()
             await producer.start()
         except BaseException:
             await producer.stop()
+            await self._stop_keys()
             raise
         self._in_flight = asyncio.Semaphore(self.settings.producer_max_in_flight)
         self._producer = producer
@@ -200,6 +210,12 @@ class MemstreamProducer:
                 await asyncio.gather(*list(self._pending), return_exceptions=True)
         finally:
             await producer.stop()
+            await self._stop_keys()
+
+    async def _stop_keys(self) -> None:
+        if self._own_keys and self._keys is not None:
+            keys, self._keys = self._keys, None
+            await keys.stop()
 
     async def __aenter__(self) -> "MemstreamProducer":
         await self.start()
@@ -228,9 +244,29 @@ class MemstreamProducer:
             if problem is not None:
                 raise EncodeError(f"refused by the quality gate: {problem}")
         record = encode_event(event)
-        if self._signing_key is not None:
+        if self._keys is not None and event.type not in PLAIN_TYPES:
+            assert self._keys.keyring is not None
+            key = self._keys.keyring.key_for(subject_of(event.scope))
+            if key is None:
+                raise EncodeError(f"the memory space {event.scope.space!r} was forgotten a moment ago; send again")
+            record = EncodedRecord(record.key, seal_value(key, header_of(event), record.value), record.headers)
+        if self._signing_key is not None:  # over the sealed value: no keyed hash of the plaintext stays
             record = EncodedRecord(record.key, record.value, signed_headers(self._signing_key, record.value, record.headers))
         return record
+
+    async def _keys_for(self, events: Iterable[EventBase]) -> None:
+        """Make sure every subject of ``events`` has its data key (created and published
+        before anything is sealed under it)."""
+        if self._keys is None:
+            return
+        for subject in {subject_of(e.scope) for e in events if e.type not in PLAIN_TYPES}:
+            await self._keys.key_for(subject)
+
+    async def encode(self, event: EventBase) -> EncodedRecord:
+        """``event`` as the record this producer would send (sealed and signed as it
+        would be), for :meth:`send_encoded`."""
+        await self._keys_for((event,))
+        return self._encode(event)
 
     def topic_of(self, event: EventBase, topic: str | None = None) -> str:
         """The topic ``event`` goes to: ``topic`` if given, else its default topic."""
@@ -281,6 +317,7 @@ class MemstreamProducer:
         Raises :class:`~memstream.streams.serializer.EncodeError` at once for an event
         that cannot be encoded; a broker failure surfaces through the future.
         """
+        await self._keys_for((event,))
         record = self._encode(event)
         return await self.send_encoded(self.topic_of(event, topic), record)
 
@@ -300,6 +337,8 @@ class MemstreamProducer:
         client refuses one record outright (e.g. over ``max_request_bytes``), the
         events after it are not sent (:class:`NotSentError`).
         """
+        events = list(events)
+        await self._keys_for(events)
         batch = [(self.topic_of(e, topic), self._encode(e)) for e in events]
         return await self._send_records(batch)
 
