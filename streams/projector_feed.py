@@ -50,7 +50,10 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from memstream.codec.batch import PositionedMemories
 from memstream.codec.fast_decode import FastMemoryDecoder
+from memstream.sealing import TamperedRecord
+from memstream.streams.keys import SubjectKeys
 from memstream.streams.record_batches import DecodedBatch, RawRecord, decode_batch
+from memstream.streams.sealed_records import UNOPENED_HEADER, RecordOpener
 
 __all__ = ["FeedBatch", "ProjectorFeed", "raw_record", "merge_batches", "decoder_pool"]
 
@@ -146,7 +149,9 @@ class ProjectorFeed:
     read path for canonical ``MemoryAdded`` records (:func:`decode_batch`).
     ``reroute`` sets apart the records that sit on another partition than their key's
     (``DecodedBatch.misrouted``; the caller re-publishes them in ``on_decoded``).
-    ``worker_key`` dead-letters system events the worker did not sign.
+    ``worker_key`` dead-letters system events the worker did not sign. ``keys`` (a
+    started keyring) opens sealed records before decoding; one sealed under a forgotten
+    key is skipped (``opener.counts``) and its position passed.
     """
 
     def __init__(
@@ -168,6 +173,7 @@ class ProjectorFeed:
         fast_decoder: FastMemoryDecoder | None = None,
         reroute: bool = False,
         worker_key: bytes | None = None,
+        keys: SubjectKeys | None = None,
     ) -> None:
         if max_batch < 1 or fetch_records < 1:
             raise ValueError("batch sizes must be at least 1")
@@ -197,6 +203,8 @@ class ProjectorFeed:
         self._reroute = reroute
         self._counts: dict[str, int] = {}
         self._worker_key = worker_key
+        self._keys = keys
+        self.opener = RecordOpener(keys.keyring, worker_key=worker_key) if keys is not None else None
         # Fetched batches being decoded, in fetch order (two in flight at most).
         self._decoding: asyncio.Queue[tuple[list[RawRecord], asyncio.Future[DecodedBatch]] | None] = asyncio.Queue(
             maxsize=2
@@ -265,6 +273,9 @@ class ProjectorFeed:
                         self.consumer.pause(tp)
             if records:
                 self.fetched += len(records)
+                if self._keys is not None:
+                    await self._keys.prepare((r.value, r.headers) for r in records)
+                    records = self._opened(records)
                 decoding = loop.run_in_executor(
                     self._decoder, decode_batch, records, self._fast,
                     dict(self._counts) if self._reroute else None, self._worker_key,
@@ -275,6 +286,26 @@ class ProjectorFeed:
                 last_refresh = time.monotonic()
                 await self._maybe_add_partitions()
         await self._decoding.put(None)
+
+    def _opened(self, records: list[RawRecord]) -> list[RawRecord]:
+        """Records with sealed values opened (here, on the loop: a decoder process could
+        not hold the keys); one that cannot be opened keeps its place as a marker that
+        :func:`decode_batch` passes (forgotten) or dead-letters (altered)."""
+        assert self.opener is not None
+        out: list[RawRecord] = []
+        for r in records:
+            try:
+                opened = self.opener.open(r.value, r.headers)
+            except TamperedRecord as exc:
+                out.append(r._replace(value=None, headers=((UNOPENED_HEADER, str(exc).encode()),)))
+                continue
+            if opened is None:
+                out.append(r._replace(value=None, headers=((UNOPENED_HEADER, b""),)))
+            elif opened[0] is not r.value:
+                out.append(r._replace(value=opened[0], headers=tuple(opened[1] or ())))
+            else:
+                out.append(r)
+        return out
 
     async def _decoded_in_order(self) -> None:
         """Batches leave decoding in the order they were fetched (one decoder: in order

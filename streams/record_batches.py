@@ -14,6 +14,7 @@ from memstream.domain.quality import injection_reason
 from memstream.streams.consumer import decode_or_dead_letter
 from memstream.streams.deadletter import DeadLetter
 from memstream.streams.rerouting import home_partition, is_misrouted
+from memstream.streams.sealed_records import UNOPENED_HEADER
 from memstream.streams.serializer import header_value
 from memstream.streams.worker_identity import HEADER as WORKER_HEADER, verifier
 
@@ -77,7 +78,9 @@ def decode_batch(
     than its key's is set apart in ``misrouted``, not decoded. With
     ``worker_key``, a system event whose record does not carry the worker's signature
     is a dead letter (:mod:`memstream.streams.worker_identity`; a key, not a closure,
-    so that a decoder process can receive it)."""
+    so that a decoder process can receive it). A record its reader could not open
+    (``UNOPENED_HEADER``: sealed under a forgotten key) is passed; one that did not
+    open for another reason is a dead letter."""
     trusted = verifier(worker_key) if worker_key is not None else None
     events: list[PositionedEvent] = []
     dead: list[DeadLetter] = []
@@ -92,6 +95,13 @@ def decode_batch(
             misrouted.append((rec, home_partition(rec.key, partition_counts[rec.topic])))
             key = (rec.topic, rec.partition)
             next_offsets[key] = max(next_offsets.get(key, 0), rec.offset + 1)
+            continue
+        if rec.value is None and rec.headers and rec.headers[0][0] == UNOPENED_HEADER:
+            key = (rec.topic, rec.partition)
+            next_offsets[key] = max(next_offsets.get(key, 0), rec.offset + 1)
+            reason = rec.headers[0][1]
+            if reason:
+                dead.append(DeadLetter(reason.decode(), rec.topic, rec.partition, rec.offset, None, rec.key, (), "decode"))
             continue
         signed = trusted is not None and header_value(rec.headers, WORKER_HEADER) is not None and trusted(rec.value, rec.headers)
         got = fast.decode(rec.value, rec.headers, trusted=signed or trusted is None) if fast is not None else None

@@ -81,12 +81,15 @@ from memstream.services.extractor import (
     WindowJob,
     store_recall,
 )
+from memstream.sealing import TamperedRecord
 from memstream.settings import Settings
 from memstream.streams.connect import until_started
 from memstream.streams.consumer import decode_or_dead_letter, sharing_turns
 from memstream.streams.deadletter import DeadLetter
 from memstream.streams.producer import MemstreamProducer
+from memstream.streams.keys import SubjectKeys
 from memstream.streams.rerouting import is_misrouted
+from memstream.streams.sealed_records import RecordOpener
 from memstream.streams.topics import Topics
 from memstream.streams.worker_identity import worker_key
 
@@ -226,6 +229,8 @@ class ExtractorRunner:
         self._loop_task: asyncio.Task[None] | None = None
         self._store_lock = asyncio.Lock()
         self._prefetch: asyncio.Task[None] | None = None
+        self._keys: SubjectKeys | None = None
+        self._opener: RecordOpener | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -243,10 +248,16 @@ class ExtractorRunner:
         self._llm = llm
         if self._embedder is None:
             self._embedder = await asyncio.to_thread(build_embedder, settings)
+        if settings.sealing:
+            self._keys = await until_started(
+                lambda: SubjectKeys(settings, self.topics, client_id="memstream-extractor-keys"), "extractor keyring"
+            )
+            self._opener = RecordOpener(self._keys.keyring)
         if self._producer is None:
             producer = await until_started(
                 lambda: MemstreamProducer(
-                    settings, topics=self.topics, client_id="memstream-extractor", signing_key=worker_key(settings)
+                    settings, topics=self.topics, client_id="memstream-extractor", signing_key=worker_key(settings),
+                    keys=self._keys,
                 ),
                 "extractor producer",
             )
@@ -369,6 +380,9 @@ class ExtractorRunner:
         if own is not None:
             await own.stop()
             self._producer = None
+        keys, self._keys = self._keys, None
+        if keys is not None:
+            await keys.stop()
         llm = getattr(self, "_llm", None)
         if self._owns_llm and llm is not None and hasattr(llm, "close"):
             await llm.close()
@@ -390,6 +404,8 @@ class ExtractorRunner:
                 if unread:
                     # aiokafka may hand out records before the assignment listener ran
                     await self._read_marks(unread)
+                if self._keys is not None:
+                    await self._keys.prepare((r.value, r.headers) for records in polled.values() for r in records)
                 for records in polled.values():
                     for r in records:
                         self._ingest(r.topic, r.partition, r.offset, r.key, r.value, r.headers)
@@ -415,6 +431,16 @@ class ExtractorRunner:
             self.stats.records_skipped += 1
             self.buffer.observe(position)
             return
+        if self._opener is not None:
+            try:
+                opened = self._opener.open(value, headers)
+            except TamperedRecord:
+                opened = None  # the projector dead-letters it, with the reason
+            if opened is None:  # a forgotten subject's turn: never extracted
+                self.stats.records_skipped += 1
+                self.buffer.observe(position)
+                return
+            value, headers = opened
         item = decode_or_dead_letter(topic, partition, offset, key, value, headers, share_turns=True)
         if isinstance(item, DeadLetter):
             self.stats.records_skipped += 1

@@ -56,6 +56,7 @@ from memstream.services.projector_service import apply_decoded
 from memstream.settings import Settings
 from memstream.streams.admin import topic_partitions
 from memstream.codec.fast_decode import FastMemoryDecoder
+from memstream.streams.keys import SubjectKeys
 from memstream.streams.producer import create_kafka_producer
 from memstream.streams.projector_feed import FeedBatch, ProjectorFeed
 from memstream.streams.rerouting import Rerouter
@@ -132,6 +133,8 @@ class ReplayReport:
     the right partition is); re-published by the replay when the live worker had not
     reached them yet (``rerouted``)."""
     rerouted: int = 0
+    unreadable: int = 0
+    """Sealed records under a forgotten key: skipped (their subject was forgotten)."""
     end_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     positions: dict[tuple[str, int], int] = field(default_factory=dict)
     replay_digest: dict[str, tuple[int, str]] = field(default_factory=dict)
@@ -181,7 +184,9 @@ class ReplayReport:
         )
         return (
             f"replayed {self.records} records in {self.elapsed_s:.1f}s ({self.rate:.0f}/s): "
-            f"{self.applied} applied, {dead} dead letters; verified; {compare}; {action}"
+            f"{self.applied} applied, {dead} dead letters"
+            + (f", {self.unreadable} of forgotten subjects skipped" if self.unreadable else "")
+            + f"; verified; {compare}; {action}"
         )
 
 
@@ -284,6 +289,7 @@ async def _consume_into(
     started: float | None = None,
     all_partitions: Sequence[TopicPartition] | None = None,
     worker_key: bytes | None = None,
+    keys: SubjectKeys | None = None,
 ) -> None:
     """Read the given partitions from ``begins`` to ``ends`` through the same pipelined
     feed as the worker (fetch, decode and write overlap). ``expected`` is the total
@@ -325,6 +331,7 @@ async def _consume_into(
         decode_in_process=decode_in_process,
         fast_decoder=FastMemoryDecoder.for_projector(projector, fast_path),
         worker_key=worker_key,
+        keys=keys,
         max_batch=batch_size,
         fetch_records=min(batch_size, 5_000),
         reroute=True,
@@ -334,6 +341,8 @@ async def _consume_into(
             on_progress(ReplayProgress(report.records, expected, time.monotonic() - started))
         await feed.run()
     finally:
+        if feed.opener is not None:
+            report.unreadable += feed.opener.counts.skipped
         embedding.shutdown(wait=True)
         writer.shutdown(wait=True)
 
@@ -390,7 +399,9 @@ def _verify(report: ReplayReport) -> None:
     for key, live in sorted((report.live_positions or {}).items()):
         if not report.dry_run and report.positions.get(key, 0) < live:
             problems.append(f"{key[0]}:{key[1]} position {report.positions.get(key, 0)} behind the live set's {live}")
-    accounted = report.applied + report.skipped + report.dead_decode + report.dead_project + report.misrouted
+    accounted = (
+        report.applied + report.skipped + report.dead_decode + report.dead_project + report.misrouted + report.unreadable
+    )
     if accounted != report.records:
         problems.append(
             f"{report.records} records read but {accounted} accounted for "
@@ -479,6 +490,7 @@ class _Build:
         self.consumer: AIOKafkaConsumer | None = None
         self.partitions: list[TopicPartition] = []
         self.rerouter: _MisroutedBeyond | None = None
+        self.keys: SubjectKeys | None = None
         # Opening writes (tables, indexes): its own thread, waited for on close, so a
         # Ctrl-C during it cannot leave a thread writing into a set being removed.
         self._opener = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-replay-open")
@@ -495,6 +507,8 @@ class _Build:
             await self.consumer.start()
         except KafkaError as exc:
             raise ReplayError(f"cannot reach Kafka at {self.settings.bootstrap_servers}: {exc}") from exc
+        if self.settings.sealing:
+            self.keys = await SubjectKeys(self.settings, topics, client_id="memstream-replay-keys").start()
         self.store = await loop.run_in_executor(self._opener, _open_store, self.report.replay_dir, self.settings)
         self.projector = await loop.run_in_executor(self._opener, _open_projector, self.store, self.settings)
         self.rerouter = _MisroutedBeyond(self.settings, handled, self.report)
@@ -510,7 +524,7 @@ class _Build:
             self.consumer, todo, begins, ends, self.projector, self.report, self.batch_size,
             self.on_progress, self.expected, decode_in_process=self.settings.projector_decode_process,
             fast_path=self.settings.projector_fast_path, on_decoded=self.rerouter.publish, started=self.started,
-            all_partitions=self.partitions, worker_key=load_worker_key(self.settings),
+            all_partitions=self.partitions, worker_key=load_worker_key(self.settings), keys=self.keys,
         )
 
     def positions(self) -> dict[TopicPartition, int]:
@@ -523,6 +537,8 @@ class _Build:
                 await self.consumer.stop()
             if self.rerouter is not None:
                 await self.rerouter.stop()
+            if self.keys is not None:
+                await self.keys.stop()
         finally:
             self._opener.shutdown(wait=True)
 
