@@ -18,6 +18,7 @@ from memstream.cli import (
     extract,
     projector,
     reflect,
+    sealing,
     serve,
 )
 from memstream.cli._errors import CLIError, run_cli
@@ -33,7 +34,7 @@ app = typer.Typer(
     add_completion=False,
 )
 
-for module in (broker, events, projector, analytics, extract, reflect, serve, bench):
+for module in (broker, events, projector, analytics, extract, reflect, serve, sealing, bench):
     module.register(app)
 
 

@@ -1,0 +1,87 @@
+"""``memstream forget``: forget one user's memory space, or every space of a team.
+
+Order matters for convergence. First a ``SubjectForgotten`` per space goes to the
+events topic (unsealed, signed by the worker key, in the space's partition, so after
+every earlier event of the space): the projector deletes the space's rows when it
+reaches it and drops the keys it names at once. Then the keys are tombstoned in
+``memstream.keys``. A run killed between the two is repeated with the same command
+(the keys are still there); once they are gone there is nothing left to do, and a
+second run says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aiokafka import AIOKafkaProducer
+
+from memstream.domain.events import Scope, SubjectForgotten
+from memstream.domain.log import LogPosition
+from memstream.sealing import Subject
+from memstream.settings import Settings
+from memstream.streams.keys import SubjectKeys
+from memstream.streams.serializer import encode_event
+from memstream.streams.topics import Topics
+from memstream.streams.worker_identity import signed_headers, worker_key
+
+__all__ = ["ForgetReport", "forget"]
+
+
+@dataclass
+class ForgetReport:
+    team_id: str
+    user_id: str | None
+    forgotten: list[Subject] = field(default_factory=list)
+    already_forgotten: list[Subject] = field(default_factory=list)
+    positions: list[LogPosition] = field(default_factory=list)
+
+    def summary(self) -> str:
+        what = f"team {self.team_id!r}" + (f" user {self.user_id!r}" if self.user_id is not None else " (every user)")
+        if self.forgotten:
+            users = ", ".join(repr(s.user_id) for s in self.forgotten)
+            return f"forgot {what}: {len(self.forgotten)} memory space(s) ({users}); keys tombstoned, projections deleting"
+        if self.already_forgotten:
+            return f"nothing to forget: {what} was already forgotten"
+        return f"nothing to forget: no data subject {what} is known (nothing was ever sealed for it)"
+
+
+def forgotten_events(keys: SubjectKeys, subjects: list[Subject], whole_team: bool) -> list[SubjectForgotten]:
+    assert keys.keyring is not None
+    return [
+        SubjectForgotten(
+            scope=Scope(team_id=s.team_id, user_id=s.user_id),
+            whole_team=whole_team,
+            key_ids=tuple(kid.hex() for kid in keys.keyring.kids_of(s)),
+            producer="memstream-forget",
+        )
+        for s in subjects
+    ]
+
+
+async def forget(settings: Settings, team_id: str, user_id: str | None = None) -> ForgetReport:
+    """Forget the subject(s); see the module doc for the order of the writes."""
+    topics = Topics.from_settings(settings)
+    report = ForgetReport(team_id, user_id)
+    async with SubjectKeys(settings, topics, client_id="memstream-forget") as keys:
+        await keys.sync()
+        assert keys.keyring is not None
+        subjects = keys.keyring.subjects(team_id, user_id)
+        if not subjects:
+            report.already_forgotten = keys.keyring.forgotten_subjects(team_id, user_id)
+            return report
+        signer = worker_key(settings)
+        producer = AIOKafkaProducer(
+            bootstrap_servers=settings.bootstrap_servers, client_id="memstream-forget", enable_idempotence=True, acks="all"
+        )
+        await producer.start()
+        try:
+            for event in forgotten_events(keys, subjects, whole_team=user_id is None):
+                rec = encode_event(event)
+                md = await producer.send_and_wait(
+                    topics.events, rec.value, key=rec.key, headers=signed_headers(signer, rec.value, rec.headers)
+                )
+                report.positions.append(LogPosition(topic=md.topic, partition=md.partition, offset=md.offset))
+        finally:
+            await producer.stop()
+        report.forgotten = await keys.forget(team_id, user_id)
+    return report
