@@ -16,17 +16,21 @@ import asyncio
 import contextlib
 import logging
 
+from typing import Any
+
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
+from mode import Service
 
 from memstream.settings import Settings
+from memstream.streams.connect import until_started
 from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher
 from memstream.streams.keys import SubjectKeys
 from memstream.streams.sealed_records import PLAIN_TYPES, NotAnEvent, ingress_header, seal_value
 from memstream.sealing import Subject
 from memstream.streams.topics import Topics, topic_for_type
 
-__all__ = ["IngressSealer"]
+__all__ = ["IngressSealer", "SealerService", "register_sealer"]
 
 log = logging.getLogger(__name__)
 
@@ -105,3 +109,53 @@ class IngressSealer:
             await dead.publish_many(refused)
         self.sealed += len(sends)
         self.dead_lettered += len(refused)
+
+
+class SealerService(Service):
+    """The sealer inside the worker (when sealing is on): its own keyring, and a task
+    that stops the worker if sealing fails (a restart resumes from the committed
+    ingress offsets)."""
+
+    logger = logging.getLogger("memstream.faust")
+
+    def __init__(self, app: Any, settings: Settings, topics: Topics) -> None:
+        super().__init__()
+        self.app = app
+        self.settings = settings
+        self.topics = topics
+        self._keys: SubjectKeys | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.sealer: IngressSealer | None = None
+
+    async def on_start(self) -> None:
+        settings = self.settings
+        self._keys = await until_started(
+            lambda: SubjectKeys(settings, self.topics, client_id=f"{settings.app_id}-sealer-keys"), "sealer keyring"
+        )
+        self.sealer = IngressSealer(settings, self._keys, self.topics)
+        self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        assert self.sealer is not None
+        try:
+            await self.sealer.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.critical("sealer failed; stopping the worker: %s: %s", type(exc).__name__, exc)
+            await self.app.crash(exc)
+            raise
+
+    async def on_stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._keys is not None:
+            await self._keys.stop()
+
+
+def register_sealer(app: Any, settings: Settings, topics: Topics) -> None:
+    """Add the ingress sealer to ``app`` (only with sealing on: without it the log is
+    plaintext and producers write to it directly)."""
+    if settings.sealing:
+        app.service(SealerService(app, settings, topics))

@@ -24,6 +24,7 @@ from memstream.services.extractor_service import register_extractor
 from memstream.services.projector_service import register_projector
 from memstream.services.reflector_agent import register_reflector
 from memstream.settings import Settings
+from memstream.streams.sealer import register_sealer
 from memstream.streams.topics import Topics
 
 __all__ = [
@@ -37,7 +38,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-AGENT_NAMES: tuple[str, ...] = ("projector", "extractor", "reflector")
+AGENT_NAMES: tuple[str, ...] = ("projector", "extractor", "reflector", "sealer")
 """Every agent a worker can run, in registration order."""
 
 
@@ -115,7 +116,12 @@ def build_app(
         loop=loop,
     )
 
-    register = {"projector": register_projector, "extractor": register_extractor, "reflector": register_reflector}
+    register = {
+        "projector": register_projector,
+        "extractor": register_extractor,
+        "reflector": register_reflector,
+        "sealer": register_sealer,
+    }
     for name in AGENT_NAMES:
         if name in requested:
             register[name](app, settings, topics)

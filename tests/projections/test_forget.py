@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 from tests.projections.projection_helpers import memory, positioned
@@ -12,6 +13,7 @@ from memstream.projections.forget import SCOPED_TABLES, delete_subject, shred_de
 from memstream.projections.projector import Projector
 from memstream.projections.store import LanceStore
 
+NO_READERS = timedelta(0)  # no other process reads these tables: no version need wait
 ALICE = Scope(team_id="acme", user_id="alice")
 BOB = Scope(team_id="acme", user_id="bob")
 GLOBEX = Scope(team_id="globex", user_id="alice")
@@ -49,7 +51,7 @@ def test_forgetting_a_user_leaves_no_row_and_no_byte_and_others_untouched(
 
     deleted = delete_subject(store, "acme", "alice")
     assert deleted["memories"] == 5 and deleted["messages"] == 5 and deleted["entities"] == 5
-    shred_deleted_rows(store)
+    shred_deleted_rows(store, grace=NO_READERS)
 
     assert all(rows == [] for rows in _rows(store, ALICE).values())
     assert not _files_holding(tmp_path / "lance", alice_needle)
@@ -61,7 +63,7 @@ def test_forgetting_a_team_deletes_every_user_of_it(store: LanceStore, projector
     _project(projector, "c")
     before = _rows(store, GLOBEX)
     delete_subject(store, "acme")
-    shred_deleted_rows(store)
+    shred_deleted_rows(store, grace=NO_READERS)
     assert all(rows == [] for rows in _rows(store, ALICE).values())
     assert all(rows == [] for rows in _rows(store, BOB).values())
     assert _rows(store, GLOBEX) == before
@@ -74,6 +76,7 @@ def test_the_projector_deletes_a_subject_when_it_reaches_its_subject_forgotten(
     canary = f"zq{uuid.uuid4().hex[:10]}"
     _project(projector, canary)
     before_bob = _rows(store, BOB)
+    projector.reader_grace = NO_READERS
     late = memory(ALICE, "aliceacme-late", f"{canary}-aliceacme written in the same batch, before")
     forgotten = SubjectForgotten(scope=ALICE, key_ids=("ab" * 16,))
     result = projector.apply(positioned([late, forgotten], start=100))
