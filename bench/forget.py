@@ -10,7 +10,9 @@ keep writing. Measured:
 * ``forget_visible_p99_ms``: from the start of ``forget`` to a search of the subject's
   canary (and a count of its rows) returning nothing, per forgotten subject;
 * ``rows_left``: rows of forgotten subjects in every table of the live projection;
-  ``lance_file_hits``: files under the LanceDB root still holding a canary's bytes;
+  ``lance_file_hits``: files under the LanceDB root still holding a canary's bytes
+  once the readers' grace has passed (``lance_files_clean_s``: about when, from the
+  forget);
 * ``plaintext_hits``: records of the kept-forever topics whose raw bytes (key, value,
   headers) hold a forgotten subject's canary or vector;
 * ``replay_rows_left``: rows of forgotten subjects after a full replay into a fresh
@@ -37,7 +39,7 @@ from memstream.domain.events import EmbeddingPayload, MemoryAdded, MessageObserv
 from memstream.projections.embedder import build_embedder
 from memstream.projections.forget import SCOPED_TABLES, subject_where
 from memstream.projections.search import search
-from memstream.projections.store import LanceStore
+from memstream.projections.store import LanceStore, StoreError
 from memstream.projections.table_sets import TableSets
 from memstream.services.replay import replay
 from memstream.settings import Settings
@@ -133,10 +135,14 @@ def _row_count(store: LanceStore, scope: Scope) -> int:
 
 async def _wait_rows(settings: Settings, expected: dict[tuple[str, str], int], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
+    counts: dict[tuple[str, str], int] = {}
     while True:
-        store = _open(settings)
-        counts = {k: store.table("memories").count_rows(subject_where(*k)) for k in expected}
-        if all(counts[k] >= n for k, n in expected.items()):
+        try:
+            store = _open(settings)
+            counts = {k: store.table("memories").count_rows(subject_where(*k)) for k in expected}
+        except StoreError:  # the worker has not made its tables yet
+            counts = {}
+        if counts and all(counts[k] >= n for k, n in expected.items()):
             return
         if time.monotonic() > deadline:
             raise TimeoutError(f"projection incomplete after {timeout_s:.0f} s: {counts} of {expected}")
@@ -222,8 +228,13 @@ async def _run(settings: Settings, workdir: Path, n: int) -> dict[str, Any]:
             {k: v for k, v in _rows(live, s).items() if k in before[(s.team_id, s.user_id)]} == before[(s.team_id, s.user_id)]
             for s in others
         )
-        file_hits = _file_hits(settings.lance_dir, needles)
         plaintext_hits, records = await _raw_hits(settings, needles)
+        # the table files: clean once the readers' grace has passed and the worker's
+        # maintenance dropped the versions that still held the rows
+        cleaning = time.perf_counter()
+        while (file_hits := _file_hits(settings.lance_dir, needles)) and time.perf_counter() - cleaning < 180:
+            await asyncio.sleep(2)
+        files_clean_s = time.perf_counter() - cleaning + max(visible_ms) / 1000
     finally:
         worker.stop()
 
@@ -241,6 +252,7 @@ async def _run(settings: Settings, workdir: Path, n: int) -> dict[str, Any]:
         "forgotten": len(forgotten),
         "rows_left": rows_left,
         "lance_file_hits": file_hits,
+        "lance_files_clean_s": round(files_clean_s, 1),
         "plaintext_hits": plaintext_hits,
         "records_scanned": records,
         "replay_rows_left": replay_rows_left,

@@ -61,6 +61,14 @@ def bench_search(
     _run("search", quick=quick)
 
 
+@bench_app.command("forget")
+def bench_forget(
+    quick: bool = typer.Option(False, "--quick", help="100 memories per subject instead of 1,000."),
+) -> None:
+    """Crypto-shredding end to end: rows and plaintext left after forgetting, a replay, the others' rows."""
+    _run("forget", quick=quick)
+
+
 @bench_app.command("freshness")
 def bench_freshness(
     quick: bool = typer.Option(False, "--quick", help="15 s instead of 60 s."),
