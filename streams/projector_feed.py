@@ -50,6 +50,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from memstream.codec.batch import PositionedMemories
 from memstream.codec.fast_decode import FastMemoryDecoder
+from memstream.streams.connect import until_started
 from memstream.sealing import TamperedRecord
 from memstream.streams.keys import SubjectKeys
 from memstream.streams.record_batches import DecodedBatch, RawRecord, decode_batch
@@ -150,8 +151,9 @@ class ProjectorFeed:
     ``reroute`` sets apart the records that sit on another partition than their key's
     (``DecodedBatch.misrouted``; the caller re-publishes them in ``on_decoded``).
     ``worker_key`` dead-letters system events the worker did not sign. ``keys`` (a
-    started keyring) opens sealed records before decoding; one sealed under a forgotten
-    key is skipped (``opener.counts``) and its position passed.
+    keyring; one not started yet is started and stopped by :meth:`run`) opens sealed
+    records before decoding; one sealed under a forgotten key is skipped
+    (``opener.counts``) and its position passed.
     """
 
     def __init__(
@@ -204,7 +206,7 @@ class ProjectorFeed:
         self._counts: dict[str, int] = {}
         self._worker_key = worker_key
         self._keys = keys
-        self.opener = RecordOpener(keys.keyring, worker_key=worker_key) if keys is not None else None
+        self.opener: RecordOpener | None = None
         # Fetched batches being decoded, in fetch order (two in flight at most).
         self._decoding: asyncio.Queue[tuple[list[RawRecord], asyncio.Future[DecodedBatch]] | None] = asyncio.Queue(
             maxsize=2
@@ -360,6 +362,18 @@ class ProjectorFeed:
     async def run(self) -> None:
         """Assign, then fetch/decode and apply concurrently until done or cancelled.
         An exception in either stage stops both and propagates."""
+        own_keys = self._keys is not None and self._keys.keyring is None
+        if self._keys is not None:
+            if own_keys:
+                await until_started(lambda: self._keys, f"{self.name} keyring")  # type: ignore[arg-type,return-value]
+            self.opener = RecordOpener(self._keys.keyring, worker_key=self._worker_key)
+        try:
+            await self._read()
+        finally:
+            if own_keys:
+                await self._keys.stop()  # type: ignore[union-attr]
+
+    async def _read(self) -> None:
         await asyncio.get_running_loop().run_in_executor(self._decoder, _decoder_ready)
         self._assign(await self._initial_partitions())
         log.info(

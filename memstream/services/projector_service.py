@@ -389,13 +389,8 @@ class ProjectorRuntime:
 
     def _maintain_beside_writer(self, cleanup: bool, indexes: bool = True) -> None:
         started = time.monotonic()
-        finish_shredding = getattr(self.projector, "finish_shredding", None)
-        try:
-            if finish_shredding is not None and finish_shredding():
-                log.info("forgotten rows dropped from the older table versions")
-        except Exception as exc:  # noqa: BLE001 - the next maintenance tries again
-            log.warning("dropping the versions that held forgotten rows failed (will retry): %s", exc)
-            self.projector.shred_due = time.monotonic()  # type: ignore[attr-defined]
+        if hasattr(self.projector, "finish_shredding"):
+            self.projector.finish_shredding()  # type: ignore[attr-defined]  # a forget's last step
         try:
             compacted = self._compact(cleanup)
         except Exception as exc:  # noqa: BLE001 - a conflicting write wins; retried next time
@@ -470,15 +465,10 @@ class ProjectorService(Service):
         self._apply_lock = asyncio.Lock()
         self._swap_watch: asyncio.Task[None] | None = None
         self._settled: set[str] = set()
-        self._keys: SubjectKeys | None = None
 
     async def on_start(self) -> None:
         await self.runtime.open()
         settings = self.runtime.settings
-        if settings.sealing:
-            self._keys = await until_started(
-                lambda: SubjectKeys(settings, client_id=f"{settings.app_id}-projector-keys"), "projector keyring"
-            )
 
         self._consumer = await until_started(
             lambda: feed_consumer(settings, f"{settings.app_id}-projector", group_id=projector_group(settings)),
@@ -544,7 +534,7 @@ class ProjectorService(Service):
                 fast_decoder=FastMemoryDecoder.for_projector(rt.projector, rt.settings.projector_fast_path),
                 reroute=True,
                 worker_key=worker_key(rt.settings),
-                keys=self._keys,
+                keys=SubjectKeys(rt.settings, client_id=f"{rt.settings.app_id}-keys") if rt.settings.sealing else None,
             )
             await feed.run()
         except asyncio.CancelledError:
@@ -586,8 +576,6 @@ class ProjectorService(Service):
             if self._consumer is not None:
                 await self._commit_hint()
                 await self._consumer.stop()
-            if self._keys is not None:
-                await self._keys.stop()
         finally:
             await self.runtime.close()
 
