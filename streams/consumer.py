@@ -30,8 +30,11 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, RebalanceInPro
 from memstream.domain.access import client_content_problem, system_claim
 from memstream.domain.events import MessageObserved
 from memstream.domain.log import LogPosition, PositionedEvent
+from memstream.sealing import TamperedRecord
 from memstream.settings import Settings, get_settings
 from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher
+from memstream.streams.keys import SubjectKeys
+from memstream.streams.sealed_records import RecordOpener
 from memstream.streams.serializer import MAX_RECORD_BYTES, DecodeError, decode_record, encode_event
 from memstream.streams.topics import Topics
 
@@ -277,6 +280,8 @@ class EventConsumer:
         self._max_record_bytes = max_record_bytes
         self._consumer_options = dict(consumer_options or {})
         self._consumer: AIOKafkaConsumer | None = None
+        self._keys: SubjectKeys | None = None
+        self.opener: RecordOpener | None = None
         self._yielded: dict[TopicPartition, int] = {}
         self._raw: dict[LogPosition, ConsumerRecord[bytes, bytes]] = {}
 
@@ -301,6 +306,9 @@ class EventConsumer:
             "isolation_level": self._isolation_level,
         }
         options.update(self._consumer_options)
+        if self.settings.sealing and self._keys is None:  # the log is sealed: open what is read
+            self._keys = await SubjectKeys(self.settings, client_id=f"{self._client_id}-keys").start()
+            self.opener = RecordOpener(self._keys.keyring)
         consumer = AIOKafkaConsumer(**options)
         if self.group_id is not None:
             consumer.subscribe(self.topics, listener=_Rebalance(self))
@@ -319,9 +327,12 @@ class EventConsumer:
     async def stop(self) -> None:
         """Disconnect. Does not commit: un-committed batches are read again next time."""
         consumer, self._consumer = self._consumer, None
+        keys, self._keys = self._keys, None
         try:
             if consumer is not None:
                 await consumer.stop()
+            if keys is not None:
+                await keys.stop()
         finally:
             if self._owns_dead_letters and self._dead_letters is not None:
                 publisher, self._dead_letters = self._dead_letters, None
@@ -371,6 +382,8 @@ class EventConsumer:
         consumer = self.consumer
         while True:
             polled = await consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+            if self._keys is not None:
+                await self._keys.prepare((r.value, r.headers) for records in polled.values() for r in records)
             batch = self._decode(polled)
             if batch.dead:
                 await self._publisher().publish_many(batch.dead)
@@ -387,13 +400,23 @@ class EventConsumer:
         self._raw = {}
         for tp, records in polled.items():
             for rec in records:
+                value, headers = rec.value, rec.headers
+                if self.opener is not None:
+                    try:
+                        opened = self.opener.open(value, headers)
+                    except TamperedRecord as exc:
+                        dead.append(DeadLetter(str(exc), rec.topic, rec.partition, rec.offset, value, rec.key, tuple(headers or ())))
+                        continue
+                    if opened is None:  # a forgotten subject's record: skipped (opener.counts)
+                        continue
+                    value, headers = opened
                 item = decode_or_dead_letter(
                     rec.topic,
                     rec.partition,
                     rec.offset,
                     rec.key,
-                    rec.value,
-                    rec.headers,
+                    value,
+                    headers,
                     max_bytes=self._max_record_bytes,
                 )
                 if isinstance(item, DeadLetter):

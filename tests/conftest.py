@@ -8,6 +8,7 @@ plain ``pytest`` works on a fresh clone too.
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 import warnings
 from collections.abc import AsyncIterator, Iterator
@@ -17,6 +18,13 @@ import pytest
 from memstream.settings import Settings
 from memstream.streams.broker import local
 from memstream.streams.topics import Topics
+
+# Sealing is on by default in the product. Most tests read the log's raw bytes to check
+# the wire format, so they run on a plaintext log; the sealing tests (tests/sealing,
+# tests/streams/test_keys.py, test_sealer.py, test_reseal.py, test_forget_e2e.py and
+# the tests that pass ``sealing=True``) turn it on. Set MEMSTREAM_SEALING=true to run
+# the whole suite sealed.
+os.environ.setdefault("MEMSTREAM_SEALING", "false")
 
 
 @pytest.fixture(scope="session")

@@ -83,7 +83,7 @@ async def _raw_records(settings, topics: Topics) -> list[bytes]:  # type: ignore
 async def test_forget_converges_across_a_killed_worker_and_leaves_nothing(
     fresh_topics: Topics, settings_for, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
-    settings = settings_for(fresh_topics, embedder="local", embedding_dim=32, optimize_every_s=2.0)
+    settings = settings_for(fresh_topics, embedder="local", embedding_dim=32, optimize_every_s=2.0, sealing=True)
     canary = f"zq{uuid.uuid4().hex[:10]}"
     events = []
     for scope in (ALICE, BOB):
