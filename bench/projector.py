@@ -186,17 +186,26 @@ def run(
             ceilings.append(measure_ceilings(settings, corpus, wd.path, repeat=r, rows=rows))
             runs.append(measure_projector(settings, wd.path, n, repeat=r))
         del rows
+    result = _result(quick, n, spaces, repeats, settings, produced, ceilings, runs, machine)
+    _print(result, settings, spaces, repeats)
+    return result
+
+
+def _result(
+    quick: bool, n: int, spaces: int, repeats: int, settings: Settings, produced: Any,
+    ceilings: list[dict[str, float]], runs: list[dict[str, Any]], machine: dict[str, Any],
+) -> dict[str, Any]:
+    """The benchmark's JSON figures from its samples."""
     consume = [c["consume_eps"] for c in ceilings]
     add = [c["add_eps"] for c in ceilings]
     consume_eps, add_eps = median(consume), median(add)
     cpu_us = cpu_figures(ceilings, [x["cpu_us"] for x in runs if x["cpu_us"] is not None], "projector")
     projector_eps = median(x["eps"] for x in runs)
-    ceiling = min(consume_eps, add_eps)
-    ratio = projector_eps / ceiling
+    ratio = projector_eps / min(consume_eps, add_eps)
     serial_ceiling = 1 / (1 / consume_eps + 1 / add_eps)
     serial_ratio = projector_eps / serial_ceiling
     cpu_per_wall = [c / x["wall_s"] for x in runs if (c := x["cpu_s"]) is not None and x["wall_s"]]
-    result: dict[str, Any] = {
+    return {
         "benchmark": "projector",
         "quick": quick,
         "events": n,
@@ -230,6 +239,14 @@ def run(
         },
         "machine": {**machine, "load_1m_end": machine_info()["load_1m"]},
     }
+
+
+def _print(result: dict[str, Any], settings: Settings, spaces: int, repeats: int) -> None:
+    n, machine, cpu_us = result["events"], result["machine"], result["cpu_us_per_event"]
+    consume_eps, add_eps = result["raw_consume_eps"], result["raw_lance_add_eps"]
+    projector_eps, ratio = result["projector_eps"], result["ratio"]
+    serial_ceiling, serial_ratio = result["serial_ceiling_eps"], result["serial_ratio"]
+    produced_eps = result["produce_eps"]
     print_table(
         f"memstream bench projector: {n:,} events, {spaces} spaces, {settings.embedding_dim}-d (medians of {repeats})",
         [
@@ -247,9 +264,7 @@ def run(
                 "CPU s per s of the worker + its decoder process (1.0 = one core)",
             ),
             *cpu_rows(cpu_us, "projector"),
-            ("produce_eps", f"{produced.eps:,.0f}", f"durable SDK producer, {result['record_bytes_avg']:,.0f} B/record"),
+            ("produce_eps", f"{produced_eps:,.0f}", f"durable SDK producer, {result['record_bytes_avg']:,.0f} B/record"),
             ("load_1m", f"{machine['load_1m']} -> {result['machine']['load_1m_end']}", f"{machine['cores']} cores, shared"),
         ],
     )
-    return result
-

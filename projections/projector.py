@@ -173,25 +173,9 @@ class Projector:
             for pe in batch:  # skipped ones too: nothing of this batch stays behind
                 self._ahead.pop(_pos_key(pe), None)
         for key in sorted(fresh):
-            item = fresh[key]
-            if isinstance(item, int):
-                refused = self._on_fast_memory(item, plan)
-                if refused is not None:
-                    result.failed.append(refused)
-                continue
-            pe = item
-            handler = self._handlers.get(type(pe.event))
-            try:
-                if handler is None:
-                    raise ProjectionError(f"no projection for event type {pe.event.type!r}")
-                handler(pe, plan)
-            except ProjectionError as exc:
-                result.failed.append((pe, str(exc)))
-            except Exception as exc:  # noqa: BLE001 - one event must not block the log
-                # Handlers only reshape an already validated event; anything else they
-                # raise is about this event, and retrying the batch would never end.
-                log.warning("cannot project %s", pe.position, exc_info=True)
-                result.failed.append((pe, f"cannot project: {type(exc).__name__}: {exc}"))
+            refused = self._file(fresh[key], plan)
+            if refused is not None:
+                result.failed.append(refused)
         result.failed.extend(self._refuse_taken_ids(plan))
         result.applied = len(fresh) - len(result.failed)
 
@@ -201,8 +185,8 @@ class Projector:
 
         next_offsets: dict[tuple[str, int], int] = {}
         for topic, partition, offset in fresh:
-            key = (topic, partition)
-            next_offsets[key] = max(next_offsets.get(key, 0), offset + 1, stored.get(key, 0))
+            tp = (topic, partition)
+            next_offsets[tp] = max(next_offsets.get(tp, 0), offset + 1, stored.get(tp, 0))
         self.save_positions(next_offsets)
         log.debug(
             "applied %d, skipped %d, failed %d; positions %s",
@@ -240,6 +224,26 @@ class Projector:
         self.shred_due = None
         log.info("forgotten rows dropped from the older table versions")
         return True
+
+    def _file(self, item: PositionedEvent | int, plan: Plan) -> tuple[PositionedEvent, str] | None:
+        """Put one event (or fast-path memory ``item``) into the plan; the event and the
+        reason when it cannot be projected."""
+        if isinstance(item, int):
+            return self._on_fast_memory(item, plan)
+        pe = item
+        handler = self._handlers.get(type(pe.event))
+        try:
+            if handler is None:
+                raise ProjectionError(f"no projection for event type {pe.event.type!r}")
+            handler(pe, plan)
+        except ProjectionError as exc:
+            return pe, str(exc)
+        except Exception as exc:  # noqa: BLE001 - one event must not block the log
+            # Handlers only reshape an already validated event; anything else they
+            # raise is about this event, and retrying the batch would never end.
+            log.warning("cannot project %s", pe.position, exc_info=True)
+            return pe, f"cannot project: {type(exc).__name__}: {exc}"
+        return None
 
     # ------------------------------------------------------------------ handlers
     def _on_message(self, pe: PositionedEvent, plan: Plan) -> None:

@@ -114,7 +114,7 @@ class _Columns:
 
 
 def _columns(table: str, cls: type[EventBase]) -> _Columns:
-    names = set(value_names(cls))
+    names = set(value_names(cls))  # type: ignore[arg-type]  # classes are hashable
     derived = DERIVED[table]
     copied, as_json = [], []
     for f in schema_for(table, 1):

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from datetime import datetime, timezone
 from enum import Enum
-from typing import Annotated, Any, Literal, NamedTuple, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, NamedTuple, Union, cast, get_args, get_origin
 
 import msgspec
 import numpy as np
@@ -160,7 +160,7 @@ def _rules(metadata: Sequence[Any]) -> tuple[dict[str, Any], list[Check], list[C
             continue
         elif isinstance(m, (BeforeValidator, AfterValidator)):
             if m.func not in JSON_TYPE_VALIDATORS:
-                (before if isinstance(m, BeforeValidator) else after).append(m.func)
+                (before if isinstance(m, BeforeValidator) else after).append(cast(Check, m.func))
         else:
             raise _cannot(m)
     return meta, before, after
@@ -170,8 +170,8 @@ def _shape(annotation: Any, metadata: Sequence[Any] = ()) -> _Shape:
     """The reader of one field type (``metadata``: its ``Annotated`` extras)."""
     origin = get_origin(annotation)
     if origin is Annotated:
-        base, *inner = get_args(annotation)
-        return _shape(base, [*inner, *metadata])
+        base, *extras = get_args(annotation)
+        return _shape(base, [*extras, *metadata])
     if origin in (Union, types.UnionType):
         args = get_args(annotation)
         rest = [a for a in args if a is not type(None)]
@@ -202,20 +202,26 @@ def _tuple_shape(annotation: Any) -> tuple[Any, Check | None]:
     if len(args) != 2 or args[1] is not Ellipsis:
         raise _cannot(annotation)
     item = _shape(args[0])
-    if isinstance(item.check, _Pattern) and not item.optional:
-        return list[item.wire], (lambda v: item.check.all(v) if v else v)  # type: ignore[union-attr]
+    pattern = item.check
+    if isinstance(pattern, _Pattern) and not item.optional:
+        return _generic(list, item.wire), (lambda v: pattern.all(v) if v else v)
     check = item.full_check()
-    return list[item.wire], (None if check is None else (lambda v: [check(x) for x in v]))
+    return _generic(list, item.wire), (None if check is None else (lambda v: [check(x) for x in v]))
 
 
 def _dict_shape(annotation: Any) -> tuple[Any, Check | None]:
     key, value = (_shape(a) for a in get_args(annotation))
     kc, vc = key.full_check(), value.full_check()
     if kc is None and vc is None:
-        return dict[key.wire, value.wire], None
+        return _generic(dict, key.wire, value.wire), None
     kc = kc or (lambda k: k)
     vc = vc or (lambda v: v)
-    return dict[key.wire, value.wire], (lambda d: {kc(k): vc(v) for k, v in d.items()})
+    return _generic(dict, key.wire, value.wire), (lambda d: {kc(k): vc(v) for k, v in d.items()})
+
+
+def _generic(origin: Any, *args: Any) -> Any:
+    """``list[t]`` / ``dict[k, v]`` of types known only at run time."""
+    return origin[args[0] if len(args) == 1 else args]
 
 
 def _enum_check(cls: type[Enum]) -> Check:
@@ -358,8 +364,8 @@ class _ModelReader:
         out: Values = msgspec.structs.asdict(wire)
         if self.skip is not None:
             del out[self.skip]
-        for check, names in self.patterned.values():
-            check.all([v for n in names if (v := out[n]) is not None])
+        for pattern, names in self.patterned.values():
+            pattern.all([v for n in names if (v := out[n]) is not None])
         for name, check in self.always:
             out[name] = check(out[name])
         for name, check in self.unless_none:
@@ -380,7 +386,7 @@ class FastDecoder:
 
     def __init__(self, cls: type[EventBase]) -> None:
         self.cls = cls
-        self.vector = vector_field(cls)
+        self.vector = vector_field(cls)  # type: ignore[arg-type]  # classes are hashable
         etype, version = cls.model_fields["type"].default, cls.model_fields["schema_version"].default
         self.headers = {
             HEADER_TYPE: etype.encode("ascii"),

@@ -41,7 +41,7 @@ def _is_payload(annotation: Any) -> bool:
 @cache
 def value_names(cls: type[EventBase]) -> tuple[str, ...]:
     """The keys of ``event_values`` for an event of ``cls``, in order."""
-    skip = vector_field(cls)
+    skip = vector_field(cls)  # type: ignore[arg-type]  # classes are hashable
     names: list[str] = []
     for name in cls.model_fields:
         if name == SCOPE_FIELD:
@@ -69,7 +69,7 @@ def plain(value: Any) -> Any:
 def event_values(event: EventBase) -> Values:
     """``event`` as flat plain values (see the module docstring)."""
     cls = type(event)
-    skip = vector_field(cls)
+    skip = vector_field(cls)  # type: ignore[arg-type]  # classes are hashable
     out: Values = {}
     for name in cls.model_fields:
         value = getattr(event, name)
