@@ -5,44 +5,6 @@ evidence); the gate only decides whether a turn may become an L1 memory. Rejecti
 early saves an LLM call on noise and, more importantly, keeps noise and planted
 instructions out of long-term memory, where they would be recalled into future prompts.
 
-The rules, checked in this order (the first that matches names the verdict):
-
-``empty``
-    The turn is empty or only whitespace (any Unicode space, zero-width characters
-    included) once embedded images are removed.
-``base64_image``
-    The turn held only embedded images: ``data:image/...;base64,...`` URIs or bare
-    base64 blobs of at least :data:`BASE64_BLOB_MIN_CHARS` characters. Images are never
-    extracted; when text surrounds them the text passes on with each image replaced by
-    ``[image]`` (see :attr:`GateResult.text`).
-``framework_noise``
-    Text that agent frameworks put into the conversation rather than people:
-    heartbeat and no-reply tokens (``HEARTBEAT_OK``, ``NO_REPLY``), interruption and
-    caveat markers of coding agents, ``<system-reminder>``/``<command-*>``/
-    ``<local-command-stdout>`` wrappers, ``[object Object]``, ``undefined``/``null``/
-    ``None`` alone, and tool-call envelopes. A turn is noise when nothing meaningful is
-    left after removing these markers.
-``slash_command``
-    A client command such as ``/clear`` or ``/model gpt-4o``: the first token is ``/``
-    followed by a word with no further ``/`` (so ``/usr/bin/python is broken`` is a
-    sentence about a path, not a command) and the turn is a single line.
-``question_marks``
-    Only question marks (ASCII, full-width, inverted) and whitespace: "?", "??? ?".
-``symbol_only``
-    No letter and no digit in any script: punctuation, emoji, box drawing ("...",
-    "👍", "!!!"). Nothing in it can be stated as a fact.
-``prompt_injection``
-    The turn tries to instruct the model that will read it later: "ignore all previous
-    instructions", "disregard the above", "you are now DAN", "new system prompt:", chat
-    template control tokens (``<|im_start|>``, ``[INST]``, ``<<SYS>>``) and similar
-    (:data:`INJECTION_PATTERNS`), and their paraphrases. The rules read the text with
-    its disguises taken off (``memstream.domain.normalise.fold_for_rules``: NFKC,
-    zero-width and bidi controls removed, look-alike letters folded, spaced-out and
-    digit-for-letter words undone), and the core phrase is also looked for over the
-    letters alone. Such turns are kept as evidence but never become memories, because
-    a memory is pasted into future prompts verbatim. The same rule
-    (:func:`injection_reason`) refuses memories clients write directly.
-
 The gate is pure and deterministic: same text, same verdict.
 """
 
@@ -72,7 +34,46 @@ real image thousands."""
 
 
 class GateRule(StrEnum):
-    """Why a turn was kept out of extraction (``None`` on :class:`GateResult` = it passed)."""
+    """Why a turn was kept out of extraction (``None`` on :class:`GateResult` = it passed).
+
+    The rules, checked in this order (the first that matches names the verdict):
+
+    ``empty``
+        The turn is empty or only whitespace (any Unicode space, zero-width characters
+        included) once embedded images are removed.
+    ``base64_image``
+        The turn held only embedded images: ``data:image/...;base64,...`` URIs or bare
+        base64 blobs of at least :data:`BASE64_BLOB_MIN_CHARS` characters. Images are never
+        extracted; when text surrounds them the text passes on with each image replaced by
+        ``[image]`` (see :attr:`GateResult.text`).
+    ``framework_noise``
+        Text that agent frameworks put into the conversation rather than people:
+        heartbeat and no-reply tokens (``HEARTBEAT_OK``, ``NO_REPLY``), interruption and
+        caveat markers of coding agents, ``<system-reminder>``/``<command-*>``/
+        ``<local-command-stdout>`` wrappers, ``[object Object]``, ``undefined``/``null``/
+        ``None`` alone, and tool-call envelopes. A turn is noise when nothing meaningful is
+        left after removing these markers.
+    ``slash_command``
+        A client command such as ``/clear`` or ``/model gpt-4o``: the first token is ``/``
+        followed by a word with no further ``/`` (so ``/usr/bin/python is broken`` is a
+        sentence about a path, not a command) and the turn is a single line.
+    ``question_marks``
+        Only question marks (ASCII, full-width, inverted) and whitespace: "?", "??? ?".
+    ``symbol_only``
+        No letter and no digit in any script: punctuation, emoji, box drawing ("...",
+        "👍", "!!!"). Nothing in it can be stated as a fact.
+    ``prompt_injection``
+        The turn tries to instruct the model that will read it later: "ignore all previous
+        instructions", "disregard the above", "you are now DAN", "new system prompt:", chat
+        template control tokens (``<|im_start|>``, ``[INST]``, ``<<SYS>>``) and similar
+        (:data:`INJECTION_PATTERNS`), and their paraphrases. The rules read the text with
+        its disguises taken off (``memstream.domain.normalise.fold_for_rules``: NFKC,
+        zero-width and bidi controls removed, look-alike letters folded, spaced-out and
+        digit-for-letter words undone), and the core phrase is also looked for over the
+        letters alone. Such turns are kept as evidence but never become memories, because
+        a memory is pasted into future prompts verbatim. The same rule
+        (:func:`injection_reason`) refuses memories clients write directly.
+    """
 
     empty = "empty"
     base64_image = "base64_image"

@@ -7,40 +7,8 @@ for one of those throws away nine good memories for one bad comma, so the extrac
 first repairs, then validates each memory on its own (see
 :mod:`memstream.domain.extraction`: one bad scalar never sinks the batch).
 
-:func:`repair_json` returns the parsed value and the names of the repairs it needed.
-Valid JSON is returned exactly as :func:`json.loads` reads it (no repair applied).
-Otherwise a lenient parser reads the text with these repairs, each named in
-:attr:`Repaired.repairs`:
-
-``code_fence``        the value sits inside a Markdown fence (```json ... ```).
-``surrounding_text``  prose before the value or after it is ignored.
-``control_chars``     raw control characters inside a string: tab, newline and carriage
-                      return are kept as characters, other C0 controls are dropped.
-``trailing_comma``    a comma before ``]`` or ``}`` (or a doubled comma) is ignored.
-``missing_comma``     two members or elements with only whitespace between them.
-``single_quotes``     a string in single quotes.
-``unquoted_key``      an object key without quotes (``{type: "x"}``).
-``bare_word``         a value that is not JSON: ``True``/``False``/``None`` become the
-                      JSON literals, anything else (``high``, ``50%``, ``~3``) becomes
-                      the string it spells up to the next ``,``/``]``/``}``/newline, so
-                      the caller's schema decides what to do with it (a priority falls
-                      back to 50) instead of the whole answer failing.
-``unescaped_quote``   a ``"`` inside a string that is not followed by a delimiter is
-                      taken as a literal quote (``"he said "hi" twice"``).
-``bad_escape``        an unknown backslash escape keeps the escaped character; a lone
-                      surrogate escape becomes U+FFFD (it cannot be encoded as UTF-8).
-``comments``          ``// line`` and ``/* block */`` comments are ignored.
-``missing_value``     a member or element with nothing before its ``,``/``]``/``}``
-                      reads as ``null``.
-``truncated``         the text ends inside the value (the token limit cut it off): the
-                      final element that was being written when the text ended is
-                      dropped from its array (a half-written memory is never kept), and
-                      every open container is closed. With no enclosing array, the
-                      object being written drops its unfinished member. A truncated
-                      value with nothing complete in it is an error, not ``{}``.
-
-The value is located at the first ``{`` or the first ``[`` (whichever parses to the
-longer span). Nesting deeper than :data:`MAX_DEPTH` is refused.
+:func:`repair_json` returns the parsed value and the names of the repairs it needed (the
+list is in the docstring of :class:`Repaired`).
 
 Anything that cannot be repaired raises :class:`JSONRepairError` and nothing else: the
 function is fuzzed with hypothesis to hold that promise for arbitrary text.
@@ -74,7 +42,41 @@ class UnusableAnswer(ValueError):
 
 @dataclass(frozen=True)
 class Repaired:
-    """A parsed value and the repairs that were needed (empty for valid JSON)."""
+    """A parsed value and the repairs that were needed (empty for valid JSON).
+
+    The repairs :func:`repair_json` applies to text that is not valid JSON, each named
+    in ``repairs`` when it was needed:
+
+    ``code_fence``        the value sits inside a Markdown fence (```json ... ```).
+    ``surrounding_text``  prose before the value or after it is ignored.
+    ``control_chars``     raw control characters inside a string: tab, newline and carriage
+                          return are kept as characters, other C0 controls are dropped.
+    ``trailing_comma``    a comma before ``]`` or ``}`` (or a doubled comma) is ignored.
+    ``missing_comma``     two members or elements with only whitespace between them.
+    ``single_quotes``     a string in single quotes.
+    ``unquoted_key``      an object key without quotes (``{type: "x"}``).
+    ``bare_word``         a value that is not JSON: ``True``/``False``/``None`` become the
+                          JSON literals, anything else (``high``, ``50%``, ``~3``) becomes
+                          the string it spells up to the next ``,``/``]``/``}``/newline, so
+                          the caller's schema decides what to do with it (a priority falls
+                          back to 50) instead of the whole answer failing.
+    ``unescaped_quote``   a ``"`` inside a string that is not followed by a delimiter is
+                          taken as a literal quote (``"he said "hi" twice"``).
+    ``bad_escape``        an unknown backslash escape keeps the escaped character; a lone
+                          surrogate escape becomes U+FFFD (it cannot be encoded as UTF-8).
+    ``comments``          ``// line`` and ``/* block */`` comments are ignored.
+    ``missing_value``     a member or element with nothing before its ``,``/``]``/``}``
+                          reads as ``null``.
+    ``truncated``         the text ends inside the value (the token limit cut it off): the
+                          final element that was being written when the text ended is
+                          dropped from its array (a half-written memory is never kept), and
+                          every open container is closed. With no enclosing array, the
+                          object being written drops its unfinished member. A truncated
+                          value with nothing complete in it is an error, not ``{}``.
+
+    The value is located at the first ``{`` or the first ``[`` (whichever parses to the
+    longer span). Nesting deeper than :data:`MAX_DEPTH` is refused.
+    """
 
     value: Any
     repairs: tuple[str, ...] = ()
@@ -109,7 +111,10 @@ class _Syntax(Exception):
 
 
 def repair_json(text: str) -> Repaired:
-    """Parse ``text`` as JSON, repairing what the module docstring lists.
+    """Parse ``text`` as JSON, repairing what weak models get wrong.
+
+    Valid JSON is returned exactly as :func:`json.loads` reads it (no repair applied);
+    otherwise the repairs :class:`Repaired` lists are applied.
 
     Raises :class:`JSONRepairError` (only) when no value can be recovered.
     """

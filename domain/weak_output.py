@@ -4,29 +4,7 @@ one of the seven, and content the cited turns never said.
 :mod:`memstream.domain.repair` fixes the syntax of an answer; these rules fix (or reject)
 its meaning, one memory at a time, the same way every time.
 
-**Type repair** (:func:`repair_type`). A type that :meth:`MemoryType.parse` reads is kept.
-Otherwise, in this order, the first rule that finds a type wins:
-
-1. *a listed type*: the text split at ``| / , ; : ( ) [ ]`` and ``or``; the first piece
-   that parses (a small model copies the prompt's ``persona|episodic|...`` list);
-2. *a misspelling*: the closest of the seven names by :func:`difflib.get_close_matches`
-   with a similarity of at least 0.8 (``epsiodic``, ``work_artefact``);
-3. *a word that names a type*: the text's words left to right, looked up in
-   :data:`TYPE_WORDS` (``preference`` -> persona, ``event`` -> episodic, ``rule`` ->
-   instruction, ``task`` -> work_task, ``procedure`` -> work_method, ``document`` ->
-   work_artifact, ``fact`` -> work_fact...);
-4. else ``episodic`` (an event is the least committal reading of a statement), which
-   is also the type of a memory whose type is missing or not text.
-
-**Grounding** (:func:`shares_content_word`). A memory must share at least one content
-word with the turns it cites; otherwise it is a hallucination suspect. Content words are
-the text's words (letters and digits, case-folded) that are not in :data:`FUNCTION_WORDS`
-and, in the memory, not the name of a speaker of the cited turns (a model names the
-speaker in every memory; the name alone proves nothing). Two words match when they are
-equal after dropping one English inflection (``-s``, ``-es``, ``-ed``, ``-ing``, ``-ly``,
-``'s``) and then a final ``e``, so "loves" matches "loving" and "enjoying" matches
-"enjoy". The rule is lenient on
-purpose: it catches memories with nothing in common with their sources, not paraphrase.
+The rules are in the docstrings of :func:`repair_type` and :func:`shares_content_word`.
 """
 
 from __future__ import annotations
@@ -128,7 +106,22 @@ def _parse(text: str) -> MemoryType | None:
 
 
 def repair_type(raw: object) -> TypeRepair:
-    """The memory type for what the model wrote (see the module docstring)."""
+    """The memory type for what the model wrote.
+
+    A type that :meth:`MemoryType.parse` reads is kept.
+    Otherwise, in this order, the first rule that finds a type wins:
+
+    1. *a listed type*: the text split at ``| / , ; : ( ) [ ]`` and ``or``; the first piece
+       that parses (a small model copies the prompt's ``persona|episodic|...`` list);
+    2. *a misspelling*: the closest of the seven names by :func:`difflib.get_close_matches`
+       with a similarity of at least 0.8 (``epsiodic``, ``work_artefact``);
+    3. *a word that names a type*: the text's words left to right, looked up in
+       :data:`TYPE_WORDS` (``preference`` -> persona, ``event`` -> episodic, ``rule`` ->
+       instruction, ``task`` -> work_task, ``procedure`` -> work_method, ``document`` ->
+       work_artifact, ``fact`` -> work_fact...);
+    4. else ``episodic`` (an event is the least committal reading of a statement), which
+       is also the type of a memory whose type is missing or not text.
+    """
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         return TypeRepair(MemoryType.episodic, "missing")
     if not isinstance(raw, str):
@@ -174,7 +167,17 @@ def content_words(text: str, *, leave_out: Iterable[str] = ()) -> set[str]:
 
 def shares_content_word(content: str, sources: Iterable[str], speakers: Iterable[str] = ()) -> bool:
     """Whether ``content`` has a content word in common with the ``sources`` texts
-    (speaker names in ``content`` do not count; see the module docstring)."""
+    (speaker names in ``content`` do not count).
+
+    A memory must share at least one content word with the turns it cites; otherwise it is a
+    hallucination suspect. Content words are the text's words (letters and digits, case-
+    folded) that are not in :data:`FUNCTION_WORDS` and, in the memory, not the name of a
+    speaker of the cited turns (a model names the speaker in every memory; the name alone
+    proves nothing). Two words match when they are equal after dropping one English
+    inflection (``-s``, ``-es``, ``-ed``, ``-ing``, ``-ly``, ``'s``) and then a final ``e``,
+    so "loves" matches "loving" and "enjoying" matches "enjoy". The rule is lenient on
+    purpose: it catches memories with nothing in common with their sources, not paraphrase.
+    """
     mine = content_words(content, leave_out=speakers)
     if not mine:
         return False
