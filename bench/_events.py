@@ -15,9 +15,10 @@ vectors (throughput: the projector only decodes and stores them) or the product'
 own embedding of the content (search: the query is embedded by the same model).
 Everything is seeded: two runs with the same arguments produce the same memories.
 
-Events are built with the real model (:class:`MemoryAdded`) and the real serializer
-(:func:`encode_event`) and sent with :meth:`MemstreamProducer.send_encoded` (durable,
-``acks=all``, back-pressured): the benchmark writes what an SDK user writes.
+Events are built with the real model (:class:`MemoryAdded`), encoded (and sealed, with
+sealing on) by :meth:`MemstreamProducer.encode` and sent with
+:meth:`MemstreamProducer.send_encoded` (durable, ``acks=all``, back-pressured): the
+benchmark writes what an SDK user writes.
 """
 
 from __future__ import annotations
@@ -61,7 +62,6 @@ from memstream.projections.schema import ENTITIES, MEMORIES, MESSAGES, schema_fo
 from memstream.settings import Settings
 from memstream.streams.admin import ensure_topics
 from memstream.streams.producer import MemstreamProducer
-from memstream.streams.serializer import encode_event
 from memstream.streams.topics import Topics
 
 __all__ = [
@@ -621,7 +621,7 @@ async def produce_events(
         with progress_bar() as bar:
             task = bar.add_task(label, total=total)
             for event in events:
-                record = encode_event(event)
+                record = await producer.encode(event)  # sealed when sealing is on, as the SDK sends it
                 size += len(record.value)
                 fut = await producer.send_encoded(topics.events, record)
                 fut.add_done_callback(note)
