@@ -137,6 +137,16 @@ class Settings(BaseSettings):
     # --- LanceDB --------------------------------------------------------------------
     lance_dir: Path = Path("lance")
     """The LanceDB storage root (relative: under ``home``)."""
+    sharded: bool = False
+    """Whether a new table set (a fresh root, or one a replay builds) is cut into one
+    shard per partition (``projections/shards.py``); an existing set keeps its layout,
+    and readers follow whichever layout the current set has."""
+    worker_session_timeout_s: float = Field(default=10.0, gt=0)
+    """With a sharded set, workers form a consumer group: a worker silent this long
+    (killed) loses its shards to the others."""
+    worker_instance: str = ""
+    """Tells apart several workers of one app on one host (their static group
+    membership id is ``<app_id>@<host>[-<instance>]``)."""
     vector_index_threshold: int = Field(default=100_000, ge=1)
     optimize_every_s: float = Field(default=10.0, gt=0)
     """How often the worker compacts recent fragments and updates the indexes."""

@@ -35,14 +35,16 @@ class LanceDirLock:
     def held(self) -> bool:
         return self._fd is not None
 
-    def acquire(self, owner: str) -> None:
-        """Take the lock or raise :class:`LanceDirBusyError` naming the holder."""
+    def acquire(self, owner: str, *, shared: bool = False) -> None:
+        """Take the lock or raise :class:`LanceDirBusyError` naming the holder.
+        ``shared``: several holders at once (workers in a consumer group, each writing
+        its own shards under per-shard locks), none beside an exclusive holder."""
         if self._fd is not None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "another process"
             os.close(fd)
@@ -50,9 +52,39 @@ class LanceDirLock:
         except BaseException:
             os.close(fd)
             raise
+        if not shared:  # shared holders leave the last exclusive holder's name
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{owner} (pid {os.getpid()})".encode(), 0)
+        self._fd = fd
+
+    def acquire_waiting(self, owner: str) -> None:
+        """Take the lock exclusively, waiting for any holder to let go."""
+        if self._fd is not None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{owner} (pid {os.getpid()})".encode(), 0)
         self._fd = fd
+
+    def holder(self) -> str | None:
+        """Who holds the lock now (the name the last exclusive holder wrote), or None."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "another process"
+        finally:
+            os.close(fd)  # also drops the probe's own shared lock
+        return None
 
     def release(self) -> None:
         fd, self._fd = self._fd, None

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
+from memstream.projections.shards import is_sharded
+
 __all__ = ["TableSets", "SwapRequest", "CurrentStore", "pid_alive"]
 
 _CURRENT = "CURRENT"
@@ -109,7 +111,8 @@ class TableSets:
         return self.path_of(self.current_name())
 
     def has_projection(self) -> bool:
-        return (self.current() / "memories.lance").exists()
+        current = self.current()
+        return (current / "memories.lance").exists() or is_sharded(current)
 
     def new_set(self, name: str) -> Path:
         path = self.path_of(name)

@@ -154,6 +154,8 @@ class ProjectorFeed:
     keyring; one not started yet is started and stopped by :meth:`run`) opens sealed
     records before decoding; one sealed under a forgotten key is skipped
     (``opener.counts``) and its position passed.
+    ``partitions`` limits the feed to those partition numbers of every topic (the
+    shards a worker in a consumer group owns); re-routing still counts them all.
     """
 
     def __init__(
@@ -176,6 +178,7 @@ class ProjectorFeed:
         reroute: bool = False,
         worker_key: bytes | None = None,
         keys: SubjectKeys | None = None,
+        partitions: frozenset[int] | None = None,
     ) -> None:
         if max_batch < 1 or fetch_records < 1:
             raise ValueError("batch sizes must be at least 1")
@@ -207,6 +210,8 @@ class ProjectorFeed:
         self._worker_key = worker_key
         self._keys = keys
         self.opener: RecordOpener | None = None
+        # The partitions this feed reads (a worker in a group: the shards it owns).
+        self._only = partitions
         # Fetched batches being decoded, in fetch order (two in flight at most).
         self._decoding: asyncio.Queue[tuple[list[RawRecord], asyncio.Future[DecodedBatch]] | None] = asyncio.Queue(
             maxsize=2
@@ -219,7 +224,12 @@ class ProjectorFeed:
     async def _known_partitions(self) -> list[TopicPartition]:
         found = await self._list_partitions(self.topics)
         self._counts = {t: len(found[t]) for t in self.topics if found.get(t)}
-        return [TopicPartition(t, p) for t in self.topics for p in sorted(found.get(t, ()))]
+        return [
+            TopicPartition(t, p)
+            for t in self.topics
+            for p in sorted(found.get(t, ()))
+            if self._only is None or p in self._only
+        ]
 
     def _assign(self, partitions: Sequence[TopicPartition]) -> None:
         self.consumer.assign(list(partitions))

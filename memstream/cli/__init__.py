@@ -20,6 +20,7 @@ from memstream.cli import (
     reflect,
     sealing,
     serve,
+    shards,
 )
 from memstream.cli._errors import CLIError, run_cli
 from memstream.settings import get_settings
@@ -34,7 +35,7 @@ app = typer.Typer(
     add_completion=False,
 )
 
-for module in (broker, events, projector, analytics, extract, reflect, serve, sealing, bench):
+for module in (broker, events, projector, shards, analytics, extract, reflect, serve, sealing, bench):
     module.register(app)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from datetime import date, datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -18,8 +18,6 @@ from memstream.cli._errors import CLIError, validation_line
 from memstream.domain.events import Scope
 from memstream.settings import Settings
 
-if TYPE_CHECKING:
-    from memstream.projections.store import LanceStore
 
 __all__ = ["scope_from_options", "open_store", "jsonable"]
 
@@ -35,19 +33,23 @@ def scope_from_options(team: str, user: str = "default", agent: str = "default")
         raise CLIError(validation_line(exc)) from None
 
 
-def open_store(settings: Settings, lance_dir: Path | None = None) -> LanceStore:
+def open_store(settings: Settings, lance_dir: Path | None = None, scope: Scope | None = None) -> Any:
     """The projection's store (``--lance-dir`` or ``settings.lance_dir``), refusing to
-    create an empty one where none exists."""
-    from memstream.projections.store import LanceStore, StoreError
+    create an empty one where none exists. With ``scope``, the store holding that
+    space (its shard when the set is sharded by partition)."""
+    from memstream.projections.shards import ShardLayoutError
+    from memstream.projections.store import StoreError
     from memstream.projections.table_sets import TableSets
+    from memstream.services.shard_routing import has_projection, open_store as open_set, store_for
 
     root = TableSets(lance_dir or settings.lance_dir).current()  # a root follows its CURRENT set
-    if not (root / "memories.lance").exists():
+    if not has_projection(root):
         raise CLIError(f"no projection in {root}: start `memstream worker` (or pass --lance-dir)")
     try:
-        return LanceStore.from_settings(settings, root)
-    except StoreError as exc:
+        store = open_set(settings, root, create=False)
+    except (StoreError, ShardLayoutError) as exc:
         raise CLIError(str(exc)) from None
+    return store_for(store, scope) if scope is not None else store
 
 
 def jsonable(value: Any) -> Any:

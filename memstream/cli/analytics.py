@@ -114,7 +114,7 @@ def search_cmd(
     except ValueError as exc:
         raise CLIError(str(exc).splitlines()[0]) from None
     settings = get_settings()
-    store = open_store(settings, lance_dir)
+    store = open_store(settings, lance_dir, scope)
     try:
         embedder = build_embedder(settings)
         results = search(store, embedder, scope, text, k, filters)
@@ -183,7 +183,10 @@ def _table_source(store: Any, name: str) -> Any:
     ``positions``, which is the view of the furthest row per partition (the table
     holds appended rows until the worker prunes them; a handful of rows either way)."""
     from memstream.projections.schema import POSITIONS
+    from memstream.projections.shards import ShardedStore
 
+    if isinstance(store, ShardedStore):  # every shard's rows (sql and export see the whole set)
+        return store.table_source(name)
     if name == POSITIONS:
         return store.positions_table()
     return store.table(name).to_lance()

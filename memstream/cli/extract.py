@@ -50,7 +50,7 @@ def provenance_cmd(
     """Show where a memory came from: prompt, model, source turns, decisions, links."""
     settings = get_settings()
     scope = scope_from_options(team, user)
-    store = open_store(settings, lance_dir)
+    store = open_store(settings, lance_dir, scope)
     row = store.get_memory(scope, memory_id)
     if row is None:
         raise CLIError(f"no memory {memory_id!r} in the space {scope.space}")
@@ -190,7 +190,7 @@ def extract_cmd(
     from memstream.projections.session_turns import session_turns
 
     scope = scope_from_options(team, user)
-    store = open_store(settings, lance_dir)
+    store = open_store(settings, lance_dir, scope)
     turns = session_turns(store, scope, session)
     if not turns:
         raise CLIError(f"no projected turns for session {session!r} in the space {scope.space}")

@@ -50,8 +50,11 @@ def _scope(team: str, user: str, agent: str = "default") -> Scope:
         raise CLIError(f"invalid scope: {exc}".splitlines()[0]) from None
 
 
-def _store(settings: Settings):  # type: ignore[no-untyped-def]
-    from memstream.projections.store import LanceStore, StoreError
+def _store(settings: Settings, scope: Scope):  # type: ignore[no-untyped-def]
+    """The store holding ``scope``'s space (its shard in a sharded set)."""
+    from memstream.projections.store import StoreError
+    from memstream.projections.table_sets import TableSets
+    from memstream.services.shard_routing import open_store, store_for
 
     if not settings.lance_dir.exists():
         raise CLIError(
@@ -59,7 +62,7 @@ def _store(settings: Settings):  # type: ignore[no-untyped-def]
             "(or set MEMSTREAM_LANCE_DIR)"
         )
     try:
-        return LanceStore.from_settings(settings)
+        return store_for(open_store(settings, TableSets(settings.lance_dir).current()), scope)
     except StoreError as exc:
         raise CLIError(str(exc)) from None
 
@@ -183,7 +186,7 @@ def context(
 
     settings = get_settings()
     scope = _scope(team, user, agent or "default")
-    ctx = context_for(_store(settings), scope, subject, budget, same_agent=agent is not None)
+    ctx = context_for(_store(settings, scope), scope, subject, budget, same_agent=agent is not None)
     if as_json:
         typer.echo(json.dumps(ctx.to_dict(), ensure_ascii=False))
         return
@@ -212,7 +215,8 @@ def list_command(
     from memstream.projections.reflections import list_reflections
 
     settings = get_settings()
-    rows = list_reflections(_store(settings), _scope(team, user), subject=subject, limit=limit)
+    scope = _scope(team, user)
+    rows = list_reflections(_store(settings, scope), scope, subject=subject, limit=limit)
     if as_json:
         for r in rows:
             typer.echo(json.dumps(r.to_dict(), ensure_ascii=False))

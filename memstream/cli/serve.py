@@ -340,9 +340,10 @@ def _fresh_metrics_dir(settings: Settings) -> Path:
 def _ensure_store(settings: Settings) -> None:
     """Create the LanceDB tables once, here, so the worker (writer) and the API (reader)
     never race to create them."""
-    from memstream.projections.store import LanceStore
+    from memstream.projections.table_sets import TableSets
+    from memstream.services.shard_routing import open_store
 
-    LanceStore.from_settings(settings)
+    open_store(settings, TableSets(settings.lance_dir).current())  # sharded with MEMSTREAM_SHARDED
     console.print(f"Store: LanceDB tables ready in {settings.lance_dir}")
 
 

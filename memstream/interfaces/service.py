@@ -40,6 +40,8 @@ from memstream.projections.schema import POSITIONS
 from memstream.projections.search import SearchCache, SearchFilters, SearchResult, search
 from memstream.projections.store import LanceStore
 from memstream.projections.table_sets import CurrentStore
+from memstream.projections.shards import ShardedStore
+from memstream.services.shard_routing import open_store, store_for
 from memstream.settings import Settings
 from memstream.streams.producer import MemstreamProducer
 from memstream.streams.topics import Topics
@@ -126,7 +128,7 @@ class MemoryService:
         try:
             following = CurrentStore(
                 self.settings.lance_dir,
-                lambda root: LanceStore.from_settings(self.settings, root, read_consistency_interval=timedelta(0)),
+                lambda root: open_store(self.settings, root, read_consistency_interval=timedelta(0)),
             )
             await asyncio.to_thread(following.get)
             self._store = following
@@ -158,7 +160,7 @@ class MemoryService:
         await self.stop()
 
     @property
-    def store(self) -> LanceStore:
+    def store(self) -> LanceStore | ShardedStore:
         """The current table set's store: after a replay's swap, the new set; each read
         takes it once and runs on that set whole."""
         if self._store is None:
@@ -174,6 +176,11 @@ class MemoryService:
         if self.embedder is None:
             raise RuntimeError("the memory service is not started")
         return self.embedder
+
+    def store_for(self, scope: Scope | ReadScope) -> Any:
+        """The store holding ``scope``'s space: its shard in a sharded set (the space's
+        murmur2 partition, as the producer picks it), else the set's store."""
+        return store_for(self.store, scope)
 
     def _producer(self) -> MemstreamProducer:
         if self.producer is None:
@@ -230,7 +237,7 @@ class MemoryService:
 
     def _read_positions(self) -> dict[tuple[str, int], int]:
         store = self.store  # one table set for the whole read (a replay may swap it)
-        version = int(store.table(POSITIONS).version)
+        version = store.positions_version() if isinstance(store, ShardedStore) else int(store.table(POSITIONS).version)
         held = self._positions
         if held is None or held[0] is not store or held[1] != version:
             # read after the version: a commit in between is only read again later
@@ -284,25 +291,25 @@ class MemoryService:
     ) -> list[SearchResult]:
         def run() -> list[SearchResult]:
             with metrics.time_search(interface):
-                return search(self.store, self._embedder(), scope, query, k, filters, cache=self.search_cache)
+                return search(self.store_for(scope), self._embedder(), scope, query, k, filters, cache=self.search_cache)
 
         return await asyncio.to_thread(run)
 
     async def get_memory(self, scope: Scope | ReadScope, memory_id: str) -> dict[str, Any] | None:
         """One memory the read scope sees, with its history, links and provenance;
         ``None`` when there is none (a scope pinned to an agent sees that agent's only)."""
-        result: dict[str, Any] | None = await asyncio.to_thread(self.store.get_memory, scope, memory_id)
+        result: dict[str, Any] | None = await asyncio.to_thread(self.store_for(scope).get_memory, scope, memory_id)
         return result
 
     async def memory_owner(self, scope: Scope, memory_id: str) -> str | None:
         """The agent that owns ``memory_id`` in the scope's space, if it is stored."""
-        rows = await asyncio.to_thread(self.store.get_memories, read_scope_of(scope), [memory_id])
+        rows = await asyncio.to_thread(self.store_for(scope).get_memories, read_scope_of(scope), [memory_id])
         return str(rows[0]["agent_id"]) if rows else None
 
     async def lessons(self, scope: Scope | ReadScope, subject: str, budget_tokens: int) -> ReflectionContext:
         """Past lessons on ``subject`` the read scope sees (a pinned scope: its agent's)."""
         return await asyncio.to_thread(
-            functools.partial(context_for, self.store, scope, subject, budget_tokens)
+            functools.partial(context_for, self.store_for(scope), scope, subject, budget_tokens)
         )
 
     # --- health and metrics ----------------------------------------------------------------

@@ -20,9 +20,12 @@ from collections.abc import Sequence
 
 import faust
 
+from memstream.projections.table_sets import TableSets
 from memstream.services.extractor_service import register_extractor
 from memstream.services.projector_service import register_projector
 from memstream.services.reflector_agent import register_reflector
+from memstream.services.shard_owner import register_group_projector
+from memstream.services.shard_routing import projects_sharded
 from memstream.settings import Settings
 from memstream.streams.sealer import register_sealer
 from memstream.streams.topics import Topics
@@ -72,7 +75,8 @@ class MemstreamApp(faust.App):
 
 def group_instance_id(settings: Settings) -> str:
     """The worker's static consumer-group member id: app id and host name."""
-    return f"{settings.app_id}@{socket.gethostname()}"
+    suffix = f"-{settings.worker_instance}" if settings.worker_instance else ""
+    return f"{settings.app_id}@{socket.gethostname()}{suffix}"
 
 
 def build_app(
@@ -116,8 +120,10 @@ def build_app(
         loop=loop,
     )
 
+    # A sharded set is written by workers in a consumer group, each owning some shards.
+    sharded = projects_sharded(settings, TableSets(settings.lance_dir).current())
     register = {
-        "projector": register_projector,
+        "projector": register_group_projector if sharded else register_projector,
         "extractor": register_extractor,
         "reflector": register_reflector,
         "sealer": register_sealer,

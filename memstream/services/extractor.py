@@ -99,6 +99,7 @@ from memstream.projections.embedder import embed_array
 from memstream.projections.schema import MEMORIES
 from memstream.projections.search import RESULT_COLUMNS, SearchFilters, build_where, text_search
 from memstream.projections.store import VECTOR_REFINE_FACTOR
+from memstream.services.shard_routing import store_for
 from memstream.settings import Settings
 
 __all__ = [
@@ -158,7 +159,7 @@ def store_recall(store: Any, embedder: Any) -> CandidateRecall:
 
     def by_vector(scope: ReadScope, vectors: list[list[float]], k: int) -> list[list[Candidate]]:
         query = (
-            store.table(MEMORIES)
+            store_for(store, scope).table(MEMORIES)
             .search(vectors if len(vectors) > 1 else vectors[0], vector_column_name="vector")
             .distance_type("cosine")
             .where(build_where(scope, current), prefilter=True)
@@ -189,7 +190,7 @@ def store_recall(store: Any, embedder: Any) -> CandidateRecall:
             if found[i]:
                 continue
             try:
-                results = text_search(store, embedder, scope, content, k, current)
+                results = text_search(store_for(store, scope), embedder, scope, content, k, current)
             except Exception as exc:  # noqa: BLE001
                 log.warning("full-text recall failed, judging without candidates: %s", exc)
                 continue

@@ -70,8 +70,8 @@ from memstream.domain.resume_marks import decode_mark
 from memstream.llm import ChatModel, build_llm
 from memstream.projections.embedder import build_embedder
 from memstream.projections.session_turns import turns_before
-from memstream.projections.store import LanceStore
 from memstream.projections.table_sets import TableSets
+from memstream.services.shard_routing import open_store
 from memstream.services.extractor import (
     EventSink,
     ExtractionOutcome,
@@ -317,7 +317,8 @@ class ExtractorRunner:
         not exist yet, :meth:`_ensure_store` opens them when the first turn needs them."""
         try:
             store = await asyncio.to_thread(
-                LanceStore.from_settings, self.settings, read_consistency_interval=timedelta(0), create=False
+                open_store, self.settings, TableSets(self.settings.lance_dir).current(),
+                read_consistency_interval=timedelta(0), create=False,
             )
         except Exception as exc:  # noqa: BLE001 - not there yet: opened on first use
             log.debug("extractor: table set not opened at start (%s); opening it on first use", exc)
@@ -336,7 +337,7 @@ class ExtractorRunner:
             return
         async with self._store_lock:
             fresh = await asyncio.to_thread(
-                LanceStore.from_settings, self.settings, current, read_consistency_interval=timedelta(0), create=False
+                open_store, self.settings, current, read_consistency_interval=timedelta(0), create=False
             )
             self._attach_store(fresh)
             log.info("extractor: reading the replayed table set %s", current)
@@ -350,7 +351,8 @@ class ExtractorRunner:
             if self.extractor.store is not None:
                 return
             store = await asyncio.to_thread(
-                LanceStore.from_settings, self.settings, read_consistency_interval=timedelta(0)
+                open_store, self.settings, TableSets(self.settings.lance_dir).current(),
+                read_consistency_interval=timedelta(0),
             )
             self._attach_store(store)
 

@@ -37,7 +37,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -47,10 +47,8 @@ from mode import Service
 from memstream.codec.batch import PositionedMemories
 from memstream.codec.fast_decode import FastMemoryDecoder
 from memstream.domain.log import PositionedEvent
-from memstream.projections.embedder import build_embedder
-from memstream.projections.projector import Projector
-from memstream.projections.store import LanceStore
 from memstream.projections.table_sets import SwapRequest, TableSets
+from memstream.services.shard_routing import open_projector, open_store
 from memstream.settings import Settings
 from memstream.streams.admin import topic_partitions
 from memstream.streams.connect import until_started
@@ -66,14 +64,8 @@ if TYPE_CHECKING:
     from memstream.services.app import MemstreamApp
 
 __all__ = [
-    "BatchOutcome",
-    "ProjectorStats",
-    "ProjectorRuntime",
-    "apply_decoded",
-    "register_projector",
-    "ProjectorService",
-    "feed_consumer",
-    "projector_group",
+    "BatchOutcome", "ProjectorStats", "ProjectorRuntime", "apply_decoded", "register_projector",
+    "ProjectorService", "feed_consumer", "projector_group",
 ]
 
 log = logging.getLogger(__name__)
@@ -190,7 +182,7 @@ class ProjectorRuntime:
     def store(self) -> Any:
         with self._open_lock:
             if self._store is None:
-                self._store = LanceStore.from_settings(self.settings)
+                self._store = open_store(self.settings, self.sets.current())
             return self._store
 
     @property
@@ -198,19 +190,24 @@ class ProjectorRuntime:
         store = self.store
         with self._open_lock:
             if self._projector is None:
-                self._projector = Projector(store, build_embedder(self.settings))
+                self._projector = open_projector(store, self.settings)
             return self._projector
 
-    def _open_current(self) -> None:
-        store = LanceStore.from_settings(self.settings, self.sets.current())
-        projector = Projector(store, build_embedder(self.settings))
-        with self._open_lock:
-            self._store, self._projector = store, projector
+    async def reopen(self, make: Callable[[], tuple[Any, Any]]) -> None:
+        """Write into the (store, projector) ``make`` opens (in the writer thread: after the write in flight)."""
+        def install() -> None:
+            store, projector = make()
+            with self._open_lock:
+                self._store, self._projector = store, projector
+        await self._in_writer(install)
 
     async def switch_to_current(self) -> None:
         """Write into the set ``CURRENT`` names from the next batch on (a replay swapped
         it in while this worker was paused; its positions equal or pass ours)."""
-        await self._in_writer(self._open_current)
+        def make() -> tuple[Any, Any]:
+            store = open_store(self.settings, self.sets.current())
+            return store, open_projector(store, self.settings)
+        await self.reopen(make)
 
     async def _in_writer(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)
@@ -518,31 +515,35 @@ class ProjectorService(Service):
                 " + ".join(rt.source_topics),
                 len(start),
             )
-            feed = ProjectorFeed(
-                self._consumer,
-                rt.source_topics,
-                self._apply,
-                start=start,
-                on_decoded=rt.prepare_batch,
-                list_partitions=lambda names: topic_partitions(
-                    rt.settings.bootstrap_servers, names, client_id=f"{rt.settings.app_id}-projector-admin"
-                ),
-                max_batch=rt.settings.projector_batch_size,
-                fetch_records=min(2_000, rt.settings.projector_batch_size),
-                poll_ms=max(1, int(rt.settings.projector_batch_seconds * 1000)),
-                decode_in_process=rt.settings.projector_decode_process,
-                fast_decoder=FastMemoryDecoder.for_projector(rt.projector, rt.settings.projector_fast_path),
-                reroute=True,
-                worker_key=worker_key(rt.settings),
-                keys=SubjectKeys(rt.settings, client_id=f"{rt.settings.app_id}-keys") if rt.settings.sealing else None,
-            )
-            await feed.run()
+            await self._feed(start).run()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             log.critical("projector failed; stopping the worker: %s: %s", type(exc).__name__, exc)
             await self.app.crash(exc)
             raise
+
+    def _feed(self, start: Mapping[tuple[str, int], int], partitions: frozenset[int] | None = None) -> ProjectorFeed:
+        rt = self.runtime
+        return ProjectorFeed(
+            self._consumer,
+            rt.source_topics,
+            self._apply,
+            start=start,
+            on_decoded=rt.prepare_batch,
+            list_partitions=lambda names: topic_partitions(
+                rt.settings.bootstrap_servers, names, client_id=f"{rt.settings.app_id}-projector-admin"
+            ),
+            max_batch=rt.settings.projector_batch_size,
+            fetch_records=min(2_000, rt.settings.projector_batch_size),
+            poll_ms=max(1, int(rt.settings.projector_batch_seconds * 1000)),
+            decode_in_process=rt.settings.projector_decode_process,
+            fast_decoder=FastMemoryDecoder.for_projector(rt.projector, rt.settings.projector_fast_path),
+            reroute=True,
+            worker_key=worker_key(rt.settings),
+            keys=SubjectKeys(rt.settings, client_id=f"{rt.settings.app_id}-keys") if rt.settings.sealing else None,
+            partitions=partitions,
+        )
 
     async def _apply(self, batch: "FeedBatch") -> None:
         async with self._apply_lock:

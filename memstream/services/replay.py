@@ -48,10 +48,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from memstream.projections.dir_lock import LanceDirBusyError, LanceDirLock
-from memstream.projections.embedder import build_embedder
-from memstream.projections.projector import Projector
-from memstream.projections.store import LanceStore, StoreError
+from memstream.projections.store import StoreError
 from memstream.projections.table_sets import TableSets
+from memstream.services import shard_routing
 from memstream.services.projector_service import apply_decoded
 from memstream.settings import Settings
 from memstream.streams.admin import topic_partitions
@@ -243,11 +242,11 @@ def _utc_stamp(now: datetime) -> str:
 
 
 def _open_store(path: Path, settings: Settings) -> Any:
-    return LanceStore.from_settings(settings, path)
+    return shard_routing.open_store(settings, path)  # sharded when settings.sharded
 
 
 def _open_projector(store: Any, settings: Settings) -> Any:
-    return Projector(store, build_embedder(settings))
+    return shard_routing.open_projector(store, settings)
 
 
 async def _partitions(settings: Settings, topic_names: Sequence[str]) -> list[TopicPartition]:
@@ -350,10 +349,10 @@ async def _consume_into(
 def _live_positions(live_dir: Path, settings: Settings) -> dict[tuple[str, int], int]:
     """The live set's stored positions (empty without one): how far the worker has
     handled each partition, re-routing included."""
-    if not (live_dir / "positions.lance").exists():
+    if not shard_routing.has_projection(live_dir):
         return {}
     try:
-        store = LanceStore.from_settings(settings, live_dir, create=False)
+        store = shard_routing.open_store(settings, live_dir, create=False)
     except StoreError:
         return {}
     return {k: int(v) for k, v in store.positions().items()}
@@ -459,6 +458,7 @@ async def replay(
                 workers.acquire("memstream replay")  # no worker may start until the swap
             except LanceDirBusyError:
                 worker_running = True
+                _refuse_group_workers(sets.root)
         sets.cleanup()  # sets of earlier replays nobody reads any more (killed ones too)
         report = ReplayReport(live_dir=sets.current(), replay_dir=sets.new_set(name), dry_run=dry_run)
         try:
@@ -475,6 +475,20 @@ async def replay(
     finally:
         workers.release()
         replays.release()
+
+
+def _refuse_group_workers(root: Path) -> None:
+    """Workers in a consumer group (sharded set) share the root's lock; the hand-over
+    pauses one worker only, so a replay waits until they are stopped."""
+    probe = LanceDirLock(root)
+    try:
+        probe.acquire("memstream replay (probe)", shared=True)
+    except LanceDirBusyError:
+        return  # one worker holds it alone: it takes part in the hand-over
+    probe.release()
+    raise ReplayError(
+        "workers in a consumer group are writing the sharded set: stop them, replay, then start them again"
+    )
 
 
 class _Build:
@@ -633,7 +647,7 @@ async def _finish(
         on_phase(PHASE_VERIFY)
         report.positions = {k: int(v) for k, v in store.positions().items()}
         report.replay_digest = dict(store.table_digest())
-        if (live_dir / "positions.lance").exists():
+        if shard_routing.has_projection(live_dir):
             live = _open_live(live_dir, settings)
             report.live_digest = dict(live.table_digest())
             report.live_positions = {k: int(v) for k, v in live.positions().items()}
@@ -653,7 +667,7 @@ async def _finish(
 
 
 def _open_live(path: Path, settings: Settings) -> Any:
-    return LanceStore.from_settings(settings, path, create=False)
+    return shard_routing.open_store(settings, path, create=False)
 
 
 def replay_sync(settings: Settings, **kwargs: Any) -> ReplayReport:

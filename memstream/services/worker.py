@@ -31,7 +31,9 @@ import faust
 
 from memstream.gc_tuning import tune_gc
 from memstream.projections.dir_lock import LanceDirBusyError, LanceDirLock
+from memstream.projections.table_sets import TableSets
 from memstream.services.app import AGENT_NAMES, FAUST_LOGGER, build_app
+from memstream.services.shard_routing import create_shards, projects_sharded
 from memstream.settings import Settings, load_settings, parse_log_level
 from memstream.streams.admin import TopicCreationError, ensure_topics
 from memstream.streams.connect import until_reachable
@@ -130,8 +132,14 @@ def run_worker(
 
     lock = LanceDirLock(settings.lance_dir)
     if agents is None or "projector" in agents:
+        # Workers writing shards share the root (each shard has its own lease); a
+        # worker writing an unsharded set, or a replay's swap, holds it alone.
+        current = TableSets(settings.lance_dir).current()
+        sharded = projects_sharded(settings, current)
         try:
-            lock.acquire(f"memstream worker {settings.app_id}")
+            lock.acquire(f"memstream worker {settings.app_id}", shared=sharded)
+            if sharded:
+                create_shards(settings, current)
         except LanceDirBusyError as exc:
             loop.close()
             raise WorkerError(f"cannot project: {exc}") from exc

@@ -1,0 +1,235 @@
+"""Workers in a consumer group, one shard per partition: three worker processes on six
+partitions under a steady load; one is killed with SIGKILL, its shards move to the
+others, which resume them from the shards' stored positions. In the end nothing is
+lost or duplicated, every shard equals a replay of its partitions, searches during
+the rebalances never failed nor crossed spaces, and records put on the wrong
+partition by kcat's default (crc32) partitioner are projected in the right shard.
+
+Real broker, real LanceDB under ``tmp_path``, the workers as their own processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+from tests.services.test_worker import WorkerProcess, end_offsets
+from tests.streams.test_producers_contract import documented_kcat_flags, kcat
+
+from memstream.domain.events import MemoryAdded, Scope
+from memstream.interfaces.service import MemoryService
+from memstream.projections.search import SearchFilters
+from memstream.projections.shards import ShardedStore
+from memstream.projections.table_sets import TableSets
+from memstream.services.replay import ReplayError, replay
+from memstream.services.shard_routing import open_store, space_partition
+from memstream.settings import Settings, child_env
+from memstream.streams.admin import ensure_topics
+from memstream.streams.producer import MemstreamProducer
+from memstream.streams.serializer import encode_event
+from memstream.streams.topics import Topics
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+PARTITIONS = 6
+SPACES = [Scope(team_id="fleet", user_id=f"agent{i}") for i in range(18)]
+
+
+class GroupWorker(WorkerProcess):
+    def __init__(self, settings: Settings, workdir: Path, instance: str) -> None:
+        super().__init__(settings, workdir)
+        self.instance = instance
+
+    def env(self) -> dict[str, str]:
+        env = super().env()
+        env.update(
+            MEMSTREAM_SHARDED="true",
+            MEMSTREAM_WORKER_INSTANCE=self.instance,
+            MEMSTREAM_WORKER_SESSION_TIMEOUT_S=str(self.settings.worker_session_timeout_s),
+        )
+        return env
+
+
+def stored_positions(settings: Settings) -> dict[tuple[str, int], int]:
+    current = TableSets(settings.lance_dir).current()
+    try:
+        return open_store(settings, current, create=False).positions()
+    except Exception:  # noqa: BLE001 - shards not created yet
+        return {}
+
+
+async def wait_caught_up(settings: Settings, topics: Topics, workers: list[GroupWorker]) -> None:
+    ends = await end_offsets(settings, [topics.events, topics.messages])
+    deadline = time.monotonic() + 240
+    while True:
+        stored = stored_positions(settings)
+        if all(stored.get(k, 0) >= v for k, v in ends.items() if v):
+            return
+        logs = "\n".join(w.log_text()[-1500:] for w in workers)
+        assert time.monotonic() < deadline, f"not caught up: {stored} vs {ends}\n{logs}"
+        await asyncio.sleep(0.5)
+
+
+def crc32_misrouted(i: int) -> MemoryAdded:
+    """A memory whose space kcat's crc32 partitioner puts on another partition."""
+    n = i
+    while True:
+        scope = Scope(team_id="kcat", user_id=f"k{n}")
+        key = scope.space.encode()
+        if zlib.crc32(key) % PARTITIONS != space_partition(scope, PARTITIONS):
+            return MemoryAdded(scope=scope, memory_id=f"kc{i}", content=f"k{n} prefers tea from kcat")
+        n += 1000
+
+
+def kcat_produce(settings: Settings, topic: str, event: MemoryAdded, tmp_path: Path) -> None:
+    record = encode_event(event)
+    body = tmp_path / f"{event.memory_id}.json"
+    body.write_bytes(record.value)
+    flags = documented_kcat_flags()
+    at = flags.index("topic.partitioner=murmur2_random")
+    del flags[at - 1 : at + 1]  # kcat's own default partitioner: crc32 (consistent_random)
+    run = subprocess.run(
+        [kcat(), "-P", "-b", settings.bootstrap_servers, "-t", topic, "-k", record.key.decode(), *flags, str(body)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+
+
+async def test_three_workers_lose_a_member_under_load_and_the_shards_stay_exact(
+    kafka_bootstrap: str, topic_prefix: str, settings_for, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    topics = Topics(prefix=topic_prefix, partitions=PARTITIONS, replication_factor=1)
+    await ensure_topics(kafka_bootstrap, topics)
+    settings = settings_for(
+        topics,
+        sharded=True,
+        embedder="local",
+        projector_batch_seconds=0.05,
+        optimize_every_s=2.0,
+        worker_session_timeout_s=6.0,
+        read_wait_max_s=30.0,
+    )
+    workers = [GroupWorker(settings, tmp_path, f"w{i}") for i in range(3)]
+    for w in workers:
+        w.workdir = tmp_path / w.instance
+        w.workdir.mkdir()
+        w.start()
+    acked: dict[Scope, set[str]] = {s: set() for s in SPACES}
+    stop = asyncio.Event()
+    failures: list[str] = []
+    crossed: list[str] = []
+    searches = 0
+
+    async def load() -> None:
+        rng = random.Random(7)
+        async with MemstreamProducer(settings) as producer:
+            i = 0
+            while not stop.is_set():
+                burst = []
+                for _ in range(20):
+                    scope = rng.choice(SPACES)
+                    burst.append(MemoryAdded(scope=scope, memory_id=f"m{i}", content=f"{scope.user_id} noted fact {i}"))
+                    i += 1
+                await producer.send_many(burst)
+                for e in burst:
+                    acked[e.scope].add(e.memory_id)
+                await asyncio.sleep(0.05)
+
+    async def search_loop(service: MemoryService) -> None:
+        nonlocal searches
+        rng = random.Random(3)
+        while not stop.is_set():
+            scope = rng.choice(SPACES)
+            try:
+                hits = await service.search(scope, f"{scope.user_id} noted fact", 10, SearchFilters(), interface="api")
+            except Exception as exc:  # noqa: BLE001 - counted: a search must never fail
+                failures.append(f"{type(exc).__name__}: {exc}")
+            else:
+                crossed.extend(h.memory_id for h in hits if not h.content.startswith(f"{scope.user_id} "))
+                searches += 1
+            await asyncio.sleep(0.05)
+
+    service = MemoryService(settings)
+    loops: list[asyncio.Future[None]] = []
+    try:
+        loops.append(asyncio.ensure_future(load()))
+        await wait_until_progress(settings, 300, workers)
+        await service.start()
+        loops.append(asyncio.ensure_future(search_loop(service)))
+        for i in range(4):  # kcat records on crc32's partition while the group rebalances
+            kcat_produce(settings, topics.events, crc32_misrouted(i), tmp_path)
+        victim = workers[1]
+        victim.kill()  # SIGKILL under load: its shards must move to the other two
+        await asyncio.sleep(settings.worker_session_timeout_s + 6)
+        for i in range(4, 8):
+            kcat_produce(settings, topics.events, crc32_misrouted(i), tmp_path)
+        await asyncio.sleep(3)
+        stop.set()
+        await asyncio.gather(*loops)
+        await wait_caught_up(settings, topics, [workers[0], workers[2]])
+        for w in (workers[0], workers[2]):
+            w.assert_alive()
+            assert "projector owns shards" in w.log_text()
+    finally:
+        stop.set()
+        await asyncio.gather(*loops, return_exceptions=True)
+        await service.stop()
+
+    assert failures == [], failures[:5]
+    assert crossed == [], crossed[:5]
+    assert searches > 0
+
+    live = open_store(settings, TableSets(settings.lance_dir).current(), create=False)
+    assert isinstance(live, ShardedStore)
+    for p, shard in live.shards.items():
+        rows = shard.rows("memories", None, ["pk", "user_id", "team_id", "memory_id"]).to_pylist()
+        pks = [r["pk"] for r in rows]
+        assert len(pks) == len(set(pks)), f"duplicated rows in shard {p}"
+        for r in rows:
+            assert space_partition(Scope(team_id=r["team_id"], user_id=r["user_id"]), PARTITIONS) == p
+        for scope in SPACES:
+            if space_partition(scope, PARTITIONS) == p:
+                have = {r["memory_id"] for r in rows if r["user_id"] == scope.user_id and r["team_id"] == scope.team_id}
+                assert have == acked[scope], f"shard {p}, space {scope.space}: lost {sorted(acked[scope] - have)[:5]}"
+        kc = {r["memory_id"] for r in rows if r["team_id"] == "kcat"}
+        assert kc == {f"kc{i}" for i in range(8) if space_partition(crc32_misrouted(i).scope, PARTITIONS) == p}
+
+    # `memstream shards` names a live owner for every shard, no lag, every row.
+    shown = subprocess.run(
+        [sys.executable, "-m", "memstream", "shards", "--json"],
+        env={**child_env(settings), "MEMSTREAM_SHARDED": "true"}, cwd=tmp_path, capture_output=True, text=True, timeout=180,
+    )
+    assert shown.returncode == 0, shown.stderr
+    statuses = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert sorted(s["partition"] for s in statuses) == list(range(PARTITIONS))
+    assert all(s["owner"] and "memstream worker" in s["owner"] for s in statuses), statuses
+    assert all(sum(s["lag"].values()) == 0 for s in statuses), statuses
+    assert sum(s["rows"]["memories"] for s in statuses) == sum(len(v) for v in acked.values()) + 8
+
+    # A replay refuses to run under a group of workers; stopped, it swaps in a set
+    # whose every shard equals the live one.
+    with pytest.raises(ReplayError, match="consumer group"):
+        await replay(settings)
+    for w in (workers[0], workers[2]):
+        assert w.stop(signal.SIGTERM) == 0, w.log_text()[-3000:]
+    live_digests = {p: s.table_digest() for p, s in live.shards.items()}
+    report = await replay(settings)
+    assert report.swapped and report.live_matches is True, report.differences
+    rebuilt = open_store(settings, report.replay_dir, create=False)
+    assert {p: s.table_digest() for p, s in rebuilt.shards.items()} == live_digests
+
+
+async def wait_until_progress(settings: Settings, rows: int, workers: list[GroupWorker]) -> None:
+    deadline = time.monotonic() + 180
+    while sum(stored_positions(settings).values()) < rows:
+        for w in workers:
+            w.assert_alive()
+        assert time.monotonic() < deadline, "\n".join(w.log_text()[-2000:] for w in workers)
+        await asyncio.sleep(0.5)
