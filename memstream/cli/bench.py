@@ -69,6 +69,17 @@ def bench_forget(
     _run("forget", quick=quick)
 
 
+@bench_app.command("scale")
+def bench_scale(
+    quick: bool = typer.Option(False, "--quick", help="6,000 events, 30 s of faults, 1 kill."),
+    workers: int = typer.Option(3, min=1, help="Workers (on twice as many partitions)."),
+    events: int = typer.Option(0, help="Override the throughput runs' events."),
+    kills: int = typer.Option(-1, help="Override the number of SIGKILLs."),
+) -> None:
+    """N workers in a consumer group, one shard per partition: throughput, kills, rebalances."""
+    _run("scale", quick=quick, workers=workers, events=events or None, kills=None if kills < 0 else kills)
+
+
 @bench_app.command("freshness")
 def bench_freshness(
     quick: bool = typer.Option(False, "--quick", help="15 s instead of 60 s."),
