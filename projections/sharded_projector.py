@@ -79,6 +79,10 @@ class ShardedProjector:
             done += self._projector(partition).embed_ahead(events, None)
         return done
 
+    def finish_shredding(self) -> bool:
+        """Each shard's last step of a forget (see ``Projector.finish_shredding``)."""
+        return any([projector.finish_shredding() for projector in self.projectors.values()])
+
     def apply(self, batch: Sequence[PositionedEvent], memories: PositionedMemories | None = None) -> ApplyResult:
         events = _events_by_partition(batch)
         fast = split_memories(memories)
