@@ -558,6 +558,8 @@ def bench_settings(workdir: Path, **overrides: Any) -> Settings:
         "home": workdir / "home",
         "embedder": "local",
         "embedding_dim": DIM,
+        # one master key for the run: its steps use several homes over the same topics
+        "master_key": base64.b64encode(os.urandom(32)).decode("ascii"),
     }
     base.update(overrides)
     return Settings(**base)
