@@ -41,7 +41,7 @@ from memstream.settings import Settings, get_settings
 from memstream.streams.admin import ensure_topics
 from memstream.services.app import build_app
 from memstream.streams.producer import MemstreamProducer
-from memstream.services.reflector import LLMReflectionWriter
+from memstream.services.reflection_writers import LLMReflectionWriter
 from memstream.services.reflector_agent import ReflectorHandle, register_reflector
 from memstream.streams.topics import Topics
 

@@ -361,25 +361,7 @@ class LLMClient:
             self._memory.learn(self._key, mode, self.refused_modes + tuple(refused))
         elif schema is not None and self._memory.get(self._key) is None:
             self._memory.learn(self._key, mode, ())
-        latency = (time.perf_counter() - start) * 1000
-        usage = _usage(response)
-        choices = getattr(response, "choices", None) or []
-        if not choices:
-            raise LLMError("empty", "the answer has no choices", latency_ms=latency, usage=usage)
-        message = choices[0].message
-        text = getattr(message, "content", None)
-        if not isinstance(text, str) or not text.strip():
-            refusal = getattr(message, "refusal", None)
-            detail = f"the model refused: {refusal}" if refusal else "the answer is empty"
-            raise LLMError("empty", detail, latency_ms=latency, usage=usage)
-        return ChatResult(
-            text=text,
-            model=getattr(response, "model", None) or self.model,
-            usage=usage,
-            latency_ms=latency,
-            mode=mode,
-            finish_reason=getattr(choices[0], "finish_reason", None),
-        )
+        return _answer(response, self.model, mode, (time.perf_counter() - start) * 1000)
 
     def _error(
         self, kind: ErrorKind, exc: Exception, start: float, *, status: int | None = None
@@ -458,3 +440,25 @@ def build_llm(settings: Settings) -> LLMClient | None:
     if not settings.llm_base_url:
         return None
     return LLMClient.from_settings(settings)
+
+
+def _answer(response: Any, default_model: str, mode: OutputMode, latency: float) -> ChatResult:
+    """The text of a chat completion, or :class:`LLMError` (``empty``) when it has none."""
+    usage = _usage(response)
+    choices = getattr(response, "choices", None) or []
+    if not choices:
+        raise LLMError("empty", "the answer has no choices", latency_ms=latency, usage=usage)
+    message = choices[0].message
+    text = getattr(message, "content", None)
+    if not isinstance(text, str) or not text.strip():
+        refusal = getattr(message, "refusal", None)
+        detail = f"the model refused: {refusal}" if refusal else "the answer is empty"
+        raise LLMError("empty", detail, latency_ms=latency, usage=usage)
+    return ChatResult(
+        text=text,
+        model=getattr(response, "model", None) or default_model,
+        usage=usage,
+        latency_ms=latency,
+        mode=mode,
+        finish_reason=getattr(choices[0], "finish_reason", None),
+    )

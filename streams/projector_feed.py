@@ -2,7 +2,7 @@
 pipeline (fetch, decode, apply), shared by the worker and by ``memstream replay``.
 
 Why not a Faust stream: the projector owns every partition of its topics anyway (one
-writer per LanceDB directory, enforced by :class:`~memstream.services.projector_service.LanceDirLock`)
+writer per LanceDB directory, enforced by :class:`~memstream.projections.dir_lock.LanceDirLock`)
 and resumes from the positions stored *with the rows*, never from Kafka's commits, so
 a consumer group adds nothing but rebalances. Faust's per-record machinery (an event
 object, an ack and a commit bookkeeping step for every record, then ``take_events``
@@ -10,7 +10,7 @@ buffering) cost more CPU than decoding and writing the record did, and it ran th
 stages one after another. Here:
 
 * **fetch** (the event loop): ``getmany`` of up to ``fetch_records`` records;
-* **decode** (a decoder thread, or process): :func:`decode_batch` of the fetched
+* **decode** (a decoder thread, or process): :func:`~memstream.streams.record_batches.decode_batch` of the fetched
   records, while the next fetch runs and the previous batch is being written.
   Decoding is Python (the fast path for canonical ``MemoryAdded`` records, pydantic
   for the rest) and so is part of the write path: in one process they take turns

@@ -184,7 +184,6 @@ def test_no_function_level_import_of_memstream_outside_the_cli() -> None:
     )
 
 
-@pytest.mark.xfail(strict=False, reason="issue 18: the services split (branch issue-18c) has not landed yet")
 def test_no_module_over_600_lines() -> None:
     big = [
         f"{p.relative_to(ROOT)}: {n}"

@@ -75,7 +75,8 @@ def replay(
 ) -> None:
     """Rebuild every table from offset 0 into a fresh set, verify it, swap it in
     (help text: :data:`REPLAY_HELP`)."""
-    from memstream.services.replay import ReplayError, RichProgress
+    from memstream.services.replay import ReplayError
+    from memstream.services.replay_report import RichProgress
     from memstream.services.replay import replay as run_replay
 
     from memstream.gc_tuning import tune_gc

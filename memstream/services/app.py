@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import faust
 
@@ -122,7 +122,7 @@ def build_app(
 
     # A sharded set is written by workers in a consumer group, each owning some shards.
     sharded = projects_sharded(settings, TableSets(settings.lance_dir).current())
-    register = {
+    register: dict[str, Callable[[MemstreamApp, Settings, Topics], object]] = {
         "projector": register_group_projector if sharded else register_projector,
         "extractor": register_extractor,
         "reflector": register_reflector,

@@ -33,7 +33,8 @@ from memstream.domain.log import LogPosition
 from memstream.llm import ChatModel
 from memstream.projections.schema import MEMORIES
 from memstream.projections.session_turns import turns_by_id
-from memstream.services.extractor import EventSink, Extractor, WindowInput
+from memstream.services.extraction_run import EventSink, WindowInput
+from memstream.services.extractor import Extractor
 from memstream.settings import Settings
 
 __all__ = ["parse_since", "find_windows", "RetryReport", "retry_windows"]

@@ -1,51 +1,9 @@
 """The extractor in the worker: ``memstream.messages`` in, memories on ``memstream.events``.
 
-Why a service with its own Kafka consumer rather than a Faust stream agent: the
-extractor holds turns for a while (until a session has enough new turns or falls idle,
-and for longer while the LLM is down), and a held turn must survive a crash. In the
-worker's shared Faust consumer that is not possible: the projector reads the same
-topic and the app resumes it from the *projector's* stored positions, so Kafka's
-commit cannot say "not yet extracted"; and Faust waits for every unacknowledged event
-before a rebalance (``stream_wait_empty``), so held turns would stall the whole worker.
-
-So the :class:`ExtractorRunner` reads ``messages`` with its own consumer group
-(``<app_id>.extractor``) and commits by hand, per partition, only up to the oldest turn
-that is not extracted yet (:meth:`TurnBuffer.safe_offsets`). A crash or restart re-reads
-exactly the turns whose memories were not produced; a repeated extraction produces the
-same memory and link ids, which the projection absorbs. Turns whose extraction failed
-stay in the buffer and are retried with back-off, for at most ``extract_max_attempts``
-attempts and ``extract_retry_budget_s`` seconds: then the window is stored by the
-heuristic fallback (see :mod:`memstream.domain.fallback`) and the commit moves past it,
-so one window the model always refuses never stalls its partition. While more than
-:data:`MAX_PENDING_TURNS` wait, reading pauses (back-pressure) instead of growing memory.
-
-Without an LLM (the heuristic: one memory per qualifying turn, made from that turn
-alone) nothing is gained by holding turns, so every turn read is due at once, a
-session's pending turns are one window, and the windows of all sessions read
-meanwhile go through the extractor together, in batches of about
-``extract_batch_turns`` turns (:meth:`Extractor.run_windows`: one exact-dedup
-query, one embedding call, one produce per batch), a few batches in flight. A burst is extracted in a
-few large batches and a single turn on a quiet stream at once. With an LLM each
-window is its own task (its LLM calls bound the concurrency). The commit follows as
-soon as a batch leaves nothing pending.
-
-On a rebalance (aiokafka's eager protocol revokes every partition), the safe offsets are
-committed and the buffer forgets the revoked partitions: the next owner reads those
-turns again from the commit. Each commit carries a resume mark
-(:mod:`memstream.domain.resume_marks`): which turns after the committed offset were
-extracted already, so the next reader takes those as background, not as new turns.
-A session's background turns are kept in memory; for its first window after a
-restart or a move they are read from the ``messages`` projection. The restarted
-extractor so builds the windows an uninterrupted one would have built.
-
-Records that are not valid events are skipped here and counted: the projector, reading
-the same topic, publishes them to the dead-letter topic. Other event types on the
-messages topic are not turns and are skipped too.
-
-``register_extractor(app, settings, topics)`` adds the runner to the Faust worker as a
-service (started and stopped with it). LLM, embedding and LanceDB work happen off the
-event loop (async HTTP client, executor threads), so the worker's timers are never
-starved.
+A ``mode`` service with its own consumer group (``<app_id>.extractor``) that commits by
+hand, per partition, only up to the oldest turn not extracted yet, so a crash re-reads
+exactly the turns whose memories were not produced. docs/architecture-services.md
+says why it is not a Faust stream agent, and how it batches, backs off and resumes.
 """
 
 from __future__ import annotations
@@ -55,32 +13,24 @@ import logging
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
 from typing import Any, Literal
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError, RebalanceInProgressError
+from aiokafka.errors import IllegalStateError, KafkaError
 from mode import Service
 
 from memstream.domain.events import MessageObserved
 from memstream.domain.log import LogPosition
-from memstream.domain.resume_marks import decode_mark
 from memstream.llm import ChatModel, build_llm
 from memstream.projections.embedder import build_embedder
 from memstream.projections.session_turns import turns_before
-from memstream.projections.table_sets import TableSets
-from memstream.services.shard_routing import open_store
-from memstream.services.extractor import (
-    EventSink,
-    ExtractionOutcome,
-    Extractor,
-    TurnBuffer,
-    WindowInput,
-    WindowJob,
-    store_recall,
-)
+from memstream.services.candidate_recall import store_recall
+from memstream.services.extraction_run import EventSink, ExtractionOutcome, WindowInput
+from memstream.services.extractor import Extractor
+from memstream.services.extractor_commits import ExtractorCommits, consumer_group
+from memstream.services.extractor_tables import ExtractorTables
+from memstream.services.turn_buffer import TurnBuffer, WindowJob
 from memstream.sealing import TamperedRecord
 from memstream.settings import Settings
 from memstream.streams.connect import until_started
@@ -114,17 +64,10 @@ window, most of whose time is its LLM round trips."""
 MAX_CONCURRENT_BATCHES = 3
 """Without an LLM: batches of windows in flight at once. A batch is interpreter work
 but for its lookup, embedding call and produce; other batches fill those waits, and
-beyond that they only take turns on the interpreter lock. On the LoCoMo ingest, 3
-won every interleaved pair against 2 (five pairs) and against 4 (three pairs); see
-docs/benchmarks.md, session 5."""
+beyond that they only take turns on the interpreter lock (the choice is measured in
+docs/benchmarks.md)."""
 _POLL_MS = 200
-_COMMIT_EVERY_S = 1.0
 _STOP_GRACE_S = 5.0
-
-
-def consumer_group(settings: Settings) -> str:
-    """The extractor's own consumer group (its commits mean "extracted up to here")."""
-    return f"{settings.app_id}.extractor"
 
 
 @dataclass
@@ -152,11 +95,11 @@ class _Listener(ConsumerRebalanceListener):
         self.runner = runner
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        await self.runner._on_revoked(revoked)
+        await self.runner.commits.on_revoked(self.runner._consumer, revoked)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         log.info("extractor assigned %d partition(s) of %s", len(assigned), self.runner.topics.messages)
-        await self.runner._on_assigned(assigned)
+        await self.runner.commits.on_assigned(assigned)
 
 
 class ExtractorRunner:
@@ -215,20 +158,13 @@ class ExtractorRunner:
         self._computing: set[asyncio.Task[None]] = set()
         """The jobs still extracting (not yet only waiting for the produce to be
         acknowledged): at most ``concurrency`` of them."""
-        self._committed: dict[tuple[str, int], int] = {}
-        self._committed_marks: dict[tuple[str, int], str] = {}
-        self._admin: AIOKafkaAdminClient | None = None
-        self._marks_read: set[tuple[str, int]] = set()
-        """Partitions whose resume marks were read since they were assigned."""
-        self._last_commit = 0.0
-        self._commit_lock = asyncio.Lock()
+        self.commits = ExtractorCommits(settings, self.buffer)
         self._batching = False
         """Several sessions' windows per task (set at start when no LLM is configured)."""
         self._paused = False
         self._stopping = False
         self._loop_task: asyncio.Task[None] | None = None
-        self._store_lock = asyncio.Lock()
-        self._prefetch: asyncio.Task[None] | None = None
+        self.tables = ExtractorTables(settings, self._attach_store)
         self._keys: SubjectKeys | None = None
         self._opener: RecordOpener | None = None
 
@@ -271,16 +207,15 @@ class ExtractorRunner:
             # batches of about ``extract_batch_turns``. A session's pending turns go
             # in one window, not ``extract_max_new_turns`` at a time (a bound the
             # LLM's prompt needs): one session at a time is in flight, so a session
-            # read in one burst was extracted in a chain of sequential batches, and
-            # the longest session set the pace (measured: a tail of small batches
-            # after the burst).
+            # read in one burst would be extracted in a chain of sequential batches,
+            # and the longest session would set the pace.
             self.buffer.min_new = 1
             self.buffer.max_new = max(self.buffer.max_new, settings.extract_batch_turns)
             self._batching = True
             if self._concurrency_arg is None:
                 self.concurrency = MAX_CONCURRENT_BATCHES
         if self._store is not None:
-            self._attach_store(self._store)
+            self.tables.attach(self._store)
 
         def make_consumer() -> AIOKafkaConsumer:
             consumer = AIOKafkaConsumer(
@@ -295,7 +230,7 @@ class ExtractorRunner:
 
         self._consumer = await until_started(make_consumer, "extractor consumer")
         if self.extractor.store is None:
-            self._prefetch = asyncio.create_task(self._prefetch_store(), name="memstream-extractor-store")
+            self.tables.start_prefetch()
         self._loop_task = asyncio.create_task(self._run(), name="memstream-extractor")
         log.info(
             "extractor started (%s) on %s as group %s",
@@ -310,58 +245,10 @@ class ExtractorRunner:
         self.extractor.store = store
         self.extractor._recall = store_recall(store, self._embedder)
 
-    async def _prefetch_store(self) -> None:
-        """Open the table set at start, for reading only, so the first turns do not wait
-        for it (opening took a quarter of a second of the first extraction on a busy
-        machine). Read-only never races the projector creating the tables; if they do
-        not exist yet, :meth:`_ensure_store` opens them when the first turn needs them."""
-        try:
-            store = await asyncio.to_thread(
-                open_store, self.settings, TableSets(self.settings.lance_dir).current(),
-                read_consistency_interval=timedelta(0), create=False,
-            )
-        except Exception as exc:  # noqa: BLE001 - not there yet: opened on first use
-            log.debug("extractor: table set not opened at start (%s); opening it on first use", exc)
-            return
-        if self.extractor is not None and self.extractor.store is None:
-            self._attach_store(store)
-
-    async def _follow_current_set(self) -> None:
-        """After a replay's swap, look memories up in the new set (the old one stays
-        readable until the next replay, so a running extraction finishes on it)."""
-        store = self._store
-        if store is None or self._store_lock.locked():
-            return
-        current = TableSets(self.settings.lance_dir).current()
-        if getattr(store, "root", current) == current:
-            return
-        async with self._store_lock:
-            fresh = await asyncio.to_thread(
-                open_store, self.settings, current, read_consistency_interval=timedelta(0), create=False
-            )
-            self._attach_store(fresh)
-            log.info("extractor: reading the replayed table set %s", current)
-
-    async def _ensure_store(self) -> None:
-        if self.extractor is None or self.extractor.store is not None:
-            return
-        async with self._store_lock:
-            if self._prefetch is not None and not self._prefetch.done():
-                await asyncio.wait([self._prefetch])
-            if self.extractor.store is not None:
-                return
-            store = await asyncio.to_thread(
-                open_store, self.settings, TableSets(self.settings.lance_dir).current(),
-                read_consistency_interval=timedelta(0),
-            )
-            self._attach_store(store)
-
     async def stop(self) -> None:
         """Stop reading, let running extractions finish briefly, commit, disconnect."""
         self._stopping = True
-        if self._prefetch is not None and not self._prefetch.done():
-            self._prefetch.cancel()
-            await asyncio.gather(self._prefetch, return_exceptions=True)
+        await self.tables.stop()
         if self._loop_task is not None:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
@@ -372,12 +259,10 @@ class ExtractorRunner:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
         if self._consumer is not None:
-            await self._commit(force=True)
+            await self.commits.commit(self._consumer, force=True)
             await self._consumer.stop()
             self._consumer = None
-        if self._admin is not None:
-            await self._admin.close()
-            self._admin = None
+        await self.commits.close()
         own, self._own_producer = self._own_producer, None
         if own is not None:
             await own.stop()
@@ -402,21 +287,21 @@ class ExtractorRunner:
                     log.warning("extractor poll failed (retrying): %s", exc)
                     await asyncio.sleep(1.0)
                     continue
-                unread = [tp for tp in polled if (tp.topic, tp.partition) not in self._marks_read]
+                unread = [tp for tp in polled if (tp.topic, tp.partition) not in self.commits.marks_read]
                 if unread:
                     # aiokafka may hand out records before the assignment listener ran
-                    await self._read_marks(unread)
+                    await self.commits.read_marks(unread)
                 if self._keys is not None:
                     await self._keys.prepare((r.value, r.headers) for records in polled.values() for r in records)
                 for records in polled.values():
                     for r in records:
                         self._ingest(r.topic, r.partition, r.offset, r.key, r.value, r.headers)
-                await self._follow_current_set()
+                await self.tables.follow_current_set()
                 self._backpressure()
                 self._schedule()
                 # Once everything read is extracted, say so at once (a no-op if nothing
                 # changed): lag monitors and a restart then see it done, not a second later.
-                await self._commit(force=not self._jobs and self.buffer.pending_count == 0)
+                await self.commits.commit(self._consumer, force=not self._jobs and self.buffer.pending_count == 0)
 
     def _ingest(
         self,
@@ -502,7 +387,7 @@ class ExtractorRunner:
 
     def _producing(self, task: "asyncio.Task[None] | None") -> None:
         """A job's extraction is done and its produce is under way: the broker's
-        acknowledgements (a tenth of a second for a bulk batch, measured) need no
+        acknowledgements need no
         slot, so the next due batch starts meanwhile. Its commit still waits for them."""
         if task is None or task not in self._computing:
             return
@@ -514,7 +399,7 @@ class ExtractorRunner:
         assert self.extractor is not None
         me = asyncio.current_task()
         try:
-            await self._ensure_store()
+            await self.tables.ensure()
             if not self._batching:
                 jobs = [await self._with_history(job) for job in jobs]
             outcomes = await self.extractor.run_windows(
@@ -568,7 +453,7 @@ class ExtractorRunner:
         if not self._stopping:
             # Once everything read is extracted, say so at once (lag monitors and a
             # restart see it done); otherwise at most every ``_COMMIT_EVERY_S``.
-            await self._commit(force=self.buffer.pending_count == 0)
+            await self.commits.commit(self._consumer, force=self.buffer.pending_count == 0)
 
     async def _with_history(self, job: WindowJob) -> WindowJob:
         """The job with the background it would have had without a restart: for a
@@ -589,82 +474,6 @@ class ExtractorRunner:
             return job
         return replace(job, background=self.buffer.load_history(job, earlier))
 
-    async def _on_assigned(self, assigned: list[TopicPartition]) -> None:
-        await self._read_marks([tp for tp in assigned if (tp.topic, tp.partition) not in self._marks_read])
-
-    async def _read_marks(self, assigned: list[TopicPartition]) -> None:
-        """Read the resume marks the partitions' last commits carry (which turns
-        after each commit were extracted already), before any of their records is
-        taken in."""
-        if not assigned:
-            return
-        try:
-            if self._admin is None:
-                admin = AIOKafkaAdminClient(
-                    bootstrap_servers=self.settings.bootstrap_servers, client_id="memstream-extractor-admin"
-                )
-                await admin.start()
-                self._admin = admin
-            committed = await self._admin.list_consumer_group_offsets(
-                consumer_group(self.settings), partitions=list(assigned)
-            )
-        except (KafkaError, OSError) as exc:
-            log.warning("extractor: resume marks not read (%s); turns after the commits count as new", exc)
-            self._marks_read.update((tp.topic, tp.partition) for tp in assigned)
-            return
-        for tp in assigned:
-            self._marks_read.add((tp.topic, tp.partition))
-            meta = committed.get(tp)
-            mark = decode_mark(meta.offset, meta.metadata) if meta is not None and meta.offset >= 0 else None
-            self.buffer.resume((tp.topic, tp.partition), mark)
-            if mark is not None:
-                log.info(
-                    "extractor resumes %s:%d at %d; %d turn(s) after it are done already",
-                    tp.topic, tp.partition, meta.offset, mark.end - meta.offset - len(mark.pending),
-                )
-
-    async def _commit(self, *, force: bool = False) -> None:
-        consumer = self._consumer
-        if consumer is None:
-            return
-        loop = asyncio.get_running_loop()
-        if not force and loop.time() - self._last_commit < _COMMIT_EVERY_S:
-            return
-        # One commit at a time (the poll loop, finished extractions and a rebalance all
-        # commit): each computes its offsets when its turn comes, so they only advance.
-        async with self._commit_lock:
-            self._last_commit = loop.time()
-            assigned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
-            safe = {tp: off for tp, off in self.buffer.safe_offsets().items() if tp in assigned}
-            marks = self.buffer.commit_marks(safe)
-            offsets = {
-                TopicPartition(t, p): (off, marks[(t, p)])
-                for (t, p), off in safe.items()
-                if (self._committed.get((t, p)), self._committed_marks.get((t, p))) != (off, marks[(t, p)])
-            }
-            if not offsets:
-                return
-            try:
-                await consumer.commit(offsets)
-            except (CommitFailedError, RebalanceInProgressError, IllegalStateError, KafkaError) as exc:
-                log.info("extractor commit deferred: %s", exc)
-                return
-            for tp, (off, mark) in offsets.items():
-                self._committed[(tp.topic, tp.partition)] = off
-                self._committed_marks[(tp.topic, tp.partition)] = mark
-
-    async def _on_revoked(self, revoked: list[TopicPartition]) -> None:
-        if self._consumer is not None and revoked:
-            await self._commit(force=True)
-        gone = [(tp.topic, tp.partition) for tp in revoked]
-        dropped = self.buffer.drop_partitions(gone)
-        for key in gone:
-            self._marks_read.discard(key)
-            self._committed.pop(key, None)
-            self._committed_marks.pop(key, None)
-        if dropped:
-            log.info("extractor released %d pending turns of %d revoked partition(s)", dropped, len(gone))
-
     # -- helpers for tests and tools -------------------------------------------------------
     async def drain(self, timeout: float = 30.0) -> None:
         """Extract every pending turn now (ignoring the triggers) and wait for it; turns
@@ -684,7 +493,7 @@ class ExtractorRunner:
 
     def committed(self) -> dict[tuple[str, int], int]:
         """The offsets this runner last committed."""
-        return dict(self._committed)
+        return dict(self.commits.offsets)
 
 
 class ExtractorService(Service):

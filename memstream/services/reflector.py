@@ -1,56 +1,18 @@
-"""The reflector's state machine, reflection writers and retry runner, without Faust.
-
-Why split from the Faust agent (:mod:`memstream.services.reflector_agent`): the rules
-for *when* a decision moves on live here and in :mod:`memstream.domain.reflection`,
-and they must be testable with plain dicts. The agent only feeds events in, sends
-what this module asks it to send, and keeps the state in changelog-backed Faust tables
-(any ``MutableMapping`` of JSON values works here).
-
-Per decision (keyed by :func:`~memstream.domain.reflection.decision_key`: memory space
-plus decision id, since ids are unique per space, not across tenants)::
-
-    pending --outcome covering the horizon--> settled --first candidate--> emitting
-       |                                                                      |
-       |                                                 send confirmed       v
-       +--deadline passed, no outcome--> expired                          reflected
-
-``settled`` is "pending with outcome": it is durable (in the table) before any LLM
-call starts. "Reflecting" (the LLM call) is deliberately *not* durable: it is the
-in-flight set of the :class:`ReflectionRunner` of one process, so a crash forgets it
-and the settled decision is picked up again after the restart. The guarantees:
-
-* **Never lost.** A settled decision stays settled until a reflection is chosen;
-  LLM failures are retried with exponential backoff (capped), without end. A chosen
-  reflection is stored in the entry (``emitting``) *before* it is sent, and the entry
-  becomes ``reflected`` only once the broker confirmed the send; an unconfirmed one is
-  sent again.
-* **Never reflected twice.** The runner never emits a reflection itself: it hands a
-  *candidate* ``MemoryReflected`` back through the reflector's ordered work topic.
-  The first candidate for a settled decision is chosen
-  (:meth:`ReflectorCore.begin_reflection`); a later candidate finds the decision
-  ``emitting`` or ``reflected`` and is dropped. After a crash only the stored, chosen
-  event can be sent again: the same bytes and the same event id (and reflection ids
-  derive from the decision), which every reader already treats as one event.
-* **Duplicates are no-ops.** The same decision id twice is one decision; the same
-  outcome twice settles once; an outcome that arrives before its decision waits in
-  the early-outcome table and is applied when the decision arrives.
-* **Nothing pending forever.** A pending decision expires at its deadline
-  (``DecisionExpired``, :meth:`ReflectorCore.due_expiries`); early outcomes and the
-  markers of finished decisions are dropped after a retention period
-  (:class:`ReflectorPolicy`).
+"""The reflector's state machine, without Faust: when a decision moves on (pending,
+settled, emitting, reflected, expired), testable with plain dicts. The agent
+(:mod:`memstream.services.reflector_agent`) feeds events in and keeps the state in
+changelog-backed tables; docs/architecture-services.md states the guarantees (never
+lost, never reflected twice, duplicates are no-ops, nothing pending forever).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
-import time
-from collections.abc import Awaitable, Callable, Container, Mapping, MutableMapping, Sequence
+from collections.abc import Container, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any
 
 from memstream.domain.events import (
     DecisionExpired,
@@ -58,27 +20,15 @@ from memstream.domain.events import (
     EventBase,
     MemoryReflected,
     OutcomeObserved,
-    Provenance,
     parse_event,
-    utcnow,
 )
-from memstream.domain.prompts import PromptLibrary
 from memstream.domain.reflection import (
-    REFLECTION_ANSWER_SCHEMA,
     decision_key,
-    direction_correct,
     expiry_event_id,
     match_outcome,
-    parse_reflection_answer,
-    performance,
-    reflection_event_id,
     reflection_id_for,
-    reflection_prompt_fields,
     subject_key,
-    templated_reflection,
 )
-from memstream.llm import ChatModel, LLMError, build_llm, call_with_retry
-from memstream.settings import Settings
 
 __all__ = [
     "PRODUCER",
@@ -86,16 +36,6 @@ __all__ = [
     "ReflectorPolicy",
     "SettledDecision",
     "ReflectorCore",
-    "REFLECTION_PROMPT_ID",
-    "TEMPLATE_PROMPT_ID",
-    "TEMPLATE_VERSION",
-    "build_reflection_writer",
-    "ReflectionWriter",
-    "TemplateReflectionWriter",
-    "LLMReflectionWriter",
-    "build_reflection",
-    "Backoff",
-    "ReflectionRunner",
 ]
 
 log = logging.getLogger(__name__)
@@ -538,325 +478,3 @@ class ReflectorCore:
                 else:
                     del self.early[skey]
         return dropped
-
-
-# ------------------------------------------------------------------- reflections
-
-
-REFLECTION_PROMPT_ID = "reflection"
-"""The prompt file (``domain/prompts/reflection.toml``, overridable per team/agent)."""
-
-TEMPLATE_PROMPT_ID = "reflection-template"
-TEMPLATE_VERSION = "1"
-_PROMPT_DECISION_CHARS = 4000
-
-
-def build_reflection(
-    settled: SettledDecision,
-    *,
-    content: str,
-    lesson: str | None,
-    templated: bool,
-    provenance: Provenance,
-    now: datetime,
-) -> MemoryReflected:
-    """The ``MemoryReflected`` of a settled decision, with its derived ids, the numbers
-    it was judged on, and whether the direction was right (computed, not asked)."""
-    decision, outcome = settled.decision, settled.outcome
-    measure, basis = performance(outcome)
-    alpha = measure if basis == "alpha" else None
-    return MemoryReflected(
-        event_id=reflection_event_id(decision.scope, decision.decision_id),
-        occurred_at=now,
-        recorded_at=now,
-        scope=decision.scope,
-        session_id=decision.session_id,
-        task_id=decision.task_id,
-        causation_id=str(outcome.event_id),
-        correlation_id=decision.decision_id,
-        producer=PRODUCER,
-        reflection_id=reflection_id_for(decision.scope, decision.decision_id),
-        decision_id=decision.decision_id,
-        outcome_id=outcome.outcome_id,
-        subject=decision.subject,
-        rating=decision.rating,
-        decision_text=decision.decision_text,
-        raw_return=outcome.raw_return,
-        alpha=alpha,
-        correct=direction_correct(decision.rating, alpha, outcome.raw_return),
-        content=content,
-        lesson=lesson,
-        templated=templated,
-        provenance=provenance,
-    )
-
-
-def _input_refs(settled: SettledDecision) -> tuple[str, ...]:
-    return (f"decision:{settled.decision.decision_id}", f"outcome:{settled.outcome.outcome_id}")
-
-
-class ReflectionWriter(Protocol):
-    """Writes the reflection of one settled decision; raises to ask for a retry."""
-
-    method: str
-
-    async def write(self, settled: SettledDecision, now: datetime) -> MemoryReflected: ...
-
-
-class TemplateReflectionWriter:
-    """Reflections from the numbers alone, for deployments without an LLM (and for a
-    model whose answers are unusable); every one is marked ``templated`` with
-    provenance method ``template``, ``note`` saying why."""
-
-    method = "template"
-
-    def __init__(self, note: str = "no LLM configured: reflection written from the numbers") -> None:
-        self.note = note
-
-    async def write(self, settled: SettledDecision, now: datetime) -> MemoryReflected:
-        written = templated_reflection(settled.decision, settled.outcome)
-        return build_reflection(
-            settled,
-            content=written.content,
-            lesson=written.lesson,
-            templated=True,
-            provenance=Provenance(
-                method="template",
-                prompt_id=TEMPLATE_PROMPT_ID,
-                prompt_version=TEMPLATE_VERSION,
-                input_refs=_input_refs(settled),
-                note=self.note[:2000],
-            ),
-            now=now,
-        )
-
-
-class LLMReflectionWriter:
-    """One LLM call per settled decision (2-4 sentences ending with a lesson, as JSON).
-
-    The prompt is resolved per decision scope through the :class:`PromptLibrary` (a
-    team or agent may override it); its id, version and file hash, the model, latency
-    and token usage go into the reflection's provenance. A model that cannot be reached
-    (timeout, connection error, 429, 5xx) raises, and the :class:`ReflectionRunner`
-    retries the decision later; within one attempt :func:`memstream.llm.call_with_retry`
-    already retries ``retries`` times. A model that answers but never usably (empty,
-    refused, not 2-4 sentences of reflection, after those retries) gets the templated
-    reflection instead, its provenance note naming the model and the errors: asking
-    the same model again would give the same answer, and the lesson would never be
-    written.
-    """
-
-    method = "llm"
-
-    def __init__(
-        self, chat: ChatModel, *, prompts: PromptLibrary | None = None, retries: int = 1
-    ) -> None:
-        self.chat = chat
-        self.prompts = prompts or PromptLibrary()
-        self.retries = retries
-
-    async def write(self, settled: SettledDecision, now: datetime) -> MemoryReflected:
-        fields = reflection_prompt_fields(settled.decision, settled.outcome)
-        fields["decision_text"] = fields["decision_text"][:_PROMPT_DECISION_CHARS]
-        prompt = self.prompts.get(REFLECTION_PROMPT_ID, settled.decision.scope)
-        system, user = prompt.render(fields)
-        try:
-            call = await call_with_retry(
-                self.chat,
-                system,
-                user,
-                parse=parse_reflection_answer,
-                schema=REFLECTION_ANSWER_SCHEMA,
-                schema_name="reflection",
-                retries=self.retries,
-            )
-        except LLMError as exc:
-            if exc.kind in _UNREACHABLE:
-                raise
-            note = (
-                f"{self.chat.model} gave no usable reflection ({exc.kind} after {exc.attempts} attempt(s): "
-                + " | ".join(exc.errors) + "): reflection written from the numbers"
-            )
-            return await TemplateReflectionWriter(note).write(settled, now)
-        parsed = call.value
-        return build_reflection(
-            settled,
-            content=parsed.content,
-            lesson=parsed.lesson,
-            templated=False,
-            provenance=Provenance(
-                method="llm",
-                prompt_id=prompt.id,
-                prompt_version=prompt.version,
-                prompt_sha256=prompt.sha256,
-                model=call.result.model or self.chat.model,
-                input_refs=_input_refs(settled),
-                latency_ms=round(call.latency_ms, 3),
-                token_usage=dict(call.usage),
-                note=f"{call.attempts} attempts" if call.attempts > 1 else None,
-            ),
-            now=now,
-        )
-
-
-_UNREACHABLE = ("timeout", "connection", "http")
-"""LLM failures that say nothing about the model's answers: retried later, never templated."""
-
-
-def build_reflection_writer(settings: Settings) -> ReflectionWriter:
-    """The LLM writer when an LLM endpoint is configured (``MEMSTREAM_LLM_BASE_URL``),
-    else the templated one."""
-    client = build_llm(settings)
-    if client is None:
-        return TemplateReflectionWriter()
-    return LLMReflectionWriter(
-        client, prompts=PromptLibrary(settings.prompts_dir), retries=settings.llm_max_retries
-    )
-
-
-# ------------------------------------------------------------------------ runner
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Exponential backoff with jitter: ``initial * factor**(attempt-1)``, capped."""
-
-    initial: float = 1.0
-    factor: float = 2.0
-    maximum: float = 300.0
-    jitter: float = 0.1
-
-    def delay(self, attempt: int) -> float:
-        base = min(self.maximum, self.initial * self.factor ** max(attempt - 1, 0))
-        return base * (1.0 + random.uniform(-self.jitter, self.jitter))
-
-
-Deliver = Callable[[MemoryReflected, SettledDecision], Awaitable[None]]
-
-
-class ReflectionRunner:
-    """Writes reflections in the background, a few at a time, retrying failures.
-
-    ``submit`` is cheap and idempotent: a decision that is queued, being written,
-    waiting for a retry, or delivered and not yet confirmed is not queued again. Each
-    finished reflection goes to ``deliver`` (the agent sends it through the work
-    topic); the agent calls :meth:`finished` once the decision left the settled state.
-    A delivered decision that was never confirmed (its partition moved to another
-    worker, say) becomes eligible again after ``redeliver_after`` seconds; the state
-    machine drops the extra candidate if the first one made it after all.
-
-    A writer or delivery failure is retried after :class:`Backoff` without holding a
-    worker, so one failing decision never blocks the others.
-    """
-
-    def __init__(
-        self,
-        writer: ReflectionWriter,
-        deliver: Deliver,
-        *,
-        concurrency: int = 4,
-        backoff: Backoff | None = None,
-        clock: Callable[[], datetime] = utcnow,
-        redeliver_after: float = 600.0,
-    ) -> None:
-        self.writer = writer
-        self.deliver = deliver
-        self.concurrency = max(1, concurrency)
-        self.backoff = backoff or Backoff()
-        self.clock = clock
-        self.redeliver_after = redeliver_after
-        self.attempts: dict[str, int] = {}
-        self.delivered = 0
-        self.failures = 0
-        # key -> monotonic time it was delivered (None while queued or being written)
-        self._tracked: dict[str, float | None] = {}
-        self._queue: asyncio.Queue[SettledDecision] | None = None
-        self._workers: list[asyncio.Task[None]] = []
-        self._timers: set[asyncio.TimerHandle] = set()
-
-    @property
-    def running(self) -> bool:
-        return bool(self._workers)
-
-    @property
-    def in_flight(self) -> frozenset[str]:
-        """Keys queued, being written, waiting for a retry or awaiting confirmation."""
-        return frozenset(self._tracked)
-
-    def start(self) -> None:
-        """Start the workers on the running loop (no-op when running)."""
-        if self._workers:
-            return
-        self._queue = asyncio.Queue()
-        self._workers = [
-            asyncio.create_task(self._work(), name=f"reflection-writer-{i}")
-            for i in range(self.concurrency)
-        ]
-
-    async def stop(self) -> None:
-        """Cancel the workers and pending retries; queued work is forgotten (the
-        decisions stay settled in the table and are submitted again after a restart)."""
-        for handle in self._timers:
-            handle.cancel()
-        self._timers.clear()
-        workers, self._workers = self._workers, []
-        for task in workers:
-            task.cancel()
-        await asyncio.gather(*workers, return_exceptions=True)
-        self._tracked.clear()
-        self._queue = None
-
-    def submit(self, settled: SettledDecision) -> bool:
-        """Queue a reflection unless one for this decision is already under way."""
-        if settled.key in self._tracked:
-            delivered_at = self._tracked[settled.key]
-            if delivered_at is None or time.monotonic() - delivered_at < self.redeliver_after:
-                return False
-        self.start()
-        assert self._queue is not None
-        self._tracked[settled.key] = None
-        self._queue.put_nowait(settled)
-        return True
-
-    def finished(self, key: str) -> None:
-        """The decision is reflected (or no longer ours): stop tracking it."""
-        self._tracked.pop(key, None)
-        self.attempts.pop(key, None)
-
-    def _requeue(self, settled: SettledDecision, box: list[asyncio.TimerHandle]) -> None:
-        for handle in box:
-            self._timers.discard(handle)
-        if self._queue is not None and settled.key in self._tracked:
-            self._queue.put_nowait(settled)
-
-    async def _work(self) -> None:
-        assert self._queue is not None
-        queue = self._queue
-        while True:
-            settled = await queue.get()
-            try:
-                reflection = await self.writer.write(settled, self.clock())
-                await self.deliver(reflection, settled)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - any failure means "retry later"
-                self.failures += 1
-                attempt = self.attempts.get(settled.key, 0) + 1
-                self.attempts[settled.key] = attempt
-                delay = self.backoff.delay(attempt)
-                log.warning(
-                    "reflection of decision %s failed (attempt %d, retry in %.1fs): %s: %s",
-                    settled.decision.decision_id,
-                    attempt,
-                    delay,
-                    type(exc).__name__,
-                    " ".join(str(exc).split())[:300],
-                )
-                box: list[asyncio.TimerHandle] = []
-                handle = asyncio.get_running_loop().call_later(delay, self._requeue, settled, box)
-                box.append(handle)
-                self._timers.add(handle)
-            else:
-                self.delivered += 1
-                if settled.key in self._tracked:
-                    self._tracked[settled.key] = time.monotonic()

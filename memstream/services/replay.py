@@ -38,10 +38,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -51,7 +49,8 @@ from memstream.projections.dir_lock import LanceDirBusyError, LanceDirLock
 from memstream.projections.store import StoreError
 from memstream.projections.table_sets import TableSets
 from memstream.services import shard_routing
-from memstream.services.projector_service import apply_decoded
+from memstream.services.projector_runtime import apply_decoded
+from memstream.services.replay_report import ReplayProgress, ReplayReport
 from memstream.settings import Settings
 from memstream.streams.admin import topic_partitions
 from memstream.codec.fast_decode import FastMemoryDecoder
@@ -64,12 +63,8 @@ from memstream.streams.worker_identity import worker_key as load_worker_key
 
 __all__ = [
     "ReplayError",
-    "ReplayProgress",
-    "ReplayReport",
-    "TableDiff",
     "replay",
     "replay_sync",
-    "RichProgress",
     "PHASES",
     "PHASE_COMPACT",
     "PHASE_VECTOR_INDEX",
@@ -94,147 +89,6 @@ PHASES = (PHASE_COMPACT, PHASE_VECTOR_INDEX, PHASE_VERIFY, PHASE_SWAP)
 
 class ReplayError(RuntimeError):
     """The replay could not be built, did not verify, or could not be swapped in."""
-
-
-@dataclass(frozen=True)
-class ReplayProgress:
-    done: int
-    total: int
-    elapsed_s: float
-
-    @property
-    def rate(self) -> float:
-        return self.done / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-
-@dataclass(frozen=True)
-class TableDiff:
-    table: str
-    live: tuple[int, str] | None
-    replay: tuple[int, str] | None
-
-
-@dataclass
-class ReplayReport:
-    live_dir: Path
-    replay_dir: Path
-    old_dir: Path | None = None
-    swapped: bool = False
-    dry_run: bool = False
-    records: int = 0
-    expected_records: int = 0
-    applied: int = 0
-    skipped: int = 0
-    dead_decode: int = 0
-    dead_project: int = 0
-    misrouted: int = 0
-    """Records off their key's partition: not projected where they are (their copy on
-    the right partition is); re-published by the replay when the live worker had not
-    reached them yet (``rerouted``)."""
-    rerouted: int = 0
-    unreadable: int = 0
-    """Sealed records under a forgotten key: skipped (their subject was forgotten)."""
-    end_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
-    positions: dict[tuple[str, int], int] = field(default_factory=dict)
-    replay_digest: dict[str, tuple[int, str]] = field(default_factory=dict)
-    live_digest: dict[str, tuple[int, str]] | None = None
-    live_positions: dict[tuple[str, int], int] | None = None
-    elapsed_s: float = 0.0
-
-    @property
-    def differences(self) -> list[TableDiff]:
-        """Tables whose row count or digest differ between live and replay."""
-        if self.live_digest is None:
-            return []
-        tables = sorted(set(self.live_digest) | set(self.replay_digest))
-        return [
-            TableDiff(t, self.live_digest.get(t), self.replay_digest.get(t))
-            for t in tables
-            if self.live_digest.get(t) != self.replay_digest.get(t)
-        ]
-
-    @property
-    def live_matches(self) -> bool | None:
-        """True when the live set equals the replay, None when there is no live set."""
-        return None if self.live_digest is None else not self.differences
-
-    @property
-    def rate(self) -> float:
-        return self.records / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    def summary(self) -> str:
-        """One line for people."""
-        if self.live_digest is None:
-            compare = "no live set to compare"
-        elif not self.differences:
-            compare = "live set identical"
-        else:
-            parts = []
-            for d in self.differences:
-                live = d.live[0] if d.live else "-"
-                new = d.replay[0] if d.replay else "-"
-                parts.append(f"{d.table} {live}->{new}")
-            compare = "differs from live: " + ", ".join(parts)
-        dead = self.dead_decode + self.dead_project
-        action = (
-            f"swapped in (the replaced set {self.old_dir} is removed by the next replay)"
-            if self.swapped
-            else "dry run, new set removed"
-        )
-        return (
-            f"replayed {self.records} records in {self.elapsed_s:.1f}s ({self.rate:.0f}/s): "
-            f"{self.applied} applied, {dead} dead letters"
-            + (f", {self.unreadable} of forgotten subjects skipped" if self.unreadable else "")
-            + f"; verified; {compare}; {action}"
-        )
-
-
-class RichProgress:
-    """A rich progress bar (records/s, time left from the end offsets) as a callback."""
-
-    def __init__(self, description: str = "replay") -> None:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TaskProgressColumn,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        self._progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            TaskProgressColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]:>8.0f} events/s"),
-            TimeElapsedColumn(),
-            TextColumn("left"),
-            TimeRemainingColumn(),
-            transient=False,
-        )
-        self._description = description
-        self._task = self._progress.add_task(description, total=None, rate=0.0)
-
-    def __enter__(self) -> "RichProgress":
-        self._progress.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._progress.stop()
-
-    def __call__(self, p: ReplayProgress) -> None:
-        self._progress.update(self._task, completed=p.done, total=max(p.total, 1), rate=p.rate)
-
-    def phase(self, name: str) -> None:
-        """Show the step after the build (the bar is full by then; elapsed time runs on)."""
-        self._progress.update(self._task, description=f"{self._description}: {name}")
 
 
 def _utc_stamp(now: datetime) -> str:

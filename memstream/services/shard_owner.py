@@ -40,12 +40,8 @@ from prometheus_client import Counter, Gauge
 from memstream.projections.dir_lock import LanceDirBusyError, LanceDirLock
 from memstream.projections.embedder import build_embedder
 from memstream.projections.shards import shard_dir
-from memstream.services.projector_service import (
-    ProjectorRuntime,
-    ProjectorService,
-    feed_consumer,
-    projector_group,
-)
+from memstream.services.projector_runtime import ProjectorRuntime
+from memstream.services.projector_service import ProjectorService, feed_consumer, projector_group
 from memstream.services.shard_routing import open_projector, open_shards
 from memstream.settings import Settings
 from memstream.streams.connect import until_started

@@ -18,7 +18,7 @@ from memstream.projections.projector import Projector
 from memstream.projections.schema import POSITIONS, TABLE_NAMES
 from memstream.projections.store import LanceStore
 from memstream.codec.fast_decode import FastMemoryDecoder
-from memstream.services.projector_service import apply_decoded
+from memstream.services.projector_runtime import apply_decoded
 from memstream.streams.record_batches import DecodedBatch, RawRecord, decode_batch
 from memstream.streams.serializer import encode_event
 

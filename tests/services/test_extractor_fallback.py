@@ -40,7 +40,8 @@ from tests.support import wait_until
 from memstream.domain.events import LinkRelation
 from memstream.metrics import EXTRACTION_FALLBACKS
 from memstream.projections.projector import Projector
-from memstream.services.extractor import TurnBuffer, WindowInput
+from memstream.services.extraction_run import WindowInput
+from memstream.services.turn_buffer import TurnBuffer
 from memstream.services.extractor_service import ExtractorRunner
 
 pytestmark = [pytest.mark.kafka]
@@ -171,13 +172,13 @@ def _at(offset: int) -> Any:
 
 
 def _failed(job: Any) -> Any:
-    from memstream.services.extractor import ExtractionOutcome
+    from memstream.services.extraction_run import ExtractionOutcome
 
     return ExtractionOutcome("failed", "llm", kept=tuple(m.message_id for m in job.turns), failure="down")
 
 
 def _done(job: Any) -> Any:
-    from memstream.services.extractor import ExtractionOutcome
+    from memstream.services.extraction_run import ExtractionOutcome
 
     return ExtractionOutcome("extracted", "llm", consumed=tuple(m.message_id for m in job.turns))
 

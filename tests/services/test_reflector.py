@@ -47,16 +47,9 @@ from memstream.services import reflector_agent
 from memstream.services.app import build_app
 from memstream.services.outcomes import OutcomeProviderError, PriceFileProvider, load_price_file
 from memstream.streams.producer import MemstreamProducer
-from memstream.services.reflector import (
-    Backoff,
-    DecisionState,
-    LLMReflectionWriter,
-    ReflectionRunner,
-    ReflectorCore,
-    ReflectorPolicy,
-    SettledDecision,
-    TemplateReflectionWriter,
-)
+from memstream.services.reflector import DecisionState, ReflectorCore, ReflectorPolicy, SettledDecision
+from memstream.services.reflection_runner import Backoff, ReflectionRunner
+from memstream.services.reflection_writers import LLMReflectionWriter, TemplateReflectionWriter
 from memstream.services.reflector_agent import ReflectorHandle, register_reflector
 from memstream.streams.deadletter import is_dead_letter, parse_dead_letter
 from memstream.streams.serializer import DecodeError, decode_record

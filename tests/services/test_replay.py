@@ -8,7 +8,7 @@ Real broker, real LanceDB directories under ``tmp_path``. What must hold:
 * ``dry_run`` builds and compares, leaves the live set alone and removes what it built;
   a real replay points ``CURRENT`` at the new set, reports how the old live set
   differed, and the next replay removes the replaced set;
-* one replay at a time (tests/projections/test_replay_serving.py: while a worker runs).
+* one replay at a time (tests/services/test_replay_serving.py: while a worker runs).
 """
 
 from __future__ import annotations
@@ -23,14 +23,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from memstream.domain.events import MemoryAdded, MemoryLinked, MessageObserved, Scope
-from memstream.services.replay import (
-    PHASE_COMPACT,
-    PHASE_SWAP,
-    PHASE_VERIFY,
-    ReplayError,
-    ReplayProgress,
-    replay,
-)
+from memstream.services.replay import PHASE_COMPACT, PHASE_SWAP, PHASE_VERIFY, ReplayError, replay
+from memstream.services.replay_report import ReplayProgress
 from memstream.projections.store import LanceStore
 from memstream.projections.table_sets import TableSets
 from memstream.settings import Settings, child_env
