@@ -465,6 +465,11 @@ class FastMemoryDecoder:
         except ValueError:  # the model refuses such a model name: nothing can match
             self.enabled = False
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Sent to the decoder process as (model, dim): the generated reader is rebuilt
+        # there at import, never pickled.
+        return (type(self), (self.model, self.dim))
+
     @classmethod
     def for_projector(cls, projector: Any, enabled: bool = True) -> "FastMemoryDecoder | None":
         """The decoder matching a projector's embedder and table dimension, or ``None``

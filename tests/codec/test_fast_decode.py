@@ -4,7 +4,10 @@ it admits a record its values are exactly the model's."""
 from __future__ import annotations
 
 import json
+import pickle
 import re
+import subprocess
+import sys
 from datetime import datetime, timezone
 from typing import Any
 
@@ -112,6 +115,21 @@ def test_the_canonical_form_takes_the_fast_path() -> None:
     assert fast is not None
     assert fast.values["entities"] == [{"name": "Lisbon", "kind": "place"}, {"name": "Ada", "kind": "organization"}]
     assert fast.values["recorded_at"] == datetime(2025, 1, 31, 8, 30, 1, 250000, tzinfo=timezone.utc)
+
+
+def test_the_projectors_reader_crosses_a_process_boundary() -> None:
+    """The decoder process is sent the reader pickled; it reads there as here."""
+    record = encode_event(MemoryAdded.model_validate(canonical()))
+    reader = FastMemoryDecoder(MODEL, len(VECTOR))
+    here = reader.decode(record.value, record.headers)
+    assert here is not None
+    script = (
+        "import pickle, sys; reader, value, headers = pickle.loads(sys.stdin.buffer.read()); "
+        "print(repr(reader.decode(value, headers).values['content']))"
+    )
+    sent = pickle.dumps((reader, record.value, record.headers))
+    done = subprocess.run([sys.executable, "-c", script], input=sent, capture_output=True, check=True)
+    assert done.stdout.decode().strip() == repr(here.values["content"])
 
 
 def test_sdk_encoded_events_take_the_fast_path() -> None:
