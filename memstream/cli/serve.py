@@ -42,6 +42,7 @@ from memstream.banks import (
     Bank,
     BankConfigError,
     BankRegistry,
+    RegistrySource,
     UnknownBankError,
     add_bank,
     banks_path,
@@ -134,7 +135,10 @@ def run_mcp_stdio(settings: Settings, bank_name: str) -> None:
     logging.basicConfig(
         level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    server = build_mcp_server(bank, settings)
+    # The bank as banks.toml says at each tool call: a moved, removed or revoked bank
+    # takes effect without restarting the host's server (fails closed, like HTTP).
+    source = RegistrySource(settings)
+    server = build_mcp_server(bank, settings, live=lambda: source.current().bank(bank_name))
     server.run("stdio")
 
 

@@ -1,15 +1,16 @@
 """MCP tools read their bank from the live registry on every call (the API server's
-wiring): a bank moved to another team reads and writes the new team at once, and a
+wiring and ``memstream mcp`` over stdio): a bank moved to another team reads and writes the new team at once, and a
 removed bank answers a tool error. Real broker, real worker, real LanceDB."""
 
 from __future__ import annotations
 
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp import Client
+from mcp import Client, StdioServerParameters
 
 from memstream.banks import RegistrySource
 from memstream.interfaces.mcp_server import build_mcp_server
@@ -49,5 +50,27 @@ async def test_a_moved_bank_reads_and_writes_its_new_team(stack: Stack, tmp_path
         assert [m["memory_id"] for m in found["memories"]] == [added["memory_id"]]
         assert found["memories"][0]["team_id"] == gamma
         banks.write_text("")  # removed
+        result = await client.call_tool("query_memory", {"query": "anything"})
+        assert result.is_error and "no longer declared" in str(result.content)
+
+
+async def test_stdio_follows_the_bank_file_without_a_restart(stack: Stack, tmp_path: Path) -> None:
+    mark = uuid.uuid4().hex[:8]
+    beta, gamma = f"beta{mark}", f"gamma{mark}"
+    banks = tmp_path / "banks.toml"
+    banks.write_text(_bank(beta))
+    env = {**stack.env, "MEMSTREAM_BANKS_FILE": str(banks), "MEMSTREAM_KEYS_FILE": str(tmp_path / "keys.toml")}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "memstream", "mcp", "--bank", "mover"], env=env)
+    async with Client(params, read_timeout_seconds=60) as client:
+        await _call(client, "add_memory", {"content": f"beta secret {mark}"})
+        found = await _call(client, "query_memory", {"query": f"beta secret {mark}"})
+        assert found["memories"] and found["memories"][0]["team_id"] == beta
+        banks.write_text(_bank(gamma))  # moved while the host's server runs
+        found = await _call(client, "query_memory", {"query": f"beta secret {mark}"})
+        assert found["memories"] == []
+        added = await _call(client, "add_memory", {"content": f"gamma fact {mark}"})
+        found = await _call(client, "query_memory", {"query": f"gamma fact {mark}"})
+        assert [(m["memory_id"], m["team_id"]) for m in found["memories"]] == [(added["memory_id"], gamma)]
+        banks.write_text("")  # removed: fails closed
         result = await client.call_tool("query_memory", {"query": "anything"})
         assert result.is_error and "no longer declared" in str(result.content)
