@@ -1,5 +1,7 @@
 """Every path setting is absolute: ``home`` against the working directory, the rest
-under ``home``; ``<home>/config.env`` is read from any working directory."""
+under ``home``; ``<home>/config.env`` is read from any working directory.
+
+Covers ``settings``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """The fast MemoryAdded read path never admits what the general path refuses, and when
-it admits a record its values are exactly the model's."""
+it admits a record its values are exactly the model's.
+
+Covers ``values``."""
 
 from __future__ import annotations
 

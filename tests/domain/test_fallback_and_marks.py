@@ -1,4 +1,6 @@
-"""The pure rules of the extractor's fallback and of its commits' resume marks."""
+"""The pure rules of the extractor's fallback and of its commits' resume marks.
+
+Covers ``fallback``, ``resume_marks``."""
 
 from __future__ import annotations
 

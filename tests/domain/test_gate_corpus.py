@@ -1,6 +1,8 @@
 """The injection gate over its corpus (``memstream.bench.gate_corpus``): every attack
 is caught, on normalised text, and no benign text about instructions is refused.
-``memstream bench gate`` prints the same figures (docs/benchmarks.md)."""
+``memstream bench gate`` prints the same figures (docs/benchmarks.md).
+
+Covers ``normalise``."""
 
 from __future__ import annotations
 

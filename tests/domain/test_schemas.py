@@ -1,5 +1,7 @@
 """The published JSON Schemas: committed files equal the generator's output, and the
-schemas accept what the models accept (and refuse the documented violations)."""
+schemas accept what the models accept (and refuse the documented violations).
+
+Covers ``memstream/schemas_gen.py``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Memory banks and API keys: parsing, access rules, hashing-only storage, reloads."""
+"""Memory banks and API keys: parsing, access rules, hashing-only storage, reloads.
+
+Covers ``memstream/banks.py``."""
 
 from __future__ import annotations
 

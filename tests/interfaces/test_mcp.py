@@ -2,7 +2,9 @@
 process, over stdio (``python -m memstream mcp --bank NAME``) and over streamable HTTP
 inside the API server, with the real broker and the real worker projecting.
 
-Covers ``mcp_server`` and ``mcp_tools``."""
+Covers ``mcp_server`` and ``mcp_tools``.
+
+Covers ``memstream/cli/serve.py``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """The projector against real LanceDB tables: idempotence, positions, links, embeddings,
-bad events, the decision ledger and entities."""
+bad events, the decision ledger and entities.
+
+Covers ``projections/plan_writer.py``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """Priority in ranking: it orders near-equals and never outweighs relevance; --explain
-shows it. Real LanceDB tables on disk, the local embedder."""
+shows it. Real LanceDB tables on disk, the local embedder.
+
+Covers ``domain/priority.py``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """Scoped lookups (``memstream.projections.store_reads``): exact dedup by hash, and no
 lookup without a scope.
 
-Covers ``store_reads`` and ``store_filters``."""
+Covers ``store_reads`` and ``store_filters``.
+
+Covers ``store``."""
 
 from __future__ import annotations
 

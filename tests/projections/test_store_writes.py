@@ -1,5 +1,7 @@
 """The projector's writes (``memstream.projections.store_writes``): appends for new keys,
-merges for known ones, and a first write that loads nothing."""
+merges for known ones, and a first write that loads nothing.
+
+Covers ``projections/key_filter.py``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """Interoperability: records from a non-Python client (Kafka's own Java console
-producer) are accepted, and the ``produce`` / ``tail`` commands work end to end."""
+producer) are accepted, and the ``produce`` / ``tail`` commands work end to end.
+
+Covers ``memstream/cli/events.py``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""The shared keyring on the real broker: two nodes follow ``memstream.keys``."""
+"""The shared keyring on the real broker: two nodes follow ``memstream.keys``.
+
+Covers ``admin``, ``topics``.
+
+Covers ``memstream/sealing/keyring.py``, ``memstream/sealing/master.py``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,9 @@
 """The producer SDK against the real broker: durability, order per memory space,
-byte-identical records, back-pressure, batch failures, the sync wrapper."""
+byte-identical records, back-pressure, batch failures, the sync wrapper.
+
+Covers ``serializer``, ``sync_producer``.
+
+Covers ``streams/kafka_producer.py``."""
 
 from __future__ import annotations
 

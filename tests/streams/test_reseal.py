@@ -1,4 +1,6 @@
-"""`memstream reseal` on the real broker: a plaintext log becomes a sealed one in place."""
+"""`memstream reseal` on the real broker: a plaintext log becomes a sealed one in place.
+
+Covers ``sealed_records``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""The no-LLM extractor and its entity finder."""
+"""The no-LLM extractor and its entity finder.
+
+Covers ``drafts``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Reading the model's extraction answer into drafts."""
+"""Reading the model's extraction answer into drafts.
+
+Covers ``domain/extraction/schema.py``."""
 
 from __future__ import annotations
 

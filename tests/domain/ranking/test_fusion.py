@@ -1,4 +1,6 @@
-"""The pure ranking math: fusion, recency, supersession caps, entity mentions and IDF."""
+"""The pure ranking math: fusion, recency, supersession caps, entity mentions and IDF.
+
+Covers ``weights``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""The templated reflection."""
+"""The templated reflection.
+
+Covers ``domain/reflection/wording.py``."""
 
 from __future__ import annotations
 
