@@ -208,9 +208,11 @@ class Settings(BaseSettings):
     other than 408/429, a context-length error, an answer unparsable after repair)
     falls back at once. ``memstream extract --retry-failed`` redoes those windows."""
     extract_retry_budget_s: float = Field(default=120.0, gt=0)
-    """The longest a window's retries may hold its partition's commit, from its first
-    attempt: when it is spent the window falls back (a call still running is cut
-    short), so one stalled window never holds other sessions' turns back longer."""
+    """The longest a window may hold its partition's commit: from its first attempt,
+    or earlier from when it was ready while holding the commit (waiting for an
+    extraction slot counts). When it is spent the window falls back (a call still
+    running is cut short; a waiting window needs no slot), so one stalled window never
+    holds other sessions' turns back longer. Attempts and budgets survive restarts."""
     dedup_candidates_k: int = Field(default=5, ge=1)
     extract_known_memories: int = Field(default=10, ge=0)
     """With an LLM: the space's memories most similar to a window's new turns shown in

@@ -241,6 +241,10 @@ class Extractor:
         """ONE extraction call for the window (retried per ``llm_max_retries``)."""
         assert self.llm is not None
         window = run.window
+        left = run.budget_left()
+        if left is not None and left <= 0:
+            self._fall_back(run, FallbackReason.budget, "the retry budget was spent before this attempt")
+            return
         run.known = await self._known_memories(run)
         try:
             prompt = self.prompts.get("extraction", window.scope)
@@ -259,7 +263,7 @@ class Extractor:
         max_memories = self.settings.extract_max_memories
         left = run.budget_left()
         if left is not None and left <= 0:
-            self._fall_back(run, FallbackReason.budget, "the retry budget was spent before this attempt")
+            self._fall_back(run, FallbackReason.budget, "the retry budget ran out before the call")
             return
         try:
             async with asyncio.timeout(left):

@@ -211,6 +211,7 @@ class ExtractorRunner:
             # and the longest session would set the pace.
             self.buffer.min_new = 1
             self.buffer.max_new = max(self.buffer.max_new, settings.extract_batch_turns)
+            self.buffer.retry_budget_s = None  # the heuristic makes no call that could stall
             self._batching = True
             if self._concurrency_arg is None:
                 self.concurrency = MAX_CONCURRENT_BATCHES
@@ -359,8 +360,14 @@ class ExtractorRunner:
         """Start extraction tasks for the due sessions while fewer than ``concurrency``
         are extracting (tasks only waiting for their produce to be acknowledged do not
         count, up to as many again): one window per task with an LLM, a batch of
-        windows without one."""
+        windows without one. With an LLM, the windows whose retry budget ran out while
+        they waited start at once, slot or not (:meth:`TurnBuffer.expired`)."""
         started: list[asyncio.Task[None]] = []
+        if not self._batching:
+            # windows whose budget ran out while they waited: stored by the fallback,
+            # with no model call, so they need no slot (nothing stalls behind a slow model)
+            for job in self.buffer.expired():
+                started.append(self._start_job([job]))
         while len(self._computing) < self.concurrency and len(self._jobs) < 2 * self.concurrency:
             if self._batching:
                 jobs = self.buffer.due(flush=flush, max_turns=self.settings.extract_batch_turns)
@@ -368,13 +375,16 @@ class ExtractorRunner:
                 jobs = self.buffer.due(flush=flush, limit=1)
             if not jobs:
                 break
-            name = f"extract:{jobs[0].key}" + (f"+{len(jobs) - 1}" if len(jobs) > 1 else "")
-            task = asyncio.create_task(self._execute(jobs), name=name)
-            self._jobs[task] = jobs
-            self._computing.add(task)
-            task.add_done_callback(self._job_done)
-            started.append(task)
+            started.append(self._start_job(jobs))
         return started
+
+    def _start_job(self, jobs: list[WindowJob]) -> asyncio.Task[None]:
+        name = f"extract:{jobs[0].key}" + (f"+{len(jobs) - 1}" if len(jobs) > 1 else "")
+        task = asyncio.create_task(self._execute(jobs), name=name)
+        self._jobs[task] = jobs
+        self._computing.add(task)
+        task.add_done_callback(self._job_done)
+        return task
 
     def _job_done(self, task: "asyncio.Task[None]") -> None:
         """Start the next due window as soon as one finishes, not at the next poll:

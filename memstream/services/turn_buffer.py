@@ -13,7 +13,7 @@ from typing import Literal
 
 from memstream.domain.events import MessageObserved, Scope
 from memstream.domain.log import LogPosition
-from memstream.domain.resume_marks import ResumeMark, encode_mark
+from memstream.domain.resume_marks import ResumeMark, WindowBudget, encode_mark
 from memstream.services.extraction_run import ExtractionOutcome
 
 __all__ = ["RECENT_IDS", "SessionKey", "TurnBuffer", "WindowJob"]
@@ -46,8 +46,10 @@ class _Session:
     failures: int = 0
     retry_at: float = 0.0
     last_failure: str | None = None
-    first_try: float | None = None
-    """When the window now at the head of ``pending`` was first attempted."""
+    clock_from: float | None = None
+    """When the retry budget of the window now at the head of ``pending`` began: its
+    first attempt, or earlier, the moment it was ready while holding back its
+    partition's commit (see :meth:`TurnBuffer.expired`)."""
     history_loaded: bool = False
     """Whether the turns before this buffer first saw the session were read from the
     projection into ``history`` (see :meth:`TurnBuffer.load_history`)."""
@@ -88,15 +90,20 @@ class TurnBuffer:
     pending turns plus up to ``max_background`` of the session's latest extracted turns.
     One job per session at a time. After a failed job its turns stay pending and the
     session waits ``backoff(failures)`` seconds before it is due again, but never past
-    the window's retry budget (``retry_budget_s`` from its first attempt): the job
-    that reaches ``max_attempts`` or the end of the budget is ``final`` (the extractor
-    then stores the turns by its fallback instead of failing), so a failing window
-    holds its partition's commit for at most about that budget.
+    the window's retry budget (``retry_budget_s`` from its first attempt, or from when
+    it was ready to run while holding back its partition's commit): the job that
+    reaches ``max_attempts`` or the end of the budget is ``final`` (the extractor then
+    stores the turns by its fallback instead of failing), and :meth:`expired` hands
+    out the windows whose budget ran out while they waited, so no partition's commit
+    stands still much longer than that budget.
 
     :meth:`safe_offsets` gives, per partition, the offset Kafka may commit: the lowest
     offset of any pending (or in-flight) turn, or one past the last record seen when
     nothing is pending. A restart therefore re-reads every turn not yet extracted.
-    ``clock`` is monotonic seconds (injectable for tests).
+    Each commit's mark also carries the budgets under way (:meth:`commit_marks`), and
+    :meth:`resume` hands them back, so a window's attempts and budget survive a
+    restart or a partition move. ``clock`` is monotonic seconds and ``wall`` Unix
+    seconds (injectable for tests).
     """
 
     def __init__(
@@ -110,6 +117,7 @@ class TurnBuffer:
         backoff: Callable[[int], float] | None = None,
         max_attempts: int | None = None,
         retry_budget_s: float | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         if min_new < 1 or max_new < 1:
             raise ValueError("min_new and max_new must be at least 1")
@@ -127,6 +135,11 @@ class TurnBuffer:
         self._sessions: dict[SessionKey, _Session] = {}
         self._seen: dict[tuple[str, int], int] = {}
         self._resume: dict[tuple[str, int], ResumeMark] = {}
+        self._carried: dict[tuple[str, int], dict[int, WindowBudget]] = {}
+        """Budgets the last commits carried, by partition and window head offset, until
+        their windows are read again."""
+        self._wall_offset = wall() - clock()
+        """Unix time minus ``clock``: budgets are committed in Unix time."""
 
     # -- input -----------------------------------------------------------------------------
     @staticmethod
@@ -165,7 +178,17 @@ class TurnBuffer:
         session.pending.append(_Pending(message, position, now))
         session.pending_ids.add(mid)
         session.last_seen = now
+        if len(session.pending) == 1:
+            self._continue_budget(session, position)
         return True
+
+    def _continue_budget(self, session: _Session, head: LogPosition) -> None:
+        """A window whose head turn a commit's mark gave a budget for goes on with it."""
+        carried = self._carried.get((head.topic, head.partition))
+        budget = carried.pop(head.offset, None) if carried else None
+        if budget is not None and session.clock_from is None:
+            session.failures = budget.failures
+            session.clock_from = budget.started_at - self._wall_offset
 
     # -- scheduling --------------------------------------------------------------------------
     @property
@@ -202,43 +225,85 @@ class TurnBuffer:
                 continue
             if not flush and now < session.retry_at:
                 continue
-            trigger: Literal["turns", "idle", "flush"]
-            if len(session.pending) >= self.min_new:
-                trigger = "turns"
-            elif now - session.last_seen >= self.idle_seconds:
-                trigger = "idle"
-            elif flush:
-                trigger = "flush"
-            else:
+            trigger = self._trigger(session, now, flush)
+            if trigger is None:
                 continue
-            take = session.pending[: self.max_new]
-            background = tuple(session.history)[-self.max_background :] if self.max_background else ()
-            session.in_flight = True
-            taken += len(take)
-            if session.first_try is None:
-                session.first_try = now
-            budget = None
-            if self.retry_budget_s is not None:
-                budget = max(0.0, session.first_try + self.retry_budget_s - now)
-            attempt = session.failures + 1
-            final = (self.max_attempts is not None and attempt >= self.max_attempts) or budget == 0.0
-            jobs.append(
-                WindowJob(
-                    key=session.key,
-                    scope=session.scope,
-                    session_id=session.session_id,
-                    turns=tuple(p.message for p in take),
-                    positions=tuple(p.position for p in take),
-                    background=background,
-                    generation=self.generation,
-                    trigger=trigger,
-                    attempt=attempt,
-                    final=final,
-                    budget_s=budget,
-                    load_history=not session.history_loaded,
-                )
-            )
+            job = self._take(session, trigger, now)
+            taken += len(job.turns)
+            jobs.append(job)
         return jobs
+
+    def expired(self) -> list[WindowJob]:
+        """Jobs (marked in flight) for the windows whose retry budget is spent although
+        they are not running: backing off after a failure, or waiting for an
+        extraction slot. Each is ``final`` with no budget left, so the extractor
+        stores it by its fallback without a model call, and the caller runs it
+        without waiting for a slot.
+
+        A waiting window's budget starts once it is ready and holds back its
+        partition's commit (its first pending turn is the partition's oldest): the
+        budget then bounds how long any partition's commit stands still, while a
+        window queued behind others of its own partition loses nothing by waiting
+        (the commit moves meanwhile)."""
+        if self.retry_budget_s is None:
+            return []
+        now = self.clock()
+        self._start_holding_clocks(now)
+        return [
+            self._take(session, "flush", now)
+            for session in list(self._sessions.values())
+            if session.pending
+            and not session.in_flight
+            and session.clock_from is not None
+            and now >= session.clock_from + self.retry_budget_s
+        ]
+
+    def _start_holding_clocks(self, now: float) -> None:
+        """Start the budget of each partition's commit-holding window once it is ready."""
+        holders: dict[tuple[str, int], tuple[int, _Session]] = {}
+        for session in self._sessions.values():
+            if session.pending:
+                first = session.pending[0].position
+                tp = (first.topic, first.partition)
+                if tp not in holders or first.offset < holders[tp][0]:
+                    holders[tp] = (first.offset, session)
+        for _, session in holders.values():
+            if session.clock_from is None and not session.in_flight and self._trigger(session, now, False):
+                session.clock_from = now
+
+    def _trigger(self, session: _Session, now: float, flush: bool) -> Literal["turns", "idle", "flush"] | None:
+        if len(session.pending) >= self.min_new:
+            return "turns"
+        if now - session.last_seen >= self.idle_seconds:
+            return "idle"
+        return "flush" if flush else None
+
+    def _take(self, session: _Session, trigger: Literal["turns", "idle", "flush"], now: float) -> WindowJob:
+        """The job for ``session``'s head window (the session is then in flight)."""
+        take = session.pending[: self.max_new]
+        background = tuple(session.history)[-self.max_background :] if self.max_background else ()
+        session.in_flight = True
+        if session.clock_from is None:
+            session.clock_from = now
+        budget = None
+        if self.retry_budget_s is not None:
+            budget = max(0.0, session.clock_from + self.retry_budget_s - now)
+        attempt = session.failures + 1
+        final = (self.max_attempts is not None and attempt >= self.max_attempts) or budget == 0.0
+        return WindowJob(
+            key=session.key,
+            scope=session.scope,
+            session_id=session.session_id,
+            turns=tuple(p.message for p in take),
+            positions=tuple(p.position for p in take),
+            background=background,
+            generation=self.generation,
+            trigger=trigger,
+            attempt=attempt,
+            final=final,
+            budget_s=budget,
+            load_history=not session.history_loaded,
+        )
 
     def complete(self, job: WindowJob, outcome: ExtractionOutcome) -> None:
         """Apply a finished job: consumed turns leave the buffer (and become background),
@@ -251,10 +316,10 @@ class TurnBuffer:
             session.failures += 1
             session.last_failure = outcome.failure
             session.retry_at = self.clock() + self.backoff(session.failures)
-            if self.retry_budget_s is not None and session.first_try is not None:
-                session.retry_at = min(session.retry_at, session.first_try + self.retry_budget_s)
+            if self.retry_budget_s is not None and session.clock_from is not None:
+                session.retry_at = min(session.retry_at, session.clock_from + self.retry_budget_s)
             return
-        session.first_try = None
+        session.clock_from = None
         session.failures = 0
         session.last_failure = None
         session.retry_at = 0.0
@@ -302,16 +367,25 @@ class TurnBuffer:
         extracted already (the mark its commit carried; ``None``: none)."""
         if mark is None:
             self._resume.pop(partition, None)
+            self._carried.pop(partition, None)
         else:
             self._resume[partition] = mark
+            self._carried[partition] = dict(mark.budgets)
 
     def commit_marks(self, offsets: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], str]:
         """The :mod:`~memstream.domain.resume_marks` metadata to commit with each of
         ``offsets``: which turns read after the offset are still pending."""
         pending: dict[tuple[str, int], list[int]] = {}
+        budgets: dict[tuple[str, int], dict[int, WindowBudget]] = {}
+        for tp, carried in self._carried.items():
+            budgets[tp] = dict(carried)
         for session in self._sessions.values():
             for p in session.pending:
                 pending.setdefault((p.position.topic, p.position.partition), []).append(p.position.offset)
+            if session.pending and session.clock_from is not None and self.retry_budget_s is not None:
+                head = session.pending[0].position
+                started = round(session.clock_from + self._wall_offset, 3)
+                budgets.setdefault((head.topic, head.partition), {})[head.offset] = WindowBudget(session.failures, started)
         marks: dict[tuple[str, int], str] = {}
         for tp, off in offsets.items():
             end, still = self._seen.get(tp, 0), pending.get(tp, [])
@@ -320,7 +394,7 @@ class TurnBuffer:
                 # Not re-read yet since the restart: what the last mark said still holds.
                 still = still + [o for o in earlier.pending if o >= end]
                 end = earlier.end
-            marks[tp] = encode_mark(off, end, still)
+            marks[tp] = encode_mark(off, end, still, budgets.get(tp))
         return marks
 
     def release(self, job: WindowJob) -> None:
@@ -367,11 +441,12 @@ class TurnBuffer:
             session.pending_ids = {p.message.message_id for p in keep}
             session.in_flight = False
             if not keep:
-                session.first_try = None
+                session.clock_from = None
                 session.failures = 0
             if not session.pending and not session.history:
                 del self._sessions[key]
         for tp in gone:
             self._seen.pop(tp, None)
             self._resume.pop(tp, None)
+            self._carried.pop(tp, None)
         return dropped

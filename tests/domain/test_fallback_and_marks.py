@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from memstream.domain.fallback import FallbackReason, fallback_reason, fallback_record, fallback_windows
-from memstream.domain.resume_marks import MAX_CHARS, decode_mark, encode_mark
+from memstream.domain.resume_marks import MAX_CHARS, ResumeMark, WindowBudget, decode_mark, encode_mark
 
 
 def test_only_failures_no_retry_can_fix_fall_back_at_once() -> None:
@@ -57,3 +57,30 @@ def test_a_resume_mark_says_exactly_which_turns_after_the_commit_are_done(commit
 def test_an_unknown_or_broken_mark_means_every_turn_is_pending() -> None:
     assert decode_mark(5, "") is None and decode_mark(5, "some other tool") is None
     assert decode_mark(5, "x1:zz:!!") is None
+
+
+@given(
+    commit=st.integers(0, 10**12),
+    span=st.integers(1, 400),
+    pending=st.sets(st.integers(0, 399), max_size=50),
+    budgets=st.dictionaries(
+        st.integers(0, 399), st.tuples(st.integers(0, 50), st.integers(0, 4 * 10**12)), max_size=20
+    ),
+)
+def test_a_resume_mark_carries_the_budgets_of_the_windows_after_its_commit(
+    commit: int, span: int, pending: set[int], budgets: dict[int, tuple[int, int]]
+) -> None:
+    end = commit + span
+    offsets = {commit + p for p in pending if p < span}
+    given_budgets = {commit + o: WindowBudget(f, ms / 1000) for o, (f, ms) in budgets.items()}
+    mark = decode_mark(commit, encode_mark(commit, end, offsets, given_budgets))
+    kept = {o: b for o, b in given_budgets.items() if o < end}
+    if mark is None:  # nothing done and no budget after the commit
+        assert not kept and len(offsets) == span
+        return
+    assert dict(mark.budgets) == kept
+    for offset in range(commit, end + 3):
+        assert mark.done(offset) == (offset < end and offset not in offsets)
+    assert decode_mark(commit, encode_mark(commit, end, offsets)) == (
+        None if len(offsets) == span else ResumeMark(mark.end, mark.pending)
+    )
