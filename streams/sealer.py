@@ -25,6 +25,7 @@ from mode import Service
 from memstream.settings import Settings
 from memstream.streams.connect import until_started
 from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher
+from memstream.streams.inflation_bound import refusal
 from memstream.streams.keys import SubjectKeys
 from memstream.streams.sealed_records import PLAIN_TYPES, NotAnEvent, ingress_header, seal_value
 from memstream.sealing import Subject
@@ -89,6 +90,10 @@ class IngressSealer:
         sends = []
         refused: list[DeadLetter] = []
         for r in records:
+            inflation = refusal(r.value, r.headers)
+            if inflation is not None:
+                refused.append(DeadLetter(inflation, r.topic, r.partition, r.offset, None, r.key, tuple(r.headers or ()), "seal"))
+                continue
             try:
                 header = ingress_header(r.value)
                 if header.type in PLAIN_TYPES:

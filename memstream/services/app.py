@@ -27,6 +27,7 @@ from memstream.services.reflector_agent import register_reflector
 from memstream.services.shard_owner import register_group_projector
 from memstream.services.shard_routing import projects_sharded
 from memstream.settings import Settings
+from memstream.streams.inflation_bound import bound_inflation
 from memstream.streams.sealer import register_sealer
 from memstream.streams.topics import Topics
 
@@ -97,6 +98,7 @@ def build_app(
         raise ValueError(f"unknown agent(s) {', '.join(unknown)} (known: {', '.join(AGENT_NAMES)})")
 
     topics = Topics.from_settings(settings)
+    bound_inflation(settings.max_inflated_batch_bytes)  # every consumer of the worker
     app = MemstreamApp(
         settings.app_id,
         broker=broker_urls(settings.bootstrap_servers),

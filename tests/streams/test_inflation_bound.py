@@ -1,0 +1,218 @@
+"""The inflation bound: a compressed batch that would inflate past
+``MEMSTREAM_MAX_INFLATED_BATCH_BYTES`` is dead-lettered without being inflated whole,
+and the records after it are read as before.
+
+* the parsing step alone (batches built with aiokafka's own builder);
+* the hook into aiokafka's fetcher is where this module expects it (fails loudly when an
+  aiokafka upgrade moves it);
+* on the real broker: a gzip bomb read by an ``EventConsumer``; and a worker process
+  whose peak RSS, measured from ``/proc``, grows by less than the bound plus a margin
+  while it dead-letters a 200 MiB bomb and goes on projecting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import inspect
+import signal
+import time
+import zlib
+from pathlib import Path
+
+import aiokafka.consumer.fetcher as fetcher
+import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from aiokafka.record.memory_records import MemoryRecords
+
+from memstream.domain.events import MemoryAdded, Scope
+from memstream.projections.store import LanceStore
+from memstream.settings import Settings
+from memstream.streams.consumer import EventConsumer
+from memstream.streams.inflation_bound import HEADER, BoundedMemoryRecords, bound_inflation, inflate_batch, refusal
+from memstream.streams.producer import MemstreamProducer
+from memstream.streams.topics import Topics
+from tests.services.test_worker import WorkerProcess, read_dead_letters, wait_caught_up
+
+MiB = 1024 * 1024
+ALICE = Scope(team_id="acme", user_id="alice")
+
+
+def batch(values: list[bytes], *, codec: int, base: int = 0) -> bytes:
+    builder = DefaultRecordBatchBuilder(
+        magic=2, compression_type=codec, is_transactional=0, producer_id=-1, producer_epoch=-1,
+        base_sequence=-1, batch_size=1 << 30,
+    )
+    for i, value in enumerate(values):
+        builder.append(base + i, timestamp=None, key=b"k", value=value, headers=[("h", b"x")])
+    return bytes(builder.build())
+
+
+def records(buffer: bytes, limit: int) -> list[tuple[int, bytes | None, list]]:
+    """What the fetcher would see: (offset, value, headers) of every record."""
+    BoundedMemoryRecords.limit = limit
+    parsed = BoundedMemoryRecords(buffer)
+    out = []
+    while parsed.has_next():
+        got = parsed.next_batch()
+        assert got.validate_crc()
+        out.extend((r.offset, r.value, list(r.headers)) for r in got)
+    return out
+
+
+# --- the parsing step -----------------------------------------------------------------
+
+
+def test_a_gzip_batch_within_the_bound_reads_as_aiokafka_reads_it() -> None:
+    values = [f"record {i} ".encode() * 50 for i in range(20)]
+    buffer = batch(values, codec=1)
+    theirs = MemoryRecords(buffer).next_batch()
+    assert records(buffer, 1 * MiB) == [(r.offset, r.value, list(r.headers)) for r in theirs]
+
+
+def test_a_gzip_batch_past_the_bound_becomes_one_marker_at_its_last_offset() -> None:
+    buffer = batch([b"\0" * (3 * MiB), b"x"], codec=1, base=0) + batch([b"after"], codec=1, base=2)
+    got = records(buffer, 2 * MiB)
+    assert [(offset, value) for offset, value, _ in got] == [(1, None), (2, b"after")]
+    reason = refusal(None, got[0][2])
+    assert reason is not None and "offsets 0-1" in reason and "gzip" in reason and str(2 * MiB) in reason
+    assert refusal(b"a value", got[0][2]) is None and refusal(None, [("other", b"x")]) is None
+
+
+def test_plain_batches_pass_untouched() -> None:
+    buffer = batch([b"\0" * (3 * MiB)], codec=0)
+    assert records(buffer, 1 * MiB) == [(0, b"\0" * (3 * MiB), [("h", b"x")])]
+
+
+def test_a_corrupt_gzip_batch_is_refused_with_the_reason() -> None:
+    good = bytearray(batch([b"hello " * 100], codec=1))
+    good[-12:-4] = b"\xff" * 8  # inside the deflate stream
+    reason = inflate_batch(bytes(good), 1 * MiB)
+    assert isinstance(reason, str) and "gzip" in reason
+
+
+def test_codecs_that_cannot_be_bounded_are_refused_when_they_could_pass_it() -> None:
+    header = bytearray(batch([b"x"], codec=0))
+    header[22] |= 4  # claims zstd
+    reason = inflate_batch(bytes(header) + b"\0" * 4096, 1 * MiB)
+    assert isinstance(reason, str) and "zstd" in reason
+
+
+def test_the_bound_holds_while_inflating() -> None:
+    # Never more than the bound plus one chunk is held, whatever the batch would become.
+    bomb = gzip.compress(b"\0" * (64 * MiB))
+    header = bytearray(batch([b"x"], codec=1))[:61]
+    assert isinstance(inflate_batch(bytes(header) + bomb, 4 * MiB), str)
+    assert len(zlib.decompress(bomb, 31)) == 64 * MiB  # the bomb is one
+
+
+# --- the hook into aiokafka -------------------------------------------------------------
+
+
+def test_aiokafka_s_fetcher_still_parses_where_the_bound_hooks_in() -> None:
+    """Fails when an aiokafka upgrade changes what ``bound_inflation`` relies on: the
+    fetcher parses each response through its module's ``MemoryRecords`` and walks the
+    batches with ``has_next``/``next_batch``, checking CRCs and offsets on the batch."""
+    bound_inflation(64 * MiB)
+    assert fetcher.MemoryRecords is BoundedMemoryRecords
+    assert "MemoryRecords(part_data[-1])" in inspect.getsource(fetcher.Fetcher._proc_fetch_request)
+    unpack = inspect.getsource(fetcher.PartitionRecords._unpack_records)
+    for used in ("records.has_next()", "records.next_batch()", "validate_crc()", "next_batch.next_offset", "for record in next_batch"):
+        assert used in unpack, used
+
+
+# --- the real broker ----------------------------------------------------------------------
+
+
+async def send_bomb(settings: Settings, topic: str, size: int) -> None:
+    producer = AIOKafkaProducer(
+        bootstrap_servers=settings.bootstrap_servers, compression_type="gzip", max_request_size=size + MiB
+    )
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, value=b"\0" * size, key=b"acme/alice")
+    finally:
+        await producer.stop()
+
+
+@pytest.mark.kafka
+async def test_an_event_consumer_dead_letters_a_bomb_and_reads_on(fresh_topics: Topics, settings_for) -> None:  # type: ignore[no-untyped-def]
+    settings = settings_for(fresh_topics, max_inflated_batch_bytes=4 * MiB)
+    async with MemstreamProducer(settings) as producer:
+        await producer.send(MemoryAdded(scope=ALICE, memory_id="before", content="Alice likes tea"))
+    await send_bomb(settings, fresh_topics.events, 32 * MiB)
+    async with MemstreamProducer(settings) as producer:
+        await producer.send(MemoryAdded(scope=ALICE, memory_id="after", content="Alice likes jazz"))
+
+    seen: list[str] = []
+    dead = []
+    async with EventConsumer(fresh_topics.events, group_id=None, settings=settings) as consumer:
+        deadline = time.monotonic() + 30
+        async for got in consumer.batches(timeout_ms=300):
+            seen += [e.event.memory_id for e in got.events]  # type: ignore[attr-defined]
+            dead += got.dead
+            if "after" in seen or time.monotonic() > deadline:
+                break
+    assert seen == ["before", "after"]
+    assert len(dead) == 1 and dead[0].original_value is None
+    assert "gzip batch inflating past the bound" in dead[0].reason and dead[0].source_offset == 1
+    published = await read_dead_letters(settings, fresh_topics.dead_letter)
+    assert [d.reason for d in published] == [dead[0].reason]
+
+
+def peak_rss(pid: int) -> int:
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return int(fields["VmHWM"].split()[0]) * 1024
+
+
+def reset_peak(pid: int) -> None:
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := VmRSS (Linux >= 4.0)
+
+
+class BoundedWorker(WorkerProcess):
+    def __init__(self, settings: Settings, workdir: Path, bound: int) -> None:
+        super().__init__(settings, workdir)
+        self.bound = bound
+
+    def env(self) -> dict[str, str]:
+        return {**super().env(), "MEMSTREAM_MAX_INFLATED_BATCH_BYTES": str(self.bound)}
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+async def test_a_worker_dead_letters_a_200_mib_bomb_within_its_bound(
+    fresh_topics: Topics, settings_for, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    # The margin is the worker's own work on one batch (positions written, a dead letter
+    # sent): about 40 MiB on a quiet worker. Unbounded, this bomb grew it by over 400 MiB.
+    bound, margin = 16 * MiB, 64 * MiB
+    settings = settings_for(fresh_topics, projector_batch_size=100, projector_batch_seconds=0.1)
+    worker = BoundedWorker(settings, tmp_path, bound)
+    worker.start()
+    try:
+        async with MemstreamProducer(settings) as producer:
+            await producer.send(MemoryAdded(scope=ALICE, memory_id="before", content="Alice likes tea"))
+        await wait_caught_up(worker, fresh_topics)
+        await asyncio.sleep(2)  # settle: the first batch's allocations are done
+        assert worker.proc is not None
+        pid = worker.proc.pid
+        reset_peak(pid)
+        baseline = peak_rss(pid)
+
+        await send_bomb(settings, fresh_topics.events, 200 * MiB)
+        await wait_caught_up(worker, fresh_topics)  # past the bomb: dead-lettered
+        growth = peak_rss(pid) - baseline
+        async with MemstreamProducer(settings) as producer:
+            await producer.send(MemoryAdded(scope=ALICE, memory_id="after", content="Alice likes jazz"))
+        await wait_caught_up(worker, fresh_topics)
+        assert worker.stop(signal.SIGINT) == 0, worker.log_text()[-3000:]
+    finally:
+        worker.ensure_dead()
+
+    assert growth < bound + margin, f"peak RSS grew by {growth / MiB:.0f} MiB"
+    dead = await read_dead_letters(settings, fresh_topics.dead_letter)
+    assert len(dead) == 1 and dead[0].source_topic == fresh_topics.events
+    assert "gzip batch inflating past the bound of 16777216 bytes" in dead[0].reason
+    store = LanceStore.from_settings(settings)
+    assert {m["memory_id"] for m in store.get_memories(ALICE, ["before", "after"])} == {"before", "after"}
