@@ -33,7 +33,9 @@ from memstream.domain.log import LogPosition, PositionedEvent
 from memstream.sealing import TamperedRecord
 from memstream.settings import Settings, get_settings
 from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher
+from memstream.streams.inflation_bound import bound_inflation, refusal
 from memstream.streams.keys import SubjectKeys
+from memstream.streams.legacy_trust import LegacyTrust, trusted_before
 from memstream.streams.sealed_records import RecordOpener
 from memstream.streams.serializer import MAX_RECORD_BYTES, DecodeError, decode_record, encode_event
 from memstream.streams.topics import Topics
@@ -143,6 +145,7 @@ def decode_or_dead_letter(
     max_bytes: int = MAX_RECORD_BYTES,
     share_turns: bool = False,
     trusted: Callable[[bytes | None, Sequence[tuple[str, bytes]] | None], bool] | None = None,
+    legacy_trust: LegacyTrust | None = None,
 ) -> PositionedEvent | DeadLetter:
     """Decode one record; anything unusable becomes a :class:`DeadLetter` (never raises).
 
@@ -150,7 +153,12 @@ def decode_or_dead_letter(
     the same records (see :class:`_SharedTurns`). ``trusted``: the worker's producer
     identity check (``memstream.streams.worker_identity.verifier``); with it, a system
     event (``memstream.domain.access.system_claim``) from a record it does not
-    accept is a dead letter."""
+    accept is a dead letter, unless ``legacy_trust`` (:mod:`memstream.streams.legacy_trust`)
+    puts its position in the unsigned past the operator trusts. The marker of a batch refused for inflating past the bound
+    (:mod:`memstream.streams.inflation_bound`) is a dead letter with that reason."""
+    refused = refusal(value, headers)
+    if refused is not None:
+        return DeadLetter(refused, topic, partition, offset, None, key, tuple((k, v or b"") for k, v in headers or ()), "decode")
     item = _decode_one(topic, partition, offset, key, value, headers, max_bytes, share_turns)
     if trusted is None or isinstance(item, DeadLetter):
         return item
@@ -161,6 +169,8 @@ def decode_or_dead_letter(
         else _refused(client_content_problem(item.event))
     )
     if problem is None or trusted(value, headers):
+        return item
+    if claim is not None and trusted_before(legacy_trust, topic, partition, offset):
         return item
     return DeadLetter(
         reason=problem,
@@ -306,6 +316,7 @@ class EventConsumer:
             "isolation_level": self._isolation_level,
         }
         options.update(self._consumer_options)
+        bound_inflation(self.settings.max_inflated_batch_bytes)
         if self.settings.sealing and self._keys is None:  # the log is sealed: open what is read
             self._keys = await SubjectKeys(self.settings, client_id=f"{self._client_id}-keys").start()
             self.opener = RecordOpener(self._keys.keyring)

@@ -53,6 +53,7 @@ from memstream.codec.fast_decode import FastMemoryDecoder
 from memstream.streams.connect import until_started
 from memstream.sealing import TamperedRecord
 from memstream.streams.keys import SubjectKeys
+from memstream.streams.legacy_trust import LegacyTrust
 from memstream.streams.record_batches import DecodedBatch, RawRecord, decode_batch
 from memstream.streams.sealed_records import UNOPENED_HEADER, RecordOpener
 
@@ -150,7 +151,8 @@ class ProjectorFeed:
     read path for canonical ``MemoryAdded`` records (:func:`decode_batch`).
     ``reroute`` sets apart the records that sit on another partition than their key's
     (``DecodedBatch.misrouted``; the caller re-publishes them in ``on_decoded``).
-    ``worker_key`` dead-letters system events the worker did not sign. ``keys`` (a
+    ``worker_key`` dead-letters system events the worker did not sign, except those
+    ``legacy_trust`` places in the trusted unsigned past. ``keys`` (a
     keyring; one not started yet is started and stopped by :meth:`run`) opens sealed
     records before decoding; one sealed under a forgotten key is skipped
     (``opener.counts``) and its position passed.
@@ -179,6 +181,7 @@ class ProjectorFeed:
         worker_key: bytes | None = None,
         keys: SubjectKeys | None = None,
         partitions: frozenset[int] | None = None,
+        legacy_trust: LegacyTrust | None = None,
     ) -> None:
         if max_batch < 1 or fetch_records < 1:
             raise ValueError("batch sizes must be at least 1")
@@ -208,6 +211,7 @@ class ProjectorFeed:
         self._reroute = reroute
         self._counts: dict[str, int] = {}
         self._worker_key = worker_key
+        self._legacy_trust = dict(legacy_trust) if legacy_trust else None
         self._keys = keys
         self.opener: RecordOpener | None = None
         # The partitions this feed reads (a worker in a group: the shards it owns).
@@ -290,7 +294,7 @@ class ProjectorFeed:
                     records = self._opened(records)
                 decoding = loop.run_in_executor(
                     self._decoder, decode_batch, records, self._fast,
-                    dict(self._counts) if self._reroute else None, self._worker_key,
+                    dict(self._counts) if self._reroute else None, self._worker_key, self._legacy_trust,
                 )
                 self._undecoded += 1
                 await self._decoding.put((records, decoding))

@@ -13,6 +13,7 @@ from memstream.domain.log import PositionedEvent
 from memstream.domain.quality import injection_reason
 from memstream.streams.consumer import decode_or_dead_letter
 from memstream.streams.deadletter import DeadLetter
+from memstream.streams.legacy_trust import LegacyTrust
 from memstream.streams.rerouting import home_partition, is_misrouted
 from memstream.streams.sealed_records import UNOPENED_HEADER
 from memstream.streams.serializer import header_value
@@ -67,6 +68,7 @@ def decode_batch(
     fast: "FastMemoryDecoder | None" = None,
     partition_counts: Mapping[str, int] | None = None,
     worker_key: bytes | None = None,
+    legacy_trust: LegacyTrust | None = None,
 ) -> DecodedBatch:
     """Decode records (pure CPU work: call it off the event loop for big batches).
 
@@ -80,7 +82,8 @@ def decode_batch(
     is a dead letter (:mod:`memstream.streams.worker_identity`; a key, not a closure,
     so that a decoder process can receive it). A record its reader could not open
     (``UNOPENED_HEADER``: sealed under a forgotten key) is passed; one that did not
-    open for another reason is a dead letter."""
+    open for another reason is a dead letter. ``legacy_trust``: where the unsigned system
+    events the operator trusts end (:mod:`memstream.streams.legacy_trust`)."""
     trusted = verifier(worker_key) if worker_key is not None else None
     events: list[PositionedEvent] = []
     dead: list[DeadLetter] = []
@@ -133,7 +136,8 @@ def decode_batch(
             )
     for rec in general:
         item = decode_or_dead_letter(
-            rec.topic, rec.partition, rec.offset, rec.key, rec.value, rec.headers, share_turns=True, trusted=trusted
+            rec.topic, rec.partition, rec.offset, rec.key, rec.value, rec.headers, share_turns=True, trusted=trusted,
+            legacy_trust=legacy_trust,
         )
         if isinstance(item, DeadLetter):
             dead.append(item)

@@ -21,6 +21,7 @@ from memstream.cli import (
     sealing,
     serve,
     shards,
+    trust,
 )
 from memstream.cli._errors import CLIError, run_cli
 from memstream.settings import get_settings
@@ -35,7 +36,7 @@ app = typer.Typer(
     add_completion=False,
 )
 
-for module in (broker, events, projector, shards, analytics, extract, reflect, serve, sealing, bench):
+for module in (broker, events, projector, shards, analytics, extract, reflect, serve, sealing, trust, bench):
     module.register(app)
 
 

@@ -46,6 +46,7 @@ from memstream.streams.connect import until_started
 from memstream.streams.keys import SubjectKeys
 from memstream.streams.projector_feed import FeedBatch, ProjectorFeed
 from memstream.streams.topics import Topics
+from memstream.streams.legacy_trust import load_legacy_trust
 from memstream.streams.worker_identity import worker_key
 
 if TYPE_CHECKING:
@@ -189,6 +190,7 @@ class ProjectorService(Service):
             fast_decoder=FastMemoryDecoder.for_projector(rt.projector, rt.settings.projector_fast_path),
             reroute=True,
             worker_key=worker_key(rt.settings),
+            legacy_trust=load_legacy_trust(rt.settings),
             keys=SubjectKeys(rt.settings, client_id=f"{rt.settings.app_id}-keys") if rt.settings.sealing else None,
             partitions=partitions,
         )

@@ -54,7 +54,9 @@ from memstream.services.replay_report import ReplayProgress, ReplayReport
 from memstream.settings import Settings
 from memstream.streams.admin import topic_partitions
 from memstream.codec.fast_decode import FastMemoryDecoder
+from memstream.streams.inflation_bound import bound_inflation
 from memstream.streams.keys import SubjectKeys
+from memstream.streams.legacy_trust import LegacyTrust, LegacyTrustError, load_legacy_trust
 from memstream.streams.producer import create_kafka_producer
 from memstream.streams.projector_feed import FeedBatch, ProjectorFeed
 from memstream.streams.rerouting import Rerouter
@@ -143,6 +145,7 @@ async def _consume_into(
     all_partitions: Sequence[TopicPartition] | None = None,
     worker_key: bytes | None = None,
     keys: SubjectKeys | None = None,
+    legacy_trust: LegacyTrust | None = None,
 ) -> None:
     """Read the given partitions from ``begins`` to ``ends`` through the same pipelined
     feed as the worker (fetch, decode and write overlap). ``expected`` is the total
@@ -185,6 +188,7 @@ async def _consume_into(
         fast_decoder=FastMemoryDecoder.for_projector(projector, fast_path),
         worker_key=worker_key,
         keys=keys,
+        legacy_trust=legacy_trust,
         max_batch=batch_size,
         fetch_records=min(batch_size, 5_000),
         reroute=True,
@@ -359,6 +363,7 @@ class _Build:
         self.partitions: list[TopicPartition] = []
         self.rerouter: _MisroutedBeyond | None = None
         self.keys: SubjectKeys | None = None
+        self.legacy_trust: dict[tuple[str, int], int] = {}
         # Opening writes (tables, indexes): its own thread, waited for on close, so a
         # Ctrl-C during it cannot leave a thread writing into a set being removed.
         self._opener = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-replay-open")
@@ -366,6 +371,11 @@ class _Build:
     async def open(self, topics: Topics, handled: Mapping[tuple[str, int], int]) -> dict[TopicPartition, int]:
         loop = asyncio.get_running_loop()
         self.partitions = await _partitions(self.settings, (topics.messages, topics.events))
+        bound_inflation(self.settings.max_inflated_batch_bytes)
+        try:
+            self.legacy_trust = load_legacy_trust(self.settings)
+        except LegacyTrustError as exc:
+            raise ReplayError(str(exc)) from None
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=self.settings.bootstrap_servers, group_id=None, enable_auto_commit=False,
             auto_offset_reset="earliest", client_id="memstream-replay",
@@ -393,6 +403,7 @@ class _Build:
             self.on_progress, self.expected, decode_in_process=self.settings.projector_decode_process,
             fast_path=self.settings.projector_fast_path, on_decoded=self.rerouter.publish, started=self.started,
             all_partitions=self.partitions, worker_key=load_worker_key(self.settings), keys=self.keys,
+            legacy_trust=self.legacy_trust,
         )
 
     def positions(self) -> dict[TopicPartition, int]:
