@@ -224,7 +224,7 @@ class BadRecord:
 def make_bad_records(n: int, rng: random.Random, topics: Topics, tenants: int) -> list[BadRecord]:
     """``n`` malformed records, the kinds of :data:`BAD_KINDS` in turn, on both
     source topics (a bad turn must not stop the extractor either)."""
-    from memstream.streams.serializer import encode_event
+    from memstream.codec.wire import encode_event
 
     out: list[BadRecord] = []
     for i in range(n):

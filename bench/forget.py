@@ -46,7 +46,7 @@ from memstream.settings import Settings
 from memstream.streams.admin import ensure_topics
 from memstream.streams.forget import forget
 from memstream.streams.producer import MemstreamProducer
-from memstream.streams.serializer import encode_event
+from memstream.codec.wire import encode_event
 from memstream.streams.topics import Topics
 
 __all__ = ["run"]

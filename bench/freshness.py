@@ -54,7 +54,7 @@ from memstream.projections.search import SearchCache, search
 from memstream.projections.store import LanceStore, in_list
 from memstream.settings import Settings
 from memstream.streams.producer import MemstreamProducer
-from memstream.streams.serializer import EncodedRecord, encode_event
+from memstream.codec.wire import EncodedRecord, encode_event
 
 __all__ = ["run", "TARGET_P99_MS", "DEFAULT_SECONDS", "QUICK_SECONDS", "VisibilityPoller"]
 

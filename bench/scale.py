@@ -51,7 +51,7 @@ from memstream.services.shard_routing import open_store, space_partition
 from memstream.services.shard_status import end_offsets
 from memstream.settings import Settings
 from memstream.streams.producer import MemstreamProducer
-from memstream.streams.serializer import encode_event
+from memstream.codec.wire import encode_event
 from memstream.streams.topics import Topics
 
 __all__ = ["run"]

@@ -16,8 +16,8 @@ handle:
 
 from __future__ import annotations
 
-from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from memstream.projections.store_filters import (
     IN_LIST_CHUNK,
@@ -55,26 +55,9 @@ class LanceStore(StoreWrites, StoreMaintenance, StoreReads):
     """The projection's tables under ``root``: memories, messages, links, entities,
     reflections, decisions, positions (schemas in ``memstream.projections.schema``)."""
 
-    def __init__(
-        self,
-        root: Path,
-        *,
-        embedding_dim: int,
-        read_consistency_interval: timedelta | None = None,
-        vector_index_threshold: int = 100_000,
-        keep_versions: timedelta = timedelta(minutes=5),
-        create: bool = True,
-    ) -> None:
-        """``create=False`` opens an existing table set for reading only: nothing is
-        created (no directory, table or index), and :class:`StoreError` is raised when
-        a table is missing."""
-        super().__init__(
-            root,
-            embedding_dim=embedding_dim,
-            read_consistency_interval=read_consistency_interval,
-            vector_index_threshold=vector_index_threshold,
-            keep_versions=keep_versions,
-            create=create,
-        )
-        if create:
+    def __init__(self, root: Path, **options: Any) -> None:
+        """Opens (or creates) the tables as :class:`~memstream.projections.store_tables.StoreTables` does, with the same
+        options; a writer's store also builds the base scalar indexes."""
+        super().__init__(root, **options)
+        if options.get("create", True):
             self.ensure_base_indexes()

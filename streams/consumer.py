@@ -37,7 +37,7 @@ from memstream.streams.inflation_bound import bound_inflation, refusal
 from memstream.streams.keys import SubjectKeys
 from memstream.streams.legacy_trust import LegacyTrust, trusted_before
 from memstream.streams.sealed_records import RecordOpener
-from memstream.streams.serializer import MAX_RECORD_BYTES, DecodeError, decode_record, encode_event
+from memstream.codec.wire import MAX_RECORD_BYTES, DecodeError, decode_record, encode_event
 from memstream.streams.topics import Topics
 
 __all__ = ["ConsumedBatch", "decode_or_dead_letter", "EventConsumer", "MAX_SHARED_TURNS", "sharing_turns"]

@@ -39,7 +39,7 @@ from memstream.domain.log import LogPosition
 from memstream.settings import Settings, get_settings
 from memstream.streams.connect import until_started
 from memstream.streams.producer import create_kafka_producer
-from memstream.streams.serializer import EncodedRecord
+from memstream.codec.wire import EncodedRecord
 
 __all__ = [
     "HEADER_DLQ_REASON",

@@ -20,7 +20,7 @@ from memstream.domain.log import LogPosition
 from memstream.sealing import Subject
 from memstream.settings import Settings
 from memstream.streams.keys import SubjectKeys
-from memstream.streams.serializer import encode_event
+from memstream.codec.wire import encode_event
 from memstream.streams.topics import Topics
 from memstream.streams.worker_identity import signed_headers, worker_key
 

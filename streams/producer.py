@@ -3,7 +3,7 @@
 Why a wrapper around aiokafka rather than "use any Kafka client": the log is the source
 of truth, so every write must be *durable* (idempotent producer, ``acks=all``, the call
 returns only once the broker has the record), must use the one wire format
-(:mod:`memstream.streams.serializer`) and key (the memory space, so one space stays
+(:mod:`memstream.codec.wire`) and key (the memory space, so one space stays
 ordered), and a fast agent fleet must not be able to buffer without limit: at most
 ``settings.producer_max_in_flight`` sends are un-acknowledged at any time, and further
 sends wait (back-pressure) instead of growing memory.
@@ -50,7 +50,7 @@ from memstream.domain.reflection import RatingParseError, parse_rating
 from memstream.settings import Settings, get_settings
 from memstream.streams.keys import SubjectKeys
 from memstream.streams.sealed_records import PLAIN_TYPES, header_of, seal_value, subject_of
-from memstream.streams.serializer import EncodedRecord, EncodeError, encode_event
+from memstream.codec.wire import EncodedRecord, EncodeError, encode_event
 from memstream.streams.worker_identity import signed_headers
 from memstream.streams.kafka_producer import KeyPartitioner, create_kafka_producer
 from memstream.streams.topics import Topics, topic_for
@@ -314,7 +314,7 @@ class MemstreamProducer:
     ) -> asyncio.Future[LogPosition]:
         """Enqueue ``event`` and return at once with a future of its position.
 
-        Raises :class:`~memstream.streams.serializer.EncodeError` at once for an event
+        Raises :class:`~memstream.codec.wire.EncodeError` at once for an event
         that cannot be encoded; a broker failure surfaces through the future.
         """
         await self._keys_for((event,))

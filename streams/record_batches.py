@@ -16,7 +16,7 @@ from memstream.streams.deadletter import DeadLetter
 from memstream.streams.legacy_trust import LegacyTrust
 from memstream.streams.rerouting import home_partition, is_misrouted
 from memstream.streams.sealed_records import UNOPENED_HEADER
-from memstream.streams.serializer import header_value
+from memstream.codec.wire import header_value
 from memstream.streams.worker_identity import HEADER as WORKER_HEADER, verifier
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 ``produce`` is the shell's door into the log: JSON lines in, durable events out. It
 validates each line through exactly the path every consumer uses
-(:func:`memstream.streams.serializer.decode_record`, which upcasts), so a line it
+(:func:`memstream.codec.wire.decode_record`, which upcasts), so a line it
 accepts is a line every reader accepts; a rejected line is reported with its number
 and reason and the valid ones are still sent (exit code 1 tells scripts that some
 were rejected).
@@ -36,7 +36,7 @@ from memstream.settings import Settings, get_settings
 from memstream.streams.admin import topic_partitions
 from memstream.streams.deadletter import is_dead_letter, parse_dead_letter
 from memstream.streams.producer import MemstreamProducer
-from memstream.streams.serializer import DecodeError, EncodeError, decode_record, encode_event
+from memstream.codec.wire import DecodeError, EncodeError, decode_record, encode_event
 from memstream.streams.topics import Topics
 
 __all__ = ["register", "resolve_topic", "produce", "tail"]

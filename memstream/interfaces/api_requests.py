@@ -23,7 +23,7 @@ from memstream.interfaces.service import (
     UnknownTopicError,
     check_request_values,
 )
-from memstream.streams.serializer import EncodeError
+from memstream.codec.wire import EncodeError
 
 __all__ = ["utc", "event_from", "rating", "positions", "check_ids", "service_of", "append", "wait_for_positions"]
 

@@ -36,7 +36,7 @@ from memstream.interfaces.service import (
     search_hit_payload,
 )
 from memstream.settings import Settings
-from memstream.streams.serializer import EncodeError
+from memstream.codec.wire import EncodeError
 
 __all__ = ["BankTools", "AddMemoryResult", "QueryResult", "DecisionResult", "LessonsResult"]
 

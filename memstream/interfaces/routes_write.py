@@ -37,7 +37,7 @@ from memstream.interfaces.errors import ERROR_RESPONSES, ApiError, ErrorResponse
 from memstream.interfaces.guards import check_client_event, check_owners, forbidden, write_scope
 from memstream.interfaces.service import default_deadline
 from memstream.streams.producer import ProduceError
-from memstream.streams.serializer import EncodeError
+from memstream.codec.wire import EncodeError
 
 __all__ = ["router", "EVENT_SCHEMA"]
 

@@ -53,7 +53,7 @@ from memstream.streams.producer import (
     Sent,
 )
 from memstream.streams.sync_producer import SyncProducer
-from memstream.streams.serializer import (
+from memstream.codec.wire import (
     DecodeError,
     EncodedRecord,
     EncodeError,

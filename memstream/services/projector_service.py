@@ -35,6 +35,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from aiokafka import TopicPartition
 from mode import Service
 
 from memstream.codec.fast_decode import FastMemoryDecoder
@@ -202,17 +203,21 @@ class ProjectorService(Service):
         if time.monotonic() - self._hinted_at >= _HINT_EVERY_S:
             await self._commit_hint()
 
+    def _hint_consumer(self) -> Any:
+        """Where progress hints are committed (a group member overrides it)."""
+        return self._consumer
+
     async def _commit_hint(self) -> None:
         """Commit the progress hint (at most every ``_HINT_EVERY_S`` while running, and
         once on stop): a broker round trip per batch would sit on the write path."""
-        from aiokafka import TopicPartition
-
-        if not self._hint:
+        consumer = self._hint_consumer()
+        if not self._hint or consumer is None:
+            self._hint = {}
             return
         offsets = {TopicPartition(t, p): o for (t, p), o in self._hint.items()}
         self._hint, self._hinted_at = {}, time.monotonic()
         try:
-            await self._consumer.commit(offsets)
+            await consumer.commit(offsets)
         except Exception as exc:  # noqa: BLE001 - a hint; the stored positions are the truth
             log.debug("could not commit the projector's progress hint: %s: %s", type(exc).__name__, exc)
 

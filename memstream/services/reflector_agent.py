@@ -37,7 +37,7 @@ from memstream.streams.consumer import decode_or_dead_letter
 from memstream.streams.deadletter import DeadLetter, dead_letter_record
 from memstream.streams.keys import LazyKeys
 from memstream.streams.sealed_records import RecordOpener, header_of, seal_value, subject_of
-from memstream.streams.serializer import encode_event
+from memstream.codec.wire import encode_event
 from memstream.streams.topics import Topics
 from memstream.streams.worker_identity import signed_headers, worker_key
 

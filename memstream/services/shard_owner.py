@@ -244,20 +244,12 @@ class GroupProjectorService(ProjectorService):
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
 
-    async def _commit_hint(self) -> None:
+    def _hint_consumer(self) -> Any:
         """Hints go through the member (a group with members refuses other commits),
         for the partitions it owns."""
         owned = self.runtime.owned
         self._hint = {k: v for k, v in self._hint.items() if k[1] in owned}
-        if not self._hint or self._members is None:
-            self._hint = {}
-            return
-        offsets = {TopicPartition(t, p): o for (t, p), o in self._hint.items()}
-        self._hint, self._hinted_at = {}, time.monotonic()
-        try:
-            await self._members.commit(offsets)
-        except Exception as exc:  # noqa: BLE001 - a hint; the stored positions are the truth
-            log.debug("could not commit the projector's progress hint: %s: %s", type(exc).__name__, exc)
+        return self._members
 
     async def on_stop(self) -> None:
         try:

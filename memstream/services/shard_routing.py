@@ -38,7 +38,7 @@ __all__ = [
 
 def space_partition(scope: Scope | ReadScope, partitions: int) -> int:
     """The partition (and shard) of the scope's memory space."""
-    # the producer's key (streams.serializer.record_key) is the space, agent left out
+    # the producer's key (codec.wire.record_key) is the space, agent left out
     return home_partition(scope.space.encode("utf-8"), partitions)
 
 

@@ -17,7 +17,7 @@ from memstream.domain.events import MemoryAdded, Scope
 from memstream.interfaces.mcp_server import build_mcp_server
 from memstream.streams.deadletter import parse_dead_letter
 from memstream.streams.producer import MemstreamProducer
-from memstream.streams.serializer import EncodeError, encode_event
+from memstream.codec.wire import EncodeError, encode_event
 from tests.interfaces.iface_stack import Stack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

@@ -22,7 +22,7 @@ from memstream.projections.store import LanceStore
 from memstream.codec.fast_decode import FastMemoryDecoder
 from memstream.services.projector_runtime import apply_decoded
 from memstream.streams.record_batches import DecodedBatch, RawRecord, decode_batch
-from memstream.streams.serializer import encode_event
+from memstream.codec.wire import encode_event
 
 EMBEDDER = LocalEmbedder(DIM)
 ALICE = Scope(team_id="acme", user_id="alice", agent_id="planner")

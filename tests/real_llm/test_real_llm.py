@@ -45,7 +45,7 @@ from memstream.settings import Settings
 from memstream.services.app import build_app
 from memstream.services.extractor_service import ExtractorRunner
 from memstream.streams.producer import MemstreamProducer
-from memstream.streams.serializer import DecodeError, decode_record
+from memstream.codec.wire import DecodeError, decode_record
 from memstream.streams.topics import Topics
 
 URL = os.environ.get("MEMSTREAM_TEST_LLM_URL", "").strip()

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from tests.domain.extraction.helpers import memory as mem
 from tests.fakes.openai_server import FakeOpenAI, Reply, fake_llm  # noqa: F401 - the fixture
 from tests.support import wait_until
 
@@ -49,7 +50,7 @@ from memstream.services.extractor import Extractor
 from memstream.services.extraction_run import ExtractionOutcome, WindowInput
 from memstream.services.extractor_service import ExtractorRunner, consumer_group
 from memstream.streams.producer import MemstreamProducer
-from memstream.streams.serializer import decode_record, encode_event
+from memstream.codec.wire import decode_record, encode_event
 from memstream.streams.topics import Topics
 
 pytestmark = [pytest.mark.kafka]
@@ -162,21 +163,6 @@ def turn(mid: str, content: str, *, minutes: int = 0, session: str = "s1", speak
         content=content,
         occurred_at=T0 + timedelta(minutes=minutes),
     )
-
-
-def mem(content: str, sources: list[str], **extra: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "content": content,
-        "type": "persona",
-        "priority": 70,
-        "source_ids": sources,
-        "timestamp": None,
-        "timestamp_start": None,
-        "timestamp_end": None,
-        "entities": [],
-    }
-    out.update(extra)
-    return out
 
 
 def scenes(*memories: dict[str, Any], title: str = "Chat") -> dict[str, Any]:

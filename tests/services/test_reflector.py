@@ -54,7 +54,7 @@ from memstream.services.reflection_runner import Backoff, ReflectionRunner
 from memstream.services.reflection_writers import LLMReflectionWriter, TemplateReflectionWriter
 from memstream.services.reflector_agent import ReflectorHandle, register_reflector
 from memstream.streams.deadletter import is_dead_letter, parse_dead_letter
-from memstream.streams.serializer import DecodeError, decode_record
+from memstream.codec.wire import DecodeError, decode_record
 from memstream.streams.topics import Topics
 
 T0 = datetime(2024, 3, 4, 21, 0, tzinfo=timezone.utc)

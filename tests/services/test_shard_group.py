@@ -37,7 +37,7 @@ from memstream.services.shard_routing import open_store, space_partition
 from memstream.settings import Settings, child_env
 from memstream.streams.admin import ensure_topics
 from memstream.streams.producer import MemstreamProducer
-from memstream.streams.serializer import encode_event
+from memstream.codec.wire import encode_event
 from memstream.streams.topics import Topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

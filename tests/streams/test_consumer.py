@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from memstream.domain.events import MemoryAdded, MessageObserved, Scope
 from memstream.domain.log import PositionedEvent
 from memstream.streams.consumer import MAX_SHARED_TURNS, decode_or_dead_letter, sharing_turns
-from memstream.streams.serializer import encode_event
+from memstream.codec.wire import encode_event
 
 SCOPE = Scope(team_id="acme", user_id="ana")
 T0 = datetime(2025, 1, 31, 9, 30, tzinfo=timezone.utc)

@@ -24,7 +24,7 @@ from memstream.streams.deadletter import (
     is_dead_letter,
     parse_dead_letter,
 )
-from memstream.streams.serializer import HEADER_TYPE, encode_event
+from memstream.codec.wire import HEADER_TYPE, encode_event
 from memstream.streams.topics import Topics
 
 SCOPE = Scope(team_id="acme", user_id="ana")

@@ -23,7 +23,7 @@ from memstream.projections.store import LanceStore, StoreError
 from memstream.projections.table_sets import TableSets
 from memstream.streams.forget import forget
 from memstream.streams.producer import MemstreamProducer
-from memstream.streams.serializer import encode_event
+from memstream.codec.wire import encode_event
 from memstream.streams.topics import Topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

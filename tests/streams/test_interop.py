@@ -24,7 +24,7 @@ from memstream.settings import Settings
 from memstream.streams.consumer import EventConsumer
 from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher
 from memstream.streams.producer import MemstreamProducer
-from memstream.streams.serializer import decode_record, encode_event
+from memstream.codec.wire import decode_record, encode_event
 from memstream.streams.topics import Topics
 
 pytestmark = pytest.mark.kafka

@@ -1,7 +1,7 @@
 """The producer SDK against the real broker: durability, order per memory space,
 byte-identical records, back-pressure, batch failures, the sync wrapper.
 
-Covers ``serializer``, ``sync_producer``.
+Covers ``sync_producer``.
 
 Covers ``streams/kafka_producer.py``."""
 
@@ -35,7 +35,7 @@ from memstream.streams.producer import (
     ProducerClosedError,
 )
 from memstream.streams.sync_producer import SyncProducer
-from memstream.streams.serializer import EncodeError, decode_record, encode_event
+from memstream.codec.wire import EncodeError, decode_record, encode_event
 from memstream.streams.topics import Topics
 
 pytestmark = pytest.mark.kafka

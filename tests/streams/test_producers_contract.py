@@ -25,7 +25,7 @@ from memstream.domain.events import MemoryAdded, Scope
 from memstream.projections.store import LanceStore
 from memstream.streams.producer import MemstreamProducer
 from memstream.streams.rerouting import HEADER_REROUTED_FROM, home_partition
-from memstream.streams.serializer import encode_event
+from memstream.codec.wire import encode_event
 from memstream.streams.topics import Topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

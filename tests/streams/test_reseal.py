@@ -14,7 +14,7 @@ from memstream.sealing import is_sealed
 from memstream.streams.keys import SubjectKeys
 from memstream.streams.reseal import reseal
 from memstream.streams.sealed_records import RecordOpener
-from memstream.streams.serializer import decode_record, encode_event
+from memstream.codec.wire import decode_record, encode_event
 from memstream.streams.topics import Topics
 
 pytestmark = pytest.mark.kafka

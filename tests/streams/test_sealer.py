@@ -13,7 +13,7 @@ from memstream.streams.deadletter import parse_dead_letter
 from memstream.streams.keys import SubjectKeys
 from memstream.streams.sealed_records import RecordOpener
 from memstream.streams.sealer import IngressSealer
-from memstream.streams.serializer import decode_record, encode_event
+from memstream.codec.wire import decode_record, encode_event
 from memstream.streams.topics import Topics
 
 pytestmark = pytest.mark.kafka

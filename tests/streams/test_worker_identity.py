@@ -17,7 +17,7 @@ from memstream.settings import Settings
 from memstream.streams.deadletter import DeadLetter
 from memstream.codec.fast_decode import FastMemoryDecoder
 from memstream.streams.record_batches import RawRecord, decode_batch
-from memstream.streams.serializer import encode_event
+from memstream.codec.wire import encode_event
 from memstream.streams.worker_identity import HEADER, signed_headers, verifier, worker_key
 
 S = Scope(team_id="acme", user_id="ana", agent_id="planner")
