@@ -26,7 +26,7 @@ from memstream.streams.legacy_trust import (
 )
 from memstream.streams.producer import MemstreamProducer
 from memstream.streams.record_batches import RawRecord, decode_batch
-from memstream.streams.serializer import encode_event
+from memstream.codec.wire import encode_event
 from memstream.streams.topics import Topics
 
 S = Scope(team_id="acme", user_id="ana")
