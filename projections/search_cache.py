@@ -36,6 +36,7 @@ from memstream.domain.access import ReadScope, agent_pin
 from memstream.domain.events import Scope
 from memstream.projections.schema import ENTITIES, MEMORIES, MESSAGES
 from memstream.projections.search_turns import SessionMemories, SessionTurns, Turn
+from memstream.projections.search_vectors import VectorCache
 from memstream.projections.table_changes import Changes, TableChanges
 
 __all__ = [
@@ -181,6 +182,8 @@ class SearchCache:
         self._speakers: dict[SpaceKey, tuple[float, frozenset[str]]] = {}
         self._sizes: dict[SpaceKey, tuple[Version, int]] = {}
         self._frequencies: dict[SpaceKey, tuple[Version, dict[str, int]]] = {}
+        self.vectors = VectorCache()
+        """The spaces' vectors, for the vector leg (``search_vectors``)."""
 
     # ---------------------------------------------------------------- entries
     def space_cache(self, root: str, scope: Scope, memories_version: Version, messages_version: Version) -> SpaceCache:
@@ -310,6 +313,7 @@ class SearchCache:
             self._speakers.clear()
             self._sizes.clear()
             self._frequencies.clear()
+        self.vectors.clear()
 
     # ---------------------------------------------------------------- space facts
     def speakers(self, key: SpaceKey, now: float) -> frozenset[str] | None:

@@ -25,10 +25,11 @@ from memstream.domain.ranking import query_mentions
 from memstream.projections import search_queries as q
 from memstream.projections.lance_async import gather_all
 from memstream.projections.schema import MEMORIES, MESSAGES
-from memstream.projections.search_cache import SearchCache, Version, table_identity
+from memstream.projections.search_cache import SearchCache, SpaceKey, Version, space_key, table_identity
 from memstream.projections.search_facts import entity_stats
 from memstream.projections.search_results import LIST_COLUMNS, READ_COLUMNS, rows_of
 from memstream.projections.search_turns import SessionMemories, SessionTurns, Turn
+from memstream.projections.search_vectors import SpaceVectors, VectorCache, read_space_vectors
 from memstream.projections.search_view import Successors, Unknown, View
 from memstream.projections.store import LanceStore, in_list, space_where
 
@@ -115,25 +116,51 @@ async def lists(
     where: str,
     n: int,
     columns: Sequence[str],
-) -> tuple[pa.Table, pa.Table | None, Version, Version]:
-    """The vector and BM25 lists (``columns`` of each candidate) and the versions of
-    ``memories`` and ``messages``. The BM25 list, which needs no vector, starts first
-    and runs while ``embed`` computes the query's (in a worker thread: an embedding
-    endpoint's round trip, or a local model, costs milliseconds)."""
+    kept: tuple[VectorCache, SpaceKey, Scope] | None = None,
+) -> tuple[pa.Table, pa.Table | None, Version, Version, bool]:
+    """The vector and BM25 lists (``columns`` of each candidate), the versions of
+    ``memories`` and ``messages``, and whether the vector list came from the space's
+    kept vectors (``kept``: where they may serve, see ``search_vectors``; such a list
+    holds only ``memory_id``, ``session_id``, ``source_message_ids``). The BM25 list,
+    which needs no vector, starts first and runs while ``embed`` computes the query's
+    (in a worker thread: an embedding endpoint's round trip, or a local model, costs
+    milliseconds); so does the read of the space's vectors when they are not kept."""
     table = q.native(store, MEMORIES)
     text = asyncio.ensure_future(q.text_query(table, text_query, where, n, columns))
     versions = asyncio.ensure_future(read_versions(store))
+    space = asyncio.ensure_future(_space_vectors(store, kept, versions)) if kept is not None else None
     try:
         vector = await asyncio.to_thread(embed)
+        vectors = await space if space is not None else None
     except BaseException:
-        for pending in (text, versions):
-            pending.cancel()
-        await asyncio.gather(text, versions, return_exceptions=True)
+        for pending in (text, versions, space):
+            if pending is not None:
+                pending.cancel()
+        await asyncio.gather(*(p for p in (text, versions, space) if p is not None), return_exceptions=True)
         raise
+    if vectors is not None:
+        ttable, (memories, messages) = await gather_all([text, versions])
+        return vectors.nearest(vector, n), ttable, memories, messages, True
     vtable, ttable, (memories, messages) = await gather_all(
         [q.vector_query(table, vector, where, n, refine, columns), text, versions]
     )
-    return vtable, ttable, memories, messages
+    return vtable, ttable, memories, messages, False
+
+
+async def _space_vectors(
+    store: LanceStore, kept: tuple[VectorCache, SpaceKey, Scope], versions: Awaitable[tuple[Version, Version]]
+) -> SpaceVectors | None:
+    """The space's vectors at the version this search reads ``memories`` at: kept, or
+    read now and kept (``None``: a space too large to keep)."""
+    cache, key, scope = kept
+    memories, _ = await versions
+    hit = cache.get(key, memories)
+    if hit is not None:
+        return hit
+    read = await read_space_vectors(store, scope, memories)
+    if read is not None:
+        cache.keep(key, read)
+    return read
 
 
 async def fill(
@@ -207,8 +234,10 @@ async def candidates(
     not followed)."""
     root = str(store.root)
     whole = cache.lists_need_rows(root, scope)
-    vtable, ttable, mv, tv = await lists(
-        store, embed, refine, text_query, where, n, READ_COLUMNS if whole else LIST_COLUMNS
+    # the space's kept vectors serve where LanceDB's flat search would give the same list
+    kept = (cache.vectors, space_key(root, scope), scope) if refine is None and where == space_where(scope) else None
+    vtable, ttable, mv, tv, from_kept = await lists(
+        store, embed, refine, text_query, where, n, READ_COLUMNS if whole else LIST_COLUMNS, kept
     )
     entry = cache.entry_of(root, scope)
     if entry is None or not entry.current(mv, tv):  # carrying it forward reads the tables' steps
@@ -228,7 +257,7 @@ async def candidates(
     if whole:
         view.file_memories(
             [
-                *rows_of(vtable.drop_columns(["_distance"]), scope),
+                *(rows_of(vtable.drop_columns(["_distance"]), scope) if not from_kept else []),
                 *(rows_of(ttable.drop_columns(["_score"]), scope) if ttable is not None else []),
             ]
         )

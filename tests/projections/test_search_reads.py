@@ -25,7 +25,7 @@ from memstream.projections.search_cache import SearchCache
 from memstream.projections.embedder import EmbedderUnavailableError, LocalEmbedder
 from memstream.projections.projector import Projector
 from memstream.projections.schema import MESSAGES
-from memstream.projections.search import search
+from memstream.projections.search import SearchFilters, search
 from memstream.projections.store import LanceStore
 
 EMB = LocalEmbedder(DIM)
@@ -118,9 +118,11 @@ def _session_store(tmp_path: Path) -> LanceStore:
     return _store(tmp_path, messages, memories)
 
 
-def test_a_failed_list_leaves_no_query_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("failing", ["lancedb vector list", "kept vectors read"])
+def test_a_failed_list_leaves_no_query_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str) -> None:
     store = _session_store(tmp_path)
     assert search(store, EMB, ANN, "kites", k=3, cache=CACHE)  # the space's speakers are cached now
+    CACHE.vectors.clear()
     stopped: list[str] = []
 
     async def slow_text(*args: Any, **kwargs: Any) -> Any:
@@ -136,9 +138,11 @@ def test_a_failed_list_leaves_no_query_running(tmp_path: Path, monkeypatch: pyte
         raise RuntimeError("vector search failed")
 
     monkeypatch.setattr(search_queries, "text_query", slow_text)
-    monkeypatch.setattr(search_queries, "vector_query", broken)
+    # a filter makes LanceDB search the vectors; without one the space's kept vectors serve
+    filters = SearchFilters(memory_types=("episodic",)) if failing == "lancedb vector list" else None
+    monkeypatch.setattr(search_queries, "vector_query" if filters else "scan", broken)
     with pytest.raises(RuntimeError, match="vector search failed"):
-        search(store, EMB, ANN, "kites", k=3, cache=CACHE)
+        search(store, EMB, ANN, "kites", k=3, filters=filters, cache=CACHE)
     assert stopped == ["text"]  # cancelled and finished before search raised
 
 
