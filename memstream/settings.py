@@ -88,8 +88,8 @@ class Settings(BaseSettings):
     """Back-pressure bound: at most this many un-acknowledged sends per SDK producer."""
     max_request_bytes: int = Field(default=1_048_576, ge=1024)
     max_inflated_batch_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)
-    """Most that one compressed record batch a consumer fetches may inflate to; a batch
-    past it is dead-lettered, not inflated (``memstream.streams.inflation_bound``)."""
+    """Most that a consumer inflates from one fetch of one partition; a compressed batch
+    past it alone is dead-lettered, not inflated (``memstream.streams.inflation_bound``)."""
 
     # --- local broker (`memstream broker`) ----------------------------------------
     home: Path = Path(".memstream")

@@ -17,8 +17,10 @@ inflated here first, under ``MEMSTREAM_MAX_INFLATED_BATCH_BYTES``.
   move past the whole batch): no value, one :data:`HEADER` whose value is the reason.
   :func:`refusal` reads it; every decoder of the log turns it into a dead letter.
 
-The bound is per batch, and aiokafka inflates one batch at a time while it hands out
-records, so a fetch holds at most one batch inflated beyond the records already read.
+The bound holds for one fetch of one partition, all its batches together: once a
+fetch has inflated its share, the rest of it is left to the next fetch (which starts
+there, as after a fetch that ended mid-batch), so a batch is refused only when it alone
+passes the bound.
 """
 
 from __future__ import annotations
@@ -26,14 +28,14 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiokafka.consumer.fetcher as _fetcher
 from aiokafka import codec as _codecs
 from aiokafka.record.default_records import DefaultRecord, DefaultRecordBatch
 from aiokafka.record.memory_records import MemoryRecords
 
-__all__ = ["HEADER", "BoundedMemoryRecords", "bound_inflation", "inflate_batch", "refusal"]
+__all__ = ["HEADER", "BoundedMemoryRecords", "Refused", "bound_inflation", "inflate_batch", "refusal"]
 
 HEADER = "memstream-inflation-refused"
 
@@ -60,29 +62,40 @@ def refusal(value: bytes | None, headers: Sequence[tuple[str, bytes | None]] | N
     return None
 
 
-def inflate_batch(batch: bytes | memoryview, limit: int) -> bytearray | str:
-    """``batch`` (one compressed v2 batch) as an uncompressed batch, or the reason it
-    may not be inflated (over ``limit`` bytes of records, unreadable codec, corrupt)."""
+class Refused(NamedTuple):
+    """Why a batch is not inflated; ``over_bound``: only for its size (a fetch that
+    has inflated other batches already leaves it to the next fetch)."""
+
+    reason: str
+    over_bound: bool
+
+
+def inflate_batch(batch: bytes | memoryview, limit: int) -> bytearray | Refused | int:
+    """``batch`` (one compressed v2 batch) inflated into an uncompressed batch; or why
+    not (over ``limit`` bytes of records, unreadable codec, corrupt); or, for a codec
+    aiokafka inflates itself, the most it can become (within ``limit``)."""
     view = memoryview(batch)
     codec = view[_ATTRIBUTES_AT + 1] & _CODEC_MASK
     name = _CODECS.get(codec, f"codec {codec}")
     body = view[_HEADER_BYTES:]
     if codec != 1:
         if codec not in _WORST_RATIO or not _READABLE[codec]():
-            return f"a {name} batch, which this worker cannot read"
-        if len(body) * _WORST_RATIO[codec] > limit:
-            return (
+            return Refused(f"a {name} batch, which this worker cannot read", False)
+        worst = len(body) * _WORST_RATIO[codec]
+        if worst > limit:
+            return Refused(
                 f"a {name} batch of {len(body)} bytes may inflate past the bound of {limit} bytes "
-                f"(MEMSTREAM_MAX_INFLATED_BATCH_BYTES; only gzip is inflated under a bound)"
+                f"(MEMSTREAM_MAX_INFLATED_BATCH_BYTES; only gzip is inflated under a bound)",
+                True,
             )
-        return ""  # within the bound whatever it holds: aiokafka inflates it
+        return worst
     out = bytearray(view[:_HEADER_BYTES])
     try:
         done = _gunzip_into(out, body, limit + _HEADER_BYTES)
     except zlib.error as exc:
-        return f"a gzip batch that does not inflate: {exc}"
+        return Refused(f"a gzip batch that does not inflate: {exc}", False)
     if not done:
-        return f"a gzip batch inflating past the bound of {limit} bytes (MEMSTREAM_MAX_INFLATED_BATCH_BYTES)"
+        return Refused(f"a gzip batch inflating past the bound of {limit} bytes (MEMSTREAM_MAX_INFLATED_BATCH_BYTES)", True)
     attributes = struct.unpack_from(">h", out, _ATTRIBUTES_AT)[0]
     struct.pack_into(">h", out, _ATTRIBUTES_AT, attributes & ~_CODEC_MASK)
     struct.pack_into(">i", out, _LENGTH_AT, len(out) - _LOG_OVERHEAD)
@@ -150,8 +163,11 @@ class _Refused:
 
 
 class BoundedMemoryRecords:
-    """aiokafka's ``MemoryRecords`` with compressed v2 batches inflated under
-    :attr:`limit` (set by :func:`bound_inflation`)."""
+    """aiokafka's ``MemoryRecords`` (one fetched partition) with compressed v2 batches
+    inflated here, all of them together under :attr:`limit` (set by
+    :func:`bound_inflation`). The first batch past what is left ends this fetch early:
+    the next one starts at that batch, with the whole bound; a batch past the whole
+    bound is refused."""
 
     limit = 64 * 1024 * 1024
 
@@ -159,27 +175,45 @@ class BoundedMemoryRecords:
         self._buffer = bytes_data
         self._pos = 0
         self._inner = MemoryRecords(bytes_data)
+        self._spent = 0
+        self._next: Any = None
+        self._ended = False
 
     def size_in_bytes(self) -> int:
         return self._inner.size_in_bytes()
 
     def has_next(self) -> bool:
-        return self._inner.has_next()
+        if self._next is None and not self._ended:
+            self._next = self._parse_next()
+            self._ended = self._next is None
+        return self._next is not None
 
     def next_batch(self) -> Any:
-        start = self._pos
-        batch = self._inner.next_batch()
-        if batch is None:
+        if not self.has_next():
             return None
+        batch, self._next = self._next, None
+        return batch
+
+    def _parse_next(self) -> Any:
+        if not self._inner.has_next():
+            return None
+        buffer, start = self._buffer, self._pos
         # The same walk as MemoryRecords: each batch's length is at the same place.
-        end = start + _LOG_OVERHEAD + struct.unpack_from(">i", self._buffer, start + _LENGTH_AT)[0]
-        self._pos = end
-        buffer = self._buffer
+        end = start + _LOG_OVERHEAD + struct.unpack_from(">i", buffer, start + _LENGTH_AT)[0]
         if buffer[start + _MAGIC_AT] < 2 or not buffer[start + _ATTRIBUTES_AT + 1] & _CODEC_MASK:
+            self._pos = end
+            return self._inner.next_batch()
+        got = inflate_batch(memoryview(buffer)[start:end], self.limit - self._spent)
+        if isinstance(got, Refused) and got.over_bound and self._spent:
+            return None  # this fetch has inflated its share
+        self._pos = end
+        batch = self._inner.next_batch()
+        if isinstance(got, Refused):
+            return _Refused(batch, got.reason)
+        if isinstance(got, int):  # aiokafka inflates it, to at most this
+            self._spent += got
             return batch
-        got = inflate_batch(memoryview(buffer)[start:end], self.limit)
-        if isinstance(got, str):
-            return _Refused(batch, got) if got else batch
+        self._spent += len(got)
         return _Inflated(batch, got)
 
 

@@ -30,7 +30,7 @@ from memstream.domain.events import MemoryAdded, Scope
 from memstream.projections.store import LanceStore
 from memstream.settings import Settings
 from memstream.streams.consumer import EventConsumer
-from memstream.streams.inflation_bound import HEADER, BoundedMemoryRecords, bound_inflation, inflate_batch, refusal
+from memstream.streams.inflation_bound import BoundedMemoryRecords, Refused, bound_inflation, inflate_batch, refusal
 from memstream.streams.producer import MemstreamProducer
 from memstream.streams.topics import Topics
 from tests.services.test_worker import WorkerProcess, read_dead_letters, send_raw, wait_caught_up
@@ -80,6 +80,14 @@ def test_a_gzip_batch_past_the_bound_becomes_one_marker_at_its_last_offset() -> 
     assert refusal(b"a value", got[0][2]) is None and refusal(None, [("other", b"x")]) is None
 
 
+def test_one_fetch_inflates_its_share_and_leaves_the_rest_to_the_next() -> None:
+    parts = [batch([bytes([65 + i]) * (3 * MiB)], codec=1, base=i) for i in range(3)]
+    first = records(b"".join(parts), 8 * MiB)
+    assert [offset for offset, _, _ in first] == [0, 1]  # 6 MiB; a third would pass 8
+    assert all(value is not None and len(value) == 3 * MiB for _, value, _ in first)
+    assert [offset for offset, _, _ in records(parts[2], 8 * MiB)] == [2]  # the next fetch
+
+
 def test_plain_batches_pass_untouched() -> None:
     buffer = batch([b"\0" * (3 * MiB)], codec=0)
     assert records(buffer, 1 * MiB) == [(0, b"\0" * (3 * MiB), [("h", b"x")])]
@@ -88,22 +96,23 @@ def test_plain_batches_pass_untouched() -> None:
 def test_a_corrupt_gzip_batch_is_refused_with_the_reason() -> None:
     good = bytearray(batch([b"hello " * 100], codec=1))
     good[-12:-4] = b"\xff" * 8  # inside the deflate stream
-    reason = inflate_batch(bytes(good), 1 * MiB)
-    assert isinstance(reason, str) and "gzip" in reason
+    got = inflate_batch(bytes(good), 1 * MiB)
+    assert isinstance(got, Refused) and "gzip" in got.reason and not got.over_bound
 
 
 def test_codecs_that_cannot_be_bounded_are_refused_when_they_could_pass_it() -> None:
     header = bytearray(batch([b"x"], codec=0))
     header[22] |= 4  # claims zstd
-    reason = inflate_batch(bytes(header) + b"\0" * 4096, 1 * MiB)
-    assert isinstance(reason, str) and "zstd" in reason
+    got = inflate_batch(bytes(header) + b"\0" * 4096, 1 * MiB)
+    assert isinstance(got, Refused) and "zstd" in got.reason
 
 
 def test_the_bound_holds_while_inflating() -> None:
     # Never more than the bound plus one chunk is held, whatever the batch would become.
     bomb = gzip.compress(b"\0" * (64 * MiB))
     header = bytearray(batch([b"x"], codec=1))[:61]
-    assert isinstance(inflate_batch(bytes(header) + bomb, 4 * MiB), str)
+    got = inflate_batch(bytes(header) + bomb, 4 * MiB)
+    assert isinstance(got, Refused) and got.over_bound
     assert len(zlib.decompress(bomb, 31)) == 64 * MiB  # the bomb is one
 
 
