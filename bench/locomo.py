@@ -35,13 +35,14 @@ The data is CC BY-NC: it is read from where the caller says and never copied.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import shutil
 import tempfile
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -447,13 +448,19 @@ PLAIN_RANKING: dict[str, Any] = {
 supersession, entity boost): reported as ``memstream_plain``, the "before"."""
 
 
-def _systems() -> dict[str, SearchFn]:
+def _systems(reranker: Any = None) -> dict[str, SearchFn]:
     from memstream.domain.ranking import RankingWeights
     from memstream.projections import search as s
 
     plain = RankingWeights(**PLAIN_RANKING)
     cache = s.SearchCache()  # held across the run, as a serving process holds one
+    extra: dict[str, SearchFn] = {}
+    if reranker is not None:  # memstream's ranking, then the reranker over its top results
+        extra["memstream_rerank"] = lambda store, emb, scope, q, k: s.search(
+            store, emb, scope, q, k, cache=cache, reranker=reranker
+        )
     return {
+        **extra,
         "memstream": lambda store, emb, scope, q, k: s.search(store, emb, scope, q, k, cache=cache),
         "memstream_plain": lambda store, emb, scope, q, k: s.search(store, emb, scope, q, k, weights=plain, cache=cache),
         "vector": lambda store, emb, scope, q, k: s.vector_search(store, emb, scope, q, k),
@@ -528,10 +535,16 @@ def _print_report(summary: Mapping[str, Any], ev: Evaluation, cutoffs: tuple[int
 
 
 def run(
-    data: Path, k: tuple[int, ...] = DEFAULT_K, embedder: str | None = None, keep: bool = False
+    data: Path,
+    k: tuple[int, ...] = DEFAULT_K,
+    embedder: str | None = None,
+    keep: bool = False,
+    rerank_url: str | None = None,
 ) -> dict[str, Any]:
     """Run the whole benchmark (see the module docstring) with ``embedder`` (default:
-    the configured one); returns the JSON summary."""
+    the configured one); returns the JSON summary. ``rerank_url``: a ``/rerank``
+    endpoint whose reranker is measured as ``memstream_rerank`` (``fake``: the scripted
+    server's word-overlap stand-in, which measures the hook's cost, not a model)."""
     from memstream.projections.embedder import build_embedder
     from memstream.projections.store import LanceStore
 
@@ -559,7 +572,8 @@ def run(
             f"the embedder alone embeds the same {report.memories} memories in {embed_s:.1f} s "
             f"(batches of {EMBED_BATCH}): ingest / embedding = {report.ingest_s / embed_s:.2f}"
         )
-        ev = evaluate(store, emb, conversations, cutoffs, _systems())
+        with _reranker(rerank_url) as reranker:
+            ev = evaluate(store, emb, conversations, cutoffs, _systems(reranker))
     finally:
         cleanup_run(settings, workdir, keep)
     summary = ev.board.summary()
@@ -590,10 +604,31 @@ def run(
         "qa_without_valid_evidence": ev.unscored,
         "invalid_evidence_ids": ev.invalid_ids,
     }
+    if "memstream_rerank" in overall:
+        result["memstream_rerank_recall_at_10"] = overall["memstream_rerank"]["recall@10"]
+        result["rerank_gain_at_10"] = round(overall["memstream_rerank"]["recall@10"] - overall["memstream"]["recall@10"], 4)
+        result["rerank_url"] = rerank_url
     best = max(result["vector_recall_at_10"], result["bm25_recall_at_10"], result["rrf_recall_at_10"])
     result["best_baseline_recall_at_10"] = best
     result["margin_over_best_baseline"] = round(result["memstream_recall_at_10"] - best, 4)
     return result
+
+
+@contextlib.contextmanager
+def _reranker(url: str | None) -> Iterator[Any]:
+    """The reranker at ``url`` (``fake``: one the bench serves itself), closed after."""
+    from memstream.bench.openai_fake import OpenAICompatServer
+    from memstream.projections.http_reranker import HttpReranker
+
+    if not url:
+        yield None
+        return
+    with contextlib.ExitStack() as stack:
+        if url == "fake":
+            url = stack.enter_context(OpenAICompatServer()).base_url
+        reranker = HttpReranker(url, top_n=Settings().rerank_candidates)
+        stack.callback(reranker.close)
+        yield reranker
 
 
 EMBED_BATCH = 500

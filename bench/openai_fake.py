@@ -10,7 +10,8 @@ and the benchmarks (``memstream bench chaos``, ``memstream bench mem0``) use thi
 implementation; it lives in the package because benchmarks ship in the wheel and
 cannot import from ``tests/``.
 
-Endpoints: ``POST /v1/chat/completions``, ``POST /v1/embeddings``, ``GET /v1/models``.
+Endpoints: ``POST /v1/chat/completions``, ``POST /v1/embeddings``, ``POST /v1/rerank``
+(the Jina/Cohere shape llama.cpp's server answers), ``GET /v1/models``.
 
 Each POST endpoint is a :class:`Script`: a queue of :class:`Reply` objects
 (``server.chat.push(...)``); when the queue is empty, ``script.responder`` (a function of
@@ -30,6 +31,8 @@ Embeddings, unless a reply scripts ``vectors``, come from ``embedder`` (any mems
 :attr:`OpenAICompatServer.base_url` gets exactly the vectors memstream computes) or,
 without one, from :func:`hashed_embedding` (deterministic, ``embedding_dim`` floats or
 the request's ``dimensions``). ``encoding_format`` "float" and "base64" are honoured.
+Rerank scores, unless a reply scripts ``scores``, are :func:`overlap_score`: the share
+of the query's words a document holds (a lexical stand-in, not a cross-encoder).
 
 Every request body is recorded (``script.requests``) so a caller can check what was
 asked; ``script.failures`` counts the requests not answered with a usable success
@@ -65,7 +68,7 @@ import numpy as np
 if TYPE_CHECKING:
     from memstream.projections.embedder import Embedder
 
-__all__ = ["Reply", "Responder", "Script", "OpenAICompatServer", "hashed_embedding"]
+__all__ = ["Reply", "Responder", "Script", "OpenAICompatServer", "hashed_embedding", "overlap_score"]
 
 
 @dataclass
@@ -92,6 +95,8 @@ class Reply:
     model: str | None = None
     error_message: str = "scripted error"
     vectors: list[list[float]] | None = None
+    scores: list[float] | None = None
+    """The relevance scores a rerank answer gives the documents, in their order."""
 
     def text(self) -> str | None:
         """The assistant message this reply carries."""
@@ -207,6 +212,15 @@ def hashed_embedding(text: str, dim: int) -> list[float]:
     return [v / norm for v in vec]
 
 
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def overlap_score(query: str, document: str) -> float:
+    """The share of the query's distinct words (lower-cased) that ``document`` holds."""
+    wanted = set(_WORD.findall(query.lower()))
+    return len(wanted & set(_WORD.findall(document.lower()))) / len(wanted) if wanted else 0.0
+
+
 def _approx_tokens(text: str) -> int:
     """About four characters a token: enough for usage figures to be plausible."""
     return max(1, len(text) // 4)
@@ -270,6 +284,8 @@ class _Handler(BaseHTTPRequestHandler):
             script, answer = fake.chat, self._chat
         elif path.endswith("/embeddings"):
             script, answer = fake.embeddings, self._embeddings
+        elif path.endswith("/rerank"):
+            script, answer = fake.rerank, self._rerank
         else:
             self._error(404, f"no route {self.path}")
             return
@@ -376,6 +392,19 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, json.dumps(payload).encode())
 
 
+    def _rerank(self, body: dict[str, Any], reply: Reply) -> None:
+        fake = self.server.fake
+        query, documents = body.get("query"), body.get("documents")
+        if not isinstance(query, str) or not isinstance(documents, list) or not all(isinstance(d, str) for d in documents):
+            fake.rerank.record_failure()
+            self._error(400, "query must be a string and documents a list of strings")
+            return
+        scores = reply.scores if reply.scores is not None else [overlap_score(query, d) for d in documents]
+        ranked = sorted(range(len(scores)), key=lambda i: -scores[i])[: int(body.get("top_n") or len(scores))]
+        results = [{"index": i, "relevance_score": scores[i]} for i in ranked]
+        self._send(200, json.dumps({"model": body.get("model") or fake.model, "results": results}).encode())
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -419,6 +448,7 @@ class OpenAICompatServer:
         self.timeout_hint_s = timeout_hint_s
         self.chat = Script(responder=chat)
         self.embeddings = Script(responder=lambda body: Reply())
+        self.rerank = Script(responder=lambda body: Reply())
         self.reject_json_schema = False
         self.reject_json_object_schema = False
         self.reject_json_object = False

@@ -176,6 +176,17 @@ class Settings(BaseSettings):
     embedding_base_url: str | None = None
     embedding_api_key: SecretStr | None = None
 
+    # --- reranking (off unless a search asks for it: `rerank=true`) ----------------------
+    rerank_url: str | None = None
+    """A ``/rerank`` endpoint (Jina/Cohere shape: llama.cpp's ``llama-server
+    --reranking``, vLLM, Infinity...): base URL such as ``http://127.0.0.1:8080/v1``
+    or the route itself. Unset: a search that asks for reranking is refused."""
+    rerank_model: str | None = None
+    rerank_api_key: SecretStr | None = None
+    rerank_candidates: int = Field(default=20, ge=2, le=200)
+    """How many of memstream's top results the reranker orders (the rest follow)."""
+    rerank_timeout_s: float = Field(default=10.0, gt=0)
+
     # --- LLM (extraction, judgment, reflection) ---------------------------------------
     llm_base_url: str | None = None
     llm_api_key: SecretStr | None = None

@@ -78,6 +78,8 @@ class ScoreParts:
     context: float = 0.0
     prior: float = 1.0
     priority: float = 1.0
+    rerank: float | None = None
+    """The reranker's relevance score, when a reranker ordered this result."""
 
 
 @dataclass(frozen=True)

@@ -90,12 +90,16 @@ def search_cmd(
         ),
     ] = True,
     explain: Annotated[bool, typer.Option("--explain", help="Show every score part.")] = False,
+    rerank: Annotated[
+        bool, typer.Option("--rerank", help="Let the cross-encoder at MEMSTREAM_RERANK_URL order the top results.")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per result.")] = False,
     lance_dir: Annotated[Path | None, typer.Option("--lance-dir", help="Projection directory.")] = None,
 ) -> None:
     """Hybrid search (vector + BM25, recency, supersession) inside one memory space."""
     from memstream.domain.events import MemoryType
     from memstream.projections.embedder import EmbedderError, build_embedder
+    from memstream.projections.http_reranker import build_reranker
     from memstream.projections.search import SearchFilters, search
 
     scope = scope_from_options(team, user)
@@ -114,12 +118,18 @@ def search_cmd(
     except ValueError as exc:
         raise CLIError(str(exc).splitlines()[0]) from None
     settings = get_settings()
+    reranker = build_reranker(settings) if rerank else None
+    if rerank and reranker is None:
+        raise CLIError("--rerank needs a reranker: set MEMSTREAM_RERANK_URL to a /rerank endpoint")
     store = open_store(settings, lance_dir, scope)
     try:
         embedder = build_embedder(settings)
-        results = search(store, embedder, scope, text, k, filters)
+        results = search(store, embedder, scope, text, k, filters, reranker=reranker)
     except EmbedderError as exc:
         raise CLIError(str(exc)) from None
+    finally:
+        if reranker is not None:
+            reranker.close()
 
     if as_json:
         for r in results:
@@ -151,7 +161,9 @@ def search_cmd(
                 f"\n[dim]vector {_fmt_num(p.vector)} \u00b7 bm25 {_fmt_num(p.text)} \u00b7 "
                 f"fused {_fmt_num(p.fused)} \u00b7 recency {_fmt_num(p.recency)} \u00b7 "
                 f"supersession {_fmt_num(p.supersession)} \u00b7 entity {_fmt_num(p.entity)} \u00b7 "
-                f"priority {r.priority} x{p.priority:.3f}[/dim]"
+                f"priority {r.priority} x{p.priority:.3f}"
+                + (f" \u00b7 rerank {p.rerank:.4f}" if p.rerank is not None else "")
+                + "[/dim]"
             )
         table.add_row(str(i), f"{r.score:.4f}", cell, escape(r.memory_id))
     console.print(table)

@@ -153,10 +153,14 @@ def bench_locomo(
     data: Path = typer.Option(..., exists=True, dir_okay=False, help="LoCoMo JSON (read in place, never copied)."),
     k: str = typer.Option("5,10,20", help="Comma-separated cut-offs."),
     embedder: str = typer.Option("", help="onnx | local | minilm | openai (default: the configured one)"),
+    rerank_url: str = typer.Option(
+        "", "--rerank-url",
+        help="Also measure memstream + the reranker at this /rerank endpoint ('fake': a word-overlap stand-in the bench serves).",
+    ),
 ) -> None:
     """Evidence recall on LoCoMo: memstream against vector, BM25 and RRF baselines."""
     cutoffs = tuple(sorted({int(x) for x in k.split(",") if x.strip()}))
-    _run("locomo", data=data, k=cutoffs, embedder=embedder or None)
+    _run("locomo", data=data, k=cutoffs, embedder=embedder or None, rerank_url=rerank_url or None)
 
 
 @bench_app.command("paraphrase")

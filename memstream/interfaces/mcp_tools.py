@@ -28,6 +28,7 @@ from memstream.domain.reflection import parse_rating
 from memstream.interfaces.service import (
     MemoryService,
     PositionNotReached,
+    RerankUnavailable,
     check_request_values,
     default_deadline,
     lessons_payload,
@@ -208,6 +209,7 @@ class BankTools:
         k: Annotated[int, Field(ge=1, le=50, description="How many memories to return.")] = 5,
         memory_types: Annotated[list[MemoryType] | None, Field(description="Only these types.")] = None,
         session_id: Annotated[str | None, Field(description="Only memories from this session.")] = None,
+        rerank: Annotated[bool, Field(description="Let the configured cross-encoder reranker order the top results.")] = False,
     ) -> QueryResult:
         service = self.require()
         bank = self.current_bank()
@@ -219,7 +221,10 @@ class BankTools:
             )
         except ValueError as exc:
             raise ToolError(str(exc)) from None
-        hits = await service.search(bank.access.read_scope(), query, k, filters, interface="mcp")
+        try:
+            hits = await service.search(bank.access.read_scope(), query, k, filters, interface="mcp", rerank=rerank)
+        except RerankUnavailable as exc:
+            raise ToolError(str(exc)) from None
         return QueryResult(
             memories=[search_hit_payload(h, explain=False) for h in hits],
             up_to_date=note is None,

@@ -14,7 +14,13 @@ from memstream.interfaces.api_models import SearchOut
 from memstream.interfaces.api_requests import check_ids, positions, service_of, wait_for_positions
 from memstream.interfaces.errors import ERROR_RESPONSES, ApiError, ErrorResponse
 from memstream.interfaces.guards import read_scope
-from memstream.interfaces.service import lessons_payload, memory_payload, search_filters, search_hit_payload
+from memstream.interfaces.service import (
+    RerankUnavailable,
+    lessons_payload,
+    memory_payload,
+    search_filters,
+    search_hit_payload,
+)
 
 __all__ = ["router"]
 
@@ -38,6 +44,7 @@ async def get_search(
     entity: Annotated[str | None, Query(max_length=200, description="Only memories naming this entity.")] = None,
     include_superseded: Annotated[bool, Query(description="False drops superseded memories and duplicates.")] = True,
     explain: Annotated[bool, Query(description="Include the score parts of every result.")] = False,
+    rerank: Annotated[bool, Query(description="Let the configured cross-encoder reranker (MEMSTREAM_RERANK_URL) order the top results.")] = False,
     min_position: MinPosition = [],  # noqa: B006
     wait_s: WaitS = None,
 ) -> SearchOut:
@@ -58,7 +65,10 @@ async def get_search(
         raise ApiError(422, "validation_error", str(exc)) from None
     service = service_of(request)
     await wait_for_positions(service, positions(min_position), wait_s)
-    hits = await service.search(scope, q, k, filters, interface="api")
+    try:
+        hits = await service.search(scope, q, k, filters, interface="api", rerank=rerank)
+    except RerankUnavailable as exc:
+        raise ApiError(400, "rerank_unavailable", str(exc)) from None
     return SearchOut(
         results=[search_hit_payload(h, explain=explain) for h in hits],
         scope={"team_id": scope.team_id, "user_id": scope.user_id},

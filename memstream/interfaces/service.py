@@ -35,6 +35,7 @@ from memstream.domain.events import EventBase, Identifier, MemoryType, Name, Sco
 from memstream.domain.log import LogPosition
 from memstream.domain.reflection import ReflectionContext
 from memstream.projections.embedder import Embedder, build_embedder
+from memstream.projections.http_reranker import HttpReranker, build_reranker
 from memstream.projections.reflections import context_for
 from memstream.projections.schema import POSITIONS
 from memstream.projections.search import SearchCache, SearchFilters, SearchResult, search
@@ -96,6 +97,10 @@ class UnknownTopicError(ValueError):
     """A position names a topic outside this deployment's topic catalogue."""
 
 
+class RerankUnavailable(ValueError):
+    """A search asked for reranking and no reranker is configured."""
+
+
 class MemoryService:
     """Producer + read-only store + embedder, started and stopped together.
 
@@ -111,6 +116,7 @@ class MemoryService:
         self._store: CurrentStore[LanceStore] | None = None  # follows a replay's swap
         self.embedder: Embedder | None = None
         self.search_cache = SearchCache()  # what searches read, kept between them
+        self.reranker: HttpReranker | None = build_reranker(settings)
         self._offsets: AIOKafkaConsumer | None = None
         self._offsets_lock = asyncio.Lock()
         self._positions: tuple[LanceStore, int, dict[tuple[str, int], int]] | None = None
@@ -148,6 +154,8 @@ class MemoryService:
             if offsets is not None:
                 await offsets.stop()
             self._positions_reader.shutdown(wait=False)
+            if self.reranker is not None:
+                self.reranker.close()
             close = getattr(self._store.opened if self._store is not None else None, "close", None)
             if callable(close):
                 await asyncio.to_thread(close)
@@ -287,11 +295,29 @@ class MemoryService:
     # --- reads -------------------------------------------------------------------------
 
     async def search(
-        self, scope: Scope | ReadScope, query: str, k: int, filters: SearchFilters | None, *, interface: str
+        self,
+        scope: Scope | ReadScope,
+        query: str,
+        k: int,
+        filters: SearchFilters | None,
+        *,
+        interface: str,
+        rerank: bool = False,
     ) -> list[SearchResult]:
+        """memstream's hybrid search; ``rerank``: the configured reranker orders the top
+        results (:class:`RerankUnavailable` when none is configured)."""
+        reranker = None
+        if rerank:
+            if self.reranker is None:
+                raise RerankUnavailable("rerank=true needs a reranker: set MEMSTREAM_RERANK_URL to a /rerank endpoint")
+            reranker = self.reranker
+
         def run() -> list[SearchResult]:
             with metrics.time_search(interface):
-                return search(self.store_for(scope), self._embedder(), scope, query, k, filters, cache=self.search_cache)
+                return search(
+                    self.store_for(scope), self._embedder(), scope, query, k, filters,
+                    cache=self.search_cache, reranker=reranker,
+                )
 
         return await asyncio.to_thread(run)
 

@@ -12,6 +12,7 @@ import typer
 from tests.projections.projection_helpers import DIM, link, memory, positioned
 from typer.testing import CliRunner
 
+from memstream.bench.openai_fake import OpenAICompatServer, Reply
 from memstream.cli import analytics
 from memstream.cli._errors import CLIError
 from memstream.domain.events import Scope
@@ -79,6 +80,23 @@ def test_search_json_filters_and_entity_listing(cli: typer.Typer, lance_dir: Pat
     assert {json.loads(line)["memory_id"] for line in listing.splitlines()} == {"new", "old"}
     window = _run(cli, "search", "pizza", "--team", "acme", "--user", "alice", "--since", "2030-01-01", "--json")
     assert window.strip() == ""
+
+
+def test_search_rerank_goes_through_the_configured_reranker(
+    cli: typer.Typer, lance_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(CLIError, match="--rerank needs a reranker"):
+        CliRunner().invoke(cli, ["search", "pizza", "--team", "acme", "--user", "alice", "--rerank"], catch_exceptions=False)
+    with OpenAICompatServer() as fake:
+        monkeypatch.setenv("MEMSTREAM_RERANK_URL", fake.base_url)
+        get_settings.cache_clear()
+        for word in ("cheese", "pepperoni"):  # the reranker alone decides which comes first
+            fake.rerank.responder = lambda body, word=word: Reply(scores=[1.0 if word in d else 0.0 for d in body["documents"]])
+            rows = [json.loads(line) for line in _run(
+                cli, "search", "pizza", "--team", "acme", "--user", "alice", "--rerank", "--json", "--explain"
+            ).splitlines()]
+            assert word in rows[0]["content"] and rows[0]["parts"]["rerank"] == 1.0
+        assert [body["query"] for body in fake.rerank.requests] == ["pizza", "pizza"]
 
 
 def test_search_refuses_without_team(cli: typer.Typer, lance_dir: Path) -> None:

@@ -20,6 +20,7 @@ from tests.interfaces.iface_stack import BANKS, Stack, start_process, stop_proce
 from tests.support import free_port
 
 from memstream.banks import create_key
+from memstream.bench.openai_fake import OpenAICompatServer
 from memstream.settings import Settings, child_env
 from memstream.streams.admin import ensure_topics
 from memstream.streams.topics import Topics
@@ -30,6 +31,7 @@ def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     root = tmp_path_factory.mktemp("interfaces")
     (root / "banks.toml").write_text(BANKS, encoding="utf-8")
     port = free_port()
+    rerank = OpenAICompatServer().start()  # the reranker searches may ask for (rerank=true)
     settings = Settings(
         bootstrap_servers=kafka_bootstrap,
         topic_prefix=f"t{uuid.uuid4().hex[:10]}.",
@@ -46,6 +48,7 @@ def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         # the default embedder (all-MiniLM-L6-v2 on onnxruntime), as a fresh install runs it
         projector_batch_seconds=0.05,
         reflection_poll_seconds=0.5,
+        rerank_url=rerank.base_url,
     )
     asyncio.run(ensure_topics(kafka_bootstrap, Topics.from_settings(settings)))
     from memstream.projections.store import LanceStore
@@ -55,7 +58,7 @@ def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     env = {**child_env(settings), "PYTHONUNBUFFERED": "1"}
     logs = root / "logs"
     logs.mkdir()
-    s = Stack(settings=settings, env=env, base_url=f"http://127.0.0.1:{port}", keys=keys, logs=logs)
+    s = Stack(settings=settings, env=env, base_url=f"http://127.0.0.1:{port}", keys=keys, logs=logs, rerank=rerank)
     start_process(s, "worker", [sys.executable, "-m", "memstream.services.worker"])
     start_process(s, "api", [sys.executable, "-m", "memstream", "api"])
     try:
@@ -73,6 +76,7 @@ def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
             time.sleep(0.3)
         yield s
     finally:
+        rerank.stop()
         codes = {name: stop_process(p) for name, p in reversed(list(s.processes.items()))}
         # Both stop cleanly on SIGTERM: Faust exits 0; uvicorn finishes its shutdown
         # (lifespan: producer flushed, MCP sessions closed), then re-raises the signal.

@@ -7,6 +7,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from memstream.bench.openai_fake import OpenAICompatServer
 from memstream.settings import Settings
 from memstream.streams.topics import Topics
 
@@ -79,6 +80,8 @@ class Stack:
     keys: dict[str, str]
     logs: Path
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    rerank: OpenAICompatServer | None = None
+    """The scripted server behind ``MEMSTREAM_RERANK_URL`` (its ``rerank`` script)."""
 
     @property
     def topics(self) -> Topics:

@@ -402,3 +402,44 @@ def test_log_snapshot_lag_and_llm_counters() -> None:
     text = metrics.render().decode()
     assert f'memstream_llm_calls_total{{purpose="{purpose}"}} 2.0' in text
     assert f'memstream_llm_failures_total{{purpose="{purpose}",reason="TimeoutError"}} 1.0' in text
+
+
+def _prefer(word: str) -> Callable[[dict[str, Any]], Any]:
+    """A scripted reranker: documents holding ``word`` first, then the rest."""
+    from memstream.bench.openai_fake import Reply
+
+    return lambda body: Reply(scores=[2.0 if word in d else 0.0 for d in body["documents"]])
+
+
+async def test_rerank_true_lets_the_configured_reranker_order_the_results(stack: Stack, client: httpx.AsyncClient) -> None:
+    assert stack.rerank is not None
+    marker = uuid.uuid4().hex[:8]
+    positions = []
+    for word in ("first", "second"):
+        resp = await client.post(
+            "/v1/memories", headers=stack.headers("alice"),
+            json={"content": f"the {word} note about rail passes {marker}"},
+        )
+        assert resp.status_code == 202, resp.text
+        positions.append(resp.json()["position"])
+    query = {"q": f"rail passes {marker}", "k": 2, "min_position": positions, "explain": True, "rerank": True}
+    for word in ("first", "second"):
+        stack.rerank.rerank.responder = _prefer(word)
+        resp = await client.get("/v1/search", headers=stack.headers("alice"), params=query)
+        assert resp.status_code == 200, resp.text
+        top = resp.json()["results"][0]
+        assert word in top["content"] and top["parts"]["rerank"] == 2.0
+    asked = stack.rerank.rerank.requests[-1]
+    assert asked["query"] == f"rail passes {marker}" and len(asked["documents"]) >= 2
+    plain = await client.get("/v1/search", headers=stack.headers("alice"), params={**query, "rerank": False})
+    assert plain.status_code == 200 and plain.json()["results"][0]["parts"]["rerank"] is None
+    assert len(stack.rerank.rerank.requests) == 2  # rerank=false asks nobody
+
+
+async def test_rerank_without_a_configured_reranker_is_refused(tmp_path: Path) -> None:
+    from memstream.domain.events import Scope
+    from memstream.interfaces.service import MemoryService, RerankUnavailable
+
+    service = MemoryService(Settings(home=tmp_path, rerank_url=None))
+    with pytest.raises(RerankUnavailable, match="MEMSTREAM_RERANK_URL"):
+        await service.search(Scope(team_id="t", user_id="u"), "anything", 5, None, interface="api", rerank=True)

@@ -187,6 +187,13 @@ async def test_streamable_http_inside_the_api(stack: Stack, http_client: httpx2.
         found = await call(client, "query_memory", {"query": f"cycles to work {marker}"})
         assert found["memories"][0]["memory_id"] == added["memory_id"]
         assert found["memories"][0]["user_id"] == "dave"  # the key's bank, not the argument
+        assert stack.rerank is not None
+        await call(client, "add_memory", {"content": f"Dave walks to the station {marker}"})
+        asked = stack.rerank.rerank.count
+        reranked = await call(client, "query_memory", {"query": f"cycles to work {marker}", "rerank": True})
+        assert reranked["memories"][0]["memory_id"] == added["memory_id"]
+        assert stack.rerank.rerank.count == asked + 1  # the search went through the reranker
+        assert stack.rerank.rerank.requests[-1]["query"] == f"cycles to work {marker}"
 
     # The endpoint needs a key, and answers in the API's one error shape.
     denied = httpx.post(f"{stack.base_url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
