@@ -107,6 +107,12 @@ class StoreReads(StoreTables):
                 by_id[r["memory_id"]] = _memory_dict(r)
         return [by_id[m] for m in ids if m in by_id]
 
+    def memory_owner(self, scope: Scope | ReadScope, memory_id: str) -> str | None:
+        """The agent whose memory ``memory_id`` is in the scope's space, if stored: one
+        column of one row (every client write with its own id asks this)."""
+        found = self.rows(MEMORIES, self.ids_where(scope, "memory_id", [memory_id]), ["agent_id"], limit=1)
+        return str(found.column("agent_id")[0].as_py()) if found.num_rows else None
+
     def get_messages(self, scope: Scope | ReadScope, message_ids: Sequence[str]) -> list[dict[str, Any]]:
         """The L0 turns with these ids in the scope's space, in the order asked."""
         ids = list(dict.fromkeys(message_ids))

@@ -119,6 +119,7 @@ class MemoryService:
         self.reranker: HttpReranker | None = build_reranker(settings)
         self._offsets: AIOKafkaConsumer | None = None
         self._offsets_lock = asyncio.Lock()
+        self._partitions: dict[str, tuple[int, ...]] = {}  # per topic, from the last metadata read
         self._positions: tuple[LanceStore, int, dict[tuple[str, int], int]] | None = None
         self._positions_read: asyncio.Future[dict[tuple[str, int], int]] | None = None
         self._positions_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-positions")
@@ -284,6 +285,8 @@ class MemoryService:
         bounded wait decides."""
         try:
             ends = await self.end_offsets({p.topic for p in positions})
+            if any((p.topic, p.partition) not in ends for p in positions):  # a partition added since?
+                ends = await self.end_offsets({p.topic for p in positions}, refresh=True)
         except (KafkaError, OSError) as exc:
             log.warning("cannot read end offsets to check min_position: %s", exc)
             return
@@ -329,8 +332,7 @@ class MemoryService:
 
     async def memory_owner(self, scope: Scope, memory_id: str) -> str | None:
         """The agent that owns ``memory_id`` in the scope's space, if it is stored."""
-        rows = await asyncio.to_thread(self.store_for(scope).get_memories, read_scope_of(scope), [memory_id])
-        return str(rows[0]["agent_id"]) if rows else None
+        return await asyncio.to_thread(self.store_for(scope).memory_owner, read_scope_of(scope), memory_id)
 
     async def lessons(self, scope: Scope | ReadScope, subject: str, budget_tokens: int) -> ReflectionContext:
         """Past lessons on ``subject`` the read scope sees (a pinned scope: its agent's)."""
@@ -353,18 +355,18 @@ class MemoryService:
                 self._offsets = consumer
             return self._offsets
 
-    async def end_offsets(self, topics: Iterable[str]) -> dict[tuple[str, int], int]:
-        """Kafka's log end offset of every partition of ``topics`` (unknown topics skipped)."""
+    async def end_offsets(self, topics: Iterable[str], *, refresh: bool = False) -> dict[tuple[str, int], int]:
+        """Kafka's log end offset of every partition of ``topics`` (unknown topics
+        skipped). Partition lists are kept from the last metadata read: a full
+        cluster's metadata is a large answer to decode on every waiting read."""
         consumer = await self._offsets_client()
-        # A fresh metadata snapshot: consumer.partitions_for_topic() only knows topics
-        # the consumer already tracks, and this one subscribes to nothing.
-        cluster = await consumer._client.fetch_all_metadata()
-        names = set(topics) & cluster.topics()
-        parts = [
-            TopicPartition(t, p)
-            for t in sorted(names)
-            for p in sorted(cluster.partitions_for_topic(t) or ())
-        ]
+        names = set(topics)
+        if refresh or not names <= self._partitions.keys():
+            # consumer.partitions_for_topic() only knows topics the consumer tracks,
+            # and this one subscribes to nothing: ask for the cluster's metadata.
+            cluster = await consumer._client.fetch_all_metadata()
+            self._partitions = {t: tuple(sorted(cluster.partitions_for_topic(t) or ())) for t in cluster.topics()}
+        parts = [TopicPartition(t, p) for t in sorted(names) for p in self._partitions.get(t, ())]
         if not parts:
             return {}
         ends = await consumer.end_offsets(parts)

@@ -123,3 +123,15 @@ def test_scope_is_required_for_lookups(store: LanceStore) -> None:
     assert quote("o'brien") == "'o''brien'"
     with pytest.raises(ValueError):
         quote("nul\x00byte")
+
+
+def test_memory_owner_names_the_agent_within_the_space_only(store: LanceStore) -> None:
+    planner = Scope(team_id="acme", user_id="alice", agent_id="planner")
+    projector = Projector(store, LocalEmbedder(DIM))
+    projector.apply(positioned([memory(planner, "m1", "planner's fact"), memory(BOB, "m2", "bob's fact")]))
+    whole_space = ReadScope(team_id="acme", user_id="alice")
+    assert store.memory_owner(whole_space, "m1") == "planner"
+    assert store.memory_owner(ReadScope("acme", "alice", "spy"), "m1") is None  # a read pinned to another agent
+    assert store.memory_owner(whole_space, "m2") is None  # bob's space, not alice's
+    assert store.memory_owner(EVE, "m1") is None
+    assert store.memory_owner(whole_space, "never-stored") is None
