@@ -17,7 +17,8 @@ could split a shard's two topics between two workers.
 On revoke: wait for the write in flight (the apply lock), stop the feed, commit the
 hints; shards stay open and leased until the new assignment is known (an eager
 rebalance revokes everything each time; most shards come back). On assign: close and
-release the shards no longer owned, take the lease of each new one (a per-shard file
+release the shards no longer owned, then, outside the listener (so a member never
+blocks the group's next rebalance), take the lease of each new one (a per-shard file
 lock; waiting while its previous owner finishes), open it, and start a feed for the
 owned partitions from their stored positions.
 """
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -175,7 +175,7 @@ class GroupProjectorService(ProjectorService):
         self.runtime: GroupRuntime = runtime
         self._members: AIOKafkaConsumer | None = None
         self._membership: asyncio.Task[None] | None = None
-        self._leases = ShardLeases(runtime.set_dir, f"memstream worker {runtime.settings.app_id} (pid {os.getpid()})")
+        self._leases = ShardLeases(runtime.set_dir, f"memstream worker {runtime.settings.app_id}")  # the lock adds the pid
         self.rebalances = 0
 
     async def on_start(self) -> None:
@@ -207,9 +207,6 @@ class GroupProjectorService(ProjectorService):
         gone = self._leases.held() - owned
         await self.runtime.own(self._leases.held() & owned)
         self._leases.release(gone)
-        for p in sorted(owned - self._leases.held()):
-            await self._leases.take(p)
-        await self.runtime.own(owned)
         for p in gone:
             SHARD_OWNED.labels(str(p)).set(0)
         for p in owned:
@@ -229,6 +226,14 @@ class GroupProjectorService(ProjectorService):
 
     async def _run_owned(self, owned: frozenset[int]) -> None:
         try:
+            # Leases are awaited here, not in the rebalance listener: a member waiting
+            # there could not rejoin, and two members holding each other's shards
+            # from different generations would wait on each other. The next revoke
+            # cancels this wait; the lock lets a started `own` finish first.
+            for p in sorted(owned - self._leases.held()):
+                await self._leases.take(p)
+            async with self._apply_lock:
+                await self.runtime.own(owned)
             start = await self.runtime.positions()
             await self._feed(start, owned).run()
         except asyncio.CancelledError:

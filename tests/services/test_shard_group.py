@@ -190,20 +190,8 @@ async def test_three_workers_lose_a_member_under_load_and_the_shards_stay_exact(
     assert crossed == [], crossed[:5]
     assert searches > 0
 
-    live = open_store(settings, TableSets(settings.lance_dir).current(), create=False)
-    assert isinstance(live, ShardedStore)
-    for p, shard in live.shards.items():
-        rows = shard.rows("memories", None, ["pk", "user_id", "team_id", "memory_id"]).to_pylist()
-        pks = [r["pk"] for r in rows]
-        assert len(pks) == len(set(pks)), f"duplicated rows in shard {p}"
-        for r in rows:
-            assert space_partition(Scope(team_id=r["team_id"], user_id=r["user_id"]), PARTITIONS) == p
-        for scope in SPACES:
-            if space_partition(scope, PARTITIONS) == p:
-                have = {r["memory_id"] for r in rows if r["user_id"] == scope.user_id and r["team_id"] == scope.team_id}
-                assert have == acked[scope], f"shard {p}, space {scope.space}: lost {sorted(acked[scope] - have)[:5]}"
-        kc = {r["memory_id"] for r in rows if r["team_id"] == "kcat"}
-        assert kc == {f"kc{i}" for i in range(8) if space_partition(crc32_misrouted(i).scope, PARTITIONS) == p}
+    kcat_ids = {f"kc{i}": crc32_misrouted(i).scope for i in range(8)}
+    live = assert_shards_exact(settings, acked, kcat_ids)
 
     # `memstream shards` names a live owner for every shard, no lag, every row.
     shown = subprocess.run(
@@ -217,17 +205,7 @@ async def test_three_workers_lose_a_member_under_load_and_the_shards_stay_exact(
     assert all(sum(s["lag"].values()) == 0 for s in statuses), statuses
     assert sum(s["rows"]["memories"] for s in statuses) == sum(len(v) for v in acked.values()) + 8
 
-    # A replay refuses to run under a group of workers; stopped, it swaps in a set
-    # whose every shard equals the live one.
-    with pytest.raises(ReplayError, match="consumer group"):
-        await replay(settings)
-    for w in (workers[0], workers[2]):
-        assert w.stop(signal.SIGTERM) == 0, w.log_text()[-3000:]
-    live_digests = {p: s.table_digest() for p, s in live.shards.items()}
-    report = await replay(settings)
-    assert report.swapped and report.live_matches is True, report.differences
-    rebuilt = open_store(settings, report.replay_dir, create=False)
-    assert {p: s.table_digest() for p, s in rebuilt.shards.items()} == live_digests
+    await assert_replay_equals_live(settings, live, [workers[0], workers[2]])
 
 
 async def wait_until_progress(settings: Settings, rows: int, workers: list[GroupWorker]) -> None:
@@ -237,3 +215,43 @@ async def wait_until_progress(settings: Settings, rows: int, workers: list[Group
             w.assert_alive()
         assert time.monotonic() < deadline, "\n".join(w.log_text()[-2000:] for w in workers)
         await asyncio.sleep(0.5)
+
+
+def assert_shards_exact(settings: Settings, acked: dict[Scope, set[str]], extra: dict[str, Scope] | None = None) -> ShardedStore:
+    """Every acknowledged memory (``acked`` per space, plus ``extra`` memory ids with
+    their space) is in exactly one shard, its space's, once; no shard holds anything else."""
+    live = open_store(settings, TableSets(settings.lance_dir).current(), create=False)
+    assert isinstance(live, ShardedStore)
+    wanted: dict[tuple[str, str], set[str]] = {}
+    for scope, ids in acked.items():
+        wanted.setdefault((scope.team_id, scope.user_id), set()).update(ids)
+    for memory_id, scope in (extra or {}).items():
+        wanted.setdefault((scope.team_id, scope.user_id), set()).add(memory_id)
+    for p, shard in live.shards.items():
+        rows = shard.rows("memories", None, ["pk", "user_id", "team_id", "memory_id"]).to_pylist()
+        pks = [r["pk"] for r in rows]
+        assert len(pks) == len(set(pks)), f"duplicated rows in shard {p}"
+        have: dict[tuple[str, str], set[str]] = {}
+        for r in rows:
+            assert space_partition(Scope(team_id=r["team_id"], user_id=r["user_id"]), live.partitions) == p
+            have.setdefault((r["team_id"], r["user_id"]), set()).add(r["memory_id"])
+        for (team, user), ids in wanted.items():
+            if space_partition(Scope(team_id=team, user_id=user), live.partitions) == p:
+                got = have.pop((team, user), set())
+                assert got == ids, f"shard {p}, space {team}/{user}: lost {sorted(ids - got)[:5]}, extra {sorted(got - ids)[:5]}"
+        assert have == {}, f"shard {p} holds unacknowledged spaces {sorted(have)[:5]}"
+    return live
+
+
+async def assert_replay_equals_live(settings: Settings, live: ShardedStore, workers: list[GroupWorker]) -> None:
+    """A replay refuses to run under a group of workers; once they stop (SIGTERM, exit
+    0), it swaps in a set whose every shard equals the live one."""
+    with pytest.raises(ReplayError, match="consumer group"):
+        await replay(settings)
+    for w in workers:
+        assert w.stop(signal.SIGTERM) == 0, w.log_text()[-3000:]
+    live_digests = {p: s.table_digest() for p, s in live.shards.items()}
+    report = await replay(settings)
+    assert report.swapped and report.live_matches is True, report.differences
+    rebuilt = open_store(settings, report.replay_dir, create=False)
+    assert {p: s.table_digest() for p, s in rebuilt.shards.items()} == live_digests
