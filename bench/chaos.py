@@ -580,6 +580,14 @@ def _verify_log(records: list[Any], topics: Topics, ledger: Ledger, valid: list[
     }
 
 
+def memory_rows(store: Any, columns: list[str]) -> list[dict[str, Any]]:
+    """The memories table's ``columns``, over every shard of a sharded store."""
+    from memstream.projections.schema import MEMORIES
+
+    rows = store.table_source(MEMORIES) if hasattr(store, "shards") else store.table(MEMORIES).to_arrow()
+    return rows.select(columns).to_pylist()
+
+
 def _verify_turns(
     settings: Settings, store: Any, valid: list[EventBase], positions: dict[str, LogPosition]
 ) -> dict[str, int]:
@@ -593,7 +601,7 @@ def _verify_turns(
 
     committed = _asyncio.run(group_offsets(settings.bootstrap_servers, consumer_group(settings)))
     cited: set[tuple[str, str]] = set()
-    table_ = store.table(MEMORIES).to_arrow().select(["team_id", "user_id", "source_message_ids"]).to_pylist()
+    table_ = memory_rows(store, ["team_id", "user_id", "source_message_ids"])
     for row in table_:
         for sid in row["source_message_ids"] or ():
             cited.add((f"{row['team_id']}/{row['user_id']}", sid))
@@ -620,6 +628,7 @@ def _searches(
     latencies)."""
     from memstream.domain.access import ReadScope
     from memstream.projections.search import SearchCache, search
+    from memstream.services.shard_routing import store_for
 
     cache = SearchCache()
     jobs = []
@@ -638,7 +647,7 @@ def _searches(
     def one(job: tuple[ReadScope, str, int]) -> tuple[int, int, int, float]:
         reader, query, k = job
         t0 = time.perf_counter()
-        results = search(store, embedder, reader, query, k, cache=cache)
+        results = search(store_for(store, reader), embedder, reader, query, k, cache=cache)
         ms = (time.perf_counter() - t0) * 1000
         tenant_leaks = sum(1 for r in results if (r.team_id, r.user_id) != (reader.team_id, reader.user_id))
         agent_leaks = sum(1 for r in results if reader.agent_id is not None and r.agent_id != reader.agent_id)
@@ -657,7 +666,7 @@ def _searches(
     return leaks, agent_leaks, returned, latencies
 
 
-def chaos_settings(workdir: Path, llm_base_url: str, *, timeout_s: float) -> Settings:
+def chaos_settings(workdir: Path, llm_base_url: str, *, timeout_s: float, sharded: bool = False) -> Settings:
     """A private world: broker ports, topics, app id, directories, the flaky LLM."""
     port, controller = _free_port(), _free_port()
     while controller == port:
@@ -683,15 +692,22 @@ def chaos_settings(workdir: Path, llm_base_url: str, *, timeout_s: float) -> Set
         llm_max_retries=1,
         extract_idle_seconds=1.0,
         optimize_every_s=5.0,
+        sharded=sharded,
     )
     return Settings(**base)
 
 
-def run_plan(plan: ChaosPlan, *, workdir: Path | None = None, keep: bool = False) -> dict[str, Any]:
-    """Run ``plan`` (see the module docstring) and return the summary."""
+def run_plan(
+    plan: ChaosPlan, *, workdir: Path | None = None, keep: bool = False, sharded: bool = False
+) -> dict[str, Any]:
+    """Run ``plan`` (see the module docstring) and return the summary; ``sharded``: the
+    worker writes one shard per partition (its group projector), and the summary gives
+    each shard's disk use against a replayed set's."""
+    from memstream.bench.disk_use import disk_ratios, set_bytes
     from memstream.projections.embedder import build_embedder
-    from memstream.services.replay import replay
-    from memstream.projections.store import LanceStore
+    from memstream.projections.table_sets import TableSets
+    from memstream.services.replay import PHASE_VERIFY, replay
+    from memstream.services.shard_routing import open_store, store_for
     from memstream.streams.admin import ensure_topics
     from memstream.streams.broker import local
 
@@ -706,7 +722,7 @@ def run_plan(plan: ChaosPlan, *, workdir: Path | None = None, keep: bool = False
     timeout_s = 2.0
     llm = FlakyLLM(plan.llm_failure_rate, plan.seed, timeout_s)
     server = OpenAICompatServer(chat=llm, timeout_hint_s=timeout_s).start()
-    settings = chaos_settings(root, server.base_url, timeout_s=timeout_s)
+    settings = chaos_settings(root, server.base_url, timeout_s=timeout_s, sharded=sharded)
     topics = Topics.from_settings(settings)
     run_id = uuid.uuid4().hex[:6]
     valid = make_valid_events(plan, rng, run_id)
@@ -758,9 +774,11 @@ def run_plan(plan: ChaosPlan, *, workdir: Path | None = None, keep: bool = False
 
         def positions() -> dict[tuple[str, int], int]:
             if not store_box:
-                if not (settings.lance_dir / "positions.lance").exists():
+                try:
+                    live_set = TableSets(settings.lance_dir).current()
+                    store_box.append(open_store(settings, live_set, create=False, read_consistency_interval=timedelta(0)))
+                except Exception:  # noqa: BLE001 - the worker has not created the tables yet
                     return {}
-                store_box.append(LanceStore.from_settings(settings, read_consistency_interval=timedelta(0)))
             return dict(store_box[0].positions())
 
         settle_start = time.monotonic()
@@ -786,7 +804,9 @@ def run_plan(plan: ChaosPlan, *, workdir: Path | None = None, keep: bool = False
 
         records = asyncio.run(_read_topics(settings.bootstrap_servers, [topics.messages, topics.events, topics.dead_letter]))
         figures.update(_verify_log(records, topics, ledger, valid))
-        store = LanceStore.from_settings(settings)
+        live_dir = TableSets(settings.lance_dir).current()
+        store = open_store(settings, live_dir, create=False)
+        live_bytes = set_bytes(live_dir)  # as the worker's maintenance left it
         figures.update(_verify_turns(settings, store, valid, ledger.acked))
 
         acked_memories = [e for e in valid if isinstance(e, MemoryAdded) and str(e.event_id) in ledger.acked]
@@ -794,7 +814,7 @@ def run_plan(plan: ChaosPlan, *, workdir: Path | None = None, keep: bool = False
 
         live_ids = {
             (r["team_id"], r["memory_id"])
-            for r in store.table(MEMORIES).to_arrow().select(["team_id", "memory_id"]).to_pylist()
+            for r in memory_rows(store, ["team_id", "memory_id"])
         }
         figures["valid_not_projected"] = sum(1 for e in acked_memories if (e.scope.team_id, e.memory_id) not in live_ids)
 
@@ -804,10 +824,21 @@ def run_plan(plan: ChaosPlan, *, workdir: Path | None = None, keep: bool = False
             f"dead-lettered; turns lost {figures['turns_lost']}; memories not projected {figures['valid_not_projected']}"
         )
         replay_start = time.monotonic()
-        report = asyncio.run(replay(settings, dry_run=True))
+        replayed_bytes: dict[str, int] = {}
+
+        sets_dir = TableSets(settings.lance_dir).path_of("built").parent
+
+        def measure(phase: str) -> None:  # the built set, compacted, before it is removed
+            if phase == PHASE_VERIFY:
+                built = max((d for d in sets_dir.iterdir() if d.is_dir() and d != live_dir), key=lambda d: d.stat().st_mtime)
+                replayed_bytes.update(set_bytes(built))
+
+        report = asyncio.run(replay(settings, dry_run=True, on_phase=measure))
         figures["projection_matches_replay"] = not report.differences and bool(report.live_matches)
         figures["replay_differences"] = [f"{d.table}: {d}" for d in report.differences]
         figures["replay_s"] = round(time.monotonic() - replay_start, 1)
+        figures["disk_bytes_live"], figures["disk_bytes_replayed"] = live_bytes, replayed_bytes
+        figures["disk_live_over_replayed"] = disk_ratios(live_bytes, replayed_bytes)
         console.print(f"replay of the log: matches the live projection: {figures['projection_matches_replay']}")
 
         # the worker compacts on a timer while it runs; it was just stopped, so do its
@@ -885,6 +916,6 @@ def _print(figures: dict[str, Any], faults: Faults) -> None:
         err_console.print(line)
 
 
-def run(quick: bool = False) -> dict[str, Any]:
-    """``memstream bench chaos [--quick]``."""
-    return run_plan(ChaosPlan.quick() if quick else ChaosPlan.full())
+def run(quick: bool = False, sharded: bool = False) -> dict[str, Any]:
+    """``memstream bench chaos [--quick] [--sharded]``."""
+    return run_plan(ChaosPlan.quick() if quick else ChaosPlan.full(), sharded=sharded)

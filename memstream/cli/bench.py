@@ -187,9 +187,12 @@ def bench_gate() -> None:
 
 
 @bench_app.command("chaos")
-def bench_chaos(quick: bool = typer.Option(False, "--quick")) -> None:
+def bench_chaos(
+    quick: bool = typer.Option(False, "--quick"),
+    sharded: bool = typer.Option(False, "--sharded", help="One shard per partition; report each shard's disk use."),
+) -> None:
     """Fault injection: worker kills, broker restarts, bad inputs, a flaky LLM."""
-    _run("chaos", quick=quick)
+    _run("chaos", quick=quick, sharded=sharded)
 
 
 def register(app: typer.Typer) -> None:

@@ -108,6 +108,7 @@ class GroupRuntime(ProjectorRuntime):
         self.owned: frozenset[int] = frozenset()
         self._embedder: Any = None
         self._moving = False
+        self._cleaned_at = float("-inf")  # see own()
 
     async def open(self) -> None:
         def nothing_owned() -> tuple[Any, Any]:
@@ -131,6 +132,11 @@ class GroupRuntime(ProjectorRuntime):
                 return store, open_projector(store, self.settings, embedder=self._embedder, reuse=self._projector)
 
             await self.reopen(make)
+            if partitions - self.owned:
+                # A shard just taken (a worker restarted, a shard moved) drops its old
+                # versions at the next maintenance, not cleanup_every_s of uptime later:
+                # workers killed more often than that never dropped any (bench chaos).
+                self._cleaned_at = float("-inf")
             self.owned = partitions
         finally:
             self._moving = False
@@ -167,6 +173,14 @@ def member_consumer(settings: Settings, client_id: str) -> AIOKafkaConsumer:
     )
 
 
+async def _topics_known(consumer: AIOKafkaConsumer, topics: Any, wait_s: float = 60.0) -> None:
+    """Wait (bounded) until the broker's metadata lists ``topics``: a member that joins
+    before it does is assigned nothing until its metadata next refreshes (minutes)."""
+    deadline = time.monotonic() + wait_s
+    while not set(topics) <= await consumer.topics() and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+
+
 class GroupProjectorService(ProjectorService):
     """The projector of one worker among several (see the module docstring)."""
 
@@ -186,6 +200,7 @@ class GroupProjectorService(ProjectorService):
         self._members = await until_started(
             lambda: member_consumer(s, f"{s.app_id}-projector-member"), "projector group member"
         )
+        await _topics_known(self._members, rt.source_topics)
         self._members.subscribe(list(rt.source_topics), listener=_Listener(self))
         self._membership = asyncio.ensure_future(self._keep_membership())
 

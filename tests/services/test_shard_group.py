@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import zlib
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,7 @@ from memstream.projections.search import SearchFilters
 from memstream.projections.shards import ShardedStore
 from memstream.projections.table_sets import TableSets
 from memstream.services.replay import ReplayError, replay
+from memstream.services.shard_owner import GroupRuntime
 from memstream.services.shard_routing import open_store, space_partition
 from memstream.settings import Settings, child_env
 from memstream.streams.admin import ensure_topics
@@ -255,3 +257,25 @@ async def assert_replay_equals_live(settings: Settings, live: ShardedStore, work
     assert report.swapped and report.live_matches is True, report.differences
     rebuilt = open_store(settings, report.replay_dir, create=False)
     assert {p: s.table_digest() for p, s in rebuilt.shards.items()} == live_digests
+
+
+async def test_a_shard_taken_over_drops_its_old_versions_at_the_next_maintenance(
+    kafka_bootstrap: str, topic_prefix: str, settings_for  # type: ignore[no-untyped-def]
+) -> None:
+    topics = Topics(prefix=topic_prefix, partitions=2, replication_factor=1)
+    settings = settings_for(topics, sharded=True, embedder="local", cleanup_every_s=3600.0)
+    rt = GroupRuntime(settings, topics)
+    await rt.open()
+    try:
+        await rt.own(frozenset({0}))
+        shard = rt.store.shard(0)
+        shard.keep_versions = timedelta(0)  # the reader grace period, shortened for the test
+        for offset in range(1, 6):
+            shard.save_positions({(topics.events, 0): offset})
+        before = len(shard.table("positions").list_versions())
+        await rt.maintain(indexes=False)
+        assert rt._index_build is not None  # noqa: SLF001 - the maintenance started
+        await rt._index_build  # noqa: SLF001
+        assert len(shard.table("positions").list_versions()) < before
+    finally:
+        await rt.close()
