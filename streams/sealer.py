@@ -25,7 +25,7 @@ from mode import Service
 from memstream.settings import Settings
 from memstream.streams.connect import until_started
 from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher
-from memstream.streams.inflation_bound import refusal
+from memstream.streams.inflation_bound import bound_inflation, refusal
 from memstream.streams.keys import SubjectKeys
 from memstream.streams.sealed_records import PLAIN_TYPES, NotAnEvent, ingress_header, seal_value
 from memstream.sealing import Subject
@@ -50,6 +50,7 @@ class IngressSealer:
 
     async def run(self, *, until_idle: bool = False) -> None:
         """Seal until cancelled (or, with ``until_idle``, until a poll finds nothing)."""
+        bound_inflation(self._settings.max_inflated_batch_bytes)
         consumer = AIOKafkaConsumer(
             self._topics.ingress,
             bootstrap_servers=self._settings.bootstrap_servers,

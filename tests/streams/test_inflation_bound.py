@@ -31,7 +31,10 @@ from memstream.projections.store import LanceStore
 from memstream.settings import Settings
 from memstream.streams.consumer import EventConsumer
 from memstream.streams.inflation_bound import BoundedMemoryRecords, Refused, bound_inflation, inflate_batch, refusal
+from memstream.codec.wire import encode_event
+from memstream.streams.keys import SubjectKeys
 from memstream.streams.producer import MemstreamProducer
+from memstream.streams.sealer import IngressSealer
 from memstream.streams.topics import Topics
 from tests.services.test_worker import WorkerProcess, read_dead_letters, send_raw, wait_caught_up
 
@@ -168,6 +171,21 @@ async def test_an_event_consumer_dead_letters_a_bomb_and_reads_on(fresh_topics: 
     assert "gzip batch inflating past the bound" in dead[0].reason and dead[0].source_offset == 1
     published = await read_dead_letters(settings, fresh_topics.dead_letter)
     assert [d.reason for d in published] == [dead[0].reason]
+
+
+@pytest.mark.kafka
+async def test_the_sealer_dead_letters_a_bomb_on_the_ingress_and_seals_on(fresh_topics: Topics, settings_for) -> None:  # type: ignore[no-untyped-def]
+    settings = settings_for(fresh_topics, max_inflated_batch_bytes=4 * MiB)
+    await send_bomb(settings, fresh_topics.ingress, 32 * MiB)
+    after = encode_event(MemoryAdded(scope=ALICE, memory_id="after", content="Alice likes jazz"))
+    await send_raw(settings, fresh_topics.ingress, [(after.key, after.value)])
+    async with SubjectKeys(settings) as keys:
+        sealer = IngressSealer(settings, keys, fresh_topics)
+        await sealer.run(until_idle=True)
+    assert (sealer.sealed, sealer.dead_lettered) == (1, 1)
+    dead = await read_dead_letters(settings, fresh_topics.dead_letter)
+    assert len(dead) == 1 and dead[0].stage == "seal" and dead[0].source_topic == fresh_topics.ingress
+    assert "gzip batch inflating past the bound of 4194304 bytes" in dead[0].reason
 
 
 def peak_rss(pid: int) -> int:
