@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import zlib
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
@@ -127,48 +128,15 @@ async def test_three_workers_lose_a_member_under_load_and_the_shards_stay_exact(
         w.workdir = tmp_path / w.instance
         w.workdir.mkdir()
         w.start()
-    acked: dict[Scope, set[str]] = {s: set() for s in SPACES}
-    stop = asyncio.Event()
-    failures: list[str] = []
-    crossed: list[str] = []
-    searches = 0
-
-    async def load() -> None:
-        rng = random.Random(7)
-        async with MemstreamProducer(settings) as producer:
-            i = 0
-            while not stop.is_set():
-                burst = []
-                for _ in range(20):
-                    scope = rng.choice(SPACES)
-                    burst.append(MemoryAdded(scope=scope, memory_id=f"m{i}", content=f"{scope.user_id} noted fact {i}"))
-                    i += 1
-                await producer.send_many(burst)
-                for e in burst:
-                    acked[e.scope].add(e.memory_id)
-                await asyncio.sleep(0.05)
-
-    async def search_loop(service: MemoryService) -> None:
-        nonlocal searches
-        rng = random.Random(3)
-        while not stop.is_set():
-            scope = rng.choice(SPACES)
-            try:
-                hits = await service.search(scope, f"{scope.user_id} noted fact", 10, SearchFilters(), interface="api")
-            except Exception as exc:  # noqa: BLE001 - counted: a search must never fail
-                failures.append(f"{type(exc).__name__}: {exc}")
-            else:
-                crossed.extend(h.memory_id for h in hits if not h.content.startswith(f"{scope.user_id} "))
-                searches += 1
-            await asyncio.sleep(0.05)
+    traffic = Traffic()
 
     service = MemoryService(settings)
     loops: list[asyncio.Future[None]] = []
     try:
-        loops.append(asyncio.ensure_future(load()))
+        loops.append(asyncio.ensure_future(traffic.load(settings, 7)))
         await wait_until_progress(settings, 300, workers)
         await service.start()
-        loops.append(asyncio.ensure_future(search_loop(service)))
+        loops.append(asyncio.ensure_future(traffic.search(service, 3)))
         for i in range(4):  # kcat records on crc32's partition while the group rebalances
             kcat_produce(settings, topics.events, crc32_misrouted(i), tmp_path)
         victim = workers[1]
@@ -177,23 +145,23 @@ async def test_three_workers_lose_a_member_under_load_and_the_shards_stay_exact(
         for i in range(4, 8):
             kcat_produce(settings, topics.events, crc32_misrouted(i), tmp_path)
         await asyncio.sleep(3)
-        stop.set()
+        traffic.stop.set()
         await asyncio.gather(*loops)
         await wait_caught_up(settings, topics, [workers[0], workers[2]])
         for w in (workers[0], workers[2]):
             w.assert_alive()
             assert "projector owns shards" in w.log_text()
     finally:
-        stop.set()
+        traffic.stop.set()
         await asyncio.gather(*loops, return_exceptions=True)
         await service.stop()
 
-    assert failures == [], failures[:5]
-    assert crossed == [], crossed[:5]
-    assert searches > 0
+    assert traffic.failures == [], traffic.failures[:5]
+    assert traffic.crossed == [], traffic.crossed[:5]
+    assert traffic.searches > 0
 
     kcat_ids = {f"kc{i}": crc32_misrouted(i).scope for i in range(8)}
-    live = assert_shards_exact(settings, acked, kcat_ids)
+    live = assert_shards_exact(settings, traffic.acked, kcat_ids)
 
     # `memstream shards` names a live owner for every shard, no lag, every row.
     shown = subprocess.run(
@@ -205,7 +173,7 @@ async def test_three_workers_lose_a_member_under_load_and_the_shards_stay_exact(
     assert sorted(s["partition"] for s in statuses) == list(range(PARTITIONS))
     assert all(s["owner"] and "memstream worker" in s["owner"] for s in statuses), statuses
     assert all(sum(s["lag"].values()) == 0 for s in statuses), statuses
-    assert sum(s["rows"]["memories"] for s in statuses) == sum(len(v) for v in acked.values()) + 8
+    assert sum(s["rows"]["memories"] for s in statuses) == sum(len(v) for v in traffic.acked.values()) + 8
 
     await assert_replay_equals_live(settings, live, [workers[0], workers[2]])
 
@@ -279,3 +247,43 @@ async def test_a_shard_taken_over_drops_its_old_versions_at_the_next_maintenance
         assert len(shard.table("positions").list_versions()) < before
     finally:
         await rt.close()
+
+
+@dataclass
+class Traffic:
+    """A steady SDK produce over ``SPACES`` and a closed loop of searches, both until
+    ``stop``: what was acknowledged per space, and what the searches saw."""
+
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    acked: dict[Scope, set[str]] = field(default_factory=lambda: {s: set() for s in SPACES})
+    failures: list[str] = field(default_factory=list)
+    crossed: list[str] = field(default_factory=list)
+    searches: int = 0
+
+    async def load(self, settings: Settings, seed: int) -> None:
+        rng = random.Random(seed)
+        async with MemstreamProducer(settings) as producer:
+            i = 0
+            while not self.stop.is_set():
+                burst = []
+                for _ in range(20):
+                    scope = rng.choice(SPACES)
+                    burst.append(MemoryAdded(scope=scope, memory_id=f"m{i}", content=f"{scope.user_id} noted fact {i}"))
+                    i += 1
+                await producer.send_many(burst)
+                for e in burst:
+                    self.acked[e.scope].add(e.memory_id)
+                await asyncio.sleep(0.05)
+
+    async def search(self, service: MemoryService, seed: int) -> None:
+        rng = random.Random(seed)
+        while not self.stop.is_set():
+            scope = rng.choice(SPACES)
+            try:
+                hits = await service.search(scope, f"{scope.user_id} noted fact", 10, SearchFilters(), interface="api")
+            except Exception as exc:  # noqa: BLE001 - counted: a search must never fail
+                self.failures.append(f"{type(exc).__name__}: {exc}")
+            else:
+                self.crossed.extend(h.memory_id for h in hits if not h.content.startswith(f"{scope.user_id} "))
+                self.searches += 1
+            await asyncio.sleep(0.05)

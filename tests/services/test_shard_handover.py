@@ -19,7 +19,6 @@ Real broker, real LanceDB under ``tmp_path``, the workers as their own processes
 from __future__ import annotations
 
 import asyncio
-import random
 import re
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ import pytest
 from mcp import Client
 from tests.services.test_shard_group import (
     GroupWorker,
+    Traffic,
     assert_replay_equals_live,
     assert_shards_exact,
     wait_caught_up,
@@ -38,8 +38,7 @@ from tests.services.test_shard_group import (
 from memstream.banks import Bank
 from memstream.interfaces.mcp_server import build_mcp_server
 from memstream.interfaces.service import MemoryService
-from memstream.projections.search import SearchFilters
-from memstream.sdk import MemoryAdded, MemstreamProducer, Scope
+from memstream.sdk import Scope
 from memstream.services.shard_routing import space_partition
 from memstream.services.shard_status import shard_statuses
 from memstream.settings import Settings
@@ -49,7 +48,6 @@ from memstream.streams.topics import Topics
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 PARTITIONS = 6
-SPACES = [Scope(team_id="fleet", user_id=f"agent{i}") for i in range(18)]
 READ_WAIT_S = 1.5
 SESSION_S = 8.0
 
@@ -132,49 +130,16 @@ async def test_rolling_restart_and_hand_overs_lose_nothing_and_reads_say_they_la
         w.workdir = tmp_path / w.instance
         w.workdir.mkdir()
         w.start()
-    acked: dict[Scope, set[str]] = {s: set() for s in SPACES}
-    stop = asyncio.Event()
-    failures: list[str] = []
-    crossed: list[str] = []
-    searches = 0
-
-    async def load() -> None:
-        rng = random.Random(17)
-        async with MemstreamProducer(settings) as producer:
-            i = 0
-            while not stop.is_set():
-                burst = []
-                for _ in range(20):
-                    scope = rng.choice(SPACES)
-                    burst.append(MemoryAdded(scope=scope, memory_id=f"m{i}", content=f"{scope.user_id} noted fact {i}"))
-                    i += 1
-                await producer.send_many(burst)
-                for e in burst:
-                    acked[e.scope].add(e.memory_id)
-                await asyncio.sleep(0.05)
-
-    async def search_loop(service: MemoryService) -> None:
-        nonlocal searches
-        rng = random.Random(5)
-        while not stop.is_set():
-            scope = rng.choice(SPACES)
-            try:
-                hits = await service.search(scope, f"{scope.user_id} noted fact", 10, SearchFilters(), interface="api")
-            except Exception as exc:  # noqa: BLE001 - counted: a search must never fail
-                failures.append(f"{type(exc).__name__}: {exc}")
-            else:
-                crossed.extend(h.memory_id for h in hits if not h.content.startswith(f"{scope.user_id} "))
-                searches += 1
-            await asyncio.sleep(0.05)
+    traffic = Traffic()
 
     service = MemoryService(settings)
     probe = Probe(service, settings)
     loops: list[asyncio.Future[None]] = []
     try:
-        loops.append(asyncio.ensure_future(load()))
+        loops.append(asyncio.ensure_future(traffic.load(settings, 17)))
         await wait_until_progress(settings, 300, workers)
         await service.start()
-        loops.append(asyncio.ensure_future(search_loop(service)))
+        loops.append(asyncio.ensure_future(traffic.search(service, 5)))
 
         # Rolling restart: each worker in turn leaves (SIGTERM, exit 0) and comes back.
         for k, w in enumerate(workers):
@@ -207,21 +172,21 @@ async def test_rolling_restart_and_hand_overs_lose_nothing_and_reads_say_they_la
             assert mine & probe.acked[probe.banks[moved[0]].scope], after
         victim.start()
         await wait_owning(settings, victim, [workers[0], workers[2]])
-        stop.set()
+        traffic.stop.set()
         await asyncio.gather(*loops)
         await wait_caught_up(settings, topics, workers)
     finally:
-        stop.set()
+        traffic.stop.set()
         await asyncio.gather(*loops, return_exceptions=True)
         await service.stop()
 
-    assert failures == [] and probe.failures == [], (failures[:5], probe.failures[:5])
-    assert crossed == [] and probe.crossed == [], (crossed[:5], probe.crossed[:5])
-    assert searches > 0
+    assert traffic.failures == [] and probe.failures == [], (traffic.failures[:5], probe.failures[:5])
+    assert traffic.crossed == [] and probe.crossed == [], (traffic.crossed[:5], probe.crossed[:5])
+    assert traffic.searches > 0
     assert (moved[0], False) in probe.answers and (moved[0], True) in probe.answers, probe.answers
     for w in workers:
         assert w.log_text().count("projector owns shards") >= 1
 
     extra = {m: scope for scope, ids in probe.acked.items() for m in ids}
-    live = assert_shards_exact(settings, acked, extra)
+    live = assert_shards_exact(settings, traffic.acked, extra)
     await assert_replay_equals_live(settings, live, workers)
