@@ -14,10 +14,16 @@ import warnings
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from memstream.settings import Settings
 from memstream.streams.broker import local
 from memstream.streams.topics import Topics
+
+# Property tests judge behaviour, not speed: on a shared 2-core machine one example can
+# take longer than Hypothesis's default 200 ms deadline without anything being wrong.
+hypothesis_settings.register_profile("memstream", deadline=None)
+hypothesis_settings.load_profile("memstream")
 
 # Sealing is on by default in the product. Most tests read the log's raw bytes to check
 # the wire format, so they run on a plaintext log; the sealing tests (tests/sealing,
