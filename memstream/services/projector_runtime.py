@@ -124,7 +124,9 @@ class ProjectorRuntime:
         self._indexer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-index")
         self._embedding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-embed")
         self._index_build: asyncio.Future[None] | None = None
-        self._cleaned_at = time.monotonic()
+        # -inf: a worker restarted more often than cleanup_every_s still drops old
+        # versions at its first maintenance (else they pile up under kill storms).
+        self._cleaned_at = float("-inf")
         self._commits_since_compaction = 0
         self.stats = ProjectorStats()
         self._window_records = 0

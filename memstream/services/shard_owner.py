@@ -108,7 +108,6 @@ class GroupRuntime(ProjectorRuntime):
         self.owned: frozenset[int] = frozenset()
         self._embedder: Any = None
         self._moving = False
-        self._cleaned_at = float("-inf")  # see own()
 
     async def open(self) -> None:
         def nothing_owned() -> tuple[Any, Any]:

@@ -1,0 +1,31 @@
+"""The single worker's projector runtime (``memstream.services.projector_runtime``):
+its maintenance beside the writer."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from memstream.services.projector_runtime import ProjectorRuntime
+from memstream.streams.topics import Topics
+
+
+async def test_a_started_worker_drops_old_versions_at_its_first_maintenance(
+    kafka_bootstrap: str, topic_prefix: str, settings_for  # type: ignore[no-untyped-def]
+) -> None:
+    # A worker killed more often than cleanup_every_s must still drop old versions
+    # (bench chaos: the live tables grew to many times a replayed set's size).
+    topics = Topics(prefix=topic_prefix, partitions=1, replication_factor=1)
+    rt = ProjectorRuntime(settings_for(topics, embedder="local", cleanup_every_s=3600.0), topics)
+    await rt.open()
+    try:
+        store = rt.store
+        store.keep_versions = timedelta(0)  # the reader grace period, shortened for the test
+        for offset in range(1, 6):
+            store.save_positions({(topics.events, 0): offset})
+        before = len(store.table("positions").list_versions())
+        await rt.maintain(indexes=False)
+        assert rt._index_build is not None  # noqa: SLF001 - the maintenance started
+        await rt._index_build  # noqa: SLF001
+        assert len(store.table("positions").list_versions()) < before
+    finally:
+        await rt.close()
