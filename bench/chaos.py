@@ -60,7 +60,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from memstream.bench._common import (
     WorkerProcess,
@@ -74,7 +74,10 @@ from memstream.bench.openai_fake import OpenAICompatServer
 from memstream.bench.openai_fake import Reply as ChatReply
 from memstream.domain.events import EventBase, MemoryAdded, MessageObserved, Scope
 from memstream.domain.log import LogPosition
+from memstream.sealing import TamperedRecord
 from memstream.settings import Settings
+from memstream.streams.keys import SubjectKeys
+from memstream.streams.sealed_records import RecordOpener
 from memstream.streams.topics import Topics
 
 __all__ = [
@@ -538,6 +541,33 @@ async def _read_topics(bootstrap: str, names: Sequence[str]) -> list[Any]:
         await consumer.stop()
 
 
+class _Opened(NamedTuple):
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Any
+
+
+async def _opened(settings: Settings, topics: Topics, records: list[Any]) -> list[Any]:
+    """``records`` with sealed values opened under the log's keys (the keys topic), as
+    every reader of the log opens them; a record that does not open keeps its bytes
+    (it is then counted as not decoded)."""
+    async with SubjectKeys(settings, topics, client_id="memstream-bench-chaos-keys") as keys:
+        await keys.prepare((r.value, r.headers) for r in records)
+        opener = RecordOpener(keys.keyring)
+        out: list[Any] = []
+        for r in records:
+            try:
+                opened = opener.open(r.value, r.headers)
+            except TamperedRecord:
+                opened = None
+            value, headers = opened if opened is not None else (r.value, r.headers)
+            out.append(_Opened(r.topic, r.partition, r.offset, r.key, value, headers))
+        return out
+
+
 @dataclass
 class Verdict:
     figures: dict[str, Any]
@@ -803,6 +833,8 @@ def run_plan(
         console.print(f"drained in {settle_s:.0f} s (caught up: {caught_up}); worker stopped with exit code {exit_code}")
 
         records = asyncio.run(_read_topics(settings.bootstrap_servers, [topics.messages, topics.events, topics.dead_letter]))
+        if settings.sealing:
+            records = asyncio.run(_opened(settings, topics, records))
         figures.update(_verify_log(records, topics, ledger, valid))
         live_dir = TableSets(settings.lance_dir).current()
         store = open_store(settings, live_dir, create=False)
