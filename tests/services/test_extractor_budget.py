@@ -190,9 +190,11 @@ async def test_a_window_queued_behind_a_stalled_one_falls_back_when_its_own_budg
         await produce_turns(
             env,
             [turn(f"f{i}", f"slow answer number {i}", session="first") for i in range(3)]
-            + [turn(f"h{i}", f"hanging question number {i}", session="stuck") for i in range(3)]
-            + [_in(other, turn("q1", "I keep bees on the roof", session="queued"))],
+            + [turn(f"h{i}", f"hanging question number {i}", session="stuck") for i in range(3)],
         )
+        # read before "queued" (partitions are fetched apart): "stuck" is next in line for the slot
+        await wait_until(lambda: runner.stats.turns_read == 6, what="first and stuck read")
+        await produce_turns(env, [_in(other, turn("q1", "I keep bees on the roof", session="queued"))])
         await wait_until(lambda: len(outcomes) == 3, timeout=60, what="every window finished")
         await wait_until(lambda: sum(runner.committed().values()) == 7, what="the commit past every turn")
     finally:
