@@ -4,6 +4,7 @@ its maintenance beside the writer."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from memstream.services.projector_runtime import ProjectorRuntime
 from memstream.streams.topics import Topics
@@ -18,14 +19,19 @@ async def test_a_started_worker_drops_old_versions_at_its_first_maintenance(
     rt = ProjectorRuntime(settings_for(topics, embedder="local", cleanup_every_s=3600.0), topics)
     await rt.open()
     try:
-        store = rt.store
-        store.keep_versions = timedelta(0)  # the reader grace period, shortened for the test
-        for offset in range(1, 6):
-            store.save_positions({(topics.events, 0): offset})
-        before = len(store.table("positions").list_versions())
-        await rt.maintain(indexes=False)
-        assert rt._index_build is not None  # noqa: SLF001 - the maintenance started
-        await rt._index_build  # noqa: SLF001
-        assert len(store.table("positions").list_versions()) < before
+        await assert_maintenance_drops_old_versions(rt, rt.store, topics.events)
     finally:
         await rt.close()
+
+
+async def assert_maintenance_drops_old_versions(rt: ProjectorRuntime, store: Any, topic: str) -> None:
+    """``rt``'s next maintenance drops the old versions ``store`` (its table set, or the
+    shard it just took) gathers from a few position saves."""
+    store.keep_versions = timedelta(0)  # the reader grace period, shortened for the test
+    for offset in range(1, 6):
+        store.save_positions({(topic, 0): offset})
+    before = len(store.table("positions").list_versions())
+    await rt.maintain(indexes=False)
+    assert rt._index_build is not None  # noqa: SLF001 - the maintenance started
+    await rt._index_build  # noqa: SLF001
+    assert len(store.table("positions").list_versions()) < before

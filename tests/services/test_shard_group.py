@@ -22,10 +22,10 @@ import sys
 import time
 import zlib
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from tests.services.test_projector_runtime import assert_maintenance_drops_old_versions
 from tests.services.test_worker import WorkerProcess, end_offsets
 from tests.streams.test_producers_contract import documented_kcat_flags, kcat
 
@@ -236,15 +236,7 @@ async def test_a_shard_taken_over_drops_its_old_versions_at_the_next_maintenance
     await rt.open()
     try:
         await rt.own(frozenset({0}))
-        shard = rt.store.shard(0)
-        shard.keep_versions = timedelta(0)  # the reader grace period, shortened for the test
-        for offset in range(1, 6):
-            shard.save_positions({(topics.events, 0): offset})
-        before = len(shard.table("positions").list_versions())
-        await rt.maintain(indexes=False)
-        assert rt._index_build is not None  # noqa: SLF001 - the maintenance started
-        await rt._index_build  # noqa: SLF001
-        assert len(shard.table("positions").list_versions()) < before
+        await assert_maintenance_drops_old_versions(rt, rt.store.shard(0), topics.events)
     finally:
         await rt.close()
 
