@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -55,6 +55,15 @@ def forgotten_keys(value: bytes) -> tuple[Subject, list[bytes]] | None:
         return None
 
 
+def tombstoned_subject(key: bytes | None) -> Subject | None:
+    """The subject a key-topic tombstone drops a key of (None for anything else)."""
+    try:
+        team, user, _ = json.loads(key or b"")
+    except (ValueError, TypeError):
+        return None
+    return Subject(team, user) if isinstance(team, str) and isinstance(user, str) else None
+
+
 def master_key_path(settings: Settings) -> Path:
     return settings.master_key_file or (settings.home / "master.key")
 
@@ -88,6 +97,22 @@ class SubjectKeys:
         self._roll: asyncio.Task[None] | None = None
         self._create_lock = asyncio.Lock()
         self.keyring: Keyring | None = None
+        self._on_forget: list[Callable[[Subject], None]] = []
+
+    def on_forget(self, callback: Callable[[Subject], None]) -> None:
+        """Call ``callback(subject)`` whenever this node drops a subject's last key (a
+        tombstone read live, or a ``SubjectForgotten`` met in :meth:`prepare`): holders
+        of the subject's plaintext drop it then."""
+        self._on_forget.append(callback)
+
+    def _dropped(self, subject: Subject) -> None:
+        if self.keyring is not None and self.keyring.key_for(subject) is not None:
+            return  # another key of the subject is still held
+        for callback in self._on_forget:
+            try:
+                callback(subject)
+            except Exception:
+                log.exception("forget callback for %s failed", subject)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> "SubjectKeys":
@@ -164,6 +189,9 @@ class SubjectKeys:
                     log.exception("key record at offset %d not applied", record.offset)
                 if record.value is None:
                     self._schedule_roll()
+                    subject = tombstoned_subject(record.key)
+                    if subject is not None:
+                        self._dropped(subject)
 
     async def sync(self) -> None:
         """Return once every key record written before this call is in the keyring."""
@@ -200,6 +228,7 @@ class SubjectKeys:
             forgotten = forgotten_keys(value)
             if forgotten is not None:
                 ring.forget_kids(*forgotten)
+                self._dropped(forgotten[0])
 
     def _ring(self) -> Keyring:
         if self.keyring is None:
@@ -237,6 +266,7 @@ class SubjectKeys:
             for key in ring.record_keys(subject):
                 await self._send(key, None)
             ring.forget_locally(subject)
+            self._dropped(subject)
         if subjects:
             self._schedule_roll()
         return subjects

@@ -107,6 +107,8 @@ class WindowInput:
     it runs out, and the window falls back (``None``: no budget)."""
     record: tuple[Mapping[str, Any], ...] = ()
     """Entries added to the run's record (e.g. the fallback run a retry redoes)."""
+    source_kids: frozenset[bytes] = frozenset()
+    """The data keys the window's turns were sealed under (empty: plaintext)."""
 
 
 HEURISTIC_NOTE = "no LLM configured: one episodic memory per qualifying turn"
@@ -150,6 +152,8 @@ class WindowRun:
     """The space's memories shown to the extraction call (similar to the new turns)."""
     known_links: dict[str, Any] = field(default_factory=dict)
     """Links to them the model named, by the memory's content."""
+    source_kids: frozenset[bytes] = frozenset()
+    """The data keys of the window's turns (:class:`WindowInput`)."""
 
     def budget_left(self) -> float | None:
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())

@@ -80,6 +80,7 @@ from memstream.metrics import record_extraction_fallback
 from memstream.projections.embedder import embed_array
 from memstream.services.candidate_recall import CandidateRecall, store_recall
 from memstream.services.extraction_calls import ask, counted, judge, llm_stage, with_note
+from memstream.services.extractor_sources import SourceKeys
 from memstream.services.extraction_run import (
     EventSink,
     ExtractionOutcome,
@@ -133,6 +134,9 @@ class Extractor:
         self.embedder = embedder
         self.store = store
         self.producer = producer
+        self.sources: SourceKeys | None = None
+        """With sealing on: the check that a window's keys are still held before its
+        events are sealed (set by the runner, which shares the producer's keyring)."""
         self.prompts = prompts or PromptLibrary(settings.prompts_dir)
         self.clock = clock
         if recall is not None:
@@ -204,6 +208,7 @@ class Extractor:
             )
             run = WindowRun("x-" + new_event_id().hex, window, tuple(record_items(window, (), ())))
             run.attempt, run.final, run.extra_record = w.attempt, w.final, tuple(w.record)
+            run.source_kids = w.source_kids
             if w.budget_s is not None:
                 run.deadline = time.monotonic() + w.budget_s
             if not window.new_turns:
@@ -235,6 +240,16 @@ class Extractor:
             llm_calls=run.llm_calls,
             embed_calls=run.embed_calls,
             correlation_id=run.run_id,
+        )
+
+    def _forgotten(self, run: WindowRun) -> None:
+        """The window's subject was forgotten while it was held: its turns are done
+        with, and nothing made of them is written."""
+        assert self.sources is not None
+        self.sources.dropped_windows += 1
+        log.info("extraction %s: %s was forgotten meanwhile; its window is dropped", run.run_id, run.scope.space)
+        run.outcome = ExtractionOutcome(
+            "nothing", self.method, consumed=run.window.new_message_ids, correlation_id=run.run_id
         )
 
     async def _llm_drafts(self, run: WindowRun) -> None:
@@ -529,8 +544,16 @@ class Extractor:
         """ONE produce of every event of the batch, in run order; if it fails, every run
         that had events fails (its turns are kept; a repeat sends the same ids)."""
         sending = [run for run in runs if run.open and run.events]
+        if sending and self.sources is not None:
+            await self.sources.prepare((run.scope, run.source_kids) for run in sending)
+            for run in sending:
+                if not self.sources.live(run.scope, run.source_kids):
+                    self._forgotten(run)
+            sending = [run for run in sending if run.open]
         if not sending:
             return
+        # Nothing may yield to the event loop between the check above and the sealing
+        # inside send_many (extractor_sources.py): the keyring changes only on the loop.
         try:
             positions = list(await self.producer.send_many([e for run in sending for e in run.events]))
         except Exception as exc:  # noqa: BLE001 - the broker is unavailable: retry later

@@ -29,9 +29,10 @@ from memstream.services.candidate_recall import store_recall
 from memstream.services.extraction_run import EventSink, ExtractionOutcome, WindowInput
 from memstream.services.extractor import Extractor
 from memstream.services.extractor_commits import ExtractorCommits, consumer_group
+from memstream.services.extractor_sources import SourceKeys, kid_of
 from memstream.services.extractor_tables import ExtractorTables
 from memstream.services.turn_buffer import TurnBuffer, WindowJob
-from memstream.sealing import TamperedRecord
+from memstream.sealing import Subject, TamperedRecord
 from memstream.settings import Settings
 from memstream.streams.connect import until_started
 from memstream.streams.consumer import decode_or_dead_letter, sharing_turns
@@ -87,6 +88,8 @@ class ExtractorStats:
     """Windows stored by the heuristic fallback, per reason."""
     fallback_turns: int = 0
     """New turns in those windows."""
+    forgotten_turns: int = 0
+    """Turns held when their subject was forgotten, dropped unextracted."""
     recent: deque[ExtractionOutcome] = field(default_factory=lambda: deque(maxlen=256))
 
 
@@ -199,6 +202,9 @@ class ExtractorRunner:
             )
             self._producer = self._own_producer = producer
         self.extractor = Extractor(settings, llm, self._embedder, None, self._producer)
+        if self._keys is not None:
+            self.extractor.sources = SourceKeys(self._keys)
+            self._keys.on_forget(self._subject_forgotten)
         if llm is None:
             # The heuristic makes each memory from its own turn alone: holding turns
             # until a session has enough of them, or falls idle, would only delay them
@@ -239,6 +245,13 @@ class ExtractorRunner:
             self.topics.messages,
             consumer_group(settings),
         )
+
+    def _subject_forgotten(self, subject: Subject) -> None:
+        """The subject's last key is gone: the turns held for it are dropped, never
+        extracted (their records no longer open, so a restart does not read them)."""
+        dropped = self.buffer.drop_subject(subject.team_id, subject.user_id)
+        self.stats.forgotten_turns += dropped
+        log.info("extractor: %s forgotten; %d held turn(s) dropped", subject, dropped)
 
     def _attach_store(self, store: Any) -> None:
         assert self.extractor is not None
@@ -314,6 +327,7 @@ class ExtractorRunner:
         headers: Sequence[tuple[str, bytes]] | None,
     ) -> None:
         position = LogPosition(topic=topic, partition=partition, offset=offset)
+        kid = kid_of(value)
         if self._consumer is not None and is_misrouted(key, partition, len(self._consumer.partitions_for_topic(topic) or ())):
             # The projector re-publishes it to its key's partition: the copy is read there.
             self.stats.records_skipped += 1
@@ -340,7 +354,7 @@ class ExtractorRunner:
             self.stats.records_skipped += 1
             self.buffer.observe(position)
             return
-        if self.buffer.add(event, position):
+        if self.buffer.add(event, position, kid):
             self.stats.turns_read += 1
 
     def _backpressure(self) -> None:
@@ -422,6 +436,7 @@ class ExtractorRunner:
                         attempt=job.attempt,
                         final=job.final,
                         budget_s=job.budget_s,
+                        source_kids=job.source_kids,
                     )
                     for job in jobs
                 ],

@@ -5,6 +5,7 @@ safe to commit (never past a turn that has not been extracted)."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -32,6 +33,7 @@ class _Pending:
     message: MessageObserved
     position: LogPosition
     arrived: float
+    kid: bytes | None = None
 
 
 @dataclass
@@ -55,6 +57,10 @@ class _Session:
     projection into ``history`` (see :meth:`TurnBuffer.load_history`)."""
     pending_ids: set[str] = field(default_factory=set)
     recent_ids: dict[str, None] = field(default_factory=dict)
+    kids: set[bytes] = field(default_factory=set)
+    """The data keys the turns held here (pending and history) were sealed under."""
+    serial: int = field(default_factory=itertools.count().__next__)
+    """Tells this session from a later one of the same key (after a forget)."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,10 @@ class WindowJob:
     load_history: bool = False
     """The session's earlier turns are not in memory yet (its first window since this
     buffer saw it): the caller may read them from the projection."""
+    source_kids: frozenset[bytes] = frozenset()
+    """The data keys of every turn the job shows the model (new and background): what
+    it writes must not outlive them (:mod:`memstream.services.extractor_sources`)."""
+    serial: int = -1
 
 
 class TurnBuffer:
@@ -152,10 +162,11 @@ class TurnBuffer:
         tp = (position.topic, position.partition)
         self._seen[tp] = max(self._seen.get(tp, 0), position.offset + 1)
 
-    def add(self, message: MessageObserved, position: LogPosition) -> bool:
-        """Buffer one turn; ``False`` when this turn id is already pending or was among
-        the session's last :data:`RECENT_IDS` extracted turns (a producer retry sent it
-        twice), in which case it is only observed."""
+    def add(self, message: MessageObserved, position: LogPosition, kid: bytes | None = None) -> bool:
+        """Buffer one turn (``kid``: the data key it was sealed under); ``False`` when
+        this turn id is already pending or was among the session's last
+        :data:`RECENT_IDS` extracted turns (a producer retry sent it twice), in which
+        case it is only observed."""
         self.observe(position)
         key = self.key_of(message)
         session = self._sessions.get(key)
@@ -171,11 +182,13 @@ class TurnBuffer:
         if mid in session.pending_ids or mid in session.recent_ids:
             return False
         mark = self._resume.get((position.topic, position.partition))
+        if kid is not None:
+            session.kids.add(kid)
         if mark is not None and mark.done(position.offset):
             self._remember(session, message)  # extracted before a restart: background
             return False
         now = self.clock()
-        session.pending.append(_Pending(message, position, now))
+        session.pending.append(_Pending(message, position, now, kid))
         session.pending_ids.add(mid)
         session.last_seen = now
         if len(session.pending) == 1:
@@ -303,14 +316,16 @@ class TurnBuffer:
             final=final,
             budget_s=budget,
             load_history=not session.history_loaded,
+            source_kids=frozenset(session.kids),
+            serial=session.serial,
         )
 
     def complete(self, job: WindowJob, outcome: ExtractionOutcome) -> None:
         """Apply a finished job: consumed turns leave the buffer (and become background),
         kept turns stay pending; a failure schedules the session's retry."""
-        session = self._sessions.get(job.key)
-        if job.generation != self.generation or session is None:
-            return  # the partition was revoked meanwhile: the new owner re-reads the turns
+        session = self._live_session(job)
+        if session is None:
+            return  # the partition was revoked (the new owner re-reads the turns) or the subject forgotten
         session.in_flight = False
         if not outcome.ok:
             session.failures += 1
@@ -348,11 +363,11 @@ class TurnBuffer:
         """Put ``earlier`` (the session's turns before this buffer saw it, read from
         the projection, oldest first) in front of its in-memory history, and return
         the job's background as it would have been had the buffer seen them all."""
-        session = self._sessions.get(job.key)
+        session = self._live_session(job)
         known = {m.message_id for m in job.background} | {m.message_id for m in job.turns}
         merged = [m for m in earlier if m.message_id not in known] + list(job.background)
         background = tuple(merged[-self.max_background :]) if self.max_background else ()
-        if session is None or job.generation != self.generation:
+        if session is None:
             return background
         in_memory = list(session.history)
         ids = {m.message_id for m in in_memory}
@@ -399,9 +414,27 @@ class TurnBuffer:
 
     def release(self, job: WindowJob) -> None:
         """A job that never ran (cancelled): its session may be scheduled again."""
-        session = self._sessions.get(job.key)
-        if session is not None and job.generation == self.generation:
+        session = self._live_session(job)
+        if session is not None:
             session.in_flight = False
+
+    def _live_session(self, job: WindowJob) -> _Session | None:
+        """The session ``job`` was taken from, if it is still the one buffered (not
+        revoked since, nor forgotten and begun again)."""
+        session = self._sessions.get(job.key)
+        if session is None or job.generation != self.generation or session.serial != job.serial:
+            return None
+        return session
+
+    def drop_subject(self, team_id: str, user_id: str) -> int:
+        """Forget every session of one memory space (its data key was destroyed): its
+        pending turns and history leave memory and are never extracted, jobs in flight
+        for it complete into nothing, and the commit moves past its turns. Returns how
+        many pending turns were dropped."""
+        dropped = 0
+        for key in [k for k in self._sessions if k[0] == team_id and k[1] == user_id]:
+            dropped += len(self._sessions.pop(key).pending)
+        return dropped
 
     def failing_sessions(self) -> dict[SessionKey, tuple[int, str | None]]:
         """Sessions whose last run failed: ``key -> (failures, last reason)``."""

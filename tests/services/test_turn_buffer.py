@@ -116,3 +116,20 @@ def test_buffer_ignores_a_turn_sent_twice_and_forgets_revoked_partitions() -> No
     buf.complete(job, outcome_for(job, ok=True))  # stale: ignored
     assert buf.pending_count == 0 and buf.safe_offsets() == {}
     assert buf.add(turn("a2", "x"), at(3))  # re-read after the rebalance
+
+
+def test_a_forgotten_subject_leaves_the_buffer_and_its_stale_job_completes_into_nothing() -> None:
+    clock = Clock()
+    buf = TurnBuffer(min_new=1, idle_seconds=10, max_new=4, max_background=2, clock=clock)
+    buf.add(turn("a1", "x"), at(0), kid=b"k1" * 8)
+    (stale,) = buf.due()
+    assert stale.source_kids == {b"k1" * 8}
+    buf.add(turn("a2", "x"), at(1), kid=b"k1" * 8)  # pending behind the job in flight
+    assert buf.drop_subject("acme", "ana") == 2  # the one in flight too
+    assert buf.pending_count == 0 and buf.safe_offsets() == {("msgs", 0): 2}
+    # the subject writes again (a new life, a new key): the old job must not touch it
+    buf.add(turn("a3", "y"), at(2), kid=b"k2" * 8)
+    buf.complete(stale, outcome_for(stale, ok=True))
+    (fresh,) = buf.due()
+    assert [m.message_id for m in fresh.turns] == ["a3"] and fresh.source_kids == {b"k2" * 8}
+    assert fresh.background == ()  # nothing of the forgotten life as context either
