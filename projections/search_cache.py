@@ -66,11 +66,13 @@ Version = tuple[int, int, int]
 (:func:`table_identity`), then LanceDB's version number."""
 
 _FEEDS_MAX = 64
-_CHANGE_COLUMNS: dict[str, tuple[str, str | None]] = {
-    MEMORIES: ("memory_id", "session_id"),
-    MESSAGES: ("message_id", "session_id"),
-    ENTITIES: ("name_key", None),
+_CHANGE_COLUMNS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
+    MEMORIES: ("memory_id", "session_id", ("agent_id", "source_message_ids", "vector")),
+    MESSAGES: ("message_id", "session_id", ()),
+    ENTITIES: ("name_key", None, ()),
 }
+"""Per table: its id and session columns, and the columns of written rows kept (the
+kept vectors are carried with them, ``search_reads``)."""
 
 
 def table_identity(root: str, table: str) -> tuple[int, int]:
@@ -210,9 +212,13 @@ class SearchCache:
             self._spaces.put(fresh)
             return fresh
 
-    def _changes(self, root: str, table: str, old: Version, new: Version) -> Changes | None:
+    def changes(self, root: str, table: str, old: Version, new: Version) -> Changes | None:
         """What ``table``'s commits from ``old`` to ``new`` changed (``None``: cannot be
-        told, or another table set: everything must be read again)."""
+        told, or another table set: everything must be read again). Reads the steps
+        it has not seen yet: call it off the event loop."""
+        return self._changes(root, table, old, new)
+
+    def _changes(self, root: str, table: str, old: Version, new: Version) -> Changes | None:
         if old[:2] != new[:2] or new[2] < old[2]:
             return None
         if old == new:
@@ -220,8 +226,8 @@ class SearchCache:
         with self._lock:
             feed = self._feeds.get((root, table, old[:2]))
             if feed is None:
-                id_column, session_column = _CHANGE_COLUMNS[table]
-                feed = TableChanges(os.path.join(root, f"{table}.lance"), id_column, session_column)
+                id_column, session_column, row_columns = _CHANGE_COLUMNS[table]
+                feed = TableChanges(os.path.join(root, f"{table}.lance"), id_column, session_column, row_columns)
                 if len(self._feeds) >= _FEEDS_MAX:
                     self._feeds.clear()
                 self._feeds[(root, table, old[:2])] = feed

@@ -13,23 +13,28 @@ costs more than the lookup)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from memstream.domain.access import agent_pin
 from memstream.domain.content import normalize_content
 from memstream.domain.events import Scope
 from memstream.domain.ranking import query_mentions
 from memstream.projections import search_queries as q
+from memstream.projections import search_vectors
 from memstream.projections.lance_async import gather_all
 from memstream.projections.schema import MEMORIES, MESSAGES
 from memstream.projections.search_cache import SearchCache, SpaceKey, Version, space_key, table_identity
 from memstream.projections.search_facts import entity_stats
 from memstream.projections.search_results import LIST_COLUMNS, READ_COLUMNS, rows_of
 from memstream.projections.search_turns import SessionMemories, SessionTurns, Turn
-from memstream.projections.search_vectors import SpaceVectors, VectorCache, read_space_vectors
+from memstream.projections.search_vectors import SpaceVectors, read_space_vectors
 from memstream.projections.search_view import Successors, Unknown, View
 from memstream.projections.store import LanceStore, in_list, space_where
 
@@ -116,7 +121,7 @@ async def lists(
     where: str,
     n: int,
     columns: Sequence[str],
-    kept: tuple[VectorCache, SpaceKey, Scope] | None = None,
+    kept: tuple[SearchCache, SpaceKey, Scope] | None = None,
 ) -> tuple[pa.Table, pa.Table | None, Version, Version, bool]:
     """The vector and BM25 lists (``columns`` of each candidate), the versions of
     ``memories`` and ``messages``, and whether the vector list came from the space's
@@ -148,19 +153,61 @@ async def lists(
 
 
 async def _space_vectors(
-    store: LanceStore, kept: tuple[VectorCache, SpaceKey, Scope], versions: Awaitable[tuple[Version, Version]]
+    store: LanceStore, kept: tuple[SearchCache, SpaceKey, Scope], versions: Awaitable[tuple[Version, Version]]
 ) -> SpaceVectors | None:
-    """The space's vectors at the version this search reads ``memories`` at: kept, or
-    read now and kept (``None``: a space too large to keep)."""
+    """The space's vectors at the version this search reads ``memories`` at: kept,
+    carried from a kept version (:func:`carried_vectors`), or read now; and kept
+    (``None``: a space too large to keep)."""
     cache, key, scope = kept
     memories, _ = await versions
-    hit = cache.get(key, memories)
+    hit = cache.vectors.get(key, memories)
     if hit is not None:
         return hit
-    read = await read_space_vectors(store, scope, memories)
+    old = cache.vectors.latest(key)
+    read = None
+    if old is not None:
+        read = await asyncio.to_thread(carried_vectors, cache, str(store.root), scope, old, memories)
+    if read is None:
+        read = await read_space_vectors(store, scope, memories)
     if read is not None:
-        cache.keep(key, read)
+        cache.vectors.keep(key, read)
     return read
+
+
+def carried_vectors(
+    cache: SearchCache, root: str, scope: Scope, old: SpaceVectors, version: Version
+) -> SpaceVectors | None:
+    """``old`` brought to ``version`` with what the commits since wrote in the space
+    (their rows as ``table_changes`` kept them), in the order a read at ``version``
+    gives (rows written since come last); ``None`` when that cannot be told (read the
+    space again). Reads the steps it has not seen yet: call it off the event loop."""
+    if not isinstance(old.version, tuple):
+        return None
+    changes = cache.changes(root, MEMORIES, old.version, version)
+    if changes is None:
+        return None
+    changed = changes.of(scope.team_id, scope.user_id)
+    if changed is None:
+        return dataclasses.replace(old, version=version)
+    if changed.rows is None:
+        return None
+    rows = changed.rows
+    pin = agent_pin(scope)
+    if pin:
+        rows = rows.filter(pc.equal(rows.column("agent_id"), pin))
+    written = SpaceVectors.of(version, rows.select(["memory_id", "session_id", "source_message_ids", "vector"]))
+    replaced = pc.is_in(old.ids, value_set=pa.array(sorted(changed.ids), type=old.ids.type))
+    keep = np.flatnonzero(~replaced.to_numpy(zero_copy_only=False))
+    if len(keep) + len(written) > search_vectors.SPACE_MAX_VECTORS:
+        return None
+    take = pa.array(keep, type=pa.int64())
+    return SpaceVectors(
+        version,
+        pa.concat_arrays([old.ids.take(take), written.ids]),
+        pa.concat_arrays([old.sessions.take(take), written.sessions]),
+        pa.concat_arrays([old.sources.take(take), written.sources]),
+        np.concatenate([old.unit[keep], written.unit]),
+    )
 
 
 async def fill(
@@ -235,7 +282,7 @@ async def candidates(
     root = str(store.root)
     whole = cache.lists_need_rows(root, scope)
     # the space's kept vectors serve where LanceDB's flat search would give the same list
-    kept = (cache.vectors, space_key(root, scope), scope) if refine is None and where == space_where(scope) else None
+    kept = (cache, space_key(root, scope), scope) if refine is None and where == space_where(scope) else None
     vtable, ttable, mv, tv, from_kept = await lists(
         store, embed, refine, text_query, where, n, READ_COLUMNS if whole else LIST_COLUMNS, kept
     )

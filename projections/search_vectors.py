@@ -105,6 +105,11 @@ class VectorCache:
             self._spaces.move_to_end(key)
             return hit
 
+    def latest(self, key: Hashable) -> SpaceVectors | None:
+        """The space's vectors at whichever version they were kept (to carry forward)."""
+        with self._lock:
+            return self._spaces.get(key)
+
     def keep(self, key: Hashable, vectors: SpaceVectors) -> None:
         with self._lock:
             old = self._spaces.pop(key, None)

@@ -18,6 +18,9 @@ How: per version ``v``, the fragments of ``v`` are compared with those of ``v - 
   projector's upsert): the rows of the fragments added at ``v`` are every row
   written; the rows it deleted are older copies of those same keys. Their
   ``team_id``, ``user_id``, id column and session (when the table has one) are read;
+* with ``row_columns``, those columns of the written rows are kept too (for the newest
+  :data:`ROWS_KEPT` steps), so a reader can update what it holds without reading
+  the rows again;
 * anything else (a ``Delete``, an overwrite, a restore, an unknown operation, a
   version already cleaned up): the step cannot be told, and :meth:`TableChanges.between`
   answers ``None``: the caller must drop what it holds of the table.
@@ -30,25 +33,33 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import lance
+import pyarrow as pa
+import pyarrow.compute as pc
 from lance import LanceOperation
 
-__all__ = ["SpaceChanges", "Changes", "TableChanges", "STEPS_KEPT"]
+__all__ = ["SpaceChanges", "Changes", "TableChanges", "STEPS_KEPT", "ROWS_KEPT"]
 
 STEPS_KEPT = 4096
 """Version steps kept per table (a few bytes each when nothing changed)."""
+ROWS_KEPT = 256
+"""Newest steps whose written rows are kept (``row_columns``); older steps keep ids and
+sessions only."""
 
 
 @dataclass(frozen=True)
 class SpaceChanges:
     """What changed in one memory space: the ids of the rows written (new or
-    replaced) and the sessions they belong to."""
+    replaced) and the sessions they belong to; with ``row_columns``, the rows as
+    written last (one per id; ``None`` when a step's rows are no longer kept)."""
 
     ids: frozenset[str]
     sessions: frozenset[str]
+    rows: pa.Table | None = field(default=None, compare=False)
 
 
 class Changes:
@@ -63,17 +74,49 @@ class Changes:
         """The space's changes, or ``None`` when the space was not touched."""
         return self._spaces.get((team_id, user_id))
 
+    def without_rows(self) -> "Changes":
+        """The same changes, their rows let go."""
+        if all(sc.rows is None for sc in self._spaces.values()):
+            return self
+        return Changes({s: SpaceChanges(sc.ids, sc.sessions) for s, sc in self._spaces.items()})
+
     @classmethod
-    def union(cls, steps: list["Changes"]) -> "Changes":
+    def union(cls, steps: list["Changes"], id_column: str = "") -> "Changes":
+        """The steps' changes together (in version order: a row written twice is
+        kept as written last)."""
         if len(steps) == 1:
             return steps[0]
         ids: dict[tuple[str, str], set[str]] = {}
         sessions: dict[tuple[str, str], set[str]] = {}
+        rows: dict[tuple[str, str], list[pa.Table] | None] = {}
         for step in steps:
             for space, sc in step._spaces.items():
                 ids.setdefault(space, set()).update(sc.ids)
                 sessions.setdefault(space, set()).update(sc.sessions)
-        return cls({s: SpaceChanges(frozenset(ids[s]), frozenset(sessions[s])) for s in ids})
+                parts = rows.setdefault(space, [])
+                if parts is not None and sc.rows is not None:
+                    parts.append(sc.rows)
+                else:
+                    rows[space] = None
+        return cls(
+            {
+                s: SpaceChanges(frozenset(ids[s]), frozenset(sessions[s]), _last_written(rows[s], id_column))
+                for s in ids
+            }
+        )
+
+
+def _last_written(parts: list[pa.Table] | None, id_column: str) -> pa.Table | None:
+    """The rows of ``parts`` (in version order), the last copy of each id only."""
+    if not parts:
+        return None
+    table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    last: dict[str, int] = {}
+    for i, key in enumerate(table.column(id_column).to_pylist()):
+        last[key] = i
+    if len(last) == table.num_rows:
+        return table
+    return table.take(pa.array(sorted(last.values()), type=pa.int64()))
 
 
 _NOTHING = Changes({})
@@ -83,9 +126,13 @@ class TableChanges:
     """The steps of one table (``<root>/<table>.lance``), read on demand and kept.
     Thread-safe: one thread reads a step, the others wait for it."""
 
-    def __init__(self, path: str, id_column: str, session_column: str | None) -> None:
+    def __init__(
+        self, path: str, id_column: str, session_column: str | None, row_columns: Sequence[str] = ()
+    ) -> None:
         self.path = path
+        self.id_column = id_column
         self.columns = ["team_id", "user_id", id_column, *([session_column] if session_column else [])]
+        self.row_columns = [c for c in row_columns if c not in self.columns]
         self._steps: OrderedDict[int, Changes | None] = OrderedDict()
         self._lock = threading.Lock()
         self._dataset: Any = None
@@ -106,7 +153,7 @@ class TableChanges:
                     return None
                 if step is not _NOTHING:
                     steps.append(step)
-            return Changes.union(steps) if steps else _NOTHING
+            return Changes.union(steps, self.id_column) if steps else _NOTHING
 
     def _step(self, version: int) -> Changes | None:
         if version in self._steps:
@@ -117,6 +164,9 @@ class TableChanges:
         except Exception:  # noqa: BLE001 - a version cleaned up, a file gone: cannot be told
             step = None
         self._steps[version] = step
+        stale = self._steps.get(version - ROWS_KEPT)
+        if stale is not None and self.row_columns:
+            self._steps[version - ROWS_KEPT] = stale.without_rows()
         while len(self._steps) > STEPS_KEPT:
             self._steps.popitem(last=False)
         return step
@@ -149,12 +199,26 @@ class TableChanges:
             return None
         ids: dict[tuple[str, str], set[str]] = {}
         sessions: dict[tuple[str, str], set[str]] = {}
-        table = after.scanner(columns=self.columns, fragments=[after.get_fragment(i) for i in added]).to_table()
+        read = [*self.columns, *self.row_columns]
+        table = after.scanner(columns=read, fragments=[after.get_fragment(i) for i in added]).to_table()
         columns = [table.column(c).to_pylist() for c in self.columns]
         for team, user, key, *session in zip(*columns):
             ids.setdefault((team, user), set()).add(key)
             if session and session[0]:
                 sessions.setdefault((team, user), set()).add(session[0])
         return Changes(
-            {space: SpaceChanges(frozenset(keys), frozenset(sessions.get(space, ()))) for space, keys in ids.items()}
+            {
+                space: SpaceChanges(
+                    frozenset(keys), frozenset(sessions.get(space, ())), self._rows_of(table, space)
+                )
+                for space, keys in ids.items()
+            }
         )
+
+    def _rows_of(self, table: pa.Table, space: tuple[str, str]) -> pa.Table | None:
+        """The written rows of one space (``None`` without ``row_columns``)."""
+        if not self.row_columns:
+            return None
+        team, user = space
+        mask = pc.and_(pc.equal(table.column("team_id"), team), pc.equal(table.column("user_id"), user))
+        return table.filter(mask)

@@ -20,8 +20,9 @@ from tests.projections.projection_helpers import DIM, T0, link, memory, position
 
 from memstream.domain.events import MessageObserved, Scope
 from memstream.domain.ranking import ENTITY_WEIGHT, entity_boost, entity_idf
-from memstream.projections import search_queries
-from memstream.projections.search_cache import SearchCache
+from memstream.projections import search_queries, search_reads
+from memstream.projections.lance_async import wait
+from memstream.projections.search_cache import SearchCache, space_key
 from memstream.projections.embedder import EmbedderUnavailableError, LocalEmbedder
 from memstream.projections.projector import Projector
 from memstream.projections.schema import MESSAGES
@@ -197,3 +198,37 @@ def test_a_failed_query_embedding_leaves_no_query_running(tmp_path: Path, monkey
     with pytest.raises(EmbedderUnavailableError, match="endpoint down"):
         search(store, Down(), ANN, "kites", k=3, cache=CACHE)  # type: ignore[arg-type]
     assert stopped == ["text"]
+
+
+def test_kept_vectors_are_carried_to_a_new_version_without_reading_the_space(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit in another space carries the kept vectors as they are; one in this
+    space brings in the rows it wrote (from the step's record), and a replaced row's
+    old vector is gone: the same list a read of the space at the new version gives."""
+    store = LanceStore(tmp_path / "lance", embedding_dim=DIM)
+    projector = Projector(store, LocalEmbedder(DIM))
+    ann, eve = Scope(team_id="acme", user_id="ann"), Scope(team_id="acme", user_id="eve")
+    projector.apply(positioned([memory(ann, f"a{i}", f"Ann kept note {i} about kites") for i in range(4)]))
+    cache = SearchCache()
+    assert search(store, EMB, ann, "kites", k=3, cache=cache)
+    reads: list[Any] = []
+    read = search_reads.read_space_vectors
+
+    async def counting(*args: Any) -> Any:
+        reads.append(args)
+        return await read(*args)
+
+    monkeypatch.setattr(search_reads, "read_space_vectors", counting)
+    projector.apply(positioned([memory(eve, "e1", "Eve flies kites")], start=10))
+    assert search(store, EMB, ann, "kites", k=3, cache=cache)
+    projector.apply(positioned([memory(ann, "a1", "Ann sold the kites"), memory(ann, "a9", "Ann bought a kite")], start=20))
+    results = search(store, EMB, ann, "Ann sold the kites", k=3, cache=cache)
+    assert reads == []  # carried twice, never read again
+    assert results[0].memory_id == "a1"
+    key = space_key(str(store.root), ann)
+    kept = cache.vectors.latest(key)
+    assert kept is not None
+    fresh = wait(read(store, ann, kept.version))
+    assert fresh is not None and kept.ids.to_pylist() == fresh.ids.to_pylist()
+    assert kept.unit.tobytes() == fresh.unit.tobytes()

@@ -68,3 +68,19 @@ def test_a_delete_cannot_be_told(tmp_path: Path) -> None:
     store.table(MEMORIES).delete("memory_id = 'a1'")
     assert feed.between(before, _version(store)) is None
     assert feed.between(_version(store), before) is None  # backwards: never
+
+
+def test_with_row_columns_a_step_keeps_the_rows_as_written_last(tmp_path: Path) -> None:
+    store, projector, _ = _setup(tmp_path)
+    feed = TableChanges(str(tmp_path / "lance" / "memories.lance"), "memory_id", "session_id", ("content",))
+    projector.apply(positioned([memory(ANN, "a1", "the keeper")]))
+    v1 = _version(store)
+    projector.apply(positioned([memory(ANN, "a2", "the island"), memory(EVE, "e1", "maps")], start=1))
+    projector.apply(positioned([link(ANN, "a2", "a1", "supersedes")], start=3))
+    v3 = _version(store)
+    ann = feed.between(v1, v3).of("acme", "ann")  # type: ignore[union-attr]
+    assert ann is not None and ann.rows is not None
+    assert sorted(ann.rows.column("memory_id").to_pylist()) == ["a1", "a2"]  # once each, the last copy
+    assert set(ann.rows.column("user_id").to_pylist()) == {"ann"}
+    eve = feed.between(v1, v3).of("acme", "eve")  # type: ignore[union-attr]
+    assert eve is not None and eve.rows is not None and eve.rows.column("content").to_pylist() == ["maps"]
