@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = [
     "Settings",
+    "ObjectRoot",
+    "OBJECT_SCHEMES",
     "get_settings",
     "load_settings",
     "settings_env",
@@ -50,6 +53,23 @@ HOME_RELATIVE_PATHS = (
     "master_key_file",
 )
 """Path settings that, when relative, are resolved under ``home``."""
+
+
+OBJECT_SCHEMES = ("s3://",)
+"""Storage roots on an object store (``lance_dir``). Only S3 and S3-compatible stores:
+the shard lease needs S3's conditional writes (docs/operations-storage.md)."""
+
+
+@dataclass(frozen=True)
+class ObjectRoot:
+    """A storage root on an object store: its URI and the options LanceDB (and the
+    lease's S3 client) connect with. Plain data; ``projections/object_paths.py`` acts on it."""
+
+    uri: str
+    storage_options: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    def __str__(self) -> str:
+        return self.uri
 
 
 def _absolute(path: Path, base: Path) -> Path:
@@ -138,8 +158,22 @@ class Settings(BaseSettings):
     table_store: str = "memory://"
 
     # --- LanceDB --------------------------------------------------------------------
-    lance_dir: Path = Path("lance")
-    """The LanceDB storage root (relative: under ``home``)."""
+    lance_dir: Path | ObjectRoot = Path("lance")
+    """The LanceDB storage root: a local path (relative: under ``home``) or an S3 URI
+    ``s3://bucket/prefix`` (with the ``storage_*`` settings below). Every table set,
+    shard, position and lease lives under it."""
+    storage_endpoint: str | None = None
+    """S3 endpoint URL of an S3-compatible store (SeaweedFS, MinIO...); unset: AWS."""
+    storage_region: str = "us-east-1"
+    storage_access_key_id: str | None = None
+    """Unset (with the secret): the usual AWS sources (``AWS_*`` variables, profiles, roles)."""
+    storage_secret_access_key: SecretStr | None = None
+    storage_session_token: SecretStr | None = None
+    storage_allow_http: bool = False
+    """Allow a plain ``http://`` endpoint (a store on a trusted local network only)."""
+    storage_lease_ttl_s: float = Field(default=30.0, ge=1.0, le=3600.0)
+    """On an object-store root: a shard lease not renewed for this long may be taken
+    over (a killed worker's shards move after it); its holder stops writing earlier."""
     sharded: bool = False
     """Whether a new table set (a fresh root, or one a replay builds) is cut into one
     shard per partition (``projections/shards.py``); an existing set keeps its layout,
@@ -270,6 +304,18 @@ class Settings(BaseSettings):
     api_rate_burst: int = Field(default=200, ge=0)
     """Requests one API key may make at once before the rate applies (429 beyond)."""
 
+    @field_validator("lance_dir", mode="before")
+    @classmethod
+    def _object_root(cls, value: Any) -> Any:
+        text = str(value) if isinstance(value, (str, ObjectRoot)) else None
+        if text is None or "://" not in text:
+            return value
+        if not text.startswith(OBJECT_SCHEMES):
+            raise ValueError(f"storage root {text!r}: only local paths and s3://bucket/prefix are supported")
+        if not text[len("s3://"):].split("/", 1)[0]:
+            raise ValueError(f"storage root {text!r} names no bucket (s3://bucket/prefix)")
+        return ObjectRoot(text.rstrip("/"))
+
     @field_validator("log_level")
     @classmethod
     def _known_log_level(cls, value: str) -> str:
@@ -294,9 +340,33 @@ class Settings(BaseSettings):
         object.__setattr__(self, "home", home)
         for name in HOME_RELATIVE_PATHS:
             value = getattr(self, name)
-            if value is not None:
+            if isinstance(value, ObjectRoot):
+                object.__setattr__(self, name, ObjectRoot(value.uri, self.storage_options()))
+            elif value is not None:
                 object.__setattr__(self, name, _absolute(value, home))
         return self
+
+    def storage_options(self) -> dict[str, str]:
+        """The object store's connection options, named as LanceDB's ``storage_options``
+        name them (https://docs.lancedb.com/storage/configuration); empty: defaults."""
+        opts = {"aws_region": self.storage_region}
+        if self.storage_endpoint:
+            opts["aws_endpoint"] = self.storage_endpoint
+        if self.storage_access_key_id:
+            opts["aws_access_key_id"] = self.storage_access_key_id
+        for key, secret in (
+            ("aws_secret_access_key", self.storage_secret_access_key),
+            ("aws_session_token", self.storage_session_token),
+        ):
+            if secret is not None:
+                opts[key] = secret.get_secret_value()
+        if self.storage_allow_http:
+            opts["allow_http"] = "true"
+        return opts
+
+    @property
+    def on_object_store(self) -> bool:
+        return isinstance(self.lance_dir, ObjectRoot)
 
     @property
     def config_file(self) -> Path:

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memstream.projections.object_paths import as_path, write_atomically
 from memstream.projections.schema import DIGEST_COLUMNS, POSITIONS, TABLE_NAMES
 
 __all__ = [
@@ -44,26 +44,27 @@ class ShardLayoutError(RuntimeError):
     """A sharded set that does not match the log (partition count), or is incomplete."""
 
 
-def shard_dir(set_dir: Path, partition: int) -> Path:
-    return Path(set_dir) / _SHARDS / str(int(partition))
+def shard_dir(set_dir: Any, partition: int) -> Any:
+    """Shard ``partition``'s directory (a local Path, or an object-store prefix)."""
+    return as_path(set_dir) / _SHARDS / str(int(partition))
 
 
-def is_sharded(set_dir: Path) -> bool:
-    return (Path(set_dir) / _SHARDS / _PARTITIONS).is_file()
+def is_sharded(set_dir: Any) -> bool:
+    return (as_path(set_dir) / _SHARDS / _PARTITIONS).is_file()
 
 
-def shard_count(set_dir: Path) -> int:
+def shard_count(set_dir: Any) -> int:
     """The partition count a sharded set was cut for."""
     try:
-        return int((Path(set_dir) / _SHARDS / _PARTITIONS).read_text(encoding="utf-8").strip())
+        return int((as_path(set_dir) / _SHARDS / _PARTITIONS).read_text(encoding="utf-8").strip())
     except (OSError, ValueError) as exc:
         raise ShardLayoutError(f"{set_dir} is not a sharded table set: {exc}") from None
 
 
-def init_layout(set_dir: Path, partitions: int) -> None:
+def init_layout(set_dir: Any, partitions: int) -> None:
     """Mark ``set_dir`` as sharded for ``partitions`` partitions (idempotent; refuses
     another count: every space would be looked up in the wrong shard)."""
-    root = Path(set_dir) / _SHARDS
+    root = as_path(set_dir) / _SHARDS
     if is_sharded(set_dir):
         have = shard_count(set_dir)
         if have != partitions:
@@ -73,9 +74,7 @@ def init_layout(set_dir: Path, partitions: int) -> None:
             )
         return
     root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".{_PARTITIONS}.tmp"
-    tmp.write_text(f"{int(partitions)}\n", encoding="utf-8")
-    tmp.replace(root / _PARTITIONS)
+    write_atomically(root / _PARTITIONS, f"{int(partitions)}\n")
 
 
 def union_digest(tables: Callable[[str], pa.Table], positions: Mapping[tuple[str, int], int]) -> dict[str, tuple[int, str]]:
@@ -109,7 +108,7 @@ class ShardedStore:
 
     def __init__(
         self,
-        set_dir: Path,
+        set_dir: Any,
         shards: Mapping[int, Any],
         route: Callable[[Any], int] | None = None,
         *,
@@ -117,7 +116,7 @@ class ShardedStore:
     ) -> None:
         """``shards`` may be empty (a worker in a group that owns none yet) when
         ``embedding_dim`` is given."""
-        self.root = Path(set_dir)
+        self.root = as_path(set_dir)
         self._route = route
         self.shards: dict[int, Any] = dict(sorted(shards.items()))
         if not self.shards and embedding_dim is None:
@@ -128,8 +127,8 @@ class ShardedStore:
     @classmethod
     def open(
         cls,
-        set_dir: Path,
-        opener: Callable[[Path], Any],
+        set_dir: Any,
+        opener: Callable[[Any], Any],
         route: Callable[[Any, int], int] | None = None,
         partitions: Iterable[int] | None = None,
     ) -> "ShardedStore":

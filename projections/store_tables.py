@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, Self
 
 import lancedb
 import pyarrow as pa
 
 from memstream.projections.key_filter import KeyFilter
+from memstream.projections.object_paths import RootPath, as_path, lance_options
 from memstream.projections.schema import MEMORIES, TABLE_NAMES, schema_for
 from memstream.projections.store_filters import EmbedderMismatchError, StoreError, chunked, in_list
 from memstream.projections.table_sets import TableSets
@@ -41,7 +41,7 @@ class StoreTables:
 
     def __init__(
         self,
-        root: Path,
+        root: RootPath,
         *,
         embedding_dim: int,
         read_consistency_interval: timedelta | None = None,
@@ -53,7 +53,7 @@ class StoreTables:
         created (no directory, table or index), and :class:`StoreError` is raised when
         a table is missing. A reader in the writer's process uses it to open the
         tables beside the writer without racing it to create them."""
-        self.root = Path(root)
+        self.root: RootPath = as_path(root)
         if create:
             self.root.mkdir(parents=True, exist_ok=True)
         elif not self.root.is_dir():
@@ -61,7 +61,11 @@ class StoreTables:
         self.embedding_dim = int(embedding_dim)
         self.vector_index_threshold = int(vector_index_threshold)
         self.keep_versions = keep_versions
-        self._db = lancedb.connect(str(self.root), read_consistency_interval=read_consistency_interval)
+        self._db = lancedb.connect(
+            str(self.root),
+            read_consistency_interval=read_consistency_interval,
+            storage_options=lance_options(self.root),
+        )
         existing = set(self._table_names())
         self._tables: dict[str, Any] = {}
         for name in TABLE_NAMES:
@@ -85,7 +89,7 @@ class StoreTables:
     def from_settings(
         cls,
         settings: Settings,
-        root: Path | None = None,
+        root: RootPath | None = None,
         *,
         read_consistency_interval: timedelta | None = None,
         create: bool = True,

@@ -23,20 +23,22 @@ new set up to the paused worker's positions, verifies, points ``CURRENT`` at it 
 the worker resumes writing into the new set. A request whose replay died, or that is
 withdrawn, lets the worker resume on its set. Issue 19's shards can make a set a
 directory of per-partition databases without changing any of this.
+
+The root may be an object-store prefix (``s3://bucket/prefix``): the small files are
+then objects, each replaced by one atomic PUT (:mod:`memstream.projections.object_paths`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
+from memstream.projections.object_paths import RootPath, as_path, remove_tree, write_atomically
 from memstream.projections.shards import is_sharded
 
 __all__ = ["TableSets", "SwapRequest", "CurrentStore", "pid_alive"]
@@ -71,21 +73,10 @@ class SwapRequest:
         return pid_alive(self.pid)
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-    with open(tmp, "w", encoding="utf-8") as out:
-        out.write(text)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # the rename itself survives a crash
-    finally:
-        os.close(fd)
+_write_atomically = write_atomically
 
 
-def _read(path: Path) -> str | None:
+def _read(path: RootPath) -> str | None:
     try:
         return path.read_text(encoding="utf-8").strip()
     except FileNotFoundError:
@@ -95,18 +86,19 @@ def _read(path: Path) -> str | None:
 class TableSets:
     """The table sets of one storage root (see the module docstring)."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = Path(root)
+    def __init__(self, root: Any) -> None:
+        """``root``: a local path, or an object-store root (``settings.lance_dir``)."""
+        self.root: Any = as_path(root)
 
     # --- which set ----------------------------------------------------------------
     def current_name(self) -> str | None:
         """The current set's name; None for the root's own (legacy) set."""
         return _read(self.root / _CURRENT) or None
 
-    def path_of(self, name: str | None) -> Path:
+    def path_of(self, name: str | None) -> Any:
         return self.root if name is None else self.root / _SETS / name
 
-    def current(self) -> Path:
+    def current(self) -> Any:
         """The directory of the current set."""
         return self.path_of(self.current_name())
 
@@ -114,7 +106,7 @@ class TableSets:
         current = self.current()
         return (current / "memories.lance").exists() or is_sharded(current)
 
-    def new_set(self, name: str) -> Path:
+    def new_set(self, name: str) -> Any:
         path = self.path_of(name)
         if path.exists():
             raise FileExistsError(f"{path} already exists")
@@ -128,7 +120,7 @@ class TableSets:
         _write_atomically(self.root / _CURRENT, name)
 
     def remove_set(self, name: str) -> None:
-        shutil.rmtree(self.path_of(name), ignore_errors=True)
+        remove_tree(self.path_of(name))
 
     def cleanup(self, keep: tuple[str, ...] = ()) -> list[str]:
         """Delete every set but the current one, the one it replaced and ``keep``
@@ -140,11 +132,11 @@ class TableSets:
         sets_dir = self.root / _SETS
         for entry in sorted(sets_dir.iterdir()) if sets_dir.is_dir() else ():
             if entry.name not in {current, previous, *keep}:
-                shutil.rmtree(entry, ignore_errors=True)
+                remove_tree(entry)
                 removed.append(entry.name)
         if current is not None and previous is not None:
             for table in self.root.glob("*.lance"):
-                shutil.rmtree(table, ignore_errors=True)
+                remove_tree(table)
                 removed.append(table.name)
         return removed
 
@@ -192,11 +184,11 @@ class CurrentStore(Generic[_S]):
     current and opens it when it changed (the old store object stays valid for
     whoever still holds it: a search runs on one set from start to end)."""
 
-    def __init__(self, root: Path, opener: Callable[[Path], _S]) -> None:
+    def __init__(self, root: Any, opener: Callable[[Any], _S]) -> None:
         self._sets = TableSets(root)
         self._opener = opener
         self._lock = threading.Lock()
-        self._path: Path | None = None
+        self._path: RootPath | None = None
         self._store: _S | None = None
 
     def get(self) -> _S:

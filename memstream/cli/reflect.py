@@ -56,7 +56,7 @@ def _store(settings: Settings, scope: Scope):  # type: ignore[no-untyped-def]
     from memstream.projections.table_sets import TableSets
     from memstream.services.shard_routing import open_store, store_for
 
-    if not settings.lance_dir.exists():
+    if not TableSets(settings.lance_dir).root.exists():
         raise CLIError(
             f"no projection at {settings.lance_dir}: start `memstream worker` first "
             "(or set MEMSTREAM_LANCE_DIR)"

@@ -301,7 +301,7 @@ async def replay(
     del force
     if batch_size < 1:
         raise ReplayError("batch size must be at least 1")
-    sets = TableSets(Path(settings.lance_dir))
+    sets = TableSets(settings.lance_dir)
     replays = LanceDirLock(sets.root / "replay")
     try:
         replays.acquire("memstream replay")

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from pathlib import Path
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from collections import Counter as Tally
@@ -37,7 +37,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from prometheus_client import Counter, Gauge
 
-from memstream.projections.dir_lock import LanceDirBusyError, LanceDirLock
+from memstream.projections.dir_lock import DEFAULT_LEASE_TTL_S, LanceDirBusyError, LanceDirLock
 from memstream.projections.embedder import build_embedder
 from memstream.projections.shards import shard_dir
 from memstream.services.projector_runtime import ProjectorRuntime
@@ -51,7 +51,7 @@ from memstream.streams.topics import Topics
 if TYPE_CHECKING:
     from memstream.services.app import MemstreamApp
 
-__all__ = ["ShardLeases", "GroupRuntime", "GroupProjectorService", "register_group_projector", "member_consumer"]
+__all__ = ["ShardLeases", "ShardLostError", "GroupRuntime", "GroupProjectorService", "register_group_projector", "member_consumer"]
 
 log = logging.getLogger(__name__)
 
@@ -66,31 +66,47 @@ _LEASE_WAIT_S = 120.0
 """Longest wait for a shard's previous owner to let go (then the worker fails)."""
 
 
+class ShardLostError(RuntimeError):
+    """This worker's lease on a shard expired or was taken over: it must not write."""
+
+
 class ShardLeases:
     """This process's per-shard write leases: an exclusive file lock per shard
-    (``<set>/shards/<p>.lock``), dropped by the kernel if the process dies."""
+    (``<set>/shards/<p>.lock``), dropped by the kernel if the process dies; on an
+    object-store root an expiring lease object per shard (``<p>.lease``,
+    :mod:`memstream.projections.object_lease`), which :meth:`check` verifies before
+    each write."""
 
-    def __init__(self, set_dir: Path, owner: str) -> None:
-        self.set_dir = Path(set_dir)
+    def __init__(self, set_dir: Any, owner: str, lease_ttl_s: float = DEFAULT_LEASE_TTL_S) -> None:
+        self.set_dir = set_dir
         self.owner = owner
+        self.lease_ttl_s = lease_ttl_s
         self._locks: dict[int, LanceDirLock] = {}
 
     def held(self) -> frozenset[int]:
         return frozenset(self._locks)
 
-    async def take(self, partition: int, wait_s: float = _LEASE_WAIT_S) -> None:
-        lock = LanceDirLock(shard_dir(self.set_dir, partition))
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                lock.acquire(self.owner)
-            except LanceDirBusyError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(_LEASE_POLL_S)
-            else:
-                self._locks[partition] = lock
-                return
+    async def take(self, partition: int, wait_s: float | None = None) -> None:
+        """Take shard ``partition``'s lease, waiting while its previous owner finishes
+        (or, on an object store, until a dead owner's lease expires)."""
+        lock = LanceDirLock(shard_dir(self.set_dir, partition), lease_ttl_s=self.lease_ttl_s)
+        deadline = time.monotonic() + (wait_s if wait_s is not None else max(_LEASE_WAIT_S, 3 * self.lease_ttl_s))
+        while not await asyncio.to_thread(lock.try_acquire, self.owner):
+            if time.monotonic() > deadline:
+                raise LanceDirBusyError(f"shard {partition} is held by {lock.holder() or 'another process'}")
+            await asyncio.sleep(_LEASE_POLL_S)
+        self._locks[partition] = lock
+
+    def check(self, partitions: Iterable[int]) -> None:
+        """Raise :class:`ShardLostError` unless every lease of ``partitions`` is valid."""
+        for p in partitions:
+            lock = self._locks.get(p)
+            if lock is None or not lock.valid():
+                raise ShardLostError(f"shard {p}'s lease is no longer this worker's: not writing it")
+
+    def generation(self, partition: int) -> int:
+        lock = self._locks.get(partition)
+        return lock.generation if lock is not None else 0
 
     def release(self, partitions: frozenset[int] | set[int]) -> None:
         for p in partitions:
@@ -188,7 +204,9 @@ class GroupProjectorService(ProjectorService):
         self.runtime: GroupRuntime = runtime
         self._members: AIOKafkaConsumer | None = None
         self._membership: asyncio.Task[None] | None = None
-        self._leases = ShardLeases(runtime.set_dir, f"memstream worker {runtime.settings.app_id}")  # the lock adds the pid
+        self._leases = ShardLeases(
+            runtime.set_dir, f"memstream worker {runtime.settings.app_id}", runtime.settings.storage_lease_ttl_s
+        )  # the lock adds the pid
         self.rebalances = 0
 
     async def on_start(self) -> None:
@@ -234,6 +252,8 @@ class GroupProjectorService(ProjectorService):
             self._task = asyncio.ensure_future(self._run_owned(owned))
 
     async def _apply(self, batch: FeedBatch) -> None:
+        # fencing: a worker whose lease lapsed (stalled past its ttl) writes nothing more
+        self._leases.check({r.partition for r in batch.records})
         await super()._apply(batch)
         for p, n in Tally(r.partition for r in batch.records).items():
             SHARD_RECORDS.labels(str(p)).inc(n)

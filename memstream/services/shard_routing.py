@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from memstream.domain.access import ReadScope
 from memstream.domain.events import Scope
 from memstream.projections.dir_lock import LanceDirLock
 from memstream.projections.embedder import build_embedder
+from memstream.projections.object_paths import as_path
 from memstream.projections.projector import Projector
 from memstream.projections.sharded_projector import ShardedProjector
 from memstream.projections.shards import ShardedStore, init_layout, is_sharded, shard_count, shard_dir
@@ -42,18 +42,18 @@ def space_partition(scope: Scope | ReadScope, partitions: int) -> int:
     return home_partition(scope.space.encode("utf-8"), partitions)
 
 
-def _legacy(set_dir: Path) -> bool:
-    return (Path(set_dir) / "memories.lance").exists()
+def _legacy(set_dir: Any) -> bool:
+    return (as_path(set_dir) / "memories.lance").exists()
 
 
-def has_projection(set_dir: Path) -> bool:
+def has_projection(set_dir: Any) -> bool:
     """Whether ``set_dir`` holds a projection in either layout."""
     return is_sharded(set_dir) or _legacy(set_dir)
 
 
 def open_store(
     settings: Settings,
-    set_dir: Path,
+    set_dir: Any,
     *,
     create: bool = True,
     read_consistency_interval: timedelta | None = None,
@@ -63,9 +63,9 @@ def open_store(
     ``settings.sharded``; ``partitions`` defaults to ``settings.partitions``), else
     the unsharded ``LanceStore``."""
 
-    def opener(path: Path) -> LanceStore:
+    def opener(path: Any) -> LanceStore:
         # an existing shard is its owner's to change (indexes included): readers open it as it is
-        made = (path / "positions.lance").exists() and path != Path(set_dir)
+        made = (path / "positions.lance").exists() and path != as_path(set_dir)
         return LanceStore.from_settings(
             settings, path, create=create and not made, read_consistency_interval=read_consistency_interval
         )
@@ -87,7 +87,7 @@ def open_projector(store: Any, settings: Settings, *, embedder: Any = None, reus
     return Projector(store, embedder)
 
 
-def open_shards(settings: Settings, set_dir: Path, partitions: Iterable[int], reuse: Any = None) -> ShardedStore:
+def open_shards(settings: Settings, set_dir: Any, partitions: Iterable[int], reuse: Any = None) -> ShardedStore:
     """The given shards of a sharded set, for writing (``reuse``: a :class:`ShardedStore`
     whose shards that stay are kept open as they are)."""
     kept = reuse.shards if isinstance(reuse, ShardedStore) else {}
@@ -101,7 +101,7 @@ def open_shards(settings: Settings, set_dir: Path, partitions: Iterable[int], re
     )
 
 
-def projects_sharded(settings: Settings, set_dir: Path) -> bool:
+def projects_sharded(settings: Settings, set_dir: Any) -> bool:
     """Whether a worker starting now writes shards (workers then form a consumer group)."""
     return is_sharded(set_dir) or (settings.sharded and not _legacy(set_dir))
 
@@ -111,12 +111,12 @@ def store_for(store: Any, scope: Scope | ReadScope) -> Any:
     return store.for_scope(scope) if isinstance(store, ShardedStore) else store
 
 
-def create_shards(settings: Settings, set_dir: Path, partitions: int | None = None) -> None:
+def create_shards(settings: Settings, set_dir: Any, partitions: int | None = None) -> None:
     """Create every shard's tables once, one process at a time (workers starting
     together, and readers, must not race to create them). The layout marker comes
     last: a reader sees every shard, or an unsharded set not made yet."""
     count = partitions or settings.partitions
-    with LanceDirLock(Path(set_dir) / "shards" / "create") as lock:
+    with LanceDirLock(as_path(set_dir) / "shards" / "create", lease_ttl_s=settings.storage_lease_ttl_s) as lock:
         lock.acquire_waiting("memstream (creating shards)")
         if is_sharded(set_dir):
             count = shard_count(set_dir)

@@ -130,7 +130,7 @@ def run_worker(
         loop.close()
         raise WorkerError(str(exc)) from exc
 
-    lock = LanceDirLock(settings.lance_dir)
+    lock = LanceDirLock(settings.lance_dir, lease_ttl_s=settings.storage_lease_ttl_s)
     if agents is None or "projector" in agents:
         # Workers writing shards share the root (each shard has its own lease); a
         # worker writing an unsharded set, or a replay's swap, holds it alone.
