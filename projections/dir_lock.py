@@ -65,6 +65,11 @@ class LanceDirLock:
             self.path = self._lease.path
 
     @property
+    def is_local(self) -> bool:
+        """A file lock (a local directory), not an object-store lease."""
+        return self._lease is None
+
+    @property
     def held(self) -> bool:
         return self._lease.held if self._lease is not None else self._fd is not None
 

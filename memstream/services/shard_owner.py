@@ -91,10 +91,12 @@ class ShardLeases:
         (or, on an object store, until a dead owner's lease expires)."""
         lock = LanceDirLock(shard_dir(self.set_dir, partition), lease_ttl_s=self.lease_ttl_s)
         deadline = time.monotonic() + (wait_s if wait_s is not None else max(_LEASE_WAIT_S, 3 * self.lease_ttl_s))
+        # a lease poll is a GET on the object store: not ten a second per shard
+        poll_s = _LEASE_POLL_S if lock.is_local else min(1.0, self.lease_ttl_s / 8)
         while not await asyncio.to_thread(lock.try_acquire, self.owner):
             if time.monotonic() > deadline:
                 raise LanceDirBusyError(f"shard {partition} is held by {lock.holder() or 'another process'}")
-            await asyncio.sleep(_LEASE_POLL_S)
+            await asyncio.sleep(poll_s)
         self._locks[partition] = lock
 
     def check(self, partitions: Iterable[int]) -> None:
