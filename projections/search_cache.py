@@ -32,9 +32,13 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from memstream.domain.access import ReadScope, agent_pin
 from memstream.domain.events import Scope
 from memstream.projections.schema import ENTITIES, MEMORIES, MESSAGES
+from memstream.projections.search_results import READ_COLUMNS, rows_of
 from memstream.projections.search_turns import SessionMemories, SessionTurns, Turn
 from memstream.projections.search_vectors import VectorCache
 from memstream.projections.table_changes import Changes, TableChanges
@@ -47,7 +51,22 @@ __all__ = [
     "SearchCache",
     "space_key",
     "SpaceKey",
+    "TURN_COLUMNS",
+    "turns_of",
 ]
+
+TURN_COLUMNS = ("message_id", "session_id", "speaker", "content", "log_partition", "log_offset")
+"""What search reads of a turn (``messages`` row)."""
+
+
+def turns_of(table: pa.Table) -> list[Turn]:
+    """The turns of a ``TURN_COLUMNS`` read."""
+    columns = [table.column(c).to_pylist() for c in TURN_COLUMNS]
+    return [
+        Turn(mid, session, int(partition or 0), int(offset or 0), speaker, content or "")
+        for mid, session, speaker, content, partition, offset in zip(*columns)
+    ]
+
 
 NO_CHANGES = Changes({})
 
@@ -67,12 +86,12 @@ Version = tuple[int, int, int]
 
 _FEEDS_MAX = 64
 _CHANGE_COLUMNS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
-    MEMORIES: ("memory_id", "session_id", ("agent_id", "source_message_ids", "vector")),
-    MESSAGES: ("message_id", "session_id", ()),
+    MEMORIES: ("memory_id", "session_id", (*READ_COLUMNS, "vector")),
+    MESSAGES: ("message_id", "session_id", (*TURN_COLUMNS, "agent_id")),
     ENTITIES: ("name_key", None, ()),
 }
-"""Per table: its id and session columns, and the columns of written rows kept (the
-kept vectors are carried with them, ``search_reads``)."""
+"""Per table: its id and session columns, and the columns of written rows kept (cached
+sessions and the kept vectors are brought forward with them)."""
 
 
 def table_identity(root: str, table: str) -> tuple[int, int]:
@@ -361,10 +380,12 @@ def _carried(
     fresh: SpaceCache, entry: SpaceCache, scope: Scope, memories: Changes | None, messages: Changes | None
 ) -> None:
     """Fill ``fresh`` with what of ``entry`` still holds at ``fresh``'s versions: a half
-    whose table did not move, or moved without touching the space, as it is; else
-    without the rows written since and the sessions they are in (new dictionaries:
-    other searches may still read the old ones)."""
+    whose table did not move, or moved without touching the space, as it is; else with
+    the rows written since in the space brought in (the sessions they are in with
+    them), or without those rows and sessions when the step kept no rows (new
+    dictionaries: other searches may still read the old ones)."""
     team, user = scope.team_id, scope.user_id
+    pin = agent_pin(scope)
     if messages is not None:
         changed = messages.of(team, user)
         if changed is None:
@@ -374,6 +395,12 @@ def _carried(
             stale.update(t.session_id or "" for m in changed.ids if isinstance(t := entry.turns.get(m), Turn))
             fresh.turns = {m: t for m, t in entry.turns.items() if m not in changed.ids}
             fresh.session_turns = {s: st for s, st in entry.session_turns.items() if s not in stale}
+            if changed.rows is not None:
+                written = turns_of(_pinned(changed.rows, pin))
+                fresh.turns.update((t.message_id, t) for t in written)
+                for s in stale & entry.session_turns.keys():
+                    kept = [t for m, t in entry.session_turns[s].turns.items() if m not in changed.ids]
+                    fresh.session_turns[s] = SessionTurns([*kept, *(t for t in written if t.session_id == s)])
             fresh.turn_rows = len(fresh.turns) + sum(len(st.turns) for st in fresh.session_turns.values())
     if memories is not None:
         changed = memories.of(team, user)
@@ -387,4 +414,17 @@ def _carried(
             )
             fresh.memories = {m: r for m, r in entry.memories.items() if m not in changed.ids}
             fresh.session_memories = {s: sm for s, sm in entry.session_memories.items() if s not in stale}
+            if changed.rows is not None:
+                rows = rows_of(_pinned(changed.rows, pin).select(list(READ_COLUMNS)), scope)
+                fresh.memories.update((r["memory_id"], r) for r in rows)
+                for s in stale & entry.session_memories.keys():
+                    kept = [fresh.memories.get(m) for m in entry.session_memories[s].memory_ids if m not in changed.ids]
+                    if all(isinstance(r, dict) for r in kept):  # always: a cached session's rows are cached
+                        added = [r for r in rows if r.get("session_id") == s]
+                        fresh.session_memories[s] = SessionMemories([*kept, *added])  # type: ignore[list-item]
             fresh.memory_rows = len(fresh.memories)
+
+
+def _pinned(rows: pa.Table, pin: str | None) -> pa.Table:
+    """The rows a read pinned to agent ``pin`` sees (all without a pin)."""
+    return rows.filter(pc.equal(rows.column("agent_id"), pin)) if pin else rows

@@ -30,7 +30,15 @@ from memstream.projections import search_queries as q
 from memstream.projections import search_vectors
 from memstream.projections.lance_async import gather_all
 from memstream.projections.schema import MEMORIES, MESSAGES
-from memstream.projections.search_cache import SearchCache, SpaceKey, Version, space_key, table_identity
+from memstream.projections.search_cache import (
+    TURN_COLUMNS,
+    SearchCache,
+    SpaceKey,
+    Version,
+    space_key,
+    table_identity,
+    turns_of,
+)
 from memstream.projections.search_facts import entity_stats
 from memstream.projections.search_results import LIST_COLUMNS, READ_COLUMNS, rows_of
 from memstream.projections.search_turns import SessionMemories, SessionTurns, Turn
@@ -42,19 +50,9 @@ __all__ = ["Gathered", "candidates", "MAX_TURNS", "TURN_COLUMNS"]
 
 _R = TypeVar("_R")
 
-TURN_COLUMNS = ("message_id", "session_id", "speaker", "content", "log_partition", "log_offset")
 MAX_TURNS = 20_000
 """Most turns (and memories) read for the candidates' sessions at once. A read cut
 here is used by its search but not cached: the cache holds whole sessions only."""
-
-
-def turns_of(table: pa.Table) -> list[Turn]:
-    """The turns of a ``TURN_COLUMNS`` read."""
-    columns = [table.column(c).to_pylist() for c in TURN_COLUMNS]
-    return [
-        Turn(mid, session, int(partition or 0), int(offset or 0), speaker, content or "")
-        for mid, session, speaker, content, partition, offset in zip(*columns)
-    ]
 
 
 async def read_versions(store: LanceStore) -> tuple[Version, Version]:
