@@ -57,6 +57,9 @@ _BUILTIN_TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5a
 _BUILTIN_MAX_TOKENS = 256  # all-MiniLM-L6-v2's max_seq_length in sentence-transformers
 _QUERY_CACHE_SIZE = 1024
 _QUERY_CACHE_TTL_S = 60.0
+_BATCH_SIZE = 8
+"""Texts per model run: small batches cost less CPU a text than large ones here (the
+activations stay in cache; measured in docs/benchmarks.md, issue 21, session 11)."""
 
 
 class OnnxModelError(ValueError):
@@ -199,7 +202,7 @@ class OnnxEmbedder:
     """Embeddings of an :class:`OnnxModel`; ``model_id`` is ``<name>:<first 12 hex
     digits of the model file's sha256>``."""
 
-    def __init__(self, model: OnnxModel, *, batch_size: int = 32, threads: int = 0) -> None:
+    def __init__(self, model: OnnxModel, *, batch_size: int = _BATCH_SIZE, threads: int = 0) -> None:
         if batch_size < 1:
             raise OnnxModelError("batch_size must be at least 1")
         digest = _verified(model.model_file, model.model_sha256, "model file")
