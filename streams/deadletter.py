@@ -23,6 +23,11 @@ fixed. What went wrong is appended as headers (after the original ones):
 The six headers are always written last and in this order, so :func:`parse_dead_letter`
 finds them even if the original record itself carried ``memstream-dlq-*`` headers (a
 dead letter that was re-published and failed again).
+
+With sealing on, a dead letter never holds the plaintext of a sealed record
+(:func:`seal_dead_letter`): the value is sealed again under the key it was sealed under, the
+reason in plain names no content (the full reason rides sealed in the header
+``memstream-dlq-sealed-reason``), so forgetting the subject shreds its dead letters too.
 """
 
 from __future__ import annotations
@@ -40,6 +45,11 @@ from memstream.settings import Settings, get_settings
 from memstream.streams.connect import until_started
 from memstream.streams.producer import create_kafka_producer
 from memstream.codec.wire import EncodedRecord
+from memstream.sealing import DataKey, SealedHeader, seal
+from memstream.streams.keys import LazyKeys, SubjectKeys
+from memstream.streams.sealed_records import OPENED_HEADER, NotAnEvent, ingress_header
+from memstream.streams.topics import Topics
+from memstream.streams.worker_identity import HEADER as SIGNATURE_HEADER
 
 __all__ = [
     "HEADER_DLQ_REASON",
@@ -56,6 +66,8 @@ __all__ = [
     "is_dead_letter",
     "parse_dead_letter",
     "DeadLetterPublisher",
+    "HEADER_DLQ_SEALED_REASON",
+    "seal_dead_letter",
 ]
 
 log = logging.getLogger(__name__)
@@ -74,6 +86,10 @@ DLQ_HEADERS: tuple[str, ...] = (
     HEADER_DLQ_SOURCE_OFFSET,
     HEADER_DLQ_NULL_KEY,
 )
+
+HEADER_DLQ_SEALED_REASON = "memstream-dlq-sealed-reason"
+"""The full reason of a sealed dead letter, sealed like its value (open it with the
+subject's key, as any sealed record)."""
 
 MAX_REASON_CHARS = 2000
 """Reasons are cut to this length (headers travel with every fetch of the record)."""
@@ -166,6 +182,45 @@ def parse_dead_letter(
     )
 
 
+async def seal_dead_letter(dl: DeadLetter, keys: SubjectKeys) -> DeadLetter:
+    """``dl`` as a sealed log may keep it in the dead-letter topic.
+
+    A record that was sealed in the log (its reader opened it: ``OPENED_HEADER`` names
+    the key) is sealed again under that same key, with the full reason sealed beside
+    it and a plain reason naming only the stage; the worker signature (a keyed hash of
+    the plaintext) is dropped. If that key is gone (forgotten meanwhile) the value is
+    not kept: it is still at its source position, unreadable. Any other record (plain
+    in the log, or sealed and never opened) passes unchanged."""
+    kid_hex = next((v for k, v in dl.original_headers if k == OPENED_HEADER), None)
+    if kid_hex is None:
+        return dl
+    headers = tuple((k, v) for k, v in dl.original_headers if k not in (OPENED_HEADER, SIGNATURE_HEADER))
+    plain_reason = f"{dl.stage} failed on a sealed record"
+    key = await _held_key(keys, bytes.fromhex(kid_hex.decode("ascii")))
+    value = dl.original_value
+    if key is None or value is None:
+        return replace(dl, original_value=None, original_headers=headers, reason=f"{plain_reason}; value not kept (its key is gone)")
+    try:
+        header = ingress_header(value)
+    except NotAnEvent:
+        header = SealedHeader("", "", 0, key.subject.team_id, key.subject.user_id, "")
+    head = header.encode()
+    return replace(
+        dl,
+        original_value=seal(value, head, key),
+        original_headers=(*headers, (HEADER_DLQ_SEALED_REASON, seal(_one_line(dl.reason).encode("utf-8"), head, key))),
+        reason=f"{plain_reason}; the reason is sealed in {HEADER_DLQ_SEALED_REASON}",
+    )
+
+
+async def _held_key(keys: SubjectKeys, kid: bytes) -> DataKey | None:
+    ring = keys.keyring
+    assert ring is not None
+    if ring.by_kid(kid) is None and not ring.was_forgotten(kid):
+        await keys.sync()  # made elsewhere a moment ago
+    return ring.by_kid(kid)
+
+
 class DeadLetterPublisher:
     """Publishes dead letters durably (idempotent producer, ``acks=all``).
 
@@ -191,6 +246,8 @@ class DeadLetterPublisher:
         self._producer = producer
         self._owned = producer is None
         self._started = producer is not None
+        self._keys = LazyKeys(self._settings, Topics.from_settings(self._settings), client_id=f"{client_id}-keys")
+        """With sealing on, the keyring that seals dead letters, started at the first."""
 
     async def start(self) -> None:
         if self._started:
@@ -204,6 +261,7 @@ class DeadLetterPublisher:
         self._started = True
 
     async def stop(self) -> None:
+        await self._keys.stop()
         producer = self._producer
         if self._owned and producer is not None:
             self._producer, self._started = None, False
@@ -239,7 +297,10 @@ class DeadLetterPublisher:
         producer = self._producer
         assert producer is not None
         futures = []
+        keys = await self._keys.get()
         for dl in dls:
+            if keys is not None:
+                dl = await seal_dead_letter(dl, keys)
             log.warning("dead letter %s", dl)
             record = dead_letter_record(dl)
             try:

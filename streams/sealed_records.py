@@ -39,12 +39,17 @@ __all__ = [
     "OpenCounts",
     "PLAIN_TYPES",
     "UNOPENED_HEADER",
+    "OPENED_HEADER",
     "NotAnEvent",
 ]
 
 UNOPENED_HEADER = "memstream-unopened"
 """Marks, in a reader's batch, a sealed record it could not open (value None; the
 header's value empty for a forgotten key, else the reason it did not open)."""
+
+OPENED_HEADER = "memstream-opened"
+"""Added to a record a reader opened (its value the key id, hex): a dead letter made of
+it is sealed again under that key (``streams.deadletter.seal_dead_letter``)."""
 
 PLAIN_TYPES = frozenset({"SubjectForgotten"})
 """Event types written unsealed (they carry no personal content)."""
@@ -159,4 +164,4 @@ class RecordOpener:
             sig = next((v for k, v in headers if k == SIGNATURE_HEADER), None)
             if sig is not None and hmac.compare_digest(sig, signature(self._worker_key, value)):
                 headers = signed_for(self._worker_key, plain, headers)
-        return plain, headers
+        return plain, [*(headers or ()), (OPENED_HEADER, value[4:20].hex().encode("ascii"))]

@@ -8,7 +8,7 @@ lost, never reflected twice, duplicates are no-ops, nothing pending forever).
 from __future__ import annotations
 
 import logging
-from collections.abc import Container, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Container, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from enum import StrEnum
@@ -20,6 +20,7 @@ from memstream.domain.events import (
     EventBase,
     MemoryReflected,
     OutcomeObserved,
+    Scope,
     parse_event,
 )
 from memstream.domain.reflection import (
@@ -126,7 +127,11 @@ class ReflectorCore:
         early: MutableMapping[str, Any],
         *,
         policy: ReflectorPolicy | None = None,
+        subject_key: Callable[[Scope, str], str] = subject_key,
     ) -> None:
+        self._subject_key = subject_key
+        """How a subject's decisions are keyed in ``subjects`` and ``early`` (keyed by a
+        hash under the subject's data key when sealing: ``reflection_sealing``)."""
         self.decisions = decisions
         self.subjects = subjects
         self.early = early
@@ -280,7 +285,7 @@ class ReflectorCore:
         if self.decisions.get(key):
             log.debug("duplicate decision %s ignored", event.decision_id)
             return []
-        skey = subject_key(event.scope, event.subject)
+        skey = self._subject_key(event.scope, event.subject)
         entry = {
             "state": DecisionState.pending.value,
             "partition": partition,
@@ -323,7 +328,7 @@ class ReflectorCore:
     def on_outcome(self, event: OutcomeObserved, partition: int, now: datetime) -> list[SettledDecision]:
         """An outcome arrived: settle what it covers, keep it if it may settle a
         decision that has not arrived yet, ignore it if it is a duplicate."""
-        skey = subject_key(event.scope, event.subject)
+        skey = self._subject_key(event.scope, event.subject)
         if event.decision_id is not None:
             key = decision_key(event.scope, event.decision_id)
             entry = self.decisions.get(key)

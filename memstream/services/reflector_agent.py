@@ -26,15 +26,16 @@ from memstream.domain.events import (
     parse_event,
     utcnow,
 )
-from memstream.domain.reflection import decision_key, subject_key
+from memstream.domain.reflection import decision_key
 from memstream.services.outcomes import OutcomeProvider, build_outcome_provider
 from memstream.services.reflection_runner import ReflectionRunner
+from memstream.services.reflection_sealing import ReflectorSeal, SealedEntries, SubjectGone
 from memstream.services.reflection_writers import ReflectionWriter, build_reflection_writer
 from memstream.services.reflector import ReflectorCore, ReflectorPolicy, SettledDecision
 from memstream.sealing import TamperedRecord
 from memstream.settings import Settings
 from memstream.streams.consumer import decode_or_dead_letter
-from memstream.streams.deadletter import DeadLetter, dead_letter_record
+from memstream.streams.deadletter import DeadLetter, dead_letter_record, seal_dead_letter
 from memstream.streams.keys import LazyKeys
 from memstream.streams.sealed_records import RecordOpener, header_of, seal_value, subject_of
 from memstream.codec.wire import encode_event
@@ -47,6 +48,7 @@ __all__ = [
     "WORK_RETENTION",
     "ReflectorHandle",
     "work_topic_name",
+    "state_topics",
     "register_reflector",
 ]
 
@@ -69,6 +71,15 @@ _UNSET: Any = object()
 def work_topic_name(settings: Settings) -> str:
     """``<app_id>-reflector-work``: named like Faust's own internal topics."""
     return f"{settings.app_id}-{WORK_TOPIC_SUFFIX}"
+
+
+TABLE_NAMES = ("reflector-decisions", "reflector-subjects", "reflector-early-outcomes")
+
+
+def state_topics(settings: Settings) -> list[str]:
+    """Every topic holding the reflector's state: its work topic and the changelogs
+    of its tables (Faust names them ``<app_id>-<table>-changelog``)."""
+    return [work_topic_name(settings), *(f"{settings.app_id}-{name}-changelog" for name in TABLE_NAMES)]
 
 
 @dataclass
@@ -120,7 +131,11 @@ class _Reflector:
         self.outcomes = app.topic(topics.outcomes, key_serializer="raw", value_serializer="raw")
         self.events_out = app.topic(topics.events, key_serializer="raw", value_serializer="raw")
         self.dead_out = app.topic(topics.dead_letter, key_serializer="raw", value_serializer="raw")
-        self.core = ReflectorCore(*self._tables(app), policy=policy)
+        self.seal = ReflectorSeal()
+        decisions, subjects, early = self._tables(app)
+        self.decisions = SealedEntries(decisions, self.seal, "decision")
+        self.early = SealedEntries(early, self.seal, "early")
+        self.core = ReflectorCore(self.decisions, subjects, self.early, policy=policy, subject_key=self.seal.subject_key)
         self.signing_key = worker_key(settings)  # its events are system events: signed
         self.keyring = LazyKeys(settings, topics, client_id=f"{settings.app_id}-reflector-keys")
         # Reflections whose send is not confirmed yet: key -> (partition, event). The
@@ -140,17 +155,17 @@ class _Reflector:
 
     def _tables(self, app: faust.App) -> tuple[Any, Any, Any]:
         decisions = app.Table(
-            "reflector-decisions",
+            TABLE_NAMES[0],
             partitions=self.partitions,
             help="decision key -> reflector state (pending, settled, emitting, reflected, expired)",
         )
         subjects = app.Table(
-            "reflector-subjects",
+            TABLE_NAMES[1],
             partitions=self.partitions,
             help="space|subject -> keys of its open decisions",
         )
         early = app.Table(
-            "reflector-early-outcomes",
+            TABLE_NAMES[2],
             partitions=self.partitions,
             help="space|subject -> outcomes waiting for a decision",
         )
@@ -159,28 +174,52 @@ class _Reflector:
     def now(self) -> datetime:
         return (self._clock or _module_clock())()
 
+    async def sealing(self) -> None:
+        """Start the keyring (sealing on) and hand it to the seal, once."""
+        if self.seal.keys is None:
+            keys = await self.keyring.get()
+            if keys is not None and self.seal.keys is None:
+                keys.on_forget(lambda _subject: self.seal.forget_cache())
+                self.seal.keys = keys
+
     async def send_event(self, topic: Any, event: EventBase) -> Any:
         """Hand ``event`` to the producer (sealed, then signed); returns the future of
-        the broker's ack."""
+        the broker's ack. Raises :class:`SubjectGone` when the subject holds no key:
+        what the reflector writes comes from what it kept of the subject, which must
+        never be sealed under a key made after a forget."""
         record = encode_event(event)
         value = record.value
-        keys = await self.keyring.get()
-        if keys is not None:
-            key = await keys.key_for(subject_of(event.scope))
+        await self.sealing()
+        if self.seal.keys is not None:
+            assert self.seal.keys.keyring is not None
+            key = self.seal.keys.keyring.key_for(subject_of(event.scope))
+            if key is None:
+                raise SubjectGone(str(subject_of(event.scope)))
             value = seal_value(key, header_of(event), value)
         headers = signed_headers(self.signing_key, value, record.headers)
         return await topic.send(key=record.key, value=value, headers=headers, force=True)
 
     async def send_all(self, topic: Any, events: list[Any]) -> None:
-        """Send a batch and wait for every acknowledgement (one round trip, not N)."""
-        futures = [await self.send_event(topic, e) for e in events]
+        """Send a batch and wait for every acknowledgement (one round trip, not N);
+        events of a forgotten subject are not sent."""
+        futures = []
+        for e in events:
+            try:
+                futures.append(await self.send_event(topic, e))
+            except SubjectGone:
+                self.handle.bump("forgotten")
         if futures:
             await asyncio.gather(*futures)
 
     async def emit_reflection(self, event: MemoryReflected, partition: int) -> None:
         key = decision_key(event.scope, event.decision_id)
+        try:
+            future = await self.send_event(self.events_out, event)
+        except SubjectGone:  # forgotten after it was chosen: never written
+            self.runner.finished(key)
+            self.handle.bump("forgotten")
+            return
         self.emits[key] = (partition, event)
-        future = await self.send_event(self.events_out, event)
 
         def on_done(fut: Any) -> None:
             error = asyncio.CancelledError() if fut.cancelled() else fut.exception()
@@ -208,14 +247,21 @@ class _Reflector:
 
     async def deliver(self, reflection: MemoryReflected, settled: SettledDecision) -> None:
         """The runner's finished reflection goes back through the work topic as a candidate."""
-        pending = await self.work.send(
-            key=settled.subject_key.encode("utf-8"),
-            value={"kind": "reflection", "event": reflection.model_dump(mode="json")},
-            force=True,
-        )
+        await self.sealing()
+        scope = settled.decision.scope
+        try:
+            key = self.seal.subject_key(scope, settled.decision.subject)
+            value = self.seal.work_value("reflection", reflection.model_dump(mode="json"), scope)
+        except SubjectGone:  # forgotten while the reflection was written: dropped
+            self.handle.bump("forgotten")
+            return
+        pending = await self.work.send(key=key.encode("utf-8"), value=value, force=True)
         await pending
 
     async def dead_letter(self, item: DeadLetter) -> None:
+        keys = await self.keyring.get()
+        if keys is not None:  # never the plaintext of a sealed record
+            item = await seal_dead_letter(item, keys)
         record = dead_letter_record(item)
         pending = await self.dead_out.send(key=record.key, value=record.value, headers=record.headers, force=True)
         await pending
@@ -246,11 +292,14 @@ class _Reflector:
             if kind is None:
                 await self.dead_letter(_unexpected(decoded, message))
                 continue
-            await self.work.send(
-                key=subject_key(decoded.scope, decoded.subject).encode("utf-8"),
-                value={"kind": kind, "event": decoded.model_dump(mode="json")},
-                force=True,
-            )
+            await self.sealing()
+            try:
+                key = self.seal.subject_key(decoded.scope, decoded.subject)
+                work = self.seal.work_value(kind, decoded.model_dump(mode="json"), decoded.scope)
+            except SubjectGone:  # forgotten since it was opened
+                self.handle.bump("unreadable")
+                continue
+            await self.work.send(key=key.encode("utf-8"), value=work, force=True)
             self.handle.bump(f"forwarded_{kind}s")
 
     async def poll_provider(self, partition: int, moment: datetime, snapshot: Any) -> Any:
@@ -286,16 +335,27 @@ class _Reflector:
         for settled in self.core.settled(partition, skip=self.runner.in_flight, snapshot=snapshot):
             self.runner.submit(settled)
         self.core.sweep(partition, moment, snapshot=snapshot)
+        self.drop_forgotten(partition)
         self.handle.bump("ticks")
+
+    def drop_forgotten(self, partition: int) -> None:
+        """Delete this partition's entries that no longer open (their subject was
+        forgotten), so the changelogs compact them away."""
+        for entries in (self.decisions, self.early):
+            for key in entries.take_unreadable(partition):
+                if key in entries.table:
+                    del entries.table[key]
+                    self.handle.bump("forgotten_entries")
 
     async def handle_work(self, value: Any, partition: int) -> None:
         kind = value.get("kind") if isinstance(value, dict) else None
         moment = self.now()
         self.confirm_emits(partition, moment)
+        await self.sealing()
         if kind == "tick":
             await self.on_tick(partition, datetime.fromisoformat(value["now"]))
             return
-        event = parse_event(value["event"])
+        event = parse_event(self.seal.work_event(value))
         if kind == "decision" and isinstance(event, DecisionRecorded):
             for settled in self.core.on_decision(event, partition, moment):
                 self.runner.submit(settled)
@@ -317,6 +377,8 @@ class _Reflector:
             async for event in stream.events():
                 try:
                     await self.handle_work(event.value, event.message.partition)
+                except SubjectGone:  # its subject was forgotten: nothing of it is kept
+                    self.handle.bump("forgotten")
                 except Exception:  # noqa: BLE001 - one bad record must not stop the reflector
                     # The state is unchanged by a failed step; ticks retry expiries and
                     # resubmit settled decisions, so nothing is lost by moving on.

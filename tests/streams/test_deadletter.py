@@ -14,8 +14,13 @@ from tests.support import SAFETY_S, read_records
 from memstream.domain.events import MemoryAdded, MessageObserved, Scope
 from memstream.domain.log import LogPosition, PositionedEvent
 from memstream.streams.consumer import ConsumedBatch, EventConsumer, decode_or_dead_letter
+from memstream.sealing import Subject, UnreadableRecord, is_sealed, open_sealed
+from memstream.streams.forget import forget
+from memstream.streams.keys import SubjectKeys
+from memstream.streams.sealed_records import ingress_header, seal_value
 from memstream.streams.deadletter import (
     DLQ_HEADERS,
+    HEADER_DLQ_SEALED_REASON,
     HEADER_DLQ_REASON,
     DeadLetter,
     DeadLetterPublisher,
@@ -258,3 +263,50 @@ def test_a_consumer_never_reads_its_own_dead_letters() -> None:
     topics = Topics(prefix="x.")
     with pytest.raises(ValueError):
         EventConsumer([topics.events, topics.dead_letter], group_id="g", dead_letter_topic=topics.dead_letter)
+
+
+@pytest.mark.kafka
+async def test_a_sealed_record_that_fails_after_opening_stays_sealed_in_the_dead_letters(
+    kafka_bootstrap: str, fresh_topics: Topics, settings_for
+) -> None:
+    settings = settings_for(fresh_topics, sealing=True)
+    canary = f"zq{uuid.uuid4().hex[:10]}"
+    invalid = json.dumps(
+        {"type": "MemoryAdded", "event_id": str(uuid.uuid4()), "scope": {"team_id": "acme", "user_id": "ana"},
+         "occurred_at": "2024-05-08T15:30:00+00:00", "memory_id": "m1", "content": {"secret": canary}}
+    ).encode()
+    not_json = b"\x01 " + canary.encode()
+    async with SubjectKeys(settings, fresh_topics, client_id="test-keys") as keys:
+        key = await keys.key_for(Subject("acme", "ana"))
+        header = ingress_header(invalid)
+        raw = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+        await raw.start()
+        try:
+            for plain in (invalid, not_json):
+                await raw.send_and_wait(
+                    fresh_topics.events, value=seal_value(key, header, plain), key=b"acme/ana",
+                    headers=[(HEADER_TYPE, b"MemoryAdded")],
+                )
+        finally:
+            await raw.stop()
+    async with EventConsumer(fresh_topics.events, group_id=None, settings=settings) as consumer:
+        await _drain(consumer, events=0, dead=2)
+
+    records = sorted(await read_records(kafka_bootstrap, fresh_topics.dead_letter, 2), key=lambda r: r.offset)
+    for r in records:
+        assert canary.encode() not in b"".join([r.key or b"", r.value or b"", *(v or b"" for _, v in r.headers)])
+    letters = [parse_dead_letter(r.key, r.value, r.headers) for r in records]
+    assert all(is_sealed(d.original_value) and "sealed" in d.reason for d in letters)
+    async with SubjectKeys(settings, fresh_topics, client_id="test-keys") as keys:
+        assert keys.keyring is not None
+        # the evidence, for whoever holds the key
+        assert [open_sealed(d.original_value, keys.keyring) for d in letters] == [invalid, not_json]
+        reasons = [open_sealed(dict(d.original_headers)[HEADER_DLQ_SEALED_REASON], keys.keyring).decode() for d in letters]
+        assert "content" in reasons[0] and "JSON" in reasons[1]
+
+    await forget(settings, "acme", "ana")
+    async with SubjectKeys(settings, fresh_topics, client_id="test-keys") as keys:
+        assert keys.keyring is not None
+        for d in letters:
+            with pytest.raises(UnreadableRecord):
+                open_sealed(d.original_value, keys.keyring)

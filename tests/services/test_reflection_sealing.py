@@ -1,0 +1,80 @@
+"""The reflector's own state on a sealed log: its work topic and its tables' changelogs
+hold no plaintext of a decision, and forgetting the subject leaves nothing readable
+there (entries dropped, records unopenable), while another subject's decision goes on
+to its reflection. Real broker, the reflector in a Faust app in this process.
+
+Covers ``memstream/services/reflection_sealing.py``."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from tests.services.test_reflector import reflector_app, wait_for
+
+from memstream.domain.events import Scope, utcnow
+from memstream.domain.reflection import decision_key
+from memstream.services.reflector import DecisionState
+from memstream.services.reflector_agent import state_topics
+from memstream.settings import Settings
+from memstream.streams.forget import forget
+from memstream.streams.producer import MemstreamProducer
+from memstream.streams.topics import Topics
+
+pytestmark = [pytest.mark.kafka]
+
+ALICE = Scope(team_id="acme", user_id="alice")
+BOB = Scope(team_id="acme", user_id="bob")
+
+
+async def raw_bytes(bootstrap: str, topics: list[str], partitions: int) -> list[bytes]:
+    """Key, value and headers of every record of ``topics``, as one blob each."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        existing = await consumer.topics()
+        assert set(topics) <= existing, set(topics) - existing
+        tps = [TopicPartition(t, p) for t in topics for p in range(partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        out = []
+        for tp in tps:
+            while await consumer.position(tp) < ends[tp]:
+                for r in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, ()):
+                    out.append(b"".join([r.key or b"", r.value or b"", *(v or b"" for _, v in r.headers or ())]))
+        return out
+    finally:
+        await consumer.stop()
+
+
+async def test_the_reflectors_state_is_sealed_and_forgotten_with_its_subject(
+    fresh_topics: Topics, settings_for: Callable[..., Settings], kafka_bootstrap: str
+) -> None:
+    settings = settings_for(fresh_topics, reflection_poll_seconds=0.3, sealing=True)
+    canary = f"zq{uuid.uuid4().hex[:10]}"
+    later = utcnow() + timedelta(days=30)
+    async with reflector_app(settings, provider=None) as handle:
+        async with MemstreamProducer(settings=settings) as producer:
+            await producer.record_decision(ALICE, "d1", f"{canary}-subject", "buy", f"{canary} thinks rates fall", later)
+            await producer.record_decision(BOB, "d2", "AAPL", "buy", "Buy AAPL: services compound.", later)
+            await wait_for(lambda: handle.core.counts().get("pending") == 2, what="both decisions pending")
+            names = state_topics(settings)
+            blobs = await raw_bytes(kafka_bootstrap, names, fresh_topics.partitions)
+            assert blobs  # the work records and the changelogs exist, and hold no text of a decision
+            assert not [b for b in blobs if canary.encode() in b or b"services compound" in b]
+
+            await forget(settings, "acme", "alice")
+            await wait_for(lambda: handle.stats.get("forgotten_entries", 0) >= 1, what="alice's entry dropped")
+            assert handle.core.state(decision_key(ALICE, "d1")) is None
+            assert handle.core.state(decision_key(BOB, "d2")) is DecisionState.pending
+
+            # bob's decision still settles and is reflected
+            await producer.observe_outcome(BOB, "o2", "AAPL", 0.05, 5, decision_id="d2", benchmark_return=0.02, alpha=0.03)
+            await wait_for(lambda: handle.stats.get("reflected", 0) == 1, what="bob's reflection written")
+            assert handle.core.state(decision_key(BOB, "d2")) is DecisionState.reflected
+    blobs = await raw_bytes(kafka_bootstrap, names, fresh_topics.partitions)
+    assert not [b for b in blobs if canary.encode() in b]
