@@ -98,6 +98,10 @@ class SubjectKeys:
         self._create_lock = asyncio.Lock()
         self.keyring: Keyring | None = None
         self._on_forget: list[Callable[[Subject], None]] = []
+        self.forgotten_at: dict[Subject, int] = {}
+        """When (the tombstone's Kafka timestamp, ms) each subject was last forgotten,
+        as far as this node read the tombstones (they are compacted away after
+        ``delete.retention.ms``)."""
 
     def on_forget(self, callback: Callable[[Subject], None]) -> None:
         """Call ``callback(subject)`` whenever this node drops a subject's last key (a
@@ -175,8 +179,16 @@ class SubjectKeys:
         records: list[tuple[bytes | None, bytes | None]] = []
         while await self._consumer.position(self._tp) < end:
             polled = await self._consumer.getmany(self._tp, timeout_ms=_POLL_MS)
-            records.extend((r.key, r.value) for r in polled.get(self._tp, ()))
+            for r in polled.get(self._tp, ()):
+                records.append((r.key, r.value))
+                self._note_tombstone(r.key, r.value, r.timestamp)
         return records
+
+    def _note_tombstone(self, key: bytes | None, value: bytes | None, timestamp: int) -> Subject | None:
+        subject = tombstoned_subject(key) if value is None else None
+        if subject is not None:
+            self.forgotten_at[subject] = max(timestamp, self.forgotten_at.get(subject, timestamp))
+        return subject
 
     async def _follow_live(self) -> None:
         assert self._consumer is not None and self.keyring is not None
@@ -189,7 +201,7 @@ class SubjectKeys:
                     log.exception("key record at offset %d not applied", record.offset)
                 if record.value is None:
                     self._schedule_roll()
-                    subject = tombstoned_subject(record.key)
+                    subject = self._note_tombstone(record.key, record.value, record.timestamp)
                     if subject is not None:
                         self._dropped(subject)
 

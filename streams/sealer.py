@@ -104,7 +104,18 @@ class IngressSealer:
                     DeadLetter(str(exc), r.topic, r.partition, r.offset, r.value, r.key, tuple(r.headers or ()), "seal")
                 )
                 continue
-            key = await self._keys.key_for(Subject(header.team_id, header.user_id))
+            subject = Subject(header.team_id, header.user_id)
+            if r.timestamp <= self._keys.forgotten_at.get(subject, -1):
+                # written before its subject was forgotten: sealing it now would bring it
+                # back under the subject's next key; kept for the topic's retention only
+                refused.append(
+                    DeadLetter(
+                        f"written before {subject} was forgotten: not sealed", r.topic, r.partition, r.offset,
+                        r.value, r.key, tuple(r.headers or ()), "seal",
+                    )
+                )
+                continue
+            key = await self._keys.key_for(subject)
             sealed = seal_value(key, header, r.value)
             target = topic_for_type(header.type, self._topics)
             record_key = f"{header.team_id}/{header.user_id}".encode("utf-8")

@@ -32,12 +32,12 @@ from memstream.services.reflection_runner import ReflectionRunner
 from memstream.services.reflection_sealing import ReflectorSeal, SealedEntries, SubjectGone
 from memstream.services.reflection_writers import ReflectionWriter, build_reflection_writer
 from memstream.services.reflector import ReflectorCore, ReflectorPolicy, SettledDecision
-from memstream.sealing import TamperedRecord
+from memstream.sealing import Subject, TamperedRecord
 from memstream.settings import Settings
 from memstream.streams.consumer import decode_or_dead_letter
 from memstream.streams.deadletter import DeadLetter, dead_letter_record, seal_dead_letter
 from memstream.streams.keys import LazyKeys
-from memstream.streams.sealed_records import RecordOpener, header_of, seal_value, subject_of
+from memstream.streams.sealed_records import NotAnEvent, RecordOpener, header_of, ingress_header, seal_value, subject_of
 from memstream.codec.wire import encode_event
 from memstream.streams.topics import Topics
 from memstream.streams.worker_identity import signed_headers, worker_key
@@ -182,6 +182,18 @@ class _Reflector:
                 keys.on_forget(lambda _subject: self.seal.forget_cache())
                 self.seal.keys = keys
 
+    async def key_for_plaintext(self, keys: Any, value: bytes | None) -> None:
+        """A plaintext input (a log from before sealing) whose subject has no key yet
+        gets one, so that its state can be sealed; never a subject seen forgotten."""
+        try:
+            header = ingress_header(value)
+        except NotAnEvent:
+            return  # not an event: dead-lettered below
+        subject = Subject(header.team_id, header.user_id)
+        ring = keys.keyring
+        if ring.key_for(subject) is None and subject not in ring.forgotten_subjects(subject.team_id, subject.user_id):
+            await keys.key_for(subject)
+
     async def send_event(self, topic: Any, event: EventBase) -> Any:
         """Hand ``event`` to the producer (sealed, then signed); returns the future of
         the broker's ack. Raises :class:`SubjectGone` when the subject holds no key:
@@ -282,6 +294,8 @@ class _Reflector:
                 if opened is None:  # a forgotten subject's decision or outcome
                     self.handle.bump("unreadable")
                     continue
+                if opened[0] is value and message.key:  # plaintext (a log from before sealing)
+                    await self.key_for_plaintext(keys, value)
                 value, headers = opened
             item = decode_or_dead_letter(message.topic, message.partition, message.offset, message.key, value, headers)
             if isinstance(item, DeadLetter):

@@ -8,7 +8,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from memstream.domain.events import MemoryAdded, MessageObserved, Scope
-from memstream.sealing import is_sealed, sealed_header
+from memstream.sealing import Subject, is_sealed, sealed_header
 from memstream.streams.deadletter import parse_dead_letter
 from memstream.streams.keys import SubjectKeys
 from memstream.streams.sealed_records import RecordOpener
@@ -72,3 +72,35 @@ async def test_ingress_records_are_sealed_into_their_topics(fresh_topics: Topics
     dead = await _read_all(settings.bootstrap_servers, fresh_topics.dead_letter)
     assert len(dead) == 1
     assert "cannot seal" in parse_dead_letter(dead[0].key, dead[0].value, dead[0].headers).reason
+
+
+async def test_an_ingress_record_written_before_a_forget_is_never_sealed_under_the_next_key(
+    fresh_topics: Topics, settings_for  # type: ignore[no-untyped-def]
+) -> None:
+    settings = settings_for(fresh_topics)
+    scope = Scope(team_id="acme", user_id="alice")
+    stale = MemoryAdded(scope=scope, memory_id="m1", content="alice's old address")
+    fresh = MemoryAdded(scope=scope, memory_id="m2", content="alice, again")
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    await producer.start()
+    try:
+        async with SubjectKeys(settings) as keys:
+            await keys.key_for(Subject("acme", "alice"))
+            rec = encode_event(stale)
+            await producer.send_and_wait(fresh_topics.ingress, rec.value, key=rec.key, headers=rec.headers)
+            await keys.forget("acme", "alice")  # before the sealer reached the record
+        async with SubjectKeys(settings) as keys:
+            forgotten_at = keys.forgotten_at[Subject("acme", "alice")]
+            rec = encode_event(fresh)  # alice writes again: a new life
+            await producer.send_and_wait(
+                fresh_topics.ingress, rec.value, key=rec.key, headers=rec.headers, timestamp_ms=forgotten_at + 1
+            )
+            sealer = IngressSealer(settings, keys, fresh_topics)
+            await sealer.run(until_idle=True)
+            assert (sealer.sealed, sealer.dead_lettered) == (1, 1)
+            (event,) = await _read_all(settings.bootstrap_servers, fresh_topics.events)
+            assert sealed_header(event.value).event_id == str(fresh.event_id)
+    finally:
+        await producer.stop()
+    (dead,) = await _read_all(settings.bootstrap_servers, fresh_topics.dead_letter)
+    assert "written before" in parse_dead_letter(dead.key, dead.value, dead.headers).reason
