@@ -13,8 +13,9 @@ keep writing. Measured:
   ``lance_file_hits``: files under the LanceDB root still holding a canary's bytes
   once the readers' grace has passed (``lance_files_clean_s``: about when, from the
   forget);
-* ``plaintext_hits``: records of the kept-forever topics whose raw bytes (key, value,
-  headers) hold a forgotten subject's canary or vector;
+* ``plaintext_hits``: records of the kept-forever topics, the reflector's work topic
+  and its tables' changelogs (open decisions, each with a canary, wait there) whose raw
+  bytes (key, value, headers) hold a forgotten subject's canary or vector;
 * ``replay_rows_left``: rows of forgotten subjects after a full replay into a fresh
   table set (``replay_skipped``: the records it could not open and skipped);
 * ``others_equal``: every row the other subjects had before the forgets is unchanged,
@@ -27,6 +28,7 @@ import asyncio
 import base64
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +37,13 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from memstream.bench._common import percentile
 from memstream.bench._events import BenchWorkdir, WorkerProcess, bench_settings, machine_info, print_table, status
-from memstream.domain.events import EmbeddingPayload, MemoryAdded, MessageObserved, Scope
+from memstream.domain.events import DecisionRecorded, EmbeddingPayload, MemoryAdded, MessageObserved, Scope, utcnow
 from memstream.projections.embedder import build_embedder
 from memstream.projections.forget import SCOPED_TABLES, subject_where
 from memstream.projections.search import search
 from memstream.projections.store import LanceStore, StoreError
 from memstream.projections.table_sets import TableSets
+from memstream.services.reflector_agent import state_topics
 from memstream.services.replay import replay
 from memstream.settings import Settings
 from memstream.streams.admin import ensure_topics
@@ -94,6 +97,13 @@ def _events(scope: Scope, canaries: Canaries, n: int, dim: int, model: str, rng:
         out.append(MemoryAdded(scope=scope, memory_id=f"m{i}", content=f"{word} remembers fact {i} about Lyon", embedding=embedding))
         if i % 4 == 0:
             out.append(MessageObserved(scope=scope, message_id=f"t{i}", content=f"{word} said something {i}"))
+        if i % 20 == 0:  # open decisions: the reflector keeps them in its state topics
+            out.append(
+                DecisionRecorded(
+                    scope=scope, decision_id=f"d{i}", subject=f"{word}-subject", rating="buy",
+                    decision_text=f"{word} buys for reason {i}", deadline=utcnow() + timedelta(days=30),
+                )
+            )
     return out
 
 
@@ -150,13 +160,14 @@ async def _wait_rows(settings: Settings, expected: dict[tuple[str, str], int], t
 
 
 async def _raw_hits(settings: Settings, needles: list[bytes]) -> tuple[int, int]:
-    """(records holding a needle, records read) over every kept-forever topic."""
+    """(records holding a needle, records read) over every kept-forever topic and the
+    reflector's state topics."""
     topics = Topics.from_settings(settings)
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, group_id=None, enable_auto_commit=False)
     await consumer.start()
     hits = read = 0
     try:
-        tps = [TopicPartition(t, p) for t in topics.kept_forever() for p in range(settings.partitions)]
+        tps = [TopicPartition(t, p) for t in [*topics.kept_forever(), *state_topics(settings)] for p in range(settings.partitions)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         ends = await consumer.end_offsets(tps)
@@ -197,7 +208,7 @@ async def _run(settings: Settings, workdir: Path, n: int) -> dict[str, Any]:
     rng = np.random.default_rng(7)
     canaries = Canaries(uuid.uuid4().hex[:8])
     worker = WorkerProcess(settings, workdir)
-    worker.agents = ["projector", "sealer"]
+    worker.agents = ["projector", "sealer", "reflector"]
     worker.start()
     try:
         sdk: list[Any] = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from memstream.bench._common import WorkerProcess
 from memstream.domain.events import MemoryAdded, MessageObserved, Scope
 from memstream.projections.forget import SCOPED_TABLES, subject_where
+from memstream.services.reflector_agent import state_topics
 from memstream.services.replay import replay
 from memstream.projections.store import LanceStore, StoreError
 from memstream.projections.table_sets import TableSets
@@ -64,11 +66,11 @@ async def _until(check, what: str, timeout_s: float = 90.0) -> None:  # type: ig
         await asyncio.sleep(0.3)
 
 
-async def _raw_records(settings, topics: Topics) -> list[bytes]:  # type: ignore[no-untyped-def]
+async def _raw_records(settings, topics: Topics, extra: list[str] = ()) -> list[bytes]:  # type: ignore[no-untyped-def,assignment]
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, group_id=None, enable_auto_commit=False)
     await consumer.start()
     try:
-        tps = [TopicPartition(t, p) for t in topics.kept_forever() for p in range(topics.partitions)]
+        tps = [TopicPartition(t, p) for t in [*topics.kept_forever(), *extra] for p in range(topics.partitions)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         ends = await consumer.end_offsets(tps)
@@ -133,3 +135,76 @@ async def test_forget_converges_across_a_killed_worker_and_leaves_nothing(
     assert result.unreadable == 26  # alice's 21 memories and 5 turns, skipped and counted
     assert not _rows(_store(replayed), ALICE)
     assert _rows(_store(replayed), BOB).keys() == bob_before.keys()
+
+
+class _Writer:
+    """One subject writing memories, turns and a decision in rounds until stopped; keeps
+    the ids the broker acknowledged."""
+
+    def __init__(self, settings, scope: Scope, canary: str) -> None:  # type: ignore[no-untyped-def]
+        self.settings, self.scope, self.word = settings, scope, f"{canary}{scope.user_id}"
+        self.stop = asyncio.Event()
+        self.memory_ids: list[str] = []
+        self.rounds = 0
+
+    async def run(self) -> None:
+        async with MemstreamProducer(self.settings, client_id=f"writer-{self.scope.user_id}") as producer:
+            await producer.record_decision(
+                self.scope, "d0", f"{self.word}-subject", "buy", f"{self.word} decided", datetime.now(timezone.utc) + timedelta(days=30)
+            )
+            while not self.stop.is_set():
+                r = self.rounds
+                ids = [f"m{r}-{i}" for i in range(5)]
+                await producer.send_many(
+                    [MemoryAdded(scope=self.scope, memory_id=m, content=f"{self.word} fact {m}") for m in ids]
+                    + [MessageObserved(scope=self.scope, message_id=f"t{r}", content=f"{self.word} said {r}")]
+                )
+                self.memory_ids += ids
+                self.rounds += 1
+                await asyncio.sleep(0.1)
+
+
+async def test_forget_under_concurrent_writers_leaves_nothing_and_loses_no_other_write(
+    fresh_topics: Topics, settings_for, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    settings = settings_for(
+        fresh_topics, embedder="local", embedding_dim=32, optimize_every_s=2.0, sealing=True, reflection_poll_seconds=0.5
+    )
+    canary = f"zq{uuid.uuid4().hex[:10]}"
+    carol = Scope(team_id="acme", user_id="carol")
+    writers = {s.user_id: _Writer(settings, s, canary) for s in (ALICE, BOB, carol)}
+    worker = WorkerProcess(settings, tmp_path / "worker", agents=["projector", "sealer", "reflector"])
+    worker.start()
+    tasks = {name: asyncio.create_task(w.run()) for name, w in writers.items()}
+    try:
+        await _until(lambda: all(_count(settings, w.scope) >= 20 for w in writers.values()), "everyone projected")
+        writers["alice"].stop.set()
+        await tasks["alice"]  # alice writes until the forget
+        before = {name: _rows(_store(settings), writers[name].scope) for name in ("bob", "carol")}
+        rounds_at_forget = {name: writers[name].rounds for name in before}
+        report = await forget(settings, "acme", "alice")  # while bob and carol write on
+        assert [s.user_id for s in report.forgotten] == ["alice"]
+        await _until(lambda: all(writers[n].rounds >= rounds_at_forget[n] + 5 for n in before), "writes after the forget")
+        for name in before:
+            writers[name].stop.set()
+            await tasks[name]
+
+        def memories(scope: Scope) -> set[str]:
+            rows = _store(settings).table("memories").search().where(subject_where(scope.team_id, scope.user_id))
+            return {r["memory_id"] for r in rows.limit(None).to_list()}
+
+        await _until(lambda: _count(settings, ALICE) == 0, "alice's rows gone")
+        await _until(lambda: all(memories(writers[n].scope) == set(writers[n].memory_ids) for n in before), "every other write")
+        after = {name: _rows(_store(settings), writers[name].scope) for name in before}
+        for name, rows in before.items():
+            assert {k: v for k, v in after[name].items() if k in rows} == rows  # untouched by the forget
+        await _until(lambda: not _files_holding(tmp_path / "lance", f"{canary}alice".encode()), "alice's bytes gone", 90)
+    finally:
+        for task in tasks.values():
+            task.cancel()
+        worker.stop()
+
+    state = state_topics(settings)
+    records = await _raw_records(settings, fresh_topics, extra=state)
+    assert len([r for r in records if b"d0" in r or b"#" in r]) >= 3  # the reflector's state is scanned too
+    assert not [r for r in records if f"{canary}alice".encode() in r]
