@@ -109,6 +109,18 @@ async def test_workers_project_into_s3_hand_over_through_leases_and_replay_equal
         w.workdir = tmp_path / w.instance
         w.workdir.mkdir()
         w.start()
+    try:
+        await _project_hand_over_and_replay(settings, topics, workers, tmp_path)
+    finally:
+        for w in workers:  # a failed check must not leave worker processes behind
+            if w.proc is not None and w.proc.poll() is None:
+                w.proc.kill()
+                w.proc.wait(timeout=30)
+
+
+async def _project_hand_over_and_replay(
+    settings: Settings, topics: Topics, workers: list[S3Worker], tmp_path: Path
+) -> None:
     traffic = Traffic()
     load = asyncio.ensure_future(traffic.load(settings, 11))
     try:
