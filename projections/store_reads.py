@@ -10,6 +10,7 @@ from typing import Any
 from memstream.domain.access import ReadScope, read_scope_of
 from memstream.domain.content import normalize_content
 from memstream.domain.events import Scope
+from memstream.projections.lance_async import async_table, wait
 from memstream.projections.schema import DECISIONS, ENTITIES, LINKS, MEMORIES, MESSAGES, REFLECTIONS, schema_for
 from memstream.projections.store_filters import (
     ScopeRequiredError,
@@ -109,8 +110,10 @@ class StoreReads(StoreTables):
 
     def memory_owner(self, scope: Scope | ReadScope, memory_id: str) -> str | None:
         """The agent whose memory ``memory_id`` is in the scope's space, if stored: one
-        column of one row (every client write with its own id asks this)."""
-        found = self.rows(MEMORIES, self.ids_where(scope, "memory_id", [memory_id]), ["agent_id"], limit=1)
+        column of one row (every client write with its own id asks this), through the
+        table's asynchronous handle (no query builder's schema read: half the CPU)."""
+        query = async_table(self.table(MEMORIES)).query().where(self.ids_where(scope, "memory_id", [memory_id]))
+        found = wait(query.select(["agent_id"]).limit(1).to_arrow())
         return str(found.column("agent_id")[0].as_py()) if found.num_rows else None
 
     def get_messages(self, scope: Scope | ReadScope, message_ids: Sequence[str]) -> list[dict[str, Any]]:
