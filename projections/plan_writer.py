@@ -148,7 +148,7 @@ class PlanWriter:
             assert plan.fast_source is not None
             fields = plan.fast_source.fields
             views = {
-                pk: derive_view(fields[i]["memory_id"], own_links(links[pk], fields[i]["agent_id"]))
+                pk: derive_view(fields[i].memory_id, own_links(links[pk], fields[i].agent_id))
                 for pk, i in fast.items()
                 if pk in links
             }

@@ -52,7 +52,6 @@ from memstream.projections.plan_writer import SUPERSEDING_RELATIONS, Plan, PlanW
 from memstream.projections.rows import (
     decision_update,
     link_row,
-    memory_pk,
     memory_row,
     message_row,
     reflection_row,
@@ -269,9 +268,9 @@ class Projector:
         belongs to another agent of the batch."""
         assert plan.fast_source is not None
         f = plan.fast_source.fields[i]
-        pk = memory_pk(f)
-        if plan.owners.setdefault(pk, f["agent_id"]) != f["agent_id"]:
-            return _fast_event(plan.fast_source, i), _taken(f["memory_id"], plan.owners[pk])
+        pk = scoped_key(f.team_id, f.user_id, f.memory_id)
+        if plan.owners.setdefault(pk, f.agent_id) != f.agent_id:
+            return _fast_event(plan.fast_source, i), _taken(f.memory_id, plan.owners[pk])
         plan.memories.pop(pk, None)  # a later position wins
         plan.vectors.pop(pk, None)
         plan.fast.pop(pk, None)
@@ -395,7 +394,7 @@ class Projector:
         fast_rows = list(memories.unembedded) if memories is not None else []
         texts = [cast(MemoryAdded, pe.event).content for pe in pending]
         if memories is not None:
-            texts += [memories.fields[i]["content"] for i in fast_rows]
+            texts += [memories.fields[i].content for i in fast_rows]
         if not texts:
             return 0
         matrix = embed_array(self.embedder, texts)
@@ -421,7 +420,7 @@ class Projector:
             return
         texts = [plan.memories[pk]["content"] for pk in missing]
         if source is not None:
-            texts += [source.fields[i]["content"] for i in fast_rows]
+            texts += [source.fields[i].content for i in fast_rows]
         matrix = embed_array(self.embedder, texts)  # checked: shape (the table's width), finite
         for pk, vec in zip(missing, matrix):
             plan.vectors[pk] = vec
@@ -442,7 +441,7 @@ def _fast_event(source: PositionedMemories, i: int) -> PositionedEvent:
     f = source.fields[i]
     topic, partition, offset = source.positions[i]
     event = MemoryAdded.model_construct(
-        scope=Scope(team_id=f["team_id"], user_id=f["user_id"], agent_id=f["agent_id"]),
-        memory_id=f["memory_id"], content=f["content"],
+        scope=Scope(team_id=f.team_id, user_id=f.user_id, agent_id=f.agent_id),
+        memory_id=f.memory_id, content=f.content,
     )
     return PositionedEvent(position=LogPosition(topic=topic, partition=partition, offset=offset), event=event)

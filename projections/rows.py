@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from operator import itemgetter
+from operator import attrgetter
 from types import UnionType
 from typing import Any, Union, get_args, get_origin
 
@@ -28,7 +28,7 @@ import pyarrow as pa
 from pydantic import BaseModel
 
 from memstream.codec.batch import PositionedMemories
-from memstream.codec.values import Values, event_values, value_names
+from memstream.codec.values import Values, ValuesRecord, event_values, value_names
 from memstream.domain.content import content_hash, normalize_content
 from memstream.domain.events import (
     DecisionExpired,
@@ -277,7 +277,7 @@ def memories_table(
     cols = _COLUMNS[MEMORIES]
     # One C-level transpose of the copied values (a list comprehension per column costs
     # more than the rest of the table).
-    table = zip(*map(itemgetter(*cols.copied), rows)) if rows else ([] for _ in cols.copied)
+    table = zip(*map(attrgetter(*cols.copied), rows)) if rows else ([] for _ in cols.copied)
     columns: dict[str, Any] = {name: list(values) for name, values in zip(cols.copied, table)}
     for name in cols.json:
         columns[name] = [None if v is None else canonical_json(v) for v in columns[name]]
@@ -289,7 +289,7 @@ def memories_table(
         entity_keys=keys,
         vector=_vector_column(memories.vectors[idx], dim),
         embedding_model=[memories.model] * len(rows),
-        created_at=[r["occurred_at"] for r in rows],
+        created_at=[r.occurred_at for r in rows],
         superseded_by=[v[0] for v in view],
         canonical_id=[v[1] for v in view],
         status=[v[2] for v in view],
@@ -303,7 +303,7 @@ def memories_table(
         "name": [e["name"] for _, _, e in owners],
         "kind": [e["kind"] for _, _, e in owners],
         "memory_pk": [pks[j] for j, _, _ in owners],
-        "occurred_at": [rows[j]["occurred_at"] for j, _, _ in owners],
+        "occurred_at": [rows[j].occurred_at for j, _, _ in owners],
         **{name: [columns[name][j] for j, _, _ in owners]
            for name in ("team_id", "user_id", "memory_id", "agent_id", "log_topic", "log_partition",
                         "log_offset", "event_id")},
@@ -311,13 +311,13 @@ def memories_table(
     return _from_columns(schema_for(MEMORIES, dim), columns), _from_columns(schema_for(ENTITIES, dim), entity_columns)
 
 
-def _entity_columns(rows: list[Values]) -> tuple[list[list[dict[str, str]]], list[list[str]], list[tuple[int, str, dict[str, str]]]]:
+def _entity_columns(rows: list[ValuesRecord]) -> tuple[list[list[dict[str, str]]], list[list[str]], list[tuple[int, str, dict[str, str]]]]:
     """Each row's unique entities and keys, and (row, key, entity) of every entity row."""
     ents: list[list[dict[str, str]]] = []
     keys: list[list[str]] = []
     owners: list[tuple[int, str, dict[str, str]]] = []
     for j, row in enumerate(rows):
-        found = row["entities"]
+        found = row.entities
         if not found:
             ents.append([])
             keys.append([])

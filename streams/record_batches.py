@@ -108,7 +108,7 @@ def decode_batch(
             continue
         signed = trusted is not None and header_value(rec.headers, WORKER_HEADER) is not None and trusted(rec.value, rec.headers)
         got = fast.decode(rec.value, rec.headers, trusted=signed or trusted is None) if fast is not None else None
-        if got is not None and not signed and trusted is not None and injection_reason(got.values["content"]) is not None:
+        if got is not None and not signed and trusted is not None and injection_reason(got.values.content) is not None:
             got = None  # the general path dead-letters it, with the reason
         if got is None:
             general.append(rec)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from memstream.codec.values import Values
+from memstream.codec.values import ValuesRecord
 
 __all__ = ["PositionedMemories"]
 
@@ -14,14 +14,14 @@ __all__ = ["PositionedMemories"]
 @dataclass
 class PositionedMemories:
     """Row ``i`` is the event with values ``fields[i]`` (see
-    :func:`~memstream.codec.values.event_values`) read at ``positions[i]`` (topic,
+    :func:`~memstream.codec.values.event_values`; a record) read at ``positions[i]`` (topic,
     partition, offset), with the finite vector ``vectors[i]`` of embedding model
     ``model``. ``unembedded`` lists the rows whose event carried no vector: their row
     of ``vectors`` is zeros until the reader embeds the content and fills it in."""
 
     model: str
     positions: list[tuple[str, int, int]] = field(default_factory=list)
-    fields: list[Values] = field(default_factory=list)
+    fields: list[ValuesRecord] = field(default_factory=list)
     vectors: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.float32))
     unembedded: list[int] = field(default_factory=list)
 
@@ -39,7 +39,7 @@ class PositionedMemories:
         if len({p.model for p in parts}) != 1:
             raise ValueError("memories of different embedding models cannot be merged")
         positions: list[tuple[str, int, int]] = []
-        fields: list[Values] = []
+        fields: list[ValuesRecord] = []
         unembedded: list[int] = []
         for p in parts:
             unembedded.extend(len(positions) + i for i in p.unembedded)

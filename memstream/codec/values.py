@@ -14,13 +14,16 @@ import uuid
 from datetime import datetime
 from enum import Enum
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import BaseModel
 
 from memstream.domain.events import EmbeddingPayload, EventBase, Scope
 
-__all__ = ["SCOPE_FIELD", "SCOPE_COLUMNS", "Values", "event_values", "plain", "value_names", "vector_field"]
+__all__ = [
+    "SCOPE_FIELD", "SCOPE_COLUMNS", "Values", "ValuesRecord", "event_values", "plain", "record_type", "value_names",
+    "vector_field",
+]
 
 Values = dict[str, Any]
 SCOPE_FIELD = "scope"
@@ -49,6 +52,38 @@ def value_names(cls: type[EventBase]) -> tuple[str, ...]:
         elif name != skip:
             names.append(name)
     return tuple(names)
+
+
+class ValuesRecord:
+    """``event_values`` as attributes (see :func:`record_type`): what the fast
+    decoder gives, cheaper to build and read than a dict of two dozen keys."""
+
+    __slots__ = ()
+    names: tuple[str, ...] = ()
+
+    if TYPE_CHECKING:  # the slots are the event's value names, made at run time
+
+        def __getattr__(self, name: str) -> Any: ...
+
+        def __setattr__(self, name: str, value: Any) -> None: ...
+
+    def as_dict(self) -> Values:
+        return {name: getattr(self, name) for name in self.names}
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self.as_dict() == cast(ValuesRecord, other).as_dict()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the dict it stands for
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.as_dict()!r})"
+
+
+@cache
+def record_type(cls: type[EventBase]) -> type[ValuesRecord]:
+    """The :class:`ValuesRecord` of ``cls``: one slot per name of ``value_names``."""
+    names = value_names(cls)  # type: ignore[arg-type]  # classes are hashable
+    return type(f"{cls.__name__}Values", (ValuesRecord,), {"__slots__": names, "names": names})
 
 
 def plain(value: Any) -> Any:

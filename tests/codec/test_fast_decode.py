@@ -21,7 +21,7 @@ from tests.support import json_values as json_values_of
 from tests.support import event_strategies, mutate
 
 from memstream.domain.embedding import encode_vector
-from memstream.domain.events import MemoryAdded
+from memstream.domain.events import MemoryAdded, Scope
 from memstream.codec.fast_decode import FastDecoder, FastMemory, FastMemoryDecoder
 from memstream.codec.values import event_values
 from memstream.codec.wire import DecodeError, decode_record, encode_event
@@ -88,9 +88,10 @@ def assert_agrees(body: Any, headers: Any = HEADERS) -> FastMemory | None:
         raise AssertionError(f"fast path accepted what the general path refuses: {exc.reason}") from None
     assert isinstance(event, MemoryAdded)
     expected = model_values(event)
-    assert got.values.keys() == expected.values.keys()
+    mine_all = got.values.as_dict()
+    assert list(mine_all) == list(expected.values)
     for name in expected.values:
-        mine, theirs = got.values[name], expected.values[name]
+        mine, theirs = mine_all[name], expected.values[name]
         assert mine == theirs, name
         assert type(mine) is type(theirs) or theirs is None, name
         if isinstance(mine, datetime):
@@ -115,8 +116,8 @@ def test_a_memory_without_a_vector_takes_the_fast_path_for_the_projector_to_embe
 def test_the_canonical_form_takes_the_fast_path() -> None:
     fast = assert_agrees(canonical())
     assert fast is not None
-    assert fast.values["entities"] == [{"name": "Lisbon", "kind": "place"}, {"name": "Ada", "kind": "organization"}]
-    assert fast.values["recorded_at"] == datetime(2025, 1, 31, 8, 30, 1, 250000, tzinfo=timezone.utc)
+    assert fast.values.entities == [{"name": "Lisbon", "kind": "place"}, {"name": "Ada", "kind": "organization"}]
+    assert fast.values.recorded_at == datetime(2025, 1, 31, 8, 30, 1, 250000, tzinfo=timezone.utc)
 
 
 def test_the_projectors_reader_crosses_a_process_boundary() -> None:
@@ -127,15 +128,15 @@ def test_the_projectors_reader_crosses_a_process_boundary() -> None:
     assert here is not None
     script = (
         "import pickle, sys; reader, value, headers = pickle.loads(sys.stdin.buffer.read()); "
-        "print(repr(reader.decode(value, headers).values['content']))"
+        "print(repr(reader.decode(value, headers).values.content))"
     )
     sent = pickle.dumps((reader, record.value, record.headers))
     done = subprocess.run([sys.executable, "-c", script], input=sent, capture_output=True, check=True)
-    assert done.stdout.decode().strip() == repr(here.values["content"])
+    assert done.stdout.decode().strip() == repr(here.values.content)
 
 
 def test_sdk_encoded_events_take_the_fast_path() -> None:
-    from memstream.domain.events import EmbeddingPayload, Entity, Scope
+    from memstream.domain.events import EmbeddingPayload, Entity
 
     event = MemoryAdded(
         scope=Scope(team_id="t"), memory_id="m-1", content="Übung macht den Meister",
@@ -144,7 +145,7 @@ def test_sdk_encoded_events_take_the_fast_path() -> None:
     )
     record = encode_event(event)
     got = DECODER.decode(record.value, record.headers)
-    assert got is not None and got == model_values(event)
+    assert got is not None and (got.values.as_dict(), got.vector) == model_values(event)
     assert DECODER.decode(record.value, None) == got  # headers are optional
 
 
@@ -248,7 +249,7 @@ def test_the_wire_provenance_has_the_models_fields_and_defaults() -> None:
     from memstream.domain.events import Provenance
 
     # decoded from an empty object, the wire form dumps as the model's defaults
-    assert fast({**canonical(), "provenance": {}}).values["provenance"] == Provenance().model_dump(mode="json")  # type: ignore[union-attr]
+    assert fast({**canonical(), "provenance": {}}).values.provenance == Provenance().model_dump(mode="json")  # type: ignore[union-attr]
 
 
 def test_the_wire_structs_are_the_models_fields() -> None:
@@ -267,8 +268,8 @@ def test_a_field_added_to_the_model_is_read_without_a_change_here() -> None:
     body = {**canonical(), "colour": "blue", "tags": ["a", "b"]}
     del body["embedding"]
     got = decoder.decode(wire(body), None)
-    assert got is not None and got["colour"] == "blue" and got["tags"] == ["a", "b"]
-    assert got == event_values(Extended.model_validate({**body, "recorded_at": body["recorded_at"]}))
+    assert got is not None and got.colour == "blue" and got.tags == ["a", "b"]
+    assert got.as_dict() == event_values(Extended.model_validate({**body, "recorded_at": body["recorded_at"]}))
     assert decoder.decode(wire({**body, "colour": "a\nb"}), None) is None  # the model's rule, derived
     assert decoder.decode(wire({**body, "colour": 3}), None) is None
 
@@ -359,3 +360,25 @@ def test_generated_events_round_trip_through_the_wire_agree(
         # The generated times that take this road carry an offset with seconds
         # (historic zones), a form the check leaves to the model.
         assert re.search(r"[+-]\d\d:\d\d:\d\d(\.\d+)?$", body["occurred_at"]), body["occurred_at"]
+
+
+def test_a_values_record_holds_exactly_the_event_values_in_their_order() -> None:
+    from memstream.codec.values import record_type, value_names
+
+    event = MemoryAdded(scope=Scope(team_id="t", user_id="u", agent_id="a"), memory_id="m-1", content="x")
+    record_cls = record_type(MemoryAdded)
+    assert record_cls.names == value_names(MemoryAdded) and "embedding" not in record_cls.names
+    record = record_cls()
+    for name, value in event_values(event).items():
+        setattr(record, name, value)
+    assert record.as_dict() == event_values(event) and list(record.as_dict()) == list(value_names(MemoryAdded))
+    other = record_cls()
+    for name, value in event_values(event).items():
+        setattr(other, name, value)
+    assert other == record
+    other.content = "y"
+    assert other != record
+    with pytest.raises(AttributeError):
+        record.colour = "blue"  # type: ignore[attr-defined]  # slots: no stray value
+    with pytest.raises(TypeError):
+        hash(record)
