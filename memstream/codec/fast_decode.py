@@ -367,9 +367,8 @@ class _ModelReader:
 
     def _generate_values(self, flatten: str | None) -> Callable[[Any], Any]:
         """The check of a decoded struct as one straight-line function, generated here
-        from the model's fields (as ``dataclasses`` generates ``__init__``); a loop over
-        generic checks into a dict cost the projector about a fifth of its decoding.
-        The model field ``flatten`` (a model without validators) is read in line: its
+        from the model's fields (as ``dataclasses`` generates ``__init__``): the
+        projector reads every record through it (costs in docs/benchmarks.md). The model field ``flatten`` (a model without validators) is read in line: its
         values take its place in the result, and its patterns join ours."""
         code = _Code()
         inner: _ModelReader | None = None
@@ -399,6 +398,7 @@ class _Code:
         self.out: list[tuple[str, str]] = []  # (key, local variable)
         self.patterns: dict[str, tuple[_Pattern, list[str]]] = {}  # one joined match each
         self.scope: dict[str, Any] = {"_View": _View, "_Unsure": _Unsure}
+        self.validators: tuple[Check, ...] = ()
 
     def read_field(self, source: str, name: str, var: str) -> None:
         if not name.isidentifier():
