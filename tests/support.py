@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import copy
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, ConsumerRecord
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from hypothesis import strategies as st
 
 __all__ = [
@@ -54,6 +54,30 @@ async def read_records(
         return records
     finally:
         await consumer.stop()
+
+
+async def read_to_end(bootstrap: str, topics: Sequence[str], partitions: int) -> list[ConsumerRecord[bytes, bytes]]:
+    """Every record of ``topics`` (``partitions`` each) up to their end offsets as of
+    now, partition by partition: no consumer group."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(t, p) for t in topics for p in range(partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        out: list[ConsumerRecord[bytes, bytes]] = []
+        for tp in tps:
+            while await consumer.position(tp) < ends[tp]:
+                out.extend((await consumer.getmany(tp, timeout_ms=1000)).get(tp, ()))
+        return out
+    finally:
+        await consumer.stop()
+
+
+def record_bytes(record: ConsumerRecord[bytes, bytes]) -> bytes:
+    """A record's key, value and header values as one blob (for raw canary scans)."""
+    return b"".join([record.key or b"", record.value or b"", *(v or b"" for _, v in record.headers or ())])
 
 
 async def wait_until(predicate: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> None:

@@ -17,10 +17,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from tests.domain.extraction.helpers import memory as mem
 from tests.fakes.openai_server import FakeOpenAI, Reply, fake_llm  # noqa: F401 - the fixture
-from tests.support import wait_until
+from tests.support import read_to_end, wait_until
 
 from memstream.domain.events import MessageObserved, Scope
 from memstream.llm import LLMClient
@@ -65,20 +64,8 @@ def _one_memory_per_turn(delay: float) -> Any:
 
 async def _event_records(settings: Settings, topics: Topics) -> list[tuple[bytes, bytes]]:
     """(record key, value) of everything in the events topic."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, group_id=None, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topics.events, p) for p in range(topics.partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        out = []
-        for tp in tps:
-            while await consumer.position(tp) < ends[tp]:
-                out += [(r.key or b"", r.value or b"") for r in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, ())]
-        return out
-    finally:
-        await consumer.stop()
+    records = await read_to_end(settings.bootstrap_servers, [topics.events], topics.partitions)
+    return [(r.key or b"", r.value or b"") for r in records]
 
 
 async def _keys_of(settings: Settings, topics: Topics, subject: Subject) -> list[bytes]:

@@ -12,8 +12,9 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 from tests.services.test_reflector import reflector_app, wait_for
+from tests.support import read_to_end, record_bytes
 
 from memstream.domain.events import Scope, utcnow
 from memstream.domain.reflection import decision_key
@@ -30,25 +31,20 @@ ALICE = Scope(team_id="acme", user_id="alice")
 BOB = Scope(team_id="acme", user_id="bob")
 
 
-async def raw_bytes(bootstrap: str, topics: list[str], partitions: int) -> list[bytes]:
-    """Key, value and headers of every record of ``topics``, as one blob each."""
+async def _topic_names(bootstrap: str) -> set[str]:
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
     await consumer.start()
     try:
-        existing = await consumer.topics()
-        assert set(topics) <= existing, set(topics) - existing
-        tps = [TopicPartition(t, p) for t in topics for p in range(partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        out = []
-        for tp in tps:
-            while await consumer.position(tp) < ends[tp]:
-                for r in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, ()):
-                    out.append(b"".join([r.key or b"", r.value or b"", *(v or b"" for _, v in r.headers or ())]))
-        return out
+        return set(await consumer.topics())
     finally:
         await consumer.stop()
+
+
+async def raw_bytes(bootstrap: str, topics: list[str], partitions: int) -> list[bytes]:
+    """Key, value and headers of every record of ``topics``, as one blob each."""
+    existing = await _topic_names(bootstrap)
+    assert set(topics) <= existing, set(topics) - existing
+    return [record_bytes(r) for r in await read_to_end(bootstrap, topics, partitions)]
 
 
 async def test_the_reflectors_state_is_sealed_and_forgotten_with_its_subject(

@@ -49,6 +49,19 @@ PARTITIONS = 6
 SPACES = [Scope(team_id="fleet", user_id=f"agent{i}") for i in range(18)]
 
 
+async def group_settings(
+    settings_for, bootstrap: str, topic_prefix: str, partitions: int = PARTITIONS, **overrides  # type: ignore[no-untyped-def]
+) -> tuple[Topics, Settings]:
+    """Fresh topics of ``partitions`` and the settings of a sharded worker group that
+    commits small batches often (``overrides`` on top)."""
+    topics = Topics(prefix=topic_prefix, partitions=partitions, replication_factor=1)
+    await ensure_topics(bootstrap, topics)
+    settings = settings_for(
+        topics, sharded=True, embedder="local", projector_batch_seconds=0.05, optimize_every_s=2.0, **overrides
+    )
+    return topics, settings
+
+
 class GroupWorker(WorkerProcess):
     def __init__(self, settings: Settings, workdir: Path, instance: str) -> None:
         super().__init__(settings, workdir)
@@ -112,16 +125,8 @@ def kcat_produce(settings: Settings, topic: str, event: MemoryAdded, tmp_path: P
 async def test_three_workers_lose_a_member_under_load_and_the_shards_stay_exact(
     kafka_bootstrap: str, topic_prefix: str, settings_for, tmp_path: Path  # type: ignore[no-untyped-def]
 ) -> None:
-    topics = Topics(prefix=topic_prefix, partitions=PARTITIONS, replication_factor=1)
-    await ensure_topics(kafka_bootstrap, topics)
-    settings = settings_for(
-        topics,
-        sharded=True,
-        embedder="local",
-        projector_batch_seconds=0.05,
-        optimize_every_s=2.0,
-        worker_session_timeout_s=6.0,
-        read_wait_max_s=30.0,
+    topics, settings = await group_settings(
+        settings_for, kafka_bootstrap, topic_prefix, worker_session_timeout_s=6.0, read_wait_max_s=30.0
     )
     workers = [GroupWorker(settings, tmp_path, f"w{i}") for i in range(3)]
     for w in workers:

@@ -31,6 +31,7 @@ from tests.services.test_shard_group import (
     Traffic,
     assert_replay_equals_live,
     assert_shards_exact,
+    group_settings,
     wait_caught_up,
     wait_until_progress,
 )
@@ -42,8 +43,6 @@ from memstream.sdk import Scope
 from memstream.services.shard_routing import space_partition
 from memstream.services.shard_status import shard_statuses
 from memstream.settings import Settings
-from memstream.streams.admin import ensure_topics
-from memstream.streams.topics import Topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -114,16 +113,9 @@ class Probe:
 async def test_rolling_restart_and_hand_overs_lose_nothing_and_reads_say_they_lag(
     kafka_bootstrap: str, topic_prefix: str, settings_for, tmp_path: Path  # type: ignore[no-untyped-def]
 ) -> None:
-    topics = Topics(prefix=topic_prefix, partitions=PARTITIONS, replication_factor=1)
-    await ensure_topics(kafka_bootstrap, topics)
-    settings = settings_for(
-        topics,
-        sharded=True,
-        embedder="local",
-        projector_batch_seconds=0.05,
-        optimize_every_s=2.0,
-        worker_session_timeout_s=SESSION_S,
-        read_wait_max_s=READ_WAIT_S,
+    topics, settings = await group_settings(
+        settings_for, kafka_bootstrap, topic_prefix, PARTITIONS,
+        worker_session_timeout_s=SESSION_S, read_wait_max_s=READ_WAIT_S,
     )
     workers = [GroupWorker(settings, tmp_path, f"w{i}") for i in range(3)]
     for w in workers:

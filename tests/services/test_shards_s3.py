@@ -16,7 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 from tests.s3_support import needs_s3, s3_prefix, storage_env, storage_settings  # noqa: F401 - fixture
-from tests.services.test_shard_group import SPACES, GroupWorker, Traffic, assert_shards_exact, wait_caught_up
+from tests.services.test_shard_group import (
+    SPACES, GroupWorker, Traffic, assert_shards_exact, group_settings, wait_caught_up,
+)
 
 from memstream.banks import create_key
 from memstream.interfaces.api import create_api
@@ -28,7 +30,6 @@ from memstream.services.shard_owner import ShardLeases, ShardLostError
 from memstream.services.shard_routing import open_store
 from memstream.services.shard_status import NotShardedError, shard_statuses
 from memstream.settings import Settings
-from memstream.streams.admin import ensure_topics
 from memstream.streams.topics import Topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, *needs_s3]
@@ -90,17 +91,9 @@ async def api_search(settings: Settings, tmp_path: Path, scope_index: int) -> li
 async def test_workers_project_into_s3_hand_over_through_leases_and_replay_equals_a_local_root(
     kafka_bootstrap: str, topic_prefix: str, settings_for, tmp_path: Path, s3_prefix: str  # type: ignore[no-untyped-def]
 ) -> None:
-    topics = Topics(prefix=topic_prefix, partitions=PARTITIONS, replication_factor=1)
-    await ensure_topics(kafka_bootstrap, topics)
-    settings = settings_for(
-        topics,
-        sharded=True,
-        embedder="local",
-        projector_batch_seconds=0.05,
-        optimize_every_s=2.0,
-        worker_session_timeout_s=SESSION_S,
-        storage_lease_ttl_s=LEASE_TTL_S,
-        **storage_settings(s3_prefix),
+    topics, settings = await group_settings(
+        settings_for, kafka_bootstrap, topic_prefix, PARTITIONS,
+        worker_session_timeout_s=SESSION_S, storage_lease_ttl_s=LEASE_TTL_S, **storage_settings(s3_prefix),
     )
     root = TableSets(settings.lance_dir).root
     assert isinstance(root, ObjectPath)

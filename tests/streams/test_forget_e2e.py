@@ -14,7 +14,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
+from tests.support import read_to_end, record_bytes
 
 from memstream.bench._common import WorkerProcess
 from memstream.domain.events import MemoryAdded, MessageObserved, Scope
@@ -67,21 +68,8 @@ async def _until(check, what: str, timeout_s: float = 90.0) -> None:  # type: ig
 
 
 async def _raw_records(settings, topics: Topics, extra: list[str] = ()) -> list[bytes]:  # type: ignore[no-untyped-def,assignment]
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, group_id=None, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        tps = [TopicPartition(t, p) for t in [*topics.kept_forever(), *extra] for p in range(topics.partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        out = []
-        for tp in tps:
-            while await consumer.position(tp) < ends[tp]:
-                for r in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, ()):
-                    out.append(b"".join([r.key or b"", r.value or b"", *(v or b"" for _, v in r.headers or ())]))
-        return out
-    finally:
-        await consumer.stop()
+    records = await read_to_end(settings.bootstrap_servers, [*topics.kept_forever(), *extra], topics.partitions)
+    return [record_bytes(r) for r in records]
 
 
 async def test_forget_converges_across_a_killed_worker_and_leaves_nothing(

@@ -7,7 +7,8 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
+from tests.support import read_to_end
 
 from memstream.domain.events import MemoryAdded, MessageObserved, Scope
 from memstream.sealing import is_sealed
@@ -21,20 +22,7 @@ pytestmark = pytest.mark.kafka
 
 
 async def _records(bootstrap: str, topic: str, partitions: int) -> list:  # type: ignore[type-arg]
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        out = []
-        for tp in tps:
-            while await consumer.position(tp) < ends[tp]:
-                out.extend((await consumer.getmany(tp, timeout_ms=1000)).get(tp, ()))
-        return out
-    finally:
-        await consumer.stop()
+    return await read_to_end(bootstrap, [topic], partitions)
 
 
 async def test_reseal_seals_a_plaintext_log_in_place(fresh_topics: Topics, settings_for) -> None:  # type: ignore[no-untyped-def]
