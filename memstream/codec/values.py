@@ -75,6 +75,11 @@ class ValuesRecord:
 
     __hash__ = None  # type: ignore[assignment]  # mutable, like the dict it stands for
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The class is made at run time: a decoder process sends its event class and
+        # the values, and the receiver rebuilds the record (``record_type`` is cached).
+        return (_rebuilt_record, (getattr(self, "_event"), tuple(getattr(self, n) for n in self.names)))
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.as_dict()!r})"
 
@@ -83,7 +88,14 @@ class ValuesRecord:
 def record_type(cls: type[EventBase]) -> type[ValuesRecord]:
     """The :class:`ValuesRecord` of ``cls``: one slot per name of ``value_names``."""
     names = value_names(cls)  # type: ignore[arg-type]  # classes are hashable
-    return type(f"{cls.__name__}Values", (ValuesRecord,), {"__slots__": names, "names": names})
+    return type(f"{cls.__name__}Values", (ValuesRecord,), {"__slots__": names, "names": names, "_event": cls})
+
+
+def _rebuilt_record(cls: type[EventBase], values: tuple[Any, ...]) -> ValuesRecord:
+    record = object.__new__(record_type(cls))  # type: ignore[arg-type]  # classes are hashable
+    for name, value in zip(record.names, values):
+        setattr(record, name, value)
+    return record
 
 
 def plain(value: Any) -> Any:

@@ -380,5 +380,7 @@ def test_a_values_record_holds_exactly_the_event_values_in_their_order() -> None
     assert other != record
     with pytest.raises(AttributeError):
         record.colour = "blue"  # type: ignore[attr-defined]  # slots: no stray value
+    # A decoder process sends records to the projector's process.
+    assert pickle.loads(pickle.dumps(record)) == record
     with pytest.raises(TypeError):
         hash(record)
