@@ -384,8 +384,7 @@ class _ModelReader:
         code.check(self, prefix="", skip=flatten if inner is not None else None)
         if inner is not None:
             code.check(inner, prefix=f"{flatten}__")
-        code.validate(self.validators)
-        self.source = code.source(self.record is not None)
+        code.validators = tuple(self.validators)
         return code.compile(self.cls.__name__, self.record)
 
 
@@ -423,9 +422,6 @@ class _Code:
                 var = prefix + name
                 self.scope[f"c_{var}"] = check
                 self.checks.append(f"    if {var} is not None: {var} = c_{var}({var})")
-
-    def validate(self, validators: list[Check]) -> None:
-        self.validators = tuple(validators)
 
     def source(self, record: bool) -> str:
         """A record (``record_type``) of the values, or for a nested model a dict."""
