@@ -20,8 +20,17 @@ team, so both isolation boundaries are crossed).
    and the source turn), so 30 writes/s are 15 turns and 15 memories a second. Every
    5th memory is read back at once: a search for its own content with its position
    as ``min_position`` must return it (read-your-writes);
-4. drain: one read per tenant waits for the last write's positions, then every memory
+   Writes not begun when the phase ends are skipped (``writes_skipped``): a late
+   write would run into the next phase;
+4. phase "writes alone": the writers alone for 10 s (at most the phase length), for
+   what a write costs each process (``cpu_ms_per_write``: API, worker, broker when it
+   is the local one, client; the read-backs included);
+5. drain: one read per tenant waits for the last write's positions, then every memory
    written is looked up in the store.
+
+``cpu_cores_alone`` / ``cpu_cores_mixed``: each process's CPU over a phase, in cores
+(``client`` is this process): on two shared cores, where the time of the mixed phase
+goes.
 
 Checked on every answer: ``errors_5xx`` (any 5xx), ``cross_tenant_results`` (a result
 whose team or user is not the caller's, or whose id is not one of the tenant's
@@ -71,6 +80,7 @@ from memstream.domain.events import EventBase, MemoryAdded, MessageObserved, Sco
 from memstream.projections.schema import MEMORIES, scoped_key
 from memstream.projections.store import LanceStore, chunked, in_list
 from memstream.settings import Settings, child_env
+from memstream.streams.broker.local import status as broker_status
 from memstream.streams.producer import MemstreamProducer
 
 __all__ = ["run", "DEFAULT_SECONDS", "QUICK_SECONDS", "DEFAULT_RATE", "TARGET_MIXED_RATIO", "TARGET_P99_RATIO"]
@@ -83,6 +93,7 @@ TARGET_P99_RATIO = 2.0
 SESSION_TURNS = 20
 _RYW_EVERY = 5
 _WARMUP_S = 5.0
+_WRITES_ALONE_S = 10.0
 _SETTLE_S = 12.0
 """Longer than the worker's maintenance period (10 s): the seed's indexes are current
 when the measured phases start."""
@@ -116,6 +127,16 @@ class PhaseLog:
     seconds: float = 0.0
     api_cpu_s: float | None = None
     """CPU time the API process used during the phase (its writes' included)."""
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    """CPU seconds of each process of the run during the phase (``api``, ``worker``
+    with its decoder, ``broker`` when it is the local one, ``client``: this one)."""
+
+    writes: int = 0
+    """Writes acknowledged during the phase."""
+
+    def cores(self) -> dict[str, float]:
+        """Each process's CPU over the phase, in cores."""
+        return {name: round(s / self.seconds, 3) for name, s in self.cpu_s.items()} if self.seconds > 0 else {}
 
     @property
     def per_s(self) -> float:
@@ -137,7 +158,8 @@ class Tally:
     ryw_failed: int = 0
     timeouts: int = 0
     """Requests the server did not answer within the client's 60 s."""
-    write_seconds: float = 0.0
+    writes_skipped: int = 0
+    """Writes due in a phase that no writer had begun when it ended."""
     last_positions: dict[str, dict[tuple[str, int], int]] = field(default_factory=dict)
 
     def answer(self, response: httpx.Response) -> bool:
@@ -326,10 +348,11 @@ class Load:
     """The searchers and writers, on one event loop in this process."""
 
     def __init__(
-        self, url: str, tenants: list[Tenant], searchers: int, rate: float, writers: int, api_pid: int
+        self, url: str, tenants: list[Tenant], searchers: int, rate: float, writers: int, pids: dict[str, int | None]
     ) -> None:
         self.url = url
-        self.api_pid = api_pid
+        self.pids = pids
+        """The processes whose CPU each phase records (``api`` first)."""
         self.tenants = tenants
         self.searchers = searchers
         self.rate = rate
@@ -378,24 +401,37 @@ class Load:
             return None
         return response
 
-    async def search_for(self, seconds: float, log: PhaseLog | None, *, write: bool = False) -> None:
-        """Run the searchers (and, with ``write``, the writers) for ``seconds``."""
+    async def search_for(self, seconds: float, log: PhaseLog | None, *, write: bool = False, search: bool = True) -> None:
+        """Run the searchers (unless not ``search``) and, with ``write``, the writers
+        for ``seconds``; writes not begun by then are skipped (counted)."""
         self._stop.clear()
         async with self._client() as client:
-            tasks = [asyncio.ensure_future(self._searcher(client, i)) for i in range(self.searchers)]
+            tasks = [asyncio.ensure_future(self._searcher(client, i)) for i in range(self.searchers if search else 0)]
             if write:
                 tasks.append(asyncio.ensure_future(self._write(client, seconds)))
             started = time.perf_counter()
-            cpu = process_cpu_seconds(self.api_pid)
+            cpu = self._cpu()
+            writes = self.tally.writes
             self.phase = log
             await asyncio.sleep(seconds)
             self.phase = None
             if log is not None:
                 log.seconds = time.perf_counter() - started
-                after = process_cpu_seconds(self.api_pid)
-                log.api_cpu_s = after - cpu if after is not None and cpu is not None else None
+                log.writes = self.tally.writes - writes
+                after = self._cpu()
+                log.cpu_s = {name: after[name] - cpu[name] for name in after.keys() & cpu.keys()}
+                log.api_cpu_s = log.cpu_s.get("api")
             self._stop.set()
             await asyncio.gather(*tasks)
+
+    def _cpu(self) -> dict[str, float]:
+        """CPU seconds so far of each process (this one's own, without its children)."""
+        out = {"client": time.process_time()}
+        for name, pid in self.pids.items():
+            used = process_cpu_seconds(pid)
+            if used is not None:
+                out[name] = used
+        return out
 
     async def _write(self, client: httpx.AsyncClient, seconds: float) -> None:
         """Writes at ``rate`` for ``seconds`` by ``writers`` tasks: write ``i`` is due
@@ -405,6 +441,9 @@ class Load:
         started = time.perf_counter()
         n = int(seconds * self.rate / 2)  # pairs: a turn, then a memory drawn from it
         for i in range(n):
+            if self._stop.is_set():
+                self.tally.writes_skipped += 2 * (n - i)
+                break
             due = started + 2 * i / self.rate
             delay = due - time.perf_counter()
             if delay > 0:
@@ -413,8 +452,8 @@ class Load:
         for _ in workers:
             queue.put_nowait(None)
         await asyncio.gather(*workers)
-        self.tally.write_seconds = time.perf_counter() - started
-        await asyncio.gather(*self._reads)
+        reads, self._reads = self._reads, []
+        await asyncio.gather(*reads)
 
     async def _writer(self, client: httpx.AsyncClient, w: int, queue: asyncio.Queue[int | None]) -> None:
         tenant = self.tenants[w % len(self.tenants)]
@@ -423,6 +462,9 @@ class Load:
             i = await queue.get()
             if i is None:
                 return
+            if self._stop.is_set():  # the phase is over: a late write would run into the next
+                self.tally.writes_skipped += 2
+                continue
             text = f"{self._words[i % len(self._words)]} code{w}x{n}q"
             session = f"w{w:02d}-s{n // SESSION_TURNS:04d}"
             turn_id = f"{tenant.name}-w{w:02d}-t{n:06d}"
@@ -464,6 +506,13 @@ class Load:
                         "/v1/search", params={"q": "drain", "k": 1, "min_position": positions}, headers=tenant.headers
                     )
                     self.tally.answer(response)
+
+
+def _broker_pid(settings: Settings) -> int | None:
+    """The local broker's process id (``None``: an external broker). The benchmark's
+    settings have a home of their own: the broker's is the environment's."""
+    found = broker_status(Settings(bootstrap_servers=settings.bootstrap_servers))
+    return found.pid if found.state == "running" else None
 
 
 def _missing(settings: Settings, tenants: list[Tenant]) -> int:
@@ -524,7 +573,7 @@ def run(
             assert api.pid is not None and worker.pid is not None
             sampler = RssSampler({"api": api.pid, "worker": worker.pid})
             sampler.start()
-            load = Load(api.url, tenants, searchers, rate, writers, api.pid)
+            load = Load(api.url, tenants, searchers, rate, writers, {"api": api.pid, "worker": worker.pid, "broker": _broker_pid(settings)})
             status(f"settling ({_SETTLE_S:.0f} s: the worker's maintenance makes the indexes current)")
             time.sleep(_SETTLE_S)
             asyncio.run(load.search_for(_WARMUP_S, None))
@@ -536,6 +585,9 @@ def run(
             mixed_started = time.perf_counter()
             asyncio.run(load.search_for(mixed_s, mixed, write=True))
             mixed_ended = time.perf_counter()
+            writes_alone = PhaseLog()
+            status(f"phase 3: {rate:g} writes/s alone for {min(_WRITES_ALONE_S, alone_s):.0f} s (their CPU cost)")
+            asyncio.run(load.search_for(min(_WRITES_ALONE_S, alone_s), writes_alone, write=True, search=False))
             status("draining: waiting for the last writes to be projected")
             asyncio.run(load.drain())
             missing = _missing(settings, tenants)
@@ -548,7 +600,7 @@ def run(
     assert sampler is not None
     tally = load.tally
     half = mixed_started + (mixed_ended - mixed_started) / 2
-    figures = _figures(alone, mixed, tally, sampler, half, mixed_ended, missing)
+    figures = _figures(alone, mixed, writes_alone, tally, sampler, half, mixed_ended, missing)
     result: dict[str, Any] = {
         "benchmark": "mixed",
         "quick": quick,
@@ -568,11 +620,11 @@ def run(
 
 
 def _figures(
-    alone: PhaseLog, mixed: PhaseLog, tally: Tally, sampler: RssSampler, half: float, end: float, missing: int
+    alone: PhaseLog, mixed: PhaseLog, writes_alone: PhaseLog, tally: Tally, sampler: RssSampler, half: float, end: float,
+    missing: int,
 ) -> dict[str, Any]:
     a50, a99 = percentile(alone.samples_ms, 50), percentile(alone.samples_ms, 99)
     m50, m99 = percentile(mixed.samples_ms, 50), percentile(mixed.samples_ms, 99)
-    write_s = tally.write_seconds or mixed.seconds
     out = {
         "searches_per_s_alone": alone.per_s,
         "searches_per_s_mixed": mixed.per_s,
@@ -584,7 +636,12 @@ def _figures(
         "p99_ratio": m99 / a99 if a99 else None,
         "api_cpu_ms_per_search_alone": _cpu_ms(alone),
         "api_cpu_ms_per_search_mixed": _cpu_ms(mixed),
-        "writes_per_s": tally.writes / write_s,
+        "cpu_cores_alone": alone.cores(),
+        "cpu_cores_mixed": mixed.cores(),
+        "cpu_ms_per_write": _per_write(writes_alone),
+        "writes_per_s": mixed.writes / mixed.seconds if mixed.seconds else 0.0,
+        "writes_per_s_alone": writes_alone.writes / writes_alone.seconds if writes_alone.seconds else 0.0,
+        "writes_skipped": tally.writes_skipped,
         "memories_written": tally.memories_written,
         "errors_5xx": tally.errors_5xx,
         "errors_4xx": tally.other_errors,
@@ -607,12 +664,24 @@ def _figures(
     return out
 
 
+def _per_write(phase: PhaseLog) -> dict[str, float]:
+    """Each process's CPU per write in a phase of writes alone (its read-backs
+    included): what the write path costs the machine."""
+    if not phase.writes:
+        return {}
+    return {name: round(s * 1000.0 / phase.writes, 2) for name, s in phase.cpu_s.items()}
+
+
 def _cpu_ms(phase: PhaseLog) -> float | None:
     """The API's CPU per search of a phase: how much work a search costs, whatever
     else the machine's cores were busy with."""
     if phase.api_cpu_s is None or not phase.samples_ms:
         return None
     return phase.api_cpu_s * 1000.0 / len(phase.samples_ms)
+
+
+def _cores_text(cores: dict[str, float]) -> str:
+    return " ".join(f"{name} {value:.2f}" for name, value in sorted(cores.items()))
 
 
 def _print(r: dict[str, Any]) -> None:
@@ -633,6 +702,8 @@ def _print(r: dict[str, Any]) -> None:
                 f"{num(r['api_cpu_ms_per_search_alone'])} -> {num(r['api_cpu_ms_per_search_mixed'])}",
                 "alone -> mixed (mixed includes the writes' handling)",
             ),
+            ("CPU cores mixed", _cores_text(r["cpu_cores_mixed"]), "alone: " + _cores_text(r["cpu_cores_alone"])),
+            ("CPU ms per write", _cores_text(r["cpu_ms_per_write"]), f"{num(r['writes_per_s_alone'])} writes/s alone, read-backs included"),
             ("writes/s", num(r["writes_per_s"]), f"{r['memories_written']:,} memories (each with its turn)"),
             ("errors_5xx", str(r["errors_5xx"]), f"4xx: {r['errors_4xx']}, client timeouts (60 s): {r['client_timeouts']}"),
             ("ryw_failed", str(r["ryw_failed"]), f"of {r['ryw_checks']} read-backs with min_position"),
