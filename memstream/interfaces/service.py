@@ -30,7 +30,7 @@ from aiokafka.errors import KafkaError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from memstream import metrics
-from memstream.domain.access import ReadScope, read_scope_of
+from memstream.domain.access import ReadScope
 from memstream.domain.events import EventBase, Identifier, MemoryType, Name, Scope, describe_validation_error
 from memstream.domain.log import LogPosition
 from memstream.domain.reflection import ReflectionContext
@@ -39,6 +39,7 @@ from memstream.projections.http_reranker import HttpReranker, build_reranker
 from memstream.projections.reflections import context_for
 from memstream.projections.schema import POSITIONS
 from memstream.projections.search import SearchCache, SearchFilters, SearchResult, search
+from memstream.projections.search_owners import MemoryOwners
 from memstream.projections.store import LanceStore
 from memstream.projections.table_sets import CurrentStore
 from memstream.projections.shards import ShardedStore
@@ -116,6 +117,7 @@ class MemoryService:
         self._store: CurrentStore[LanceStore] | None = None  # follows a replay's swap
         self.embedder: Embedder | None = None
         self.search_cache = SearchCache()  # what searches read, kept between them
+        self.owners = MemoryOwners(self.search_cache)  # the owner check's id -> agent, per space
         self.reranker: HttpReranker | None = build_reranker(settings)
         self._offsets: AIOKafkaConsumer | None = None
         self._offsets_lock = asyncio.Lock()
@@ -331,8 +333,9 @@ class MemoryService:
         return result
 
     async def memory_owner(self, scope: Scope, memory_id: str) -> str | None:
-        """The agent that owns ``memory_id`` in the scope's space, if it is stored."""
-        return await asyncio.to_thread(self.store_for(scope).memory_owner, read_scope_of(scope), memory_id)
+        """The agent that owns ``memory_id`` in the scope's space, if it is stored (as
+        the table's latest version has it: the space's ids are kept and carried)."""
+        return await asyncio.to_thread(self.owners.owner, self.store_for(scope), scope, memory_id)
 
     async def lessons(self, scope: Scope | ReadScope, subject: str, budget_tokens: int) -> ReflectionContext:
         """Past lessons on ``subject`` the read scope sees (a pinned scope: its agent's)."""
