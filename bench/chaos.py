@@ -733,7 +733,7 @@ def run_plan(
     """Run ``plan`` (see the module docstring) and return the summary; ``sharded``: the
     worker writes one shard per partition (its group projector), and the summary gives
     each shard's disk use against a replayed set's."""
-    from memstream.bench.disk_use import disk_ratios, set_bytes
+    from memstream.bench.disk_use import disk_ratios, drop_replaced_versions, set_bytes
     from memstream.projections.embedder import build_embedder
     from memstream.projections.table_sets import TableSets
     from memstream.services.replay import PHASE_VERIFY, replay
@@ -857,6 +857,7 @@ def run_plan(
         )
         replay_start = time.monotonic()
         replayed_bytes: dict[str, int] = {}
+        replayed_newest_bytes: dict[str, int] = {}
 
         sets_dir = TableSets(settings.lance_dir).path_of("built").parent
 
@@ -864,6 +865,8 @@ def run_plan(
             if phase == PHASE_VERIFY:
                 built = max((d for d in sets_dir.iterdir() if d.is_dir() and d != live_dir), key=lambda d: d.stat().st_mtime)
                 replayed_bytes.update(set_bytes(built))
+                drop_replaced_versions(built)  # the build's own history: gone a grace after its swap
+                replayed_newest_bytes.update(set_bytes(built))
 
         report = asyncio.run(replay(settings, dry_run=True, on_phase=measure))
         figures["projection_matches_replay"] = not report.differences and bool(report.live_matches)
@@ -871,6 +874,8 @@ def run_plan(
         figures["replay_s"] = round(time.monotonic() - replay_start, 1)
         figures["disk_bytes_live"], figures["disk_bytes_replayed"] = live_bytes, replayed_bytes
         figures["disk_live_over_replayed"] = disk_ratios(live_bytes, replayed_bytes)
+        figures["disk_bytes_replayed_newest"] = replayed_newest_bytes
+        figures["disk_live_over_replayed_newest"] = disk_ratios(live_bytes, replayed_newest_bytes)
         console.print(f"replay of the log: matches the live projection: {figures['projection_matches_replay']}")
 
         # the worker compacts on a timer while it runs; it was just stopped, so do its

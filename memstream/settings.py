@@ -36,6 +36,7 @@ __all__ = [
     "ENV_PREFIX",
     "CONFIG_FILE",
     "HOME_RELATIVE_PATHS",
+    "READER_GRACE_S",
 ]
 
 ENV_PREFIX = "MEMSTREAM_"
@@ -54,6 +55,9 @@ HOME_RELATIVE_PATHS = (
 )
 """Path settings that, when relative, are resolved under ``home``."""
 
+
+READER_GRACE_S = 30.0
+"""Default of ``Settings.reader_grace_s`` (also what a table set opened without settings keeps)."""
 
 OBJECT_SCHEMES = ("s3://",)
 """Storage roots on an object store (``lance_dir``). Only S3 and S3-compatible stores:
@@ -191,8 +195,14 @@ class Settings(BaseSettings):
     """Between maintenance runs, the projector also compacts after this many commits
     (a steady stream of small writes otherwise leaves dozens of small fragments, which
     every read opens)."""
-    cleanup_every_s: float = Field(default=300.0, gt=0)
-    """How often the worker drops table versions older than five minutes."""
+    reader_grace_s: float = Field(default=READER_GRACE_S, gt=0)
+    """How long a table version stays readable after a newer one replaced it. A reader
+    (API, MCP, CLI, extractor) reads at the newest version, so it can be on a replaced
+    one only for the LanceDB call it started just before the commit (a search: well
+    under a second; the rest is margin for a slow object store). The worker's
+    maintenance drops versions replaced longer ago, with the files only they use, every
+    half of this (so at most 1.5 times it of replaced versions is on disk); a forget's
+    shredding waits this long before its last step (docs/operations-storage.md)."""
 
     # --- Embeddings -------------------------------------------------------------------
     embedder: str = "onnx"

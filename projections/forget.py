@@ -4,10 +4,11 @@ A LanceDB delete only marks rows deleted: the row bytes stay in the data files (
 older table versions) until compaction rewrites the fragments and the old versions
 are cleaned up. So forgetting deletes the subject's rows from every scoped table,
 rewrites every fragment that holds a deletion, folds the change into the indexes and
-removes the older versions and the files only they used. Versions younger than
-:data:`READER_GRACE` stay for readers in other processes that may still be on them
-(a search must not fail because its files vanished); :func:`drop_old_versions` removes
-them once the grace has passed (the projector calls it from its maintenance).
+removes the older versions and the files only they used. Versions younger than the
+store's ``reader_grace`` (``Settings.reader_grace_s``) stay for readers in other
+processes that may still be on them (a search must not fail because its files
+vanished); :func:`drop_old_versions` removes them once the grace has passed (the
+projector calls it from its maintenance).
 """
 
 from __future__ import annotations
@@ -18,10 +19,7 @@ from typing import Any, Protocol
 
 from memstream.projections.schema import POSITIONS, TABLE_NAMES
 
-__all__ = ["SCOPED_TABLES", "READER_GRACE", "subject_where", "delete_subject", "shred_deleted_rows", "drop_old_versions"]
-
-READER_GRACE = datetime.timedelta(seconds=30)
-"""How long a table version a reader may still be on outlives a forget."""
+__all__ = ["SCOPED_TABLES", "subject_where", "delete_subject", "shred_deleted_rows", "drop_old_versions"]
 
 SCOPED_TABLES: tuple[str, ...] = tuple(name for name in TABLE_NAMES if name != POSITIONS)
 """Every table whose rows belong to one memory space (all but the positions)."""
@@ -54,9 +52,7 @@ def delete_subject(store: Tables, team_id: str, user_id: str | None = None) -> d
     return deleted
 
 
-def shred_deleted_rows(
-    store: Tables, tables: tuple[str, ...] = SCOPED_TABLES, grace: datetime.timedelta = READER_GRACE
-) -> None:
+def shred_deleted_rows(store: Tables, grace: datetime.timedelta, tables: tuple[str, ...] = SCOPED_TABLES) -> None:
     """Rewrite the fragments holding deleted rows, refresh the indexes, and drop the
     versions older than ``grace`` with their files; after :func:`drop_old_versions`
     (``grace`` later) no deleted row stays in a table's files."""
@@ -71,12 +67,10 @@ def shred_deleted_rows(
                 warnings.simplefilter("ignore", UserWarning)
                 ds.optimize.optimize_indices()
         tbl.checkout_latest()
-    drop_old_versions(store, tables, grace)
+    drop_old_versions(store, grace, tables)
 
 
-def drop_old_versions(
-    store: Tables, tables: tuple[str, ...] = SCOPED_TABLES, older_than: datetime.timedelta = READER_GRACE
-) -> None:
+def drop_old_versions(store: Tables, older_than: datetime.timedelta, tables: tuple[str, ...] = SCOPED_TABLES) -> None:
     """Remove the versions older than ``older_than`` and the files only they use."""
     for name in tables:
         ds = store.table(name).to_lance()

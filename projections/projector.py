@@ -47,7 +47,7 @@ from memstream.domain.events import (
 )
 from memstream.domain.log import LogPosition, PositionedEvent
 from memstream.projections.embedder import Embedder, embed_array
-from memstream.projections.forget import READER_GRACE, delete_subject, drop_old_versions, shred_deleted_rows
+from memstream.projections.forget import delete_subject, drop_old_versions, shred_deleted_rows
 from memstream.projections.plan_writer import SUPERSEDING_RELATIONS, Plan, PlanWriter, derive_view
 from memstream.projections.rows import (
     decision_update,
@@ -109,7 +109,7 @@ class Projector:
         # without a LanceDB query per batch.
         self._positions: dict[tuple[str, int], int] | None = None
         # After a forget: when the versions readers may still be on can go (monotonic).
-        self.reader_grace = READER_GRACE
+        self.reader_grace = store.reader_grace
         self.shred_due: float | None = None
         self._handlers: dict[type[EventBase], Callable[[PositionedEvent, Plan], None]] = {
             MessageObserved: self._on_message,

@@ -214,9 +214,8 @@ class ShardedStore:
     def compact(self, *args: Any, **kwargs: Any) -> int:
         return sum(int(s.compact(*args, **kwargs)) for s in self.shards.values())
 
-    def cleanup_versions(self) -> None:
-        for s in self.shards.values():
-            s.cleanup_versions()
+    def cleanup_versions(self, *args: Any, **kwargs: Any) -> int:
+        return sum(int(s.cleanup_versions(*args, **kwargs)) for s in self.shards.values())
 
     def optimize_indexes(self) -> None:
         for s in self.shards.values():

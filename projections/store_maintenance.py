@@ -15,8 +15,11 @@ Indexes (created by :meth:`StoreMaintenance.ensure_indexes`, kept current by
   the merge key (see ``memstream.projections.schema`` for the LanceDB bugs this avoids).
 
 Many small writes make many fragments and versions; :meth:`StoreMaintenance.compact`
-merges the recent ones and :meth:`StoreMaintenance.cleanup_versions` removes versions
-older than ``keep_versions`` (readers in other processes keep theirs that long).
+merges the recent ones and :meth:`StoreMaintenance.cleanup_versions` removes the
+versions a newer one replaced more than ``reader_grace`` ago (:func:`replaced_versions`).
+Counted from the replacement, not from the version's own commit as Lance's
+``older_than`` counts: a reader reads at the newest version, so what it may still be on
+is whatever was newest a moment ago, however old that version is.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import hashlib
 import logging
 import time
 import warnings
+from collections.abc import Iterable
+from datetime import timedelta
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -43,7 +48,7 @@ from memstream.projections.schema import (
 )
 from memstream.projections.store_positions import StorePositions
 
-__all__ = ["StoreMaintenance", "VECTOR_REFINE_FACTOR", "COMPACT_TARGET_ROWS", "SCALAR_INDEXES"]
+__all__ = ["StoreMaintenance", "VECTOR_REFINE_FACTOR", "COMPACT_TARGET_ROWS", "SCALAR_INDEXES", "replaced_versions"]
 
 log = logging.getLogger("memstream.projections")
 
@@ -63,6 +68,14 @@ SCALAR_INDEXES: dict[str, tuple[str, ...]] = {
     DECISIONS: ("team_id", "user_id"),
 }
 """BTree indexes per table (never on ``pk``)."""
+
+
+def replaced_versions(versions: Iterable[tuple[int, float]], before: float, below: int) -> list[int]:
+    """Of a table's ``(version, commit time)`` pairs (epoch seconds), the versions a
+    newer one replaced before ``before`` and numbered below ``below`` (a version still
+    in use). The newest is never among them."""
+    ordered = sorted(versions)
+    return [v for (v, _), (_, replaced_at) in zip(ordered, ordered[1:]) if replaced_at < before and v < below]
 
 
 class StoreMaintenance(StorePositions):
@@ -125,14 +138,23 @@ class StoreMaintenance(StorePositions):
         return self._vector_index
 
     def optimize(self) -> None:
-        """Compact fragments, fold new rows into every index (FTS included) and drop
-        versions older than ``keep_versions``, on every table."""
+        """Compact every table towards LanceDB's large fragments, fold new rows into
+        every index (FTS included) and drop the versions replaced more than
+        ``reader_grace`` ago (:meth:`cleanup_versions`; not LanceDB's ``optimize``,
+        whose cleanup counts from each version's own commit)."""
         self.prune_positions()
         for name in TABLE_NAMES:
             tbl = self.table(name)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
-                tbl.optimize(cleanup_older_than=self.keep_versions)
+            ds = tbl.to_lance()
+            ds = ds.checkout_version(ds.latest_version)
+            ds.optimize.compact_files()
+            ds = ds.checkout_version(ds.latest_version)
+            if ds.describe_indices():
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)
+                    ds.optimize.optimize_indices()
+            tbl.checkout_latest()
+        self.cleanup_versions()
 
     def compact(self, target_rows: int = COMPACT_TARGET_ROWS, *, refresh: bool = True) -> int:
         """Merge the small fragments that batched writes leave behind into fragments
@@ -160,13 +182,25 @@ class StoreMaintenance(StorePositions):
             done += 1
         return done
 
-    def cleanup_versions(self) -> None:
-        """Delete table versions older than ``keep_versions`` (readers in other
-        processes keep the version they are reading for that long)."""
+    def cleanup_versions(self, grace: timedelta | None = None) -> int:
+        """On every table, drop the versions a newer one replaced more than ``grace``
+        (default ``reader_grace``) ago, with the files only they use; returns how many
+        were dropped. Never the version this store's own handle is on: the writer's
+        handle stays where its last commit left it while maintenance commits beside
+        it, and its next merge reads through it."""
+        grace = self.reader_grace if grace is None else grace
+        dropped = 0
         for name in TABLE_NAMES:
-            ds = self.table(name).to_lance()
+            tbl = self.table(name)
+            in_use = int(tbl.version)
+            ds = tbl.to_lance()
             ds = ds.checkout_version(ds.latest_version)
-            ds.cleanup_old_versions(older_than=self.keep_versions)
+            before = time.time() - grace.total_seconds()
+            old = replaced_versions(((v["version"], v["timestamp"].timestamp()) for v in ds.versions()), before, in_use)
+            if old:
+                ds.cleanup_old_versions(versions=old)
+                dropped += len(old)
+        return dropped
 
     def optimize_indexes(self) -> None:
         """Fold rows written since the last call into every table's indexes (FTS,

@@ -21,7 +21,7 @@ from memstream.projections.object_paths import RootPath, as_path, lance_options
 from memstream.projections.schema import MEMORIES, TABLE_NAMES, schema_for
 from memstream.projections.store_filters import EmbedderMismatchError, StoreError, chunked, in_list
 from memstream.projections.table_sets import TableSets
-from memstream.settings import Settings
+from memstream.settings import READER_GRACE_S, Settings
 
 __all__ = ["StoreTables", "json_or_none"]
 
@@ -46,13 +46,14 @@ class StoreTables:
         embedding_dim: int,
         read_consistency_interval: timedelta | None = None,
         vector_index_threshold: int = 100_000,
-        keep_versions: timedelta = timedelta(minutes=5),
+        reader_grace: timedelta = timedelta(seconds=READER_GRACE_S),
         create: bool = True,
     ) -> None:
         """``create=False`` opens an existing table set for reading only: nothing is
         created (no directory, table or index), and :class:`StoreError` is raised when
         a table is missing. A reader in the writer's process uses it to open the
-        tables beside the writer without racing it to create them."""
+        tables beside the writer without racing it to create them. ``reader_grace``:
+        how long a replaced table version stays for readers (``Settings.reader_grace_s``)."""
         self.root: RootPath = as_path(root)
         if create:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -60,7 +61,7 @@ class StoreTables:
             raise StoreError(f"{self.root} has no table set yet")
         self.embedding_dim = int(embedding_dim)
         self.vector_index_threshold = int(vector_index_threshold)
-        self.keep_versions = keep_versions
+        self.reader_grace = reader_grace
         self._db = lancedb.connect(
             str(self.root),
             read_consistency_interval=read_consistency_interval,
@@ -99,6 +100,7 @@ class StoreTables:
             embedding_dim=settings.embedding_dim,
             read_consistency_interval=read_consistency_interval,
             vector_index_threshold=settings.vector_index_threshold,
+            reader_grace=timedelta(seconds=settings.reader_grace_s),
             create=create,
         )
 

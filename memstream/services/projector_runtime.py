@@ -124,7 +124,7 @@ class ProjectorRuntime:
         self._indexer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-index")
         self._embedding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-embed")
         self._index_build: asyncio.Future[None] | None = None
-        # -inf: a worker restarted more often than cleanup_every_s still drops old
+        # -inf: a worker restarted more often than its cleanup cadence still drops old
         # versions at its first maintenance (else they pile up under kill storms).
         self._cleaned_at = float("-inf")
         self._commits_since_compaction = 0
@@ -318,8 +318,8 @@ class ProjectorRuntime:
 
         Every call (``optimize_every_s``) runs on the indexer thread, *beside* the
         writer: it merges the small fragments of recent batches (a small target
-        fragment size, so only recent rows are rewritten), drops old versions every
-        ``cleanup_every_s``, folds the new rows into the indexes (a reader meanwhile
+        fragment size, so only recent rows are rewritten), every half
+        ``reader_grace_s`` drops the versions replaced longer than that ago, folds the new rows into the indexes (a reader meanwhile
         scans the few unindexed rows exactly) and starts the IVF_PQ build once it is due
         (minutes at a million rows). Beside the writer because the writer now mostly
         *appends* (new keys, positions), and LanceDB rebases an append over a
@@ -337,7 +337,7 @@ class ProjectorRuntime:
         if self._index_build is not None and not self._index_build.done():
             return
         loop = asyncio.get_running_loop()
-        cleanup = time.monotonic() - self._cleaned_at >= self.settings.cleanup_every_s
+        cleanup = time.monotonic() - self._cleaned_at >= self.settings.reader_grace_s / 2
         self._commits_since_compaction = 0
         self._index_build = loop.run_in_executor(self._indexer, self._maintain_beside_writer, cleanup, indexes)
 
@@ -346,22 +346,25 @@ class ProjectorRuntime:
         if hasattr(self.projector, "finish_shredding"):
             self.projector.finish_shredding()  # type: ignore[attr-defined]  # a forget's last step
         try:
-            compacted = self._compact(cleanup)
+            compacted = int(self.store.compact(refresh=False))
         except Exception as exc:  # noqa: BLE001 - a conflicting write wins; retried next time
             log.info("LanceDB compaction did not commit (will retry): %s: %s", type(exc).__name__, exc)
         else:
-            if cleanup:
-                self._cleaned_at = time.monotonic()
             if compacted:
                 log.debug("compacted %d tables in %.2fs beside the writer", compacted, time.monotonic() - started)
+        if cleanup:  # even when the compaction lost: under a busy writer it often does
+            self._drop_replaced_versions()
         if indexes:
             self._update_indexes()
 
-    def _compact(self, cleanup: bool) -> int:
-        compacted = int(self.store.compact(refresh=False))
-        if cleanup:
-            self.store.cleanup_versions()
-        return compacted
+    def _drop_replaced_versions(self) -> None:
+        try:
+            dropped = self.store.cleanup_versions()
+        except Exception as exc:  # noqa: BLE001 - retried at the next maintenance
+            log.info("dropping replaced table versions failed (will retry): %s: %s", type(exc).__name__, exc)
+        else:
+            self._cleaned_at = time.monotonic()
+            log.debug("dropped %s replaced table versions", dropped)
 
     def _update_indexes(self) -> None:
         try:

@@ -151,7 +151,7 @@ class GroupRuntime(ProjectorRuntime):
             await self.reopen(make)
             if partitions - self.owned:
                 # A shard just taken (a worker restarted, a shard moved) drops its old
-                # versions at the next maintenance, not cleanup_every_s of uptime later:
+                # versions at the next maintenance, not a cleanup period of uptime later:
                 # workers killed more often than that never dropped any (bench chaos).
                 self._cleaned_at = float("-inf")
             self.owned = partitions

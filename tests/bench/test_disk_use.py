@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from memstream.bench.disk_use import dir_bytes, disk_ratios, set_bytes
+import lance
+import pyarrow as pa
+
+from memstream.bench.disk_use import dir_bytes, disk_ratios, drop_replaced_versions, set_bytes
 from memstream.projections.shards import init_layout, shard_dir
 
 
@@ -29,3 +32,15 @@ def test_ratios_per_shard_in_all_and_the_worst() -> None:
     ratios = disk_ratios({"0": 300, "1": 100, "2": 50}, {"0": 100, "1": 100, "2": 0})
     assert ratios == {"per_shard": {"0": 3.0, "1": 1.0, "2": None}, "total": 2.25, "worst": 3.0}
     assert disk_ratios({"0": 1}, {"0": 0}) == {"per_shard": {"0": None}, "total": None, "worst": None}
+
+
+def test_a_built_set_without_its_replaced_versions_keeps_only_the_newest(tmp_path: Path) -> None:
+    table = shard_dir(tmp_path / "built", 0) / "memories.lance"
+    for i in range(5):
+        lance.write_dataset(pa.table({"x": list(range(100 * i, 100 * i + 100))}), str(table), mode="overwrite")
+    before = dir_bytes(tmp_path / "built")
+    drop_replaced_versions(tmp_path / "built")
+    ds = lance.dataset(str(table))
+    assert [v["version"] for v in ds.versions()] == [5]
+    assert ds.to_table().column("x").to_pylist() == list(range(400, 500))
+    assert dir_bytes(tmp_path / "built") < before / 2

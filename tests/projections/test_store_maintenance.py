@@ -4,9 +4,13 @@ alone and beside the writer."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
+
+import lance
 
 from tests.projections.projection_helpers import DIM, EVENTS_TOPIC, link, memory, positioned
 
@@ -16,6 +20,8 @@ from memstream.projections.projector import Projector
 from memstream.projections.schema import MEMORIES
 from memstream.projections.search import text_search, vector_search
 from memstream.projections.store import LanceStore
+from memstream.projections.store_maintenance import replaced_versions
+from memstream.settings import Settings
 
 ALICE = Scope(team_id="acme", user_id="alice")
 
@@ -227,3 +233,78 @@ def test_compact_merges_small_fragments_only(tmp_path: Path) -> None:
     assert [h.memory_id for h in text_search(store, None, ALICE, "batch 11 row 24", k=1)] == ["m11-24"]
     store.cleanup_versions()
     assert store.count(MEMORIES) == 300
+
+
+def _bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _store(path: Path, reader_grace_s: float = 3600.0) -> LanceStore:
+    settings = Settings(home=path.parent, embedding_dim=DIM, embedder="local", reader_grace_s=reader_grace_s)
+    return LanceStore.from_settings(settings, path)
+
+
+def _batches(projector: Projector, n: int, start: int = 0) -> int:
+    """``n`` small batches of new memories (a version and a fragment each); the next offset."""
+    offset = start
+    for b in range(n):
+        batch = [memory(ALICE, f"m{offset + i}", f"batch {b} fact {offset + i} about the harbor") for i in range(20)]
+        projector.apply(positioned(batch, start=offset))
+        offset += len(batch)
+    return offset
+
+
+def test_a_version_counts_as_old_from_when_it_was_replaced() -> None:
+    now = time.time()
+    versions = [(1, now - 600), (2, now - 400), (3, now - 5), (4, now - 1)]
+    # v2 was committed long ago but was the newest until 5 s ago: a reader may be on it
+    assert replaced_versions(versions, before=now - 30, below=99) == [1]
+    assert replaced_versions(versions, before=now, below=99) == [1, 2, 3]  # the newest stays
+    assert replaced_versions(reversed(versions), before=now, below=2) == [1]  # a handle on v2 keeps it
+
+
+def test_maintenance_drops_versions_replaced_longer_ago_than_the_readers_grace(tmp_path: Path) -> None:
+    """Writes over many versions, then compaction: within the readers' grace a reader
+    on an older version still reads it; once the grace (the setting, made short here)
+    has passed, the old versions go and the set is about the size of a replayed one."""
+    live = tmp_path / "live"
+    writer = _store(live)
+    projector = Projector(writer, LocalEmbedder(DIM))
+    end = _batches(projector, 30)
+    memories = writer.table(MEMORIES)
+    reader = lance.dataset(str(live / "memories.lance"), version=memories.version)  # a search under way
+    assert writer.compact(target_rows=10_000) >= 1
+    writer.optimize_indexes()
+    assert writer.cleanup_versions() == 0  # every version was replaced within the grace
+    assert reader.to_table(columns=["memory_id"]).num_rows == end
+    grown = _bytes(live)
+
+    end = _batches(projector, 1, start=end)  # the writer moves on
+    writer.reader_grace = timedelta(0)  # and the grace passes
+    assert writer.cleanup_versions() > 0
+    assert [v["version"] for v in lance.dataset(str(live / "memories.lance")).versions()] == [memories.version]
+    assert writer.count(MEMORIES) == end
+    assert [h.memory_id for h in text_search(writer, None, ALICE, "fact 619 harbor", k=1)] == ["m619"]
+
+    replayed = _store(tmp_path / "replayed", reader_grace_s=1e-6)  # nobody reads it yet
+    Projector(replayed, LocalEmbedder(DIM)).apply(
+        positioned([memory(ALICE, f"m{i}", f"batch {i // 20} fact {i} about the harbor") for i in range(end)])
+    )
+    replayed.optimize()
+    assert _bytes(live) < grown / 2
+    assert _bytes(live) <= 2 * _bytes(tmp_path / "replayed")
+
+
+def test_cleanup_keeps_the_version_the_writer_is_on(tmp_path: Path) -> None:
+    """Maintenance compacts beside the writer without moving the writer's handle; a
+    cleanup after the grace must not drop that version, or the writer's next merge
+    (re-added memories) reads files that are gone."""
+    store = _store(tmp_path / "lance", reader_grace_s=1e-6)
+    projector = Projector(store, LocalEmbedder(DIM))
+    end = _batches(projector, 6)
+    assert store.compact(target_rows=10_000, refresh=False) >= 1  # as the worker's maintenance does
+    store.cleanup_versions()
+    readded = [memory(ALICE, f"m{i}", f"fact {i}, revised") for i in range(3)]
+    projector.apply(positioned(readded, start=end))
+    assert store.count(MEMORIES) == end
+    assert [h.memory_id for h in text_search(store, None, ALICE, "revised", k=5)].count("m1") == 1

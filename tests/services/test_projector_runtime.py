@@ -13,10 +13,10 @@ from memstream.streams.topics import Topics
 async def test_a_started_worker_drops_old_versions_at_its_first_maintenance(
     kafka_bootstrap: str, topic_prefix: str, settings_for  # type: ignore[no-untyped-def]
 ) -> None:
-    # A worker killed more often than cleanup_every_s must still drop old versions
+    # A worker killed more often than its cleanup cadence must still drop old versions
     # (bench chaos: the live tables grew to many times a replayed set's size).
     topics = Topics(prefix=topic_prefix, partitions=1, replication_factor=1)
-    rt = ProjectorRuntime(settings_for(topics, embedder="local", cleanup_every_s=3600.0), topics)
+    rt = ProjectorRuntime(settings_for(topics, embedder="local", reader_grace_s=7200.0), topics)
     await rt.open()
     try:
         await assert_maintenance_drops_old_versions(rt, rt.store, topics.events)
@@ -27,7 +27,7 @@ async def test_a_started_worker_drops_old_versions_at_its_first_maintenance(
 async def assert_maintenance_drops_old_versions(rt: ProjectorRuntime, store: Any, topic: str) -> None:
     """``rt``'s next maintenance drops the old versions ``store`` (its table set, or the
     shard it just took) gathers from a few position saves."""
-    store.keep_versions = timedelta(0)  # the reader grace period, shortened for the test
+    store.reader_grace = timedelta(0)  # the readers' grace, shortened for the test
     for offset in range(1, 6):
         store.save_positions({(topic, 0): offset})
     before = len(store.table("positions").list_versions())

@@ -236,7 +236,7 @@ async def test_a_shard_taken_over_drops_its_old_versions_at_the_next_maintenance
     kafka_bootstrap: str, topic_prefix: str, settings_for  # type: ignore[no-untyped-def]
 ) -> None:
     topics = Topics(prefix=topic_prefix, partitions=2, replication_factor=1)
-    settings = settings_for(topics, sharded=True, embedder="local", cleanup_every_s=3600.0)
+    settings = settings_for(topics, sharded=True, embedder="local", reader_grace_s=7200.0)
     rt = GroupRuntime(settings, topics)
     await rt.open()
     try:

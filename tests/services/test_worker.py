@@ -73,6 +73,7 @@ class WorkerProcess:
             MEMSTREAM_PROJECTOR_BATCH_SIZE=str(s.projector_batch_size),
             MEMSTREAM_PROJECTOR_BATCH_SECONDS=str(s.projector_batch_seconds),
             MEMSTREAM_OPTIMIZE_EVERY_S=str(s.optimize_every_s),
+            MEMSTREAM_READER_GRACE_S=str(s.reader_grace_s),
             MEMSTREAM_EMBEDDER=s.embedder,
             MEMSTREAM_EMBEDDING_DIM=str(s.embedding_dim),
         )
@@ -415,7 +416,7 @@ async def test_sigkill_under_load_equals_a_full_replay(
         projector_batch_size=300,
         projector_batch_seconds=0.1,
         optimize_every_s=2.0,  # maintenance runs (and may get killed) too:
-        cleanup_every_s=5.0,  # compactions, index updates beside the writer, cleanups
+        reader_grace_s=10.0,  # compactions, index updates beside the writer, cleanups
         projector_decode_process=True,  # the decoder process must die with its worker
         embedder="local",  # thousands of memories to project between kills: the fast one
     )
