@@ -8,6 +8,7 @@ Covers ``forget``."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -47,7 +48,18 @@ def _count(settings, scope: Scope) -> int:  # type: ignore[no-untyped-def]
 
 
 def _files_holding(root: Path, needle: bytes) -> list[Path]:
-    return [p for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
+    """The files under ``root`` holding ``needle``; the worker's maintenance may remove
+    files and directories while they are walked (those hold nothing any more)."""
+    found = []
+    for folder, _, names in os.walk(root):  # os.walk skips a directory that vanished
+        for name in names:
+            path = Path(folder) / name
+            try:
+                if needle in path.read_bytes():
+                    found.append(path)
+            except FileNotFoundError:
+                continue
+    return found
 
 
 def _rows(store: LanceStore, scope: Scope) -> dict[str, dict]:  # type: ignore[type-arg]
@@ -75,7 +87,7 @@ async def _raw_records(settings, topics: Topics, extra: list[str] = ()) -> list[
 async def test_forget_converges_across_a_killed_worker_and_leaves_nothing(
     fresh_topics: Topics, settings_for, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
-    settings = settings_for(fresh_topics, embedder="local", embedding_dim=32, optimize_every_s=2.0, sealing=True)
+    settings = settings_for(fresh_topics, embedder="local", embedding_dim=32, optimize_every_s=2.0, sealing=True, reader_grace_s=5.0)
     canary = f"zq{uuid.uuid4().hex[:10]}"
     events = []
     for scope in (ALICE, BOB):
@@ -103,7 +115,7 @@ async def test_forget_converges_across_a_killed_worker_and_leaves_nothing(
         worker.start()
         await _until(lambda: _count(settings, ALICE) == 0, "alice's rows gone")
         assert _rows(_store(settings), BOB) == bob_before
-        # out of the table files too, once the readers' grace (30 s) has passed
+        # out of the table files too, once the readers' grace (5 s here) has passed
         await _until(lambda: not _files_holding(tmp_path / "lance", f"{canary}alice".encode()), "alice's bytes gone", 90)
         assert _files_holding(tmp_path / "lance", f"{canary}bob".encode())
     finally:
