@@ -172,7 +172,9 @@ class Projector:
             for pe in batch:  # skipped ones too: nothing of this batch stays behind
                 self._ahead.pop(_pos_key(pe), None)
         for key in sorted(fresh):
-            refused = self._file(fresh[key], plan)
+            item = fresh[key]
+            # Most of a batch is fast-path memories: filed without the general dispatch.
+            refused = self._on_fast_memory(item, plan) if isinstance(item, int) else self._file(item, plan)
             if refused is not None:
                 result.failed.append(refused)
         result.failed.extend(self._refuse_taken_ids(plan))
@@ -224,12 +226,9 @@ class Projector:
         log.info("forgotten rows dropped from the older table versions")
         return True
 
-    def _file(self, item: PositionedEvent | int, plan: Plan) -> tuple[PositionedEvent, str] | None:
-        """Put one event (or fast-path memory ``item``) into the plan; the event and the
-        reason when it cannot be projected."""
-        if isinstance(item, int):
-            return self._on_fast_memory(item, plan)
-        pe = item
+    def _file(self, pe: PositionedEvent, plan: Plan) -> tuple[PositionedEvent, str] | None:
+        """Put one event into the plan; the event and the reason when it cannot be
+        projected."""
         handler = self._handlers.get(type(pe.event))
         try:
             if handler is None:

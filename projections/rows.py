@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from operator import attrgetter
 from types import UnionType
 from typing import Any, Union, get_args, get_origin
 
@@ -28,7 +27,7 @@ import pyarrow as pa
 from pydantic import BaseModel
 
 from memstream.codec.batch import PositionedMemories
-from memstream.codec.values import Values, ValuesRecord, event_values, value_names
+from memstream.codec.values import Values, ValuesRecord, event_values, tuples_of, value_names
 from memstream.domain.content import content_hash, normalize_content
 from memstream.domain.events import (
     DecisionExpired,
@@ -277,7 +276,7 @@ def memories_table(
     cols = _COLUMNS[MEMORIES]
     # One C-level transpose of the copied values (a list comprehension per column costs
     # more than the rest of the table).
-    table = zip(*map(attrgetter(*cols.copied), rows)) if rows else ([] for _ in cols.copied)
+    table = zip(*tuples_of(type(rows[0]), cols.copied)(rows)) if rows else ([] for _ in cols.copied)  # type: ignore[arg-type]  # classes are hashable
     columns: dict[str, Any] = {name: list(values) for name, values in zip(cols.copied, table)}
     for name in cols.json:
         columns[name] = [None if v is None else canonical_json(v) for v in columns[name]]

@@ -18,14 +18,11 @@ dead-letter reason).
 
 from __future__ import annotations
 
-import math
-import re
 import types
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
-from datetime import datetime, timezone
+from datetime import datetime
 from enum import Enum
 from typing import Annotated, Any, Literal, NamedTuple, Union, cast, get_args, get_origin
 
@@ -35,6 +32,7 @@ from annotated_types import Ge, Gt, Le, Lt
 from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, JsonValue, Strict, StringConstraints
 from pydantic.types import AllowInfNan
 
+from memstream.codec.value_checks import UUID, Check, Pattern, Unsure, chain, finite, optional, utc
 from memstream.codec.values import SCOPE_FIELD, ValuesRecord, record_type, vector_field
 from memstream.codec.wire import CONTENT_TYPE_JSON, HEADER_CONTENT_TYPE, HEADER_SCHEMA_VERSION, HEADER_TYPE, MAX_RECORD_BYTES
 from memstream.domain.access import is_system_producer
@@ -50,75 +48,8 @@ from memstream.domain.events import (
 
 __all__ = ["FastDecoder", "FastMemory", "FastMemoryDecoder"]
 
-Check = Callable[[Any], Any]
-
-
-class _Unsure(Exception):
-    """This record is for the general path to judge."""
-
-
 def _cannot(what: Any) -> TypeError:
     return TypeError(f"the fast decoder cannot derive a reader for {what!r}; teach memstream.codec.fast_decode")
-
-
-# The one ISO 8601 shape writers use: date, time, up to microseconds, ``Z`` or ``+hh:mm``.
-_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,6})?(?:Z|[+-]\d{2}:\d{2})")
-_UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z"
-
-
-@lru_cache(maxsize=4096)  # writers repeat one time in several fields and events
-def _utc(value: str) -> datetime:
-    if not _TIME.fullmatch(value):
-        raise _Unsure
-    return datetime.fromisoformat(value).astimezone(timezone.utc)
-
-
-def _finite(value: float) -> float:
-    if not math.isfinite(value):
-        raise _Unsure
-    return value
-
-
-def _chain(checks: Sequence[Check]) -> Check | None:
-    if not checks:
-        return None
-    if len(checks) == 1:
-        return checks[0]
-
-    def run(value: Any) -> Any:
-        for check in checks:
-            value = check(value)
-        return value
-
-    return run
-
-
-def _optional(check: Check | None) -> Check | None:
-    return None if check is None else (lambda v: None if v is None else check(v))
-
-
-class _Pattern:
-    """A ``StringConstraints`` pattern as a check; several values of one pattern are
-    checked in one match of the values joined by newlines (:meth:`all`)."""
-
-    def __init__(self, pattern: str) -> None:
-        self.pattern = pattern
-        body = pattern.removeprefix("^").removesuffix("$")
-        self.one = re.compile(body)
-        self.joined = re.compile(rf"(?:{body})(?:\n(?:{body}))*")
-
-    def __call__(self, value: str) -> str:
-        if not self.one.fullmatch(value):
-            raise _Unsure
-        return value
-
-    def all(self, values: list[str]) -> list[str]:
-        """Every one of ``values`` matches. The joined text must hold exactly the
-        joining newlines: a value with its own newline would pass as two."""
-        joined = "\n".join(values)
-        if joined.count("\n") != len(values) - 1 or not self.joined.fullmatch(joined):
-            raise _Unsure
-        return values
 
 
 @dataclass(frozen=True)
@@ -133,7 +64,7 @@ class _Shape:
 
     def full_check(self) -> Check | None:
         """``check``, skipping ``None`` when the type is optional."""
-        return _optional(self.check) if self.optional else self.check
+        return optional(self.check) if self.optional else self.check
 
 
 def _rules(metadata: Sequence[Any]) -> tuple[dict[str, Any], list[Check], list[Check]]:
@@ -152,7 +83,7 @@ def _rules(metadata: Sequence[Any]) -> tuple[dict[str, Any], list[Check], list[C
             if m.max_length is not None:
                 meta["max_length"] = m.max_length
             if m.pattern is not None:
-                after.append(_Pattern(str(m.pattern)))
+                after.append(Pattern(str(m.pattern)))
         elif isinstance(m, TextRule):
             if m.per_item:
                 after.append(m)
@@ -194,7 +125,7 @@ def _shape(annotation: Any, metadata: Sequence[Any] = ()) -> _Shape:
         raise _cannot(annotation)
     if meta:
         wire = Annotated[wire, msgspec.Meta(**meta)]
-    return _Shape(wire, _chain([*before, *([own] if own else []), *after]))
+    return _Shape(wire, chain([*before, *([own] if own else []), *after]))
 
 
 def _tuple_shape(annotation: Any) -> tuple[Any, Check | None]:
@@ -203,7 +134,7 @@ def _tuple_shape(annotation: Any) -> tuple[Any, Check | None]:
         raise _cannot(annotation)
     item = _shape(args[0])
     pattern = item.check
-    if isinstance(pattern, _Pattern) and not item.optional:
+    if isinstance(pattern, Pattern) and not item.optional:
         return _generic(list, item.wire), (lambda v: pattern.all(v) if v else v)
     check = item.full_check()
     return _generic(list, item.wire), (None if check is None else (lambda v: [check(x) for x in v]))
@@ -230,7 +161,7 @@ def _enum_check(cls: type[Enum]) -> Check:
     def check(v: Any) -> Any:
         v = v.value if isinstance(v, Enum) else v
         if v not in allowed:
-            raise _Unsure
+            raise Unsure
         return v
 
     return check
@@ -243,11 +174,11 @@ def _class_shape(cls: type) -> tuple[Any, Check | None]:
     if issubclass(cls, Enum):
         return str, _enum_check(cls)
     if cls is AwareDatetime or issubclass(cls, datetime):
-        return str, _utc
+        return str, utc
     if cls is uuid.UUID:
-        return Annotated[str, msgspec.Meta(pattern=_UUID)], None
+        return str, UUID
     if cls is float:
-        return float, _finite
+        return float, finite
     if cls in (str, int, bool):
         return cls, None
     raise _cannot(cls)
@@ -273,7 +204,7 @@ def _canonical_first(annotation: Any, validators: list[Check], check: Check | No
     try:
         if any(check(v) != v for v in allowed):
             return check
-    except (ValueError, TypeError, _Unsure):
+    except (ValueError, TypeError, Unsure):
         return check
     full = check
     return lambda v: v if v in allowed else full(v)
@@ -338,14 +269,14 @@ class _ModelReader:
         fields: list[tuple[Any, ...]] = []
         self.always: list[tuple[str, Check]] = []  # checked whatever the value
         self.unless_none: list[tuple[str, Check]] = []  # checked unless None
-        self.patterned: dict[str, tuple[_Pattern, list[str]]] = {}  # one joined match per pattern
+        self.patterned: dict[str, tuple[Pattern, list[str]]] = {}  # one joined match per pattern
         for name, info in cls.model_fields.items():
             if name == skip:
                 continue
             shape = _shape(info.annotation, info.metadata)
             validators = _field_validators(cls, name)
             optional = shape.optional and not validators  # a validator sees None too
-            check = _chain([*validators, *([c] if (c := shape.check if optional else shape.full_check()) else [])])
+            check = chain([*validators, *([c] if (c := shape.check if optional else shape.full_check()) else [])])
             check = _canonical_first(info.annotation, validators, check)
             wire = shape.wire
             if top and name == "recorded_at":  # absent: occurred_at (see the class docstring)
@@ -353,7 +284,7 @@ class _ModelReader:
                 fields.append((name, wire, None))
             else:
                 fields.append(_struct_field(cls, name, info, wire, top))
-            if isinstance(check, _Pattern):
+            if isinstance(check, Pattern):
                 self.patterned.setdefault(check.pattern, (check, []))[1].append(name)
             elif check is not None:
                 (self.unless_none if optional else self.always).append((name, check))
@@ -395,9 +326,10 @@ class _Code:
         self.reads: list[str] = []
         self.checks: list[str] = []
         self.out: list[tuple[str, str]] = []  # (key, local variable)
-        self.patterns: dict[str, tuple[_Pattern, list[str]]] = {}  # one joined match each
-        self.scope: dict[str, Any] = {"_View": _View, "_Unsure": _Unsure}
+        self.patterns: dict[str, tuple[Pattern, list[str]]] = {}  # one joined match each
+        self.scope: dict[str, Any] = {"_View": _View, "Unsure": Unsure}
         self.validators: tuple[Check, ...] = ()
+        self.first_time: str | None = None  # the first time field checked
 
     def read_field(self, source: str, name: str, var: str) -> None:
         if not name.isidentifier():
@@ -415,20 +347,34 @@ class _Code:
             self.patterns.setdefault(pattern.pattern, (pattern, []))[1].extend(prefix + n for n in names)
         for name, check in reader.always:
             if name != skip:
-                self.scope[f"c_{prefix}{name}"] = check
-                self.checks.append(f"    {prefix}{name} = c_{prefix}{name}({prefix}{name})")
+                self._check_one(prefix + name, check, "")
         for name, check in reader.unless_none:
             if name != skip:
-                var = prefix + name
-                self.scope[f"c_{var}"] = check
-                self.checks.append(f"    if {var} is not None: {var} = c_{var}({var})")
+                self._check_one(prefix + name, check, f"if {prefix + name} is not None: ")
+
+    def _check_one(self, var: str, check: Check, guard: str) -> None:
+        """The line checking ``var``. A time equal to an earlier time field of the record
+        (``recorded_at`` is mostly ``occurred_at``) takes that field's parsed value."""
+        self.scope[f"c_{var}"] = check
+        call = f"c_{var}({var})"
+        if check is utc:
+            if self.first_time is None:
+                self.first_time = var
+                self.checks.append(f"    {var}__raw = {var}")
+            else:
+                call = f"{self.first_time} if {var} == {self.first_time}__raw else {call}"
+        self.checks.append(f"    {guard}{var} = {call}")
 
     def source(self, record: bool) -> str:
         """A record (``record_type``) of the values, or for a nested model a dict."""
         lines = list(self.reads)
         for i, (pattern, names) in enumerate(self.patterns.values()):
-            self.scope[f"p{i}"] = pattern
-            lines.append(f"    p{i}.all([v for v in ({', '.join(names)},) if v is not None])")
+            if len(names) == 1:
+                self.scope[f"p{i}"] = pattern.one.fullmatch
+                lines.append(f"    if {names[0]} is not None and not p{i}({names[0]}): raise Unsure")
+            else:
+                self.scope[f"p{i}"] = pattern
+                lines.append(f"    p{i}.all([v for v in ({', '.join(names)},) if v is not None])")
         lines += self.checks
         if record:
             lines.append("    out = new(Record)")
@@ -496,7 +442,7 @@ class FastDecoder:
         """The checked, flat values of a typed record, or ``None``."""
         try:
             out = self.reader.values(wire)
-        except (_Unsure, ValueError, TypeError, AttributeError, OverflowError, RecursionError):
+        except (Unsure, ValueError, TypeError, AttributeError, OverflowError, RecursionError):
             return None
         if out.recorded_at is None:
             out.recorded_at = out.occurred_at

@@ -13,6 +13,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 from enum import Enum
+from collections.abc import Callable, Iterable
 from functools import cache
 from typing import TYPE_CHECKING, Any, cast
 
@@ -21,8 +22,8 @@ from pydantic import BaseModel
 from memstream.domain.events import EmbeddingPayload, EventBase, Scope
 
 __all__ = [
-    "SCOPE_FIELD", "SCOPE_COLUMNS", "Values", "ValuesRecord", "event_values", "plain", "record_type", "value_names",
-    "vector_field",
+    "SCOPE_FIELD", "SCOPE_COLUMNS", "Values", "ValuesRecord", "event_values", "plain", "record_type", "tuples_of",
+    "value_names", "vector_field",
 ]
 
 Values = dict[str, Any]
@@ -89,6 +90,20 @@ def record_type(cls: type[EventBase]) -> type[ValuesRecord]:
     """The :class:`ValuesRecord` of ``cls``: one slot per name of ``value_names``."""
     names = value_names(cls)  # type: ignore[arg-type]  # classes are hashable
     return type(f"{cls.__name__}Values", (ValuesRecord,), {"__slots__": names, "names": names, "_event": cls})
+
+
+@cache
+def tuples_of(record: type[ValuesRecord], names: tuple[str, ...]) -> Callable[[Iterable[ValuesRecord]], list[tuple[Any, ...]]]:
+    """A function giving, for records of ``record``, the tuple of each one's ``names``
+    values: generated, so that each read is a plain slot read (``operator.attrgetter``
+    looks every name up on the type, which costs more than building the table)."""
+    unknown = [n for n in names if n not in record.names or not n.isidentifier()]
+    if unknown:
+        raise ValueError(f"{record.__name__} has no values {unknown}")
+    body = ", ".join(f"r.{n}" for n in names)
+    scope: dict[str, Any] = {}
+    exec(compile(f"def tuples(records):\n    return [({body},) for r in records]\n", f"<{record.__name__} tuples>", "exec"), scope)
+    return cast(Callable[[Iterable[ValuesRecord]], list[tuple[Any, ...]]], scope["tuples"])
 
 
 def _rebuilt_record(cls: type[EventBase], values: tuple[Any, ...]) -> ValuesRecord:

@@ -245,6 +245,18 @@ def test_edge_times_agree_with_the_model(when: str) -> None:
     assert_agrees({**canonical(), "occurred_at": when, "recorded_at": None})
 
 
+@pytest.mark.parametrize(
+    "times",
+    [{"recorded_at": T0, "timestamp": T0, "timestamp_start": T0, "timestamp_end": T0},
+     {"recorded_at": T0, "timestamp": "2025-01-31T10:30:00+01:00", "timestamp_start": None, "timestamp_end": None},
+     {"recorded_at": "2025-02-01T00:00:00Z", "timestamp": None, "timestamp_start": T0, "timestamp_end": "2025-02-01T00:00:00Z"}],
+)
+def test_times_equal_to_occurred_at_or_not_agree_with_the_model(times: dict[str, Any]) -> None:
+    # the reader reuses occurred_at's parsed value for an equal time field
+    got = assert_agrees({**canonical(), "occurred_at": T0, **times})
+    assert got is not None
+
+
 def test_the_wire_provenance_has_the_models_fields_and_defaults() -> None:
     from memstream.domain.events import Provenance
 
@@ -384,3 +396,20 @@ def test_a_values_record_holds_exactly_the_event_values_in_their_order() -> None
     assert pickle.loads(pickle.dumps(record)) == record
     with pytest.raises(TypeError):
         hash(record)
+
+
+def test_tuples_of_reads_the_named_values_of_each_record_in_order() -> None:
+    from memstream.codec.values import record_type, tuples_of
+
+    record_cls = record_type(MemoryAdded)
+    records = []
+    for i in range(3):
+        event = MemoryAdded(scope=Scope(team_id="t", user_id=f"u{i}", agent_id="a"), memory_id=f"m-{i}", content=f"x{i}")
+        record = record_cls()
+        for name, value in event_values(event).items():
+            setattr(record, name, value)
+        records.append(record)
+    names = ("memory_id", "user_id", "content")
+    assert tuples_of(record_cls, names)(records) == [tuple(r.as_dict()[n] for n in names) for r in records]
+    with pytest.raises(ValueError, match="colour"):
+        tuples_of(record_cls, ("memory_id", "colour"))
