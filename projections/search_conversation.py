@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from memstream.domain.content import normalize_content
 from memstream.domain.events import Scope
 from memstream.domain.ranking import RankingWeights, asks_for_time, mentions_time, prior_factor, query_mentions
 from memstream.projections import search_queries as q
@@ -174,23 +173,19 @@ def priors(
 ) -> dict[str, float]:
     """The speaker prior (the query names the source turn's speaker) and the time prior
     (the query asks when, the memory states a time) of each candidate, where not 1."""
-    speakers = {t.speaker for t in turns.values() if t.speaker}
-    named_keys = {normalize_content(s) for s in query_mentions(query, speakers)}
     wants_time = asks_for_time(query)
-    said_key: dict[str, str] = {}
+    spoken: dict[str, set[str]] = {}  # pk -> the speakers of its source turns
+    for pk, r in rows.items():
+        names = {t.speaker for t in (turns.get(m) for m in sources(r)) if t is not None and t.speaker}
+        if names:
+            spoken[pk] = names
+    # only the candidates' own speakers can match: the query is matched against those few
+    named = query_mentions(query, {n for names in spoken.values() for n in names})
     out: dict[str, float] = {}
     for pk, r in rows.items():
-        said = set()
-        for m in sources(r):
-            t = turns.get(m)
-            if t is not None:
-                spoken = t.speaker or ""
-                key = said_key.get(spoken)
-                if key is None:
-                    key = said_key[spoken] = normalize_content(spoken)
-                said.add(key)
-        factor = prior_factor(bool(named_keys & said), wants_time and mentions_time(r.get("content") or ""), w)
+        said = spoken.get(pk)
+        speaker_named = bool(said and not named.isdisjoint(said))
+        factor = prior_factor(speaker_named, wants_time and mentions_time(r.get("content") or ""), w)
         if factor != 1.0:
             out[pk] = factor
     return out
-

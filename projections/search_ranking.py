@@ -24,7 +24,6 @@ from memstream.domain.ranking import (
 )
 from memstream.projections.schema import scoped_key
 from memstream.projections.search_results import ScoreParts, SearchResult, to_result
-from memstream.projections.search_view import successor_of
 
 __all__ = ["Evidence", "fuse", "entity_boosts", "ranked"]
 
@@ -103,21 +102,22 @@ def ranked(
     without evidence (``drop_zero``) a candidate never pads the list; cut at ``k``
     (``None``: every candidate, for a reranker)."""
     raw: dict[str, float] = {}
-    pieces: dict[str, tuple[float, float, float, float]] = {}
+    pieces: dict[str, tuple[float, float, float, float, float]] = {}
+    fused, context, prior = ev.fused, ev.context, ev.priors
+    successor: dict[str, str] = {}
     for pk, r in rows.items():
-        f = ev.fused.get(pk, 0.0)
+        f = fused.get(pk, 0.0)
         rec = recency_score((now - _anchor_time(r)).total_seconds(), w.half_life_s)
-        sup = supersession_factor(bool(r.get("superseded_by")), bool(r.get("canonical_id")), w)
+        nxt, dup = r.get("superseded_by"), r.get("canonical_id")
+        sup = supersession_factor(bool(nxt), bool(dup), w) if nxt or dup else 1.0
         ent = boosts.get(pk, 0.0)
-        pieces[pk] = (f, rec, sup, ent)
-        base = (f + ev.context.get(pk, 0.0)) * ev.priors.get(pk, 1.0)
-        raw[pk] = final_score(base, rec, sup, ent, w) * priority_factor(r.get("priority"))
-    successor = {}
-    for pk, r in rows.items():
-        nxt = successor_of(r)
-        if nxt:
-            successor[pk] = scoped_key(r["team_id"], r["user_id"], nxt)
-    final = order_after_successors(raw, successor)
+        pri = priority_factor(r.get("priority"))
+        pieces[pk] = (f, rec, sup, ent, pri)
+        raw[pk] = final_score((f + context.get(pk, 0.0)) * prior.get(pk, 1.0), rec, sup, ent, w) * pri
+        if nxt or dup:
+            successor[pk] = scoped_key(r["team_id"], r["user_id"], nxt or dup)
+    # capping follows successor links: without any, every score stands
+    final = order_after_successors(raw, successor) if successor else raw
     order = sorted(rows, key=lambda pk: (-final[pk], rows[pk]["memory_id"]))
     if drop_zero:
         order = [pk for pk in order if final[pk] > 0.0]
@@ -125,10 +125,10 @@ def ranked(
         order = order[:k]
     results = []
     for pk in order:
-        f, rec, sup, ent = pieces[pk]
+        f, rec, sup, ent, pri = pieces[pk]
         parts = ScoreParts(
-            ev.vsim.get(pk), ev.tscore.get(pk), f, rec, sup, ent, final[pk], ev.context.get(pk, 0.0),
-            ev.priors.get(pk, 1.0), priority_factor(rows[pk].get("priority")),
+            ev.vsim.get(pk), ev.tscore.get(pk), f, rec, sup, ent, final[pk], context.get(pk, 0.0),
+            prior.get(pk, 1.0), pri,
         )
         results.append(to_result(rows[pk], final[pk], parts))
     return results
