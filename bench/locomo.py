@@ -443,6 +443,7 @@ PLAIN_RANKING: dict[str, Any] = {
     "context_backward": 0.0,
     "speaker_weight": 0.0,
     "temporal_weight": 0.0,
+    "question_penalty": 1.0,
 }
 """memstream's ranking before the conversation-aware steps (weighted RRF, recency,
 supersession, entity boost): reported as ``memstream_plain``, the "before"."""

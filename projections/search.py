@@ -17,9 +17,9 @@ How :func:`search` ranks (formulas in ``memstream.domain.ranking``):
    (``search_conversation``);
 4. a superseded or duplicate candidate pulls in its successor, which inherits the
    candidate's score if higher (``search_view.pull_successors``);
-5. speaker and time priors, recency, supersession, entity boost and priority, then
-   every superseded or duplicate memory capped below its successor
-   (``search_ranking``);
+5. speaker and time priors and the question penalty, recency, supersession, entity
+   boost and priority, then every superseded or duplicate memory capped below its
+   successor (``search_ranking``);
 6. the optional ``reranker`` sees every candidate in that order and returns the list
    to cut at ``k``.
 
@@ -139,7 +139,7 @@ def _hybrid(
     named = query_mentions(query, space_speakers(cache, store, scope)) if w.query_processing else set()
     text_query = lexical_query(query, named) if w.query_processing else query
     context_on = w.context_forward > 0 or w.context_forward_statement > 0 or w.context_backward > 0
-    conversational = context_on or w.speaker_weight > 0 or w.temporal_weight > 0
+    conversational = context_on or w.speaker_weight > 0 or w.temporal_weight > 0 or w.question_penalty < 1
     q.check_dim(embedder, store)
     refine = VECTOR_REFINE_FACTOR if store.has_vector_index() else None
     # one wait: both lists (the query embedded meanwhile), then what their

@@ -171,21 +171,27 @@ def joiner(
 def priors(
     query: str, rows: Mapping[str, Mapping[str, Any]], turns: Mapping[str, Turn], w: RankingWeights
 ) -> dict[str, float]:
-    """The speaker prior (the query names the source turn's speaker) and the time prior
-    (the query asks when, the memory states a time) of each candidate, where not 1."""
+    """The speaker prior (the query names the source turn's speaker), the time prior
+    (the query asks when, the memory states a time) and the question penalty (its
+    source turns only ask) of each candidate, where not 1."""
     wants_time = asks_for_time(query)
     spoken: dict[str, set[str]] = {}  # pk -> the speakers of its source turns
+    asking: set[str] = set()  # the candidates whose source turns all ask something
     for pk, r in rows.items():
-        names = {t.speaker for t in (turns.get(m) for m in sources(r)) if t is not None and t.speaker}
+        src = [t for t in (turns.get(m) for m in sources(r)) if t is not None]
+        names = {t.speaker for t in src if t.speaker}
         if names:
             spoken[pk] = names
+        if src and all(t.question for t in src):
+            asking.add(pk)
     # only the candidates' own speakers can match: the query is matched against those few
     named = query_mentions(query, {n for names in spoken.values() for n in names})
     out: dict[str, float] = {}
     for pk, r in rows.items():
         said = spoken.get(pk)
         speaker_named = bool(said and not named.isdisjoint(said))
-        factor = prior_factor(speaker_named, wants_time and mentions_time(r.get("content") or ""), w)
+        time_match = wants_time and mentions_time(r.get("content") or "")
+        factor = prior_factor(speaker_named, time_match, w, pk in asking)
         if factor != 1.0:
             out[pk] = factor
     return out

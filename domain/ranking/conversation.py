@@ -23,12 +23,15 @@ the scoring steps of :mod:`.fusion` (1-4), which these extend:
    memory therefore receives ``CONTEXT_FORWARD = 0.8`` of the fused score of the
    memory drawn from the turn just before its source turn in the same session when
    that turn is a question (``CONTEXT_FORWARD_STATEMENT = 0.2`` otherwise), and
-   ``CONTEXT_BACKWARD = 0.45`` of the turn just after it.
+   ``CONTEXT_BACKWARD = 0.6`` of the turn just after it.
 8. **Priors** (:func:`prior_factor`): ``(1 + SPEAKER_WEIGHT)`` = 2.2 when the query
    names the speaker of the memory's source turn (speaker-aware); ``(1 +
    TEMPORAL_WEIGHT)`` = 2.0 when the query asks for a time (:func:`asks_for_time`:
    "when", "how long ago", "what year"...) and the memory states one
-   (:func:`mentions_time`: a date, a weekday, "yesterday", "last week"...).
+   (:func:`mentions_time`: a date, a weekday, "yesterday", "last week"...); and
+   ``QUESTION_PENALTY`` = 0.7 when every source turn of the memory asks something
+   (:func:`is_question`): a question states little, and the answer after it is found
+   through rule 7.
 
 With 5-8: ``final = (fused + context) * prior * (1 - w + w * recency) * supersession
 * (1 + entity)``, then capped.
@@ -192,11 +195,12 @@ def propagate_context(
 
 
 def prior_factor(
-    speaker_named: bool, time_match: bool, weights: RankingWeights = RankingWeights()
+    speaker_named: bool, time_match: bool, weights: RankingWeights = RankingWeights(), only_asks: bool = False
 ) -> float:
     """``(1 + speaker_weight)`` if the query names the memory's speaker, times ``(1 +
-    temporal_weight)`` if the query asks for a time the memory states."""
-    factor = 1.0
+    temporal_weight)`` if the query asks for a time the memory states, times
+    ``question_penalty`` if the memory's source turns only ask (``only_asks``)."""
+    factor = weights.question_penalty if only_asks else 1.0
     if speaker_named:
         factor *= 1.0 + weights.speaker_weight
     if time_match:

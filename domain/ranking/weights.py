@@ -21,6 +21,7 @@ __all__ = [
     "CONTEXT_BACKWARD",
     "SPEAKER_WEIGHT",
     "TEMPORAL_WEIGHT",
+    "QUESTION_PENALTY",
     "RankingWeights",
 ]
 
@@ -43,9 +44,12 @@ VECTOR_SCALING = "minmax"
 tenths: scaled over the candidates, the vector leg spans [0, 1] as BM25 does."""
 CONTEXT_FORWARD = 0.8
 CONTEXT_FORWARD_STATEMENT = 0.2
-CONTEXT_BACKWARD = 0.45
+CONTEXT_BACKWARD = 0.6
 SPEAKER_WEIGHT = 1.2
 TEMPORAL_WEIGHT = 1.0
+QUESTION_PENALTY = 0.7
+"""A memory drawn only from turns that ask something scores this share of itself: a
+question states little; its answer, which the neighbouring-turn rule finds, does."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,8 @@ class RankingWeights:
     context_backward: float = CONTEXT_BACKWARD
     speaker_weight: float = SPEAKER_WEIGHT
     temporal_weight: float = TEMPORAL_WEIGHT
+    question_penalty: float = QUESTION_PENALTY
+    """The prior of a memory whose source turns all ask something (1.0: off)."""
     query_processing: bool = True
     """Search the BM25 leg with :func:`lexical_query` (False: the query as written)."""
 
@@ -84,7 +90,7 @@ class RankingWeights:
             raise ValueError("recency_weight must be in [0, 1]")
         if self.half_life_s <= 0:
             raise ValueError("half_life_s must be positive")
-        for name in ("superseded_penalty", "duplicate_penalty"):
+        for name in ("superseded_penalty", "duplicate_penalty", "question_penalty"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1]")
         if self.entity_weight < 0:

@@ -13,7 +13,7 @@ from pathlib import Path
 from tests.projections.projection_helpers import DIM, T0, memory, positioned
 
 from memstream.domain.events import MessageObserved, Scope
-from memstream.domain.ranking import RankingWeights
+from memstream.domain.ranking import QUESTION_PENALTY, RankingWeights
 from memstream.projections.embedder import LocalEmbedder
 from memstream.projections.projector import Projector
 from memstream.projections.search import search
@@ -24,7 +24,7 @@ ANN = Scope(team_id="acme", user_id="ann")
 EVE = Scope(team_id="acme", user_id="eve")
 PLAIN = RankingWeights(
     fusion="rrf", query_processing=False, context_forward=0, context_forward_statement=0,
-    context_backward=0, speaker_weight=0, temporal_weight=0,
+    context_backward=0, speaker_weight=0, temporal_weight=0, question_penalty=1.0,
 )
 FILLER = [
     ("Ann", "The weather was lovely on the coast."),
@@ -110,3 +110,14 @@ def test_memories_without_turns_still_rank(tmp_path: Path) -> None:
     results = search(store, EMB, ANN, "What tea does Ann like?", k=2)
     assert results[0].memory_id == "x"
     assert results[0].parts.context == 0.0 and results[0].parts.prior == 1.0
+
+
+def test_a_turn_that_only_asks_ranks_below_the_statement(tmp_path: Path) -> None:
+    turns = [("Bob", "Have you been to the pottery class?"), ("Ann", "I have been to the pottery class.")]
+    store = _store(tmp_path, _conversation(ANN, turns))
+    query = "pottery class"
+    results = {r.memory_id: r for r in search(store, EMB, ANN, query, k=2)}
+    assert results["m-s1-0"].parts.prior == QUESTION_PENALTY and results["m-s1-1"].parts.prior == 1.0
+    assert results["m-s1-0"].score < results["m-s1-1"].score
+    off = {r.memory_id: r for r in search(store, EMB, ANN, query, k=2, weights=RankingWeights(question_penalty=1.0))}
+    assert off["m-s1-0"].parts.prior == 1.0

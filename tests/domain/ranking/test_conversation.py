@@ -112,6 +112,8 @@ def test_priors_multiply() -> None:
     assert prior_factor(False, False, w) == 1.0
     assert prior_factor(True, False, w) == pytest.approx(1.8)
     assert prior_factor(True, True, w) == pytest.approx(1.8 * 1.6)
+    assert prior_factor(True, False, w, only_asks=True) == pytest.approx(1.8 * w.question_penalty)
+    assert prior_factor(False, False, RankingWeights(question_penalty=1.0), only_asks=True) == 1.0
 
 
 def test_new_weights_are_validated() -> None:
@@ -121,3 +123,6 @@ def test_new_weights_are_validated() -> None:
         RankingWeights(context_forward=-0.1)
     with pytest.raises(ValueError):
         RankingWeights(speaker_weight=-1)
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError):
+            RankingWeights(question_penalty=bad)
