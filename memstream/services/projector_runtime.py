@@ -319,8 +319,9 @@ class ProjectorRuntime:
         Every call (``optimize_every_s``) runs on the indexer thread, *beside* the
         writer: it merges the small fragments of recent batches (a small target
         fragment size, so only recent rows are rewritten), every half
-        ``reader_grace_s`` drops the versions replaced longer than that ago, folds the new rows into the indexes (a reader meanwhile
-        scans the few unindexed rows exactly) and starts the IVF_PQ build once it is due
+        ``reader_grace_s`` drops the versions replaced longer than that ago, folds
+        the new rows into the indexes (a reader meanwhile scans the few unindexed
+        rows exactly) and starts the IVF_PQ build once it is due
         (minutes at a million rows). Beside the writer because the writer now mostly
         *appends* (new keys, positions), and LanceDB rebases an append over a
         compaction: on the writer thread, compaction paused projection long enough to
