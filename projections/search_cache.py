@@ -11,8 +11,9 @@ Correctness:
 * an entry holds rows read at one version of ``memories`` and one of ``messages``;
   :meth:`SearchCache.space_cache` drops what the tables' commits since changed in the
   space (``table_changes``), or all of a half it cannot tell about. Rows read while a
-  write lands may be newer than their version, never older (a reader only merges into
-  the entry of the version it started from, :meth:`SpaceCache.current`);
+  write lands may be newer than their version, never older (a reader merges into the
+  entry of the version it started from, or into a later one without what the commits
+  in between wrote in the space, :meth:`SearchCache.add_memories`);
 * isolation: entries are keyed by store directory, team, user and pinned agent
   (:func:`space_key`) and filled only from reads under the space's predicate or its
   scoped keys;
@@ -41,7 +42,7 @@ from memstream.projections.schema import ENTITIES, MEMORIES, MESSAGES
 from memstream.projections.search_results import READ_COLUMNS, rows_of
 from memstream.projections.search_turns import SessionMemories, SessionTurns, Turn
 from memstream.projections.search_vectors import VectorCache
-from memstream.projections.table_changes import Changes, TableChanges
+from memstream.projections.table_changes import Changes, SpaceChanges, TableChanges
 
 __all__ = [
     "CACHE_MAX_ROWS",
@@ -69,6 +70,7 @@ def turns_of(table: pa.Table) -> list[Turn]:
 
 
 NO_CHANGES = Changes({})
+_UNTOUCHED = SpaceChanges(frozenset(), frozenset())
 
 SpaceKey = tuple[str, str, str, str]
 """(store directory, team, user, pinned agent or ""): what one cache entry belongs to."""
@@ -237,7 +239,7 @@ class SearchCache:
         it has not seen yet: call it off the event loop."""
         return self._changes(root, table, old, new)
 
-    def _changes(self, root: str, table: str, old: Version, new: Version) -> Changes | None:
+    def _changes(self, root: str, table: str, old: Version, new: Version, *, read: bool = True) -> Changes | None:
         if old[:2] != new[:2] or new[2] < old[2]:
             return None
         if old == new:
@@ -250,7 +252,7 @@ class SearchCache:
                 if len(self._feeds) >= _FEEDS_MAX:
                     self._feeds.clear()
                 self._feeds[(root, table, old[:2])] = feed
-        return feed.between(old[2], new[2])
+        return feed.between(old[2], new[2], read=read)
 
     def unchanged(self, root: str, table: str, scope: Scope, old: Version, new: Version) -> bool:
         """Whether no commit of ``table`` from ``old`` to ``new`` touched the space (what
@@ -276,16 +278,29 @@ class SearchCache:
         sessions: Mapping[str, SessionMemories] | None = None,
     ) -> None:
         """File memory rows (and ids found absent by an unfiltered lookup, and fully read
-        sessions) read at ``version`` of ``memories``; ignored when the entry moved on."""
+        sessions) read at ``version`` of ``memories``. When the space's entry moved on
+        meanwhile (a search slower than the commits beside it), what the commits since
+        wrote in the space is left out and the rest filed in the newer entry; ignored
+        when that cannot be told without reading a step."""
+        target, changed = self._filing_target(entry.key, MEMORIES, version)
+        if target is None:
+            return
+        if changed is not None:
+            rows = [r for r in rows if r["memory_id"] not in changed.ids]
+            absent = [m for m in absent if m not in changed.ids]
+            sessions = {
+                s: sm for s, sm in (sessions or {}).items()
+                if s not in changed.sessions and changed.ids.isdisjoint(sm.memory_ids)
+            }
         with self._lock:
-            if self._spaces.entries.get(entry.key) is not entry or not entry.current(version, None):
+            if self._spaces.entries.get(target.key) is not target:
                 return
-            before = entry.size
-            entry._add_memories(rows, absent)
+            before = target.size
+            target._add_memories(rows, absent)
             if sessions:
-                entry.session_memories.update(sessions)
-            self._spaces.total += entry.size - before
-            self._evict(entry)
+                target.session_memories.update(sessions)
+            self._spaces.total += target.size - before
+            self._evict(target)
 
     def add_turns(
         self,
@@ -296,18 +311,47 @@ class SearchCache:
         sessions: Mapping[str, SessionTurns] | None = None,
     ) -> None:
         """File turns (and ids found absent, and fully read sessions) read at ``version``
-        of ``messages``; ignored when the entry moved on."""
+        of ``messages``; into a newer entry as :meth:`add_memories` does."""
+        target, changed = self._filing_target(entry.key, MESSAGES, version)
+        if target is None:
+            return
+        if changed is not None:
+            turns = [t for t in turns if t.message_id not in changed.ids]
+            absent = [m for m in absent if m not in changed.ids]
+            sessions = {
+                s: st for s, st in (sessions or {}).items()
+                if s not in changed.sessions and changed.ids.isdisjoint(st.turns)
+            }
         with self._lock:
-            if self._spaces.entries.get(entry.key) is not entry or not entry.current(None, version):
+            if self._spaces.entries.get(target.key) is not target:
                 return
-            before = entry.size
-            entry._add_turns(turns, absent)
+            before = target.size
+            target._add_turns(turns, absent)
             for session, read in (sessions or {}).items():
-                if session not in entry.session_turns:
-                    entry.turn_rows += len(read.turns)
-                entry.session_turns[session] = read
-            self._spaces.total += entry.size - before
-            self._evict(entry)
+                if session not in target.session_turns:
+                    target.turn_rows += len(read.turns)
+                target.session_turns[session] = read
+            self._spaces.total += target.size - before
+            self._evict(target)
+
+    def _filing_target(self, key: SpaceKey, table: str, version: Version) -> tuple[SpaceCache | None, SpaceChanges | None]:
+        """The entry rows of ``table`` read at ``version`` may be filed in: the space's
+        entry if it is at that version (no changes to leave out), or a later one with
+        what the commits in between changed in the space (steps already read only:
+        this runs on the event loop of a search's reads). ``None``: file nothing."""
+        with self._lock:
+            now = self._spaces.entries.get(key)
+        if now is None:
+            return None, None
+        held = now.memories_version if table == MEMORIES else now.messages_version
+        if held == version:
+            return now, None
+        if held[:2] != version[:2] or held[2] < version[2]:
+            return None, None
+        changes = self._changes(key[0], table, version, held, read=False)
+        if changes is None:
+            return None, None
+        return now, changes.of(key[1], key[2]) or _UNTOUCHED
 
     def _evict(self, keep: SpaceCache) -> None:
         """Drop the least recently searched spaces until the rows fit; a space that alone

@@ -36,8 +36,9 @@ up, not in the space)."""
 class View:
     """One search's view of its memory space: the cache entry of the table versions it
     started from (:class:`SearchCache`), plus what this search read
-    itself (filed in the entry too, unless the entry moved on or the read was cut at
-    ``MAX_TURNS``: then only here). Every row in it was read under the space's
+    itself (filed in the entry too, or in the later entry it moved on to without what
+    changed since, unless that cannot be told or the read was cut at ``MAX_TURNS``:
+    then only here). Every row in it was read under the space's
     predicate or its scoped keys."""
 
     def __init__(

@@ -139,21 +139,29 @@ class TableChanges:
         self._last: tuple[int, dict[int, Any]] | None = None
         """The fragments of the last version read (the next step starts from them)."""
 
-    def between(self, begin: int, end: int) -> Changes | None:
-        """What versions ``begin + 1`` .. ``end`` changed (``None``: cannot be told)."""
+    def between(self, begin: int, end: int, *, read: bool = True) -> Changes | None:
+        """What versions ``begin + 1`` .. ``end`` changed (``None``: cannot be told;
+        without ``read``, also when a step has not been read yet or another thread is
+        reading one: never waits on a read)."""
         if end < begin:
             return None
         if end == begin:
             return _NOTHING
-        with self._lock:
+        if not self._lock.acquire(blocking=read):  # another thread is reading a step
+            return None
+        try:
             steps: list[Changes] = []
             for version in range(begin + 1, end + 1):
+                if not read and version not in self._steps:
+                    return None
                 step = self._step(version)
                 if step is None:
                     return None
                 if step is not _NOTHING:
                     steps.append(step)
             return Changes.union(steps, self.id_column) if steps else _NOTHING
+        finally:
+            self._lock.release()
 
     def _step(self, version: int) -> Changes | None:
         if version in self._steps:

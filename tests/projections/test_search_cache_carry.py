@@ -27,7 +27,12 @@ from memstream.projections.search_cache import SearchCache
 from memstream.projections.embedder import LocalEmbedder
 from memstream.projections.projector import Projector
 from memstream.projections.search import SearchResult, search
-from memstream.projections.store import LanceStore
+from memstream.projections.lance_async import wait
+from memstream.projections.schema import MEMORIES
+from memstream.projections.search_reads import read_versions
+from memstream.projections.search_results import READ_COLUMNS, rows_of
+from memstream.projections.search_turns import SessionMemories
+from memstream.projections.store import LanceStore, space_where
 
 EMB = LocalEmbedder(DIM)
 CACHE = SearchCache()
@@ -179,3 +184,28 @@ def test_a_commit_in_one_space_leaves_another_spaces_sessions_cached(
 def _cold(store: LanceStore, scope: Scope, query: str) -> list[SearchResult]:
     CACHE.clear()
     return _search(store, scope, query)
+
+
+def test_rows_read_before_a_commit_are_filed_in_the_entry_it_moved_on_to(tmp_path: Path) -> None:
+    """A search slower than the commits beside it: what it read at the old version is
+    filed in the newer entry, without what the commits in between wrote."""
+    log = Log(LanceStore(tmp_path / "lance", embedding_dim=DIM))
+    ann = SPACES[0]
+    log.turns(ann, "s0", [0, 1, 2])
+    log.turns(ann, "s1", [3, 4])
+    root = str(log.store.root)
+    old_m, old_t = wait(read_versions(log.store))
+    old = CACHE.space_cache(root, ann, old_m, old_t)
+    rows = rows_of(log.store.rows(MEMORIES, space_where(ann), list(READ_COLUMNS)), ann)  # read at the old version
+    sessions = {s: SessionMemories([r for r in rows if r["session_id"] == s]) for s in ("s0", "s1")}
+    log.turns(ann, "s1", [5])  # a commit into s1 meanwhile, and another search carries the entry
+    new_m, new_t = wait(read_versions(log.store))
+    new = CACHE.space_cache(root, ann, new_m, new_t)
+    assert new is not old
+    CACHE.add_memories(old, old_m, rows, ["m-nowhere"], sessions)
+    assert set(new.session_memories) == {"s0"}  # s1 changed: left out
+    assert {r["memory_id"] for r in rows} <= {m for m, r in new.memories.items() if r is not None}
+    assert new.memories.get("m-nowhere", "missing") is None  # still absent at the new version
+    for query in QUERIES:
+        warm = _search(log.store, ann, query)
+        assert warm == _cold(log.store, ann, query)

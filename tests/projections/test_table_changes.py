@@ -84,3 +84,16 @@ def test_with_row_columns_a_step_keeps_the_rows_as_written_last(tmp_path: Path) 
     assert set(ann.rows.column("user_id").to_pylist()) == {"ann"}
     eve = feed.between(v1, v3).of("acme", "eve")  # type: ignore[union-attr]
     assert eve is not None and eve.rows is not None and eve.rows.column("content").to_pylist() == ["maps"]
+
+
+def test_without_read_a_step_not_read_yet_cannot_be_told(tmp_path: Path) -> None:
+    store, projector, feed = _setup(tmp_path)
+    projector.apply(positioned([memory(ANN, "a1", "the keeper", session_id="s1")]))
+    v1 = _version(store)
+    projector.apply(positioned([memory(ANN, "a2", "the island", session_id="s2")], start=1))
+    v2 = _version(store)
+    assert feed.between(v1, v2, read=False) is None  # never waits on a read
+    read = feed.between(v1, v2)
+    kept = feed.between(v1, v2, read=False)
+    assert read is not None and kept is not None
+    assert kept.of("acme", "ann") == read.of("acme", "ann")
