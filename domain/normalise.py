@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-__all__ = ["fold_for_rules", "CONFUSABLES"]
+__all__ = ["fold_for_rules", "fold_characters", "CONFUSABLES"]
 
 CONFUSABLES: dict[str, str] = {
     # Cyrillic
@@ -51,8 +51,14 @@ letter, and a few Latin ones NFKC leaves alone)."""
 
 _FOLD = str.maketrans(CONFUSABLES)
 _SPACED = re.compile(r"(?<![^\W\d_])(?:[^\W\d_][ .\-_*·•/\\|]){2,}[^\W\d_](?![^\W\d_])")
+# A single letter between two separators: every spaced-out run holds one.
+_SPACED_HINT = re.compile(r"[ .\-_*·•/\\|][^\W\d_][ .\-_*·•/\\|]")
 _LEET = str.maketrans({"0": "o", "1": "i", "3": "e", "4": "a", "5": "s", "7": "t", "@": "a", "$": "s"})
-_LEET_WORD = re.compile(r"(?=[\w@$]*[^\W\d_])(?=[\w@$]*[013457@$])[\w@$]+")
+_LEET_HINT = re.compile(r"[013457@$]")
+# A run of word characters that holds a letter and a digit or symbol. Only a run's first
+# character is tried: a suffix of a run holds no more than the run (and trying every
+# position made this the costliest step of a memory write).
+_LEET_WORD = re.compile(r"(?<![\w@$])(?=[\w@$]*[^\W\d_])(?=[\w@$]*[013457@$])[\w@$]+")
 
 
 def _unspaced(match: re.Match[str]) -> str:
@@ -65,14 +71,22 @@ def _unleet(match: re.Match[str]) -> str:
 
 def fold_for_rules(text: str) -> str:
     """``text`` with its disguises taken off (see the module docstring)."""
+    folded = fold_characters(text)
+    # Each rewrite only where it can apply: one quick search finds the texts (most) where
+    # neither can, and scanning them is most of what a memory write costs here.
+    if _SPACED_HINT.search(folded):
+        folded = _SPACED.sub(_unspaced, folded)
+    return _LEET_WORD.sub(_unleet, folded) if _LEET_HINT.search(folded) else folded
+
+
+def fold_characters(text: str) -> str:
+    """Steps 1-3 of the module docstring: compatibility forms, format characters,
+    combining marks and confusables."""
     if text.isascii():
-        folded = text
-    else:
-        folded = unicodedata.normalize("NFKC", text)
-        folded = "".join(
-            ch for ch in unicodedata.normalize("NFD", folded.translate(_FOLD))
-            if unicodedata.category(ch) not in ("Cf", "Mn")
-        )
-        folded = unicodedata.normalize("NFC", folded).translate(_FOLD)
-    folded = _SPACED.sub(_unspaced, folded)
-    return _LEET_WORD.sub(_unleet, folded)
+        return text
+    folded = unicodedata.normalize("NFKC", text)
+    folded = "".join(
+        ch for ch in unicodedata.normalize("NFD", folded.translate(_FOLD))
+        if unicodedata.category(ch) not in ("Cf", "Mn")
+    )
+    return unicodedata.normalize("NFC", folded).translate(_FOLD)

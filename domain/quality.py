@@ -352,6 +352,8 @@ def injection_reason(text: str) -> str | None:
     return _hijack(text, prefilter=True)
 
 
+_DROP_ASCII_NON_LETTERS = str.maketrans({chr(i): None for i in range(128) if not "a" <= chr(i) <= "z"})
+
 # the hijack phrase with every separator gone ("i.g.n.o.r.e all p-r-e-v-i-o-u-s ...")
 _SQUASHED = re.compile(
     r"(?:ignore|disregard|forget|override|bypass)(?:all|any|the|your|of)*"
@@ -374,7 +376,10 @@ def _hijack(text: str, *, prefilter: bool) -> str | None:
             if match:
                 snippet = " ".join(match.group(0).split())[:60]
                 return f"instruction hijack: {snippet!r}"
-    letters = "".join(ch for ch in (lowered if lowered is not None else folded.lower()) if ch.isalpha())
+    if lowered is not None:  # ASCII and lower-cased: its letters are a-z
+        letters = lowered.translate(_DROP_ASCII_NON_LETTERS)
+    else:
+        letters = "".join(ch for ch in folded.lower() if ch.isalpha())
     squashed = _SQUASHED.search(letters)
     if squashed:
         return f"instruction hijack (disguised): {squashed.group(0)[:60]!r}"
