@@ -337,15 +337,24 @@ class ProjectorRuntime:
         opens each fragment."""
         if self._index_build is not None and not self._index_build.done():
             return
-        loop = asyncio.get_running_loop()
         cleanup = time.monotonic() - self._cleaned_at >= self.settings.reader_grace_s / 2
         self._commits_since_compaction = 0
-        self._index_build = loop.run_in_executor(self._indexer, self._maintain_beside_writer, cleanup, indexes)
+        self._index_build = asyncio.ensure_future(self._maintenance_round(cleanup, indexes))
+
+    async def _maintenance_round(self, cleanup: bool, indexes: bool) -> None:
+        # A forget's last step also deletes files no table version names yet, which a
+        # write in flight would have committed: it runs on the writer thread, while
+        # the indexer is idle (this round's own work starts after it).
+        await self._in_writer(self._finish_shredding)
+        await asyncio.get_running_loop().run_in_executor(self._indexer, self._maintain_beside_writer, cleanup, indexes)
+
+    def _finish_shredding(self) -> None:
+        projector = self.projector
+        if hasattr(projector, "finish_shredding"):
+            projector.finish_shredding()
 
     def _maintain_beside_writer(self, cleanup: bool, indexes: bool = True) -> None:
         started = time.monotonic()
-        if hasattr(self.projector, "finish_shredding"):
-            self.projector.finish_shredding()  # type: ignore[attr-defined]  # a forget's last step
         try:
             compacted = int(self.store.compact(refresh=False))
         except Exception as exc:  # noqa: BLE001 - a conflicting write wins; retried next time
