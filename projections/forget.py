@@ -14,10 +14,10 @@ projector calls it from its maintenance).
 from __future__ import annotations
 
 import datetime
-import warnings
 from typing import Any, Protocol
 
 from memstream.projections.schema import POSITIONS, TABLE_NAMES
+from memstream.projections.store_maintenance import compact_and_reindex
 
 __all__ = ["SCOPED_TABLES", "subject_where", "delete_subject", "shred_deleted_rows", "drop_old_versions"]
 
@@ -57,16 +57,7 @@ def shred_deleted_rows(store: Tables, grace: datetime.timedelta, tables: tuple[s
     versions older than ``grace`` with their files; after :func:`drop_old_versions`
     (``grace`` later) no deleted row stays in a table's files."""
     for name in tables:
-        tbl = store.table(name)
-        ds = tbl.to_lance()
-        ds = ds.checkout_version(ds.latest_version)
-        ds.optimize.compact_files(materialize_deletions=True, materialize_deletions_threshold=0.0)
-        ds = ds.checkout_version(ds.latest_version)
-        if ds.describe_indices():
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
-                ds.optimize.optimize_indices()
-        tbl.checkout_latest()
+        compact_and_reindex(store.table(name), materialize_deletions=True, materialize_deletions_threshold=0.0)
     drop_old_versions(store, grace, tables)
 
 

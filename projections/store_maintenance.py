@@ -30,6 +30,7 @@ import time
 import warnings
 from collections.abc import Iterable
 from datetime import timedelta
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -48,7 +49,7 @@ from memstream.projections.schema import (
 )
 from memstream.projections.store_positions import StorePositions
 
-__all__ = ["StoreMaintenance", "VECTOR_REFINE_FACTOR", "COMPACT_TARGET_ROWS", "SCALAR_INDEXES", "replaced_versions"]
+__all__ = ["StoreMaintenance", "compact_and_reindex", "VECTOR_REFINE_FACTOR", "COMPACT_TARGET_ROWS", "SCALAR_INDEXES", "replaced_versions"]
 
 log = logging.getLogger("memstream.projections")
 
@@ -76,6 +77,20 @@ def replaced_versions(versions: Iterable[tuple[int, float]], before: float, belo
     in use). The newest is never among them."""
     ordered = sorted(versions)
     return [v for (v, _), (_, replaced_at) in zip(ordered, ordered[1:]) if replaced_at < before and v < below]
+
+
+def compact_and_reindex(tbl: Any, **compact_options: Any) -> None:
+    """Compact a table at its newest version (Lance's ``compact_files`` options), fold
+    every row into its indexes, and move the handle to the result."""
+    ds = tbl.to_lance()
+    ds = ds.checkout_version(ds.latest_version)
+    ds.optimize.compact_files(**compact_options)
+    ds = ds.checkout_version(ds.latest_version)
+    if ds.describe_indices():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            ds.optimize.optimize_indices()
+    tbl.checkout_latest()
 
 
 class StoreMaintenance(StorePositions):
@@ -144,16 +159,7 @@ class StoreMaintenance(StorePositions):
         whose cleanup counts from each version's own commit)."""
         self.prune_positions()
         for name in TABLE_NAMES:
-            tbl = self.table(name)
-            ds = tbl.to_lance()
-            ds = ds.checkout_version(ds.latest_version)
-            ds.optimize.compact_files()
-            ds = ds.checkout_version(ds.latest_version)
-            if ds.describe_indices():
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", UserWarning)
-                    ds.optimize.optimize_indices()
-            tbl.checkout_latest()
+            compact_and_reindex(self.table(name))
         self.cleanup_versions()
 
     def compact(self, target_rows: int = COMPACT_TARGET_ROWS, *, refresh: bool = True) -> int:
