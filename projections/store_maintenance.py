@@ -49,7 +49,8 @@ from memstream.projections.schema import (
 )
 from memstream.projections.store_positions import StorePositions
 
-__all__ = ["StoreMaintenance", "compact_and_reindex", "VECTOR_REFINE_FACTOR", "COMPACT_TARGET_ROWS", "SCALAR_INDEXES", "replaced_versions"]
+__all__ = ["StoreMaintenance", "compact_and_reindex", "VECTOR_REFINE_FACTOR", "COMPACT_TARGET_ROWS", "SCALAR_INDEXES", "compaction_target",
+           "replaced_versions"]
 
 log = logging.getLogger("memstream.projections")
 
@@ -69,6 +70,21 @@ SCALAR_INDEXES: dict[str, tuple[str, ...]] = {
     DECISIONS: ("team_id", "user_id"),
 }
 """BTree indexes per table (never on ``pk``)."""
+
+
+def compaction_target(sizes: Iterable[int], most: int = COMPACT_TARGET_ROWS) -> int:
+    """The fragment size a compaction of fragments of ``sizes`` rows aims at (Lance
+    merges the fragments smaller than it). Sizes grow in tiers of 4x up to ``most``:
+    a tier is merged into the next once it holds four fragments. So a compaction
+    mostly rewrites the recent small fragments, not a whole small table: each such
+    copy stays on disk until the readers' grace has passed (``cleanup_versions``)."""
+    tiers = (max(1, most // 16), max(1, most // 4), most)
+    counts = list(sizes)
+    target = tiers[0]
+    for lower, upper in zip(tiers, tiers[1:]):
+        if sum(1 for n in counts if lower <= n < upper) >= 4:
+            target = upper
+    return target
 
 
 def replaced_versions(versions: Iterable[tuple[int, float]], before: float, below: int) -> list[int]:
@@ -164,11 +180,13 @@ class StoreMaintenance(StorePositions):
 
     def compact(self, target_rows: int = COMPACT_TARGET_ROWS, *, refresh: bool = True) -> int:
         """Merge the small fragments that batched writes leave behind into fragments
-        of up to ``target_rows`` rows; returns how many tables were compacted.
+        of up to ``target_rows`` rows, in tiers (:func:`compaction_target`); returns
+        how many tables were compacted.
 
         Why not :meth:`optimize`: LanceDB's optimize compacts towards million-row
         fragments, so every run rewrites the whole still-growing fragment (longer as
-        the table grows), and the writer must wait for it. A small target rewrites only the recent rows. Compaction rewrites data:
+        the table grows), and the writer must wait for it. Small tiered targets rewrite
+        mostly the recent rows. Compaction rewrites data:
         beside a write it commits when the write appends (LanceDB rebases the append)
         and loses to one that updates the same rows (retry it later). With
         ``refresh=False`` this store's table handles are left as they are (for a
@@ -179,10 +197,11 @@ class StoreMaintenance(StorePositions):
             tbl = self.table(name)
             ds = tbl.to_lance()
             ds = ds.checkout_version(ds.latest_version)
-            small = sum(1 for f in ds.get_fragments() if f.count_rows() < target_rows)
-            if small < 2:
+            sizes = [f.count_rows() for f in ds.get_fragments()]
+            target = compaction_target(sizes, target_rows)
+            if sum(1 for n in sizes if n < target) < 2:
                 continue
-            ds.optimize.compact_files(target_rows_per_fragment=target_rows)
+            ds.optimize.compact_files(target_rows_per_fragment=target)
             if refresh:  # beside the writer, leave its handle to it (its commits rebase)
                 tbl.checkout_latest()
             done += 1

@@ -20,7 +20,7 @@ from memstream.projections.projector import Projector
 from memstream.projections.schema import MEMORIES
 from memstream.projections.search import text_search, vector_search
 from memstream.projections.store import LanceStore
-from memstream.projections.store_maintenance import replaced_versions
+from memstream.projections.store_maintenance import compaction_target, replaced_versions
 from memstream.settings import Settings
 
 ALICE = Scope(team_id="acme", user_id="alice")
@@ -215,7 +215,10 @@ def test_compaction_runs_beside_an_appending_writer(tmp_path: Path) -> None:
     assert len(pks) == len(set(pks)) == 1_000
     assert store.positions() == {(EVENTS_TOPIC, 0): 1_000}
     store.compact(target_rows=1_000)
-    assert len(mem.to_lance().get_fragments()) <= 3
+    # Tiers of 4x (compaction_target): up to three fragments of a tier wait for a
+    # fourth, and Lance merges only neighbouring fragments.
+    sizes = [f.count_rows() for f in mem.to_lance().get_fragments()]
+    assert len(sizes) <= 8 and max(sizes) >= 250, sizes
 
 
 def test_compact_merges_small_fragments_only(tmp_path: Path) -> None:
@@ -233,6 +236,33 @@ def test_compact_merges_small_fragments_only(tmp_path: Path) -> None:
     assert [h.memory_id for h in text_search(store, None, ALICE, "batch 11 row 24", k=1)] == ["m11-24"]
     store.cleanup_versions()
     assert store.count(MEMORIES) == 300
+
+
+def test_compaction_targets_grow_a_tier_once_it_holds_four_fragments() -> None:
+    assert compaction_target([5, 7, 3], most=160) == 10  # tiers 10, 40, 160
+    assert compaction_target([12, 15, 30, 3], most=160) == 10  # three in the 10-40 tier
+    assert compaction_target([12, 15, 30, 39, 3], most=160) == 40
+    assert compaction_target([40, 50, 90, 150, 12], most=160) == 160
+    assert compaction_target([160, 160, 3], most=160) == 10  # full fragments are left alone
+
+
+def test_compaction_leaves_a_settled_fragment_alone(tmp_path: Path) -> None:
+    # A small table is not rewritten whole at each compaction: each copy would stay on
+    # disk for the readers' grace (bench chaos: 2.7x a replayed shard).
+    store = LanceStore(tmp_path / "lance", embedding_dim=DIM)
+    projector = Projector(store, LocalEmbedder(DIM))
+    projector.apply(positioned([memory(ALICE, f"s{j}", f"settled fact {j}") for j in range(50)]))
+    for i in range(5):
+        projector.apply(positioned([memory(ALICE, f"m{i}-{j}", f"batch {i} row {j}") for j in range(5)], start=50 + i * 5))
+    fragments = lambda: {f.fragment_id: f.count_rows() for f in store.table(MEMORIES).to_lance().get_fragments()}  # noqa: E731
+    before = fragments()
+    settled = [fid for fid, n in before.items() if n == 50]
+    assert len(settled) == 1 and len(before) == 6
+    assert store.compact(target_rows=160) == 1
+    after = fragments()
+    assert after[settled[0]] == 50  # not rewritten
+    assert sum(after.values()) == 75 and len(after) < len(before)
+    assert store.count(MEMORIES) == 75
 
 
 def _bytes(path: Path) -> int:
