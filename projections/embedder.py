@@ -49,7 +49,11 @@ def build_embedder(settings: Settings) -> Embedder:
     kind = settings.embedder.strip().lower()
     if kind == "onnx":
         try:
-            onnx = OnnxEmbedder(resolve_model(settings.onnx_model), threads=settings.embedding_threads)
+            onnx = OnnxEmbedder(
+                resolve_model(settings.onnx_model),
+                threads=settings.embedding_threads,
+                parallel_runs=settings.embedding_parallel_runs,
+            )
         except OnnxModelError as exc:
             raise EmbedderConfigError(str(exc)) from None
         if onnx.dim != settings.embedding_dim:

@@ -16,20 +16,27 @@ model made it. Other models load from a local directory (``model.onnx`` or
 ``onnx/model.onnx`` beside ``tokenizer.json``; ``1_Pooling/config.json`` picks mean or
 CLS pooling) or, with a network, by Hugging Face repository name.
 
-Texts are tokenised in one call, sorted by length and run in batches padded only to
-their longest text (padding is most of the cost of mixed lengths); vectors are
-pooled over the real tokens and L2-normalised (cosine = dot product). Repeated
-queries are answered from a small cache for a minute (:meth:`OnnxEmbedder.embed_query`).
+Texts are tokenised in one call (a text repeated in the call is embedded once),
+sorted by length and run in batches padded only to their longest text (padding is most
+of the cost of mixed lengths); vectors are pooled over the real tokens and
+L2-normalised (cosine = dot product). Each model run uses one thread by default and a
+call's batches run side by side, one per core: a run's small matrices parallelise
+poorly, so two runs at once do more a second than one run on two threads, and a single
+text pays no thread hand-offs. A text's vector does not depend on its batch or on the
+threads. Repeated queries are answered from a small cache for a minute
+(:meth:`OnnxEmbedder.embed_query`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -186,8 +193,7 @@ def _load(model_file: str, tokenizer_file: str, max_tokens: int, threads: int) -
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
-    if threads > 0:
-        options.intra_op_num_threads = threads
+    options.intra_op_num_threads = threads
     # no busy-waiting between runs: the worker's other threads (decode, LanceDB) need
     # the cores the model's threads would spin on
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -198,13 +204,26 @@ def _load(model_file: str, tokenizer_file: str, max_tokens: int, threads: int) -
     return session, tokenizer
 
 
+@lru_cache(maxsize=4)
+def _runner(parallel_runs: int) -> ThreadPoolExecutor:
+    """The threads calls' batches run on, shared by a process's embedders so that their
+    runs together stay at ``parallel_runs`` (model runs release the GIL)."""
+    return ThreadPoolExecutor(parallel_runs, thread_name_prefix="onnx-embed")
+
+
 class OnnxEmbedder:
     """Embeddings of an :class:`OnnxModel`; ``model_id`` is ``<name>:<first 12 hex
     digits of the model file's sha256>``."""
 
-    def __init__(self, model: OnnxModel, *, batch_size: int = _BATCH_SIZE, threads: int = 0) -> None:
+    def __init__(
+        self, model: OnnxModel, *, batch_size: int = _BATCH_SIZE, threads: int = 1, parallel_runs: int = 0
+    ) -> None:
+        """``threads``: threads of one model run; ``parallel_runs``: model runs at once
+        for a call of several batches (0: one per core this process may use)."""
         if batch_size < 1:
             raise OnnxModelError("batch_size must be at least 1")
+        if threads < 1:
+            raise OnnxModelError("threads must be at least 1")
         digest = _verified(model.model_file, model.model_sha256, "model file")
         _verified(model.tokenizer_file, model.tokenizer_sha256, "tokenizer file")
         try:
@@ -216,6 +235,7 @@ class OnnxEmbedder:
         self.model = model
         self.model_id = f"{model.name}:{digest[:12]}"
         self.batch_size = batch_size
+        self.parallel_runs = parallel_runs or len(os.sched_getaffinity(0))
         self._inputs = {i.name for i in self._session.get_inputs()}
         self._cache: OrderedDict[str, tuple[float, np.ndarray]] = OrderedDict()
         self._cache_lock = threading.Lock()
@@ -249,17 +269,29 @@ class OnnxEmbedder:
         return vector
 
     def _run(self, texts: Sequence[str]) -> np.ndarray:
-        encodings = self._tokenizer.encode_batch(list(texts))
+        unique = list(dict.fromkeys(texts))
+        vectors = self._run_unique(unique)
+        if len(unique) == len(texts):
+            return vectors
+        row_of = {text: row for row, text in enumerate(unique)}
+        return vectors[[row_of[t] for t in texts]]
+
+    def _run_unique(self, texts: list[str]) -> np.ndarray:
+        encodings = self._tokenizer.encode_batch(texts)
         lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.intp, count=len(encodings))
         order = np.argsort(lengths, kind="stable")
-        out: np.ndarray | None = None
-        for start in range(0, len(order), self.batch_size):
-            rows = order[start : start + self.batch_size]
-            pooled = self._run_batch([encodings[i] for i in rows], int(lengths[rows].max()))
-            if out is None:
-                out = np.empty((len(texts), pooled.shape[1]), dtype=np.float32)
-            out[rows] = pooled
-        assert out is not None
+        batches = [order[start : start + self.batch_size] for start in range(0, len(order), self.batch_size)]
+
+        def run(rows: np.ndarray) -> np.ndarray:
+            return self._run_batch([encodings[i] for i in rows], int(lengths[rows].max()))
+
+        if len(batches) == 1 or self.parallel_runs == 1:
+            pooled = [run(rows) for rows in batches]
+        else:
+            pooled = list(_runner(self.parallel_runs).map(run, batches))
+        out = np.empty((len(texts), pooled[0].shape[1]), dtype=np.float32)
+        for rows, vectors in zip(batches, pooled):
+            out[rows] = vectors
         return out
 
     def _run_batch(self, encodings: list[Any], width: int) -> np.ndarray:

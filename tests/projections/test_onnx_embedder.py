@@ -56,11 +56,44 @@ def test_vectors_are_normalised_deterministic_and_in_input_order(minilm: OnnxEmb
     assert batch.shape == (3, 384) and batch.dtype == np.float32
     assert np.allclose(np.linalg.norm(batch, axis=1), 1.0, atol=1e-5)
     one_by_one = np.stack([embed_array(minilm, [t])[0] for t in texts])
-    # int8 activations are quantised per batch: the same text in another batch moves
-    # by far less than any difference between texts
-    assert np.all(np.sum(batch * one_by_one, axis=1) > 0.995)
+    assert np.allclose(batch, one_by_one, atol=1e-6)  # a text's batch does not move it
     assert np.array_equal(batch, embed_array(minilm, texts))
     assert embed_array(minilm, []).shape == (0, 384)
+
+
+def _mixed_texts() -> list[str]:
+    """Texts of many lengths, enough for several batches of eight."""
+    people = ["Alice", "Bob", "Caroline", "Dmitri", "Eun-ji"]
+    facts = ["likes tea", "moved to Lisbon in the spring after her second year at the conservatory",
+             "has a dog named Pepper who is afraid of thunderstorms and hides under the stairs",
+             "works nights", "plays chess every Thursday at the library with his grandfather"]
+    return [f"{p}: {f}" + " really" * (i % 7) for i, (p, f) in enumerate((p, f) for p in people for f in facts)]
+
+
+def test_parallel_one_thread_runs_give_the_vectors_of_one_sequential_multithreaded_run(
+    minilm: OnnxEmbedder,
+) -> None:
+    texts = _mixed_texts()
+    assert minilm.parallel_runs >= 1 and len(texts) > 3 * minilm.batch_size
+    sequential = OnnxEmbedder(builtin_model(), threads=2, parallel_runs=1)
+    side_by_side = OnnxEmbedder(builtin_model(), threads=1, parallel_runs=2)
+    reference = embed_array(sequential, texts)
+    assert np.allclose(embed_array(side_by_side, texts), reference, atol=1e-6)
+    assert np.allclose(embed_array(minilm, texts), reference, atol=1e-6)
+    alone = np.stack([embed_array(sequential, [t])[0] for t in texts])
+    assert np.allclose(alone, reference, atol=1e-6)  # a text's batch does not move it
+
+
+def test_a_text_repeated_in_a_call_is_embedded_once(minilm: OnnxEmbedder, monkeypatch: pytest.MonkeyPatch) -> None:
+    texts = _mixed_texts()[:10]
+    repeated = [*texts, texts[3], texts[0], texts[3]]
+    ran: list[int] = []
+    real = minilm._run_batch
+    monkeypatch.setattr(minilm, "_run_batch", lambda enc, width: ran.append(len(enc)) or real(enc, width))
+    vectors = embed_array(minilm, repeated)
+    assert sum(ran) == len(texts)
+    assert np.array_equal(vectors[:10], embed_array(minilm, texts))
+    assert np.array_equal(vectors[10:], vectors[[3, 0, 3]])
 
 
 def test_a_paraphrase_is_nearer_than_other_facts_about_the_same_person(minilm: OnnxEmbedder) -> None:
