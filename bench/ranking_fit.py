@@ -3,9 +3,10 @@ paraphrase set, with each query's candidate reads memoised so that only the rank
 re-runs per variant. A development tool (``python -m memstream.bench.ranking_fit``),
 not a product path and not a benchmark: the figures it prints are recall only.
 
-Memoised: the query's embedding and the BM25 list (keyed by everything it is asked
-with: text, filter, depth, columns); the vector list comes from the space's kept
-vectors (``search_vectors``); the rest of a search's reads
+Memoised: the query's embedding and LanceDB's BM25 list (keyed by everything it is
+asked with: text, filter, depth, columns; filtered searches only); the lists of an
+unfiltered search come from the space's kept vectors and text index
+(``search_vectors``, ``search_lexical``); the rest of a search's reads
 (the candidates' sessions, entity statistics) are kept by the ``SearchCache`` the
 harness holds, as a serving process does. A variant that changes what is read (a
 deeper candidate list, a different text for either leg) reads it once and is then
@@ -56,8 +57,9 @@ class MemoEmbedder:
 
 @contextlib.contextmanager
 def memoised_lists() -> Iterator[None]:
-    """Within: the BM25 list query answers repeated questions from memory (the vector
-    list is computed from the space's kept vectors: ``search_vectors``)."""
+    """Within: LanceDB's BM25 list query answers repeated questions from memory (a
+    filtered search's; an unfiltered one ranks the space's kept vectors and text index
+    in-process: ``search_vectors``, ``search_lexical``)."""
     text_query = search_queries.text_query
     seen: dict[Any, Any] = {}
 

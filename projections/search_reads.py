@@ -122,16 +122,16 @@ async def lists(
     kept: tuple[SearchCache, SpaceKey, Scope] | None = None,
 ) -> tuple[pa.Table, pa.Table | None, Version, Version, bool]:
     """The vector and BM25 lists (``columns`` of each candidate), the versions of
-    ``memories`` and ``messages``, and whether the vector list came from the space's
-    kept vectors (``kept``: where they may serve, see ``search_vectors``; such a list
-    holds only ``memory_id``, ``session_id``, ``source_message_ids``). The BM25 list,
-    which needs no vector, starts first and runs while ``embed`` computes the query's
-    (in a worker thread: an embedding endpoint's round trip, or a local model, costs
-    milliseconds); so does the read of the space's vectors when they are not kept."""
+    ``memories`` and ``messages``, and whether both lists came from the space's kept
+    vectors and text index (``kept``: where they may serve, see ``search_vectors``;
+    such lists hold only ``memory_id``, ``session_id``, ``source_message_ids``). The
+    query is embedded in a worker thread (an embedding endpoint's round trip, or a
+    local model, costs milliseconds) while the versions are asked and the space's kept
+    index is found, carried or read; without one, LanceDB's BM25 list runs meanwhile."""
     table = q.native(store, MEMORIES)
-    text = asyncio.ensure_future(q.text_query(table, text_query, where, n, columns))
     versions = asyncio.ensure_future(read_versions(store))
     space = asyncio.ensure_future(_space_vectors(store, kept, versions)) if kept is not None else None
+    text = None if kept is not None else asyncio.ensure_future(q.text_query(table, text_query, where, n, columns))
     try:
         vector = await asyncio.to_thread(embed)
         vectors = await space if space is not None else None
@@ -142,8 +142,11 @@ async def lists(
         await asyncio.gather(*(p for p in (text, versions, space) if p is not None), return_exceptions=True)
         raise
     if vectors is not None:
-        ttable, (memories, messages) = await gather_all([text, versions])
+        memories, messages = await versions
+        ttable = vectors.text.best(text_query, n) if text_query.strip() else None
         return vectors.nearest(vector, n), ttable, memories, messages, True
+    if text is None:  # a space too large to keep: LanceDB's BM25 list after all
+        text = asyncio.ensure_future(q.text_query(table, text_query, where, n, columns))
     vtable, ttable, (memories, messages) = await gather_all(
         [q.vector_query(table, vector, where, n, refine, columns), text, versions]
     )
@@ -175,10 +178,11 @@ async def _space_vectors(
 def carried_vectors(
     cache: SearchCache, root: str, scope: Scope, old: SpaceVectors, version: Version
 ) -> SpaceVectors | None:
-    """``old`` brought to ``version`` with what the commits since wrote in the space
-    (their rows as ``table_changes`` kept them), in the order a read at ``version``
-    gives (rows written since come last); ``None`` when that cannot be told (read the
-    space again). Reads the steps it has not seen yet: call it off the event loop."""
+    """``old`` (vectors and text index) brought to ``version`` with what the commits
+    since wrote in the space (their rows as ``table_changes`` kept them), in the order
+    a read at ``version`` gives (rows written since come last); ``None`` when that
+    cannot be told (a delete, as the forget's, among them: read the space again).
+    Reads the steps it has not seen yet: call it off the event loop."""
     if not isinstance(old.version, tuple):
         return None
     changes = cache.changes(root, MEMORIES, old.version, version)
@@ -193,11 +197,13 @@ def carried_vectors(
     pin = agent_pin(scope)
     if pin:
         rows = rows.filter(pc.equal(rows.column("agent_id"), pin))
-    written = SpaceVectors.of(version, rows.select(["memory_id", "session_id", "source_message_ids", "vector"]))
+    rows = rows.select(["memory_id", "session_id", "source_message_ids", "content", "vector"])
+    text = old.text.carried(changed.ids, rows)
+    if len(text) > search_vectors.SPACE_MAX_VECTORS:
+        return None
+    written = SpaceVectors.of(version, rows, text)
     replaced = pc.is_in(old.ids, value_set=pa.array(sorted(changed.ids), type=old.ids.type))
     keep = np.flatnonzero(~replaced.to_numpy(zero_copy_only=False))
-    if len(keep) + len(written) > search_vectors.SPACE_MAX_VECTORS:
-        return None
     take = pa.array(keep, type=pa.int64())
     return SpaceVectors(
         version,
@@ -205,6 +211,7 @@ def carried_vectors(
         pa.concat_arrays([old.sessions.take(take), written.sessions]),
         pa.concat_arrays([old.sources.take(take), written.sources]),
         np.concatenate([old.unit[keep], written.unit]),
+        text,
     )
 
 
@@ -303,7 +310,7 @@ async def candidates(
         view.file_memories(
             [
                 *(rows_of(vtable.drop_columns(["_distance"]), scope) if not from_kept else []),
-                *(rows_of(ttable.drop_columns(["_score"]), scope) if ttable is not None else []),
+                *(rows_of(ttable.drop_columns(["_score"]), scope) if ttable is not None and not from_kept else []),
             ]
         )
     rows = await _candidate_rows(store, scope, view, listed, sessions, loose)

@@ -1,4 +1,5 @@
-"""The vector leg of hybrid search from memory: a memory space's vectors, read once per
+"""The vector leg of hybrid search from memory (and the lexical one, ``search_lexical``,
+kept beside it): a memory space's vectors, read once per
 version of ``memories`` and kept, so that a search compares its query with them in
 NumPy instead of asking LanceDB for a flat search (which, without an ANN index, reads
 every vector under the prefilter at every query, and cannot start before the query is
@@ -10,7 +11,8 @@ most :data:`SPACE_MAX_VECTORS` memories. The space's vectors are read while the 
 is embedded, under the space's predicate (the agent's too for a pinned read), at the
 version the search reads at; distances are LanceDB's cosine distance, ``1 - cos``.
 Memory is bounded by :data:`VECTORS_MAX_ROWS` over all spaces, least recently used
-spaces first.
+spaces first. The space's ``content`` is read with its vectors and indexed for BM25
+(``search_lexical``), under the same conditions and at the same version.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import pyarrow.compute as pc
 
 from memstream.projections import search_queries as q
 from memstream.projections.schema import MEMORIES
+from memstream.projections.search_lexical import SpaceText
 from memstream.projections.store import LanceStore, space_where
 
 __all__ = ["SPACE_MAX_VECTORS", "VECTORS_MAX_ROWS", "SpaceVectors", "VectorCache", "read_space_vectors"]
@@ -34,24 +37,30 @@ __all__ = ["SPACE_MAX_VECTORS", "VECTORS_MAX_ROWS", "SpaceVectors", "VectorCache
 SPACE_MAX_VECTORS = 20_000
 """Largest space whose vectors are kept (a bigger one is searched by LanceDB)."""
 VECTORS_MAX_ROWS = 60_000
-"""Vectors kept over every space together (384 float32 each: about 90 MB)."""
+"""Memories kept over every space together (a vector of 384 float32 and about a dozen
+BM25 postings each: about 100 MB)."""
 
-_COLUMNS = ("memory_id", "session_id", "source_message_ids", "vector")
+_COLUMNS = ("memory_id", "session_id", "source_message_ids", "content", "vector")
 
 
 @dataclass(frozen=True)
 class SpaceVectors:
     """One space's memories at one version of ``memories``: ids, sessions, source turns
-    and the vectors scaled to unit length (a zero vector stays zero)."""
+    and the vectors scaled to unit length (a zero vector stays zero) of those that have
+    one; and every memory's ``content`` as a BM25 index (``search_lexical``), the
+    search's lexical list."""
 
     version: Hashable
     ids: pa.Array
     sessions: pa.Array
     sources: pa.Array
     unit: np.ndarray
+    text: SpaceText
 
     @classmethod
-    def of(cls, version: Hashable, table: pa.Table) -> SpaceVectors:
+    def of(cls, version: Hashable, table: pa.Table, text: SpaceText | None = None) -> SpaceVectors:
+        """From rows with :data:`_COLUMNS` (``text``: their index, when already built)."""
+        text = text if text is not None else SpaceText.of(table)
         table = table.filter(pc.is_valid(table.column("vector")))
         column = table.column("vector").combine_chunks()
         dim = column.type.list_size
@@ -59,10 +68,15 @@ class SpaceVectors:
         norms = np.linalg.norm(matrix, axis=1, keepdims=True)
         unit = np.divide(matrix, norms, out=np.zeros_like(matrix), where=norms > 0)
         ids, sessions, sources = (table.column(c).combine_chunks() for c in _COLUMNS[:3])
-        return cls(version, ids, sessions, sources, unit)
+        return cls(version, ids, sessions, sources, unit, text)
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    @property
+    def size(self) -> int:
+        """The memories held (those without a vector too): what the cache's bound counts."""
+        return len(self.text)
 
     def nearest(self, vector: Sequence[float], limit: int) -> pa.Table:
         """The ``limit`` nearest memories to ``vector`` by cosine distance (nearest
@@ -113,14 +127,14 @@ class VectorCache:
     def keep(self, key: Hashable, vectors: SpaceVectors) -> None:
         with self._lock:
             old = self._spaces.pop(key, None)
-            self._total -= len(old) if old is not None else 0
-            if len(vectors) > self.max_rows:
+            self._total -= old.size if old is not None else 0
+            if vectors.size > self.max_rows:
                 return
             self._spaces[key] = vectors
-            self._total += len(vectors)
+            self._total += vectors.size
             while self._total > self.max_rows:
                 _, dropped = self._spaces.popitem(last=False)
-                self._total -= len(dropped)
+                self._total -= dropped.size
 
     def rows(self) -> int:
         with self._lock:

@@ -48,12 +48,17 @@ def test_memoised_lists_read_once_and_rank_the_same(tmp_path: Path) -> None:
 
     search_queries.text_query = counted_text  # type: ignore[assignment]
     try:
+        # a filtered search asks LanceDB for its BM25 list (an unfiltered one ranks the
+        # space's kept index in-process and asks nothing)
+        persona = s.SearchFilters(memory_types=("persona",))
         with ranking_fit.memoised_lists():
             question = facts[0].question
-            plain = s.search(store, embedder, SCOPE, question, 5, cache=s.SearchCache())
-            again = s.search(store, embedder, SCOPE, question, 5, cache=s.SearchCache())
-            other = s.search(store, embedder, SCOPE, question, 5, weights=RankingWeights(speaker_weight=0.0))
+            plain = s.search(store, embedder, SCOPE, question, 5, persona, cache=s.SearchCache())
+            again = s.search(store, embedder, SCOPE, question, 5, persona, cache=s.SearchCache())
+            other = s.search(store, embedder, SCOPE, question, 5, persona, weights=RankingWeights(speaker_weight=0.0))
+            kept = s.search(store, embedder, SCOPE, question, 5, cache=s.SearchCache())
         assert calls == ["text"]
+        assert [r.memory_id for r in kept] == [r.memory_id for r in plain]
         assert [r.memory_id for r in plain] == [r.memory_id for r in again]
         assert {r.memory_id for r in other} <= {f.memory_id for f in facts}
     finally:

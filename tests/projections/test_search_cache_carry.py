@@ -23,7 +23,7 @@ from tests.projections.projection_helpers import DIM, T0, link, memory, position
 
 from memstream.domain.events import MemoryAdded, MessageObserved, Scope
 from memstream.projections import search_queries
-from memstream.projections.search_cache import SearchCache
+from memstream.projections.search_cache import SearchCache, space_key
 from memstream.projections.embedder import LocalEmbedder
 from memstream.projections.projector import Projector
 from memstream.projections.search import SearchResult, search
@@ -109,6 +109,20 @@ def _check_isolation(root: str) -> None:
             assert all(isinstance(entry.memories.get(m), dict) for m in ids.memory_ids)
 
 
+def _lexical_lists(root: str, log: Log) -> dict[tuple[Scope, str], list[tuple[str, float]]]:
+    """Each space's kept BM25 list of each query (as the last search kept it); the
+    index holds the space's memories, every one and no other."""
+    lists = {}
+    for scope in SPACES:
+        kept = CACHE.vectors.latest(space_key(root, scope))
+        assert kept is not None
+        assert sorted(kept.text.ids.to_pylist()) == sorted(log.written[scope])
+        for query in QUERIES:
+            table = kept.text.best(query, 60)
+            lists[(scope, query)] = list(zip(table.column("memory_id").to_pylist(), table.column("_score").to_pylist()))
+    return lists
+
+
 _space = st.integers(0, len(SPACES) - 1)
 _action = st.one_of(
     st.tuples(st.just("turns"), _space, st.integers(0, 2), st.lists(st.integers(0, len(WORDS) - 1), min_size=1,
@@ -145,9 +159,11 @@ def test_a_carried_cache_answers_as_a_fresh_search_at_the_same_version(
             log.store.optimize_indexes()
         warm = {(s, q): _search(reader, s, q) for s in SPACES for q in QUERIES}
         _check_isolation(root)
+        carried = _lexical_lists(root, log)
         CACHE.clear()
         cold = {(s, q): _search(reader, s, q) for s in SPACES for q in QUERIES}
         assert warm == cold
+        assert carried == _lexical_lists(root, log)  # the kept BM25 indexes too, scores and all
         for (scope, _), results in warm.items():
             assert all((r.team_id, r.user_id) == (scope.team_id, scope.user_id) for r in results)
 

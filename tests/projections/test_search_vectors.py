@@ -104,6 +104,7 @@ def _vectors(n: int, version: int = 1) -> SpaceVectors:
         "memory_id": [f"m{i}" for i in range(n)],
         "session_id": [None] * n,
         "source_message_ids": [[] for _ in range(n)],
+        "content": [f"memory {i}" for i in range(n)],
         "vector": pa.FixedSizeListArray.from_arrays(pa.array(np.ones(n * 4, dtype=np.float32)), 4),
     })
     return SpaceVectors.of(version, table)
