@@ -316,6 +316,9 @@ class Settings(BaseSettings):
     """Requests per second one API key may make on average (REST and MCP; 0: no limit)."""
     api_rate_burst: int = Field(default=200, ge=0)
     """Requests one API key may make at once before the rate applies (429 beyond)."""
+    api_access_log: bool = False
+    """Log one line per HTTP request (uvicorn's access log). Off by default: at tens of
+    requests a second the line costs more CPU than a write's own checks."""
 
     @field_validator("lance_dir", mode="before")
     @classmethod

@@ -107,6 +107,11 @@ def run_api(settings: Settings) -> None:
         host=settings.api_host,
         port=settings.api_port,
         log_config=_log_config(),
+        access_log=settings.api_access_log,
+        # the C request parser and libuv's event loop: the Python ones cost a write
+        # more CPU than its own checks (docs/benchmarks.md, issue 23)
+        http="httptools",
+        loop="uvloop",
         proxy_headers=False,
         server_header=False,
     )
