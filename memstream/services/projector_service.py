@@ -14,6 +14,11 @@ decode and write overlap) and handed over per batch to the
    writer thread (LanceDB writes never block the loop);
 3. events the projector could not apply become dead letters (stage ``project``).
 
+While the projector keeps up with a trickle of writes, a small batch is followed by a
+linger (``projector_linger_s``): what arrives meanwhile is written in the next commit,
+so a steady stream makes a few commits a second, not one per fetch (each commit costs
+the writer and every reader a new table version).
+
 Positions always cover the whole batch, dead letters included, so a restart neither
 re-reads them nor stalls before them, and a replay can prove it reached the end of
 the log. Failures (LanceDB I/O, broker unavailable) are retried with back-off, the
@@ -197,11 +202,25 @@ class ProjectorService(Service):
         )
 
     async def _apply(self, batch: "FeedBatch") -> None:
+        started = time.monotonic()
         async with self._apply_lock:
             await self.runtime.apply_batch(batch)
         self._hint.update(batch.decoded.next_offsets)
         if time.monotonic() - self._hinted_at >= _HINT_EVERY_S:
             await self._commit_hint()
+        await self._linger(len(batch), started)
+
+    async def _linger(self, records: int, started: float) -> None:
+        """After a small batch, hold the next write until ``projector_linger_s`` after
+        this one started: the feed meanwhile fetches and decodes what arrives, and the
+        next batch takes it all in one commit. A record thus waits at most the linger
+        longer than without it; a large batch (a backlog) is followed by none."""
+        settings = self.runtime.settings
+        if records >= settings.projector_linger_below:
+            return
+        rest = settings.projector_linger_s - (time.monotonic() - started)
+        if rest > 0:
+            await asyncio.sleep(rest)
 
     def _hint_consumer(self) -> Any:
         """Where progress hints are committed (a group member overrides it)."""

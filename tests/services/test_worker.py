@@ -73,6 +73,8 @@ class WorkerProcess:
             MEMSTREAM_PROJECTOR_BATCH_SIZE=str(s.projector_batch_size),
             MEMSTREAM_PROJECTOR_BATCH_SECONDS=str(s.projector_batch_seconds),
             MEMSTREAM_OPTIMIZE_EVERY_S=str(s.optimize_every_s),
+            MEMSTREAM_COMPACT_AFTER_COMMITS=str(s.compact_after_commits),
+            MEMSTREAM_PROJECTOR_LINGER_S=str(s.projector_linger_s),
             MEMSTREAM_READER_GRACE_S=str(s.reader_grace_s),
             MEMSTREAM_EMBEDDER=s.embedder,
             MEMSTREAM_EMBEDDING_DIM=str(s.embedding_dim),
@@ -474,6 +476,46 @@ async def test_sigkill_under_load_equals_a_full_replay(
     dead = await read_dead_letters(settings, fresh_topics.dead_letter)
     assert {(d.source_partition, d.source_offset) for d in dead} == set(bad)
     assert all(d.stage == "decode" and d.source_topic == fresh_topics.events for d in dead)
+
+
+def position_rows(lance_dir: Path, topic: str) -> list[int]:
+    """The next offsets stored for ``topic``, one per commit that moved them (the
+    positions table is append-only until maintenance prunes it)."""
+    table = lancedb.connect(str(lance_dir)).open_table("positions").to_arrow()
+    return sorted(
+        int(o) for t, o in zip(table.column("topic").to_pylist(), table.column("next_offset").to_pylist()) if t == topic
+    )
+
+
+async def test_a_trickle_of_writes_is_committed_together_within_the_linger(
+    fresh_topics: Topics, settings_for, make_worker  # type: ignore[no-untyped-def]
+) -> None:
+    # Maintenance (which prunes position rows) never runs here: every commit keeps its row.
+    settings = settings_for(
+        fresh_topics, projector_linger_s=5.0, optimize_every_s=600.0, compact_after_commits=1_000, embedder="local"
+    )
+    worker = make_worker(settings)
+    worker.start()
+    alice = Scope(team_id="acme", user_id="alice")
+    async with MemstreamProducer(settings) as producer:
+        await producer.send(MemoryAdded(scope=alice, memory_id="m0", content="the first write after a quiet spell"))
+        await wait_caught_up(worker, fresh_topics)  # written at once: no linger before it
+        assert len(position_rows(settings.lance_dir, fresh_topics.events)) == 1
+        # Four writes 0.2 s apart, all within the linger that followed the first commit:
+        # without it each would be a commit of its own.
+        for i in range(1, 5):
+            await producer.send(MemoryAdded(scope=alice, memory_id=f"m{i}", content=f"trickle write number {i}"))
+            await asyncio.sleep(0.2)
+    positions = await wait_caught_up(worker, fresh_topics)
+    assert worker.stop(signal.SIGTERM) == 0, worker.log_text()[-3000:]
+
+    rows = position_rows(settings.lance_dir, fresh_topics.events)
+    assert len(rows) == 2, f"the four trickle writes took {len(rows) - 1} commits, not one"
+    assert rows[-1] == sum(v for (t, _), v in positions.items() if t == fresh_topics.events)
+    store = LanceStore.from_settings(settings)
+    assert sorted(store.rows("memories", None, ["memory_id"]).column("memory_id").to_pylist()) == [
+        f"m{i}" for i in range(5)
+    ]
 
 
 def _run_worker_cli(settings: Settings, workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
