@@ -17,6 +17,7 @@ spaces first. The space's ``content`` is read with its vectors and indexed for B
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
@@ -152,4 +153,5 @@ async def read_space_vectors(store: LanceStore, scope: Any, version: Hashable) -
     table = await q.scan(q.native(store, MEMORIES), space_where(scope), _COLUMNS, SPACE_MAX_VECTORS + 1)
     if table.num_rows > SPACE_MAX_VECTORS:
         return None
-    return SpaceVectors.of(version, table)
+    # indexing the text is Python work (tens of microseconds a row): off the event loop
+    return await asyncio.to_thread(SpaceVectors.of, version, table)
