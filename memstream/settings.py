@@ -204,6 +204,10 @@ class Settings(BaseSettings):
     """Between maintenance runs, the projector also compacts after this many commits
     (a steady stream of small writes otherwise leaves dozens of small fragments, which
     every read opens)."""
+    lance_metadata_cache_mb: int = Field(default=64, ge=1)
+    """Most memory LanceDB keeps per open table set for table metadata (each version's
+    manifest and fragment list; LanceDB's default, 1 GiB, let a reader that follows a
+    commit every fraction of a second grow until then)."""
     reader_grace_s: float = Field(default=READER_GRACE_S, gt=0)
     """How long a table version stays readable after a newer one replaced it. A reader
     (API, MCP, CLI, extractor) reads at the newest version, so it can be on a replaced

@@ -23,6 +23,9 @@ from memstream.projections.store_filters import EmbedderMismatchError, StoreErro
 from memstream.projections.table_sets import TableSets
 from memstream.settings import READER_GRACE_S, Settings
 
+METADATA_CACHE_BYTES = 64 << 20
+"""Default bound of LanceDB's metadata cache per table set (``Settings.lance_metadata_cache_mb``)."""
+
 __all__ = ["StoreTables", "json_or_none"]
 
 
@@ -48,12 +51,15 @@ class StoreTables:
         vector_index_threshold: int = 100_000,
         reader_grace: timedelta = timedelta(seconds=READER_GRACE_S),
         create: bool = True,
+        metadata_cache_bytes: int = METADATA_CACHE_BYTES,
     ) -> None:
         """``create=False`` opens an existing table set for reading only: nothing is
         created (no directory, table or index), and :class:`StoreError` is raised when
         a table is missing. A reader in the writer's process uses it to open the
         tables beside the writer without racing it to create them. ``reader_grace``:
-        how long a replaced table version stays for readers (``Settings.reader_grace_s``)."""
+        how long a replaced table version stays for readers (``Settings.reader_grace_s``);
+        ``metadata_cache_bytes``: the bound of LanceDB's metadata cache for these tables
+        (``Settings.lance_metadata_cache_mb``)."""
         self.root: RootPath = as_path(root)
         if create:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -62,10 +68,12 @@ class StoreTables:
         self.embedding_dim = int(embedding_dim)
         self.vector_index_threshold = int(vector_index_threshold)
         self.reader_grace = reader_grace
+        self._session = lancedb.Session(metadata_cache_size_bytes=metadata_cache_bytes)
         self._db = lancedb.connect(
             str(self.root),
             read_consistency_interval=read_consistency_interval,
             storage_options=lance_options(self.root),
+            session=self._session,
         )
         existing = set(self._table_names())
         self._tables: dict[str, Any] = {}
@@ -86,6 +94,10 @@ class StoreTables:
         self._key_filters: dict[str, KeyFilter] = {}
 
 
+    def cache_bytes(self) -> int:
+        """What LanceDB's caches of these tables hold now (diagnostics and tests)."""
+        return int(self._session.size_bytes)
+
     @classmethod
     def from_settings(
         cls,
@@ -102,6 +114,7 @@ class StoreTables:
             vector_index_threshold=settings.vector_index_threshold,
             reader_grace=timedelta(seconds=settings.reader_grace_s),
             create=create,
+            metadata_cache_bytes=settings.lance_metadata_cache_mb << 20,
         )
 
     def _table_names(self) -> list[str]:

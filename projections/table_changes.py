@@ -49,6 +49,9 @@ STEPS_KEPT = 4096
 ROWS_KEPT = 256
 """Newest steps whose written rows are kept (``row_columns``); older steps keep ids and
 sessions only."""
+METADATA_CACHE_BYTES = 16 << 20
+"""Bound of the feed's own Lance metadata cache: each step checks out a version (its
+manifest is read once; Lance's default cache, 1 GiB, kept every one of them)."""
 
 
 @dataclass(frozen=True)
@@ -127,9 +130,16 @@ class TableChanges:
     Thread-safe: one thread reads a step, the others wait for it."""
 
     def __init__(
-        self, path: str, id_column: str, session_column: str | None, row_columns: Sequence[str] = ()
+        self,
+        path: str,
+        id_column: str,
+        session_column: str | None,
+        row_columns: Sequence[str] = (),
+        *,
+        metadata_cache_bytes: int = METADATA_CACHE_BYTES,
     ) -> None:
         self.path = path
+        self.metadata_cache_bytes = metadata_cache_bytes
         self.id_column = id_column
         self.columns = ["team_id", "user_id", id_column, *([session_column] if session_column else [])]
         self.row_columns = [c for c in row_columns if c not in self.columns]
@@ -163,6 +173,11 @@ class TableChanges:
         finally:
             self._lock.release()
 
+    def cache_bytes(self) -> int:
+        """What the feed's Lance caches hold now (diagnostics and tests)."""
+        with self._lock:
+            return int(self._dataset.session().size_bytes()) if self._dataset is not None else 0
+
     def _step(self, version: int) -> Changes | None:
         if version in self._steps:
             self._steps.move_to_end(version)
@@ -181,7 +196,9 @@ class TableChanges:
 
     def _at(self, version: int) -> Any:
         if self._dataset is None:
-            self._dataset = lance.dataset(self.path)
+            self._dataset = lance.dataset(
+                self.path, metadata_cache_size_bytes=self.metadata_cache_bytes, index_cache_size_bytes=1 << 20
+            )
         return self._dataset.checkout_version(version)
 
     def _read_step(self, version: int) -> Changes | None:

@@ -3,6 +3,7 @@ readers that create nothing, text storage."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,19 @@ def test_a_table_set_created_with_compressed_text_is_still_written_and_read(tmp_
     emb = LocalEmbedder(DIM)
     Projector(store, emb).apply(positioned([memory(ALICE, "a1", "Alice likes tea")]))
     assert [r.memory_id for r in text_search(store, emb, ALICE, "tea")] == ["a1"]
+
+
+def test_a_reader_following_many_commits_keeps_lancedbs_caches_bounded(tmp_path: Path) -> None:
+    # each commit is a version with its own manifest: a reader that reads after every one
+    # of them cached them all (LanceDB's default bound is 1 GiB)
+    root = tmp_path / "lance"
+    writer = LanceStore(root, embedding_dim=DIM)
+    projector = Projector(writer, LocalEmbedder(DIM))
+    bound = 256 << 10
+    reader = LanceStore(
+        root, embedding_dim=DIM, create=False, read_consistency_interval=timedelta(0), metadata_cache_bytes=bound
+    )
+    for i in range(120):
+        projector.apply(positioned([memory(ALICE, f"a{i}", f"Alice note {i}")], start=i))
+        assert reader.count(MEMORIES) == i + 1
+    assert 0 < reader.cache_bytes() <= 2 * bound  # the cache evicts approximately; unbounded: 6.5 MB here

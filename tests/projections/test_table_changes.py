@@ -97,3 +97,16 @@ def test_without_read_a_step_not_read_yet_cannot_be_told(tmp_path: Path) -> None
     kept = feed.between(v1, v2, read=False)
     assert read is not None and kept is not None
     assert kept.of("acme", "ann") == read.of("acme", "ann")
+
+
+def test_a_feed_following_many_versions_keeps_its_lance_cache_bounded(tmp_path: Path) -> None:
+    # each step checks out a version: Lance's default cache (1 GiB) kept every manifest
+    store, projector, _ = _setup(tmp_path)
+    bound = 256 << 10
+    feed = TableChanges(str(tmp_path / "lance" / "memories.lance"), "memory_id", "session_id", metadata_cache_bytes=bound)
+    start = _version(store)
+    for i in range(120):
+        projector.apply(positioned([memory(ANN, f"a{i}", f"turn {i}", session_id="s1")], start=i))
+        changes = feed.between(start, _version(store))
+        assert changes is not None and f"a{i}" in changes.of("acme", "ann").ids  # type: ignore[union-attr]
+    assert 0 < feed.cache_bytes() <= bound
