@@ -182,7 +182,9 @@ def run(data: Path, embedder: str | None = None, k: tuple[int, ...] = (5, 10, 20
         f"served at {server.base_url}"
     )
     try:
+        before = _embedding_work(server)
         report = ingest(settings, conversations, workdir)
+        ms_work = _embedding_work(server, since=before)
         from memstream.projections.embedder import build_embedder
         from memstream.projections.search import SearchCache, search
 
@@ -194,13 +196,35 @@ def run(data: Path, embedder: str | None = None, k: tuple[int, ...] = (5, 10, 20
             {"memstream": lambda st, e, sc, q, kk, cache=SearchCache(): search(st, e, sc, q, kk, cache=cache)},
         )
         mem0 = Mem0Runner(workdir, server.base_url, model.model_id, model.dim)
+        before = _embedding_work(server)
         mem0_ingest_s = mem0.add_turns(conversations)
+        m0_work = _embedding_work(server, since=before)
         m0_eval = evaluate(store, query_embedder, conversations, cutoffs, {"mem0": mem0.search})
     finally:
         server.stop()
         logging.getLogger("mem0").removeHandler(notes)
         cleanup_run(settings, workdir, keep=False)
-    return _report(ms_eval, m0_eval, cutoffs, report.ingest_s, mem0_ingest_s, model.model_id, notes.messages)
+    summary = _report(ms_eval, m0_eval, cutoffs, report.ingest_s, mem0_ingest_s, model.model_id, notes.messages)
+    summary["ingest_embedding"] = {"memstream": ms_work, "mem0": m0_work}
+    for system, work in summary["ingest_embedding"].items():
+        console.print(
+            f"{system} ingest: the server embedded {work['texts']} texts "
+            f"in {work['requests']} requests, {work['seconds']} s computing"
+        )
+    return summary
+
+
+def _embedding_work(server: OpenAICompatServer, since: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What the shared server embedded (texts, requests, seconds computing), since ``since``:
+    each system's embedding work at ingest, on the same model."""
+    now = {
+        "texts": server.embedded_texts,
+        "requests": server.embeddings.count,
+        "seconds": server.embed_seconds,
+    }
+    if since is None:
+        return now
+    return {k: round(now[k] - since[k], 2) if k == "seconds" else now[k] - since[k] for k in now}
 
 
 def _report(
