@@ -226,11 +226,13 @@ class Settings(BaseSettings):
     """The ``onnx`` embedder's model: the built-in all-MiniLM-L6-v2 (int8, shipped by a
     dependency), a local directory with ``model.onnx`` and ``tokenizer.json``, or a
     Hugging Face repository name (downloaded once into the hub's cache)."""
-    embedding_threads: int = Field(default=1, ge=1)
-    """Threads of one ``onnx`` model run."""
+    embedding_threads: int = Field(default=0, ge=0)
+    """Threads of an ``onnx`` call that fits one batch, a query or a single text
+    (0: onnxruntime's default, one per core)."""
     embedding_parallel_runs: int = Field(default=0, ge=0)
-    """``onnx`` model runs at once for a call of several batches (0: one per core):
-    on few cores, runs side by side on one thread each do more than one run on all."""
+    """One-thread ``onnx`` model runs at once for a call of several batches (0: one per
+    core; 1: one batch after another on ``embedding_threads``): on few cores, runs side
+    by side do more a second than one run on all of them."""
     embedding_model: str = "text-embedding-3-small"
     embedding_dim: int = Field(default=384, ge=8, le=8192)
     embedding_base_url: str | None = None

@@ -19,12 +19,12 @@ CLS pooling) or, with a network, by Hugging Face repository name.
 Texts are tokenised in one call (a text repeated in the call is embedded once),
 sorted by length and run in batches padded only to their longest text (padding is most
 of the cost of mixed lengths); vectors are pooled over the real tokens and
-L2-normalised (cosine = dot product). Each model run uses one thread by default and a
-call's batches run side by side, one per core: a run's small matrices parallelise
-poorly, so two runs at once do more a second than one run on two threads, and a single
-text pays no thread hand-offs. A text's vector does not depend on its batch or on the
-threads. Repeated queries are answered from a small cache for a minute
-(:meth:`OnnxEmbedder.embed_query`).
+L2-normalised (cosine = dot product). A call that fits one batch (a query, a single
+text) runs on onnxruntime's threads as before; a call of several batches runs them side
+by side on one-thread runs, one per core: a run's small matrices parallelise poorly,
+so two one-thread runs do more a second than one run on two threads. A text's vector
+does not depend on its batch or on the threads. Repeated queries are answered from a
+small cache for a minute (:meth:`OnnxEmbedder.embed_query`).
 """
 
 from __future__ import annotations
@@ -193,7 +193,8 @@ def _load(model_file: str, tokenizer_file: str, max_tokens: int, threads: int) -
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
-    options.intra_op_num_threads = threads
+    if threads > 0:
+        options.intra_op_num_threads = threads
     # no busy-waiting between runs: the worker's other threads (decode, LanceDB) need
     # the cores the model's threads would spin on
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -216,14 +217,13 @@ class OnnxEmbedder:
     digits of the model file's sha256>``."""
 
     def __init__(
-        self, model: OnnxModel, *, batch_size: int = _BATCH_SIZE, threads: int = 1, parallel_runs: int = 0
+        self, model: OnnxModel, *, batch_size: int = _BATCH_SIZE, threads: int = 0, parallel_runs: int = 0
     ) -> None:
-        """``threads``: threads of one model run; ``parallel_runs``: model runs at once
-        for a call of several batches (0: one per core this process may use)."""
+        """``threads``: threads of a call that fits one batch (0: onnxruntime's default,
+        one per core); ``parallel_runs``: one-thread runs at once for a call of several
+        batches (0: one per core this process may use; 1: one batch after another)."""
         if batch_size < 1:
             raise OnnxModelError("batch_size must be at least 1")
-        if threads < 1:
-            raise OnnxModelError("threads must be at least 1")
         digest = _verified(model.model_file, model.model_sha256, "model file")
         _verified(model.tokenizer_file, model.tokenizer_sha256, "tokenizer file")
         try:
@@ -236,6 +236,7 @@ class OnnxEmbedder:
         self.model_id = f"{model.name}:{digest[:12]}"
         self.batch_size = batch_size
         self.parallel_runs = parallel_runs or len(os.sched_getaffinity(0))
+        self._load_args = (str(model.model_file), str(model.tokenizer_file), model.max_tokens)
         self._inputs = {i.name for i in self._session.get_inputs()}
         self._cache: OrderedDict[str, tuple[float, np.ndarray]] = OrderedDict()
         self._cache_lock = threading.Lock()
@@ -282,19 +283,23 @@ class OnnxEmbedder:
         order = np.argsort(lengths, kind="stable")
         batches = [order[start : start + self.batch_size] for start in range(0, len(order), self.batch_size)]
 
-        def run(rows: np.ndarray) -> np.ndarray:
-            return self._run_batch([encodings[i] for i in rows], int(lengths[rows].max()))
+        side_by_side = len(batches) > 1 and self.parallel_runs > 1
+        # one thread a run when side by side (that session is shared by the process)
+        session = _load(*self._load_args, 1)[0] if side_by_side else self._session
 
-        if len(batches) == 1 or self.parallel_runs == 1:
-            pooled = [run(rows) for rows in batches]
-        else:
+        def run(rows: np.ndarray) -> np.ndarray:
+            return self._run_batch(session, [encodings[i] for i in rows], int(lengths[rows].max()))
+
+        if side_by_side:
             pooled = list(_runner(self.parallel_runs).map(run, batches))
+        else:
+            pooled = [run(rows) for rows in batches]
         out = np.empty((len(texts), pooled[0].shape[1]), dtype=np.float32)
         for rows, vectors in zip(batches, pooled):
             out[rows] = vectors
         return out
 
-    def _run_batch(self, encodings: list[Any], width: int) -> np.ndarray:
+    def _run_batch(self, session: Any, encodings: list[Any], width: int) -> np.ndarray:
         ids = np.zeros((len(encodings), width), dtype=np.int64)
         mask = np.zeros((len(encodings), width), dtype=np.int64)
         for row, enc in enumerate(encodings):
@@ -303,7 +308,7 @@ class OnnxEmbedder:
         feeds = {"input_ids": ids, "attention_mask": mask}
         if "token_type_ids" in self._inputs:
             feeds["token_type_ids"] = np.zeros_like(ids)
-        hidden = self._session.run(None, {k: v for k, v in feeds.items() if k in self._inputs})[0]
+        hidden = session.run(None, {k: v for k, v in feeds.items() if k in self._inputs})[0]
         if hidden.ndim == 2:  # the export pools itself
             pooled = hidden.astype(np.float32)
         elif self.model.pooling == "cls":

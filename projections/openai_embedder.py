@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -97,6 +98,10 @@ class OpenAIEmbedder:
             model.startswith("text-embedding-3") if send_dimensions is None else send_dimensions
         )
         self._openai = openai
+        # One request in flight per embedder: a local model server computes one at a time,
+        # so a second request waited in its queue on the client's clock, timed out under
+        # load and was sent again while its first copy was computed (texts embedded twice)
+        self._one_request = threading.Lock()
         self._client = openai.OpenAI(
             base_url=base_url, api_key=api_key, max_retries=max_retries, timeout=timeout_s
         )
@@ -134,7 +139,8 @@ class OpenAIEmbedder:
         if self._send_dimensions:
             body["dimensions"] = self.dim
         try:
-            raw: bytes = self._client.post("/embeddings", body=body, cast_to=bytes)
+            with self._one_request:
+                raw: bytes = self._client.post("/embeddings", body=body, cast_to=bytes)
         except self._openai.OpenAIError as exc:
             raise EmbedderUnavailableError(
                 f"embedding request to {self.model_id!r} failed: {type(exc).__name__}: {exc}"

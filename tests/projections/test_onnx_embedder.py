@@ -75,8 +75,8 @@ def test_parallel_one_thread_runs_give_the_vectors_of_one_sequential_multithread
 ) -> None:
     texts = _mixed_texts()
     assert minilm.parallel_runs >= 1 and len(texts) > 3 * minilm.batch_size
-    sequential = OnnxEmbedder(builtin_model(), threads=2, parallel_runs=1)
-    side_by_side = OnnxEmbedder(builtin_model(), threads=1, parallel_runs=2)
+    sequential = OnnxEmbedder(builtin_model(), threads=2, parallel_runs=1)  # as before this change
+    side_by_side = OnnxEmbedder(builtin_model(), threads=2, parallel_runs=2)
     reference = embed_array(sequential, texts)
     assert np.allclose(embed_array(side_by_side, texts), reference, atol=1e-6)
     assert np.allclose(embed_array(minilm, texts), reference, atol=1e-6)
@@ -89,7 +89,7 @@ def test_a_text_repeated_in_a_call_is_embedded_once(minilm: OnnxEmbedder, monkey
     repeated = [*texts, texts[3], texts[0], texts[3]]
     ran: list[int] = []
     real = minilm._run_batch
-    monkeypatch.setattr(minilm, "_run_batch", lambda enc, width: ran.append(len(enc)) or real(enc, width))
+    monkeypatch.setattr(minilm, "_run_batch", lambda s, enc, width: ran.append(len(enc)) or real(s, enc, width))
     vectors = embed_array(minilm, repeated)
     assert sum(ran) == len(texts)
     assert np.array_equal(vectors[:10], embed_array(minilm, texts))

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -106,3 +109,25 @@ def test_openai_embedder_retries_transient_errors(fake: FakeOpenAI) -> None:
     assert np.allclose(vec, hashed_embedding("after a retry", 16), atol=1e-6)
     assert len(fake.embeddings.requests) == 2
     assert fake.embeddings.requests[-1]["dimensions"] == 16  # text-embedding-3 accepts it
+
+
+def test_one_request_at_a_time_so_none_waits_in_the_servers_queue_on_the_clients_clock(fake: FakeOpenAI) -> None:
+    in_flight: list[int] = [0]
+    most: list[int] = [0]
+    lock = threading.Lock()
+
+    def slow(_body: dict[str, object]) -> Reply:
+        with lock:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+        time.sleep(0.2)  # a model at work: a second request sent meanwhile would overlap
+        with lock:
+            in_flight[0] -= 1
+        return Reply()
+
+    fake.embeddings.responder = slow
+    emb = OpenAIEmbedder(model="fake-embedding", dim=16, base_url=fake.base_url, max_retries=0)
+    with ThreadPoolExecutor(3) as pool:
+        matrices = list(pool.map(emb.embed_array, [["a", "b"], ["c"], ["d", "e"]]))
+    assert [m.shape[0] for m in matrices] == [2, 1, 2]
+    assert fake.embeddings.count == 3 and most[0] == 1
