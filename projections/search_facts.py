@@ -16,7 +16,7 @@ from memstream.domain.events import Scope
 from memstream.projections import search_queries as q
 from memstream.projections.lance_async import gather_all, wait
 from memstream.projections.schema import ENTITIES, MEMORIES, MESSAGES
-from memstream.projections.search_cache import FACTS_MAX, SearchCache, space_key, table_identity
+from memstream.projections.search_cache import FACTS_MAX, SearchCache, Version, space_key, table_identity
 from memstream.projections.store import LanceStore, chunked, in_list, space_where
 
 __all__ = ["SPEAKERS_TTL_S", "space_speakers", "space_size", "entity_stats"]
@@ -40,14 +40,16 @@ def space_speakers(cache: SearchCache, store: LanceStore, scope: Scope) -> froze
     return speakers
 
 
-async def space_size(cache: SearchCache, store: LanceStore, scope: Scope) -> int:
+async def space_size(cache: SearchCache, store: LanceStore, scope: Scope, version: Version | None = None) -> int:
     """How many memories the space holds (``LanceStore.count_memories``), counted once
     per version of the memories table: counting a large space through its
     ``team_id`` / ``user_id`` indexes costs about as much as a lookup. Kept only when
-    no write landed while counting, so a count is never filed under a wrong version."""
+    no write landed while counting, so a count is never filed under a wrong version.
+    ``version``: the memories table's version the search already asked for (else asked)."""
     table = q.native(store, MEMORIES)
     key = space_key(str(store.root), scope)
-    version = (*table_identity(key[0], MEMORIES), int(await table.version()))
+    if version is None:
+        version = (*table_identity(key[0], MEMORIES), int(await table.version()))
     hit = cache.size(key)
     if hit is not None and hit[0] == version:
         return hit[1]
@@ -61,11 +63,11 @@ async def space_size(cache: SearchCache, store: LanceStore, scope: Scope) -> int
 
 
 async def entity_stats(
-    cache: SearchCache, store: LanceStore, scope: Scope, keys: Iterable[str]
+    cache: SearchCache, store: LanceStore, scope: Scope, keys: Iterable[str], memories_version: Version | None = None
 ) -> tuple[dict[str, int], int]:
     """How many memories of the space name each entity, and how many there are (what
     ``LanceStore.entity_frequencies`` and ``count_memories`` return), kept per version
-    of their table like :func:`space_size`."""
+    of their table like :func:`space_size` (``memories_version``: passed on to it)."""
     names = sorted({normalize_content(n) for n in keys if normalize_content(n)})
     entities = q.native(store, ENTITIES)
     key = space_key(str(store.root), scope)
@@ -78,7 +80,7 @@ async def entity_stats(
     missing = [n for n in names if n not in known]
     space = space_where(scope)
     reads = [q.scan(entities, f"{space} AND {in_list('name_key', chunk)}", ["name_key"]) for chunk in chunked(missing)]
-    *tables, total = await gather_all([*reads, space_size(cache, store, scope)])
+    *tables, total = await gather_all([*reads, space_size(cache, store, scope, memories_version)])
     counted = {k: 0 for k in missing}
     for tbl in tables:
         for name in tbl.column("name_key").to_pylist():

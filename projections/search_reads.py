@@ -358,7 +358,7 @@ async def _follow(
     successors = None if successor_filters is None else Successors(store, scope, successor_filters, view)
     follow: list[Awaitable[Any]] = []
     if keys:
-        follow.append(entity_stats(cache, store, scope, keys))
+        follow.append(entity_stats(cache, store, scope, keys, view.memories_version))
     if successors is not None:
         first_hop = successors.wanted(rows)
         if first_hop:
