@@ -44,7 +44,7 @@ from memstream.projections.lance_async import wait
 from memstream.projections.schema import MEMORIES
 from memstream.projections.search_baselines import rrf_search, text_search, vector_search
 from memstream.projections.search_cache import SearchCache
-from memstream.projections.search_conversation import conversation, joiner, neighbours, priors
+from memstream.projections.search_conversation import CandidateTurns, conversation, joiner, neighbours, priors
 from memstream.projections.search_facts import space_speakers
 from memstream.projections.search_filters import SearchFilters, build_where, filter_parts
 from memstream.projections.search_ranking import Evidence, entity_boosts, fuse, ranked
@@ -154,11 +154,12 @@ def _hybrid(
     ev = fuse(scope, g.vector, g.text, w)
     if conversational:
         turns, lines, members = conversation(g)
+        src = CandidateTurns(turns)
         if context_on and turns:
             join = joiner(store, scope, g.view, extra)
-            previous, questions = neighbours(rows, turns, lines, members, ev.fused, join)
+            previous, questions = neighbours(rows, src, lines, members, ev.fused, join)
             ev.context = propagate_context(ev.fused, previous, questions, w)
-        ev.priors = priors(query, rows, turns, w)
+        ev.priors = priors(query, rows, src, w)
     for pk in rows:
         ev.fused.setdefault(pk, 0.0)
     return rows, ev, entity_boosts(rows, g.entity_keys, g.entity_stats, w), successors

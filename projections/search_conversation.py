@@ -22,11 +22,29 @@ from memstream.projections.search_turns import Line, SessionMemories, Turn, step
 from memstream.projections.search_view import View
 from memstream.projections.store import LanceStore
 
-__all__ = ["conversation", "neighbours", "joiner", "priors", "sources"]
+__all__ = ["CandidateTurns", "conversation", "neighbours", "joiner", "priors", "sources"]
 
 
 def sources(row: Mapping[str, Any]) -> Sequence[str]:
     return row.get("source_message_ids") or ()  # type: ignore[no-any-return]
+
+
+class CandidateTurns:
+    """The source turns of each candidate found among a search's turns, in source
+    order, worked out once per candidate: the neighbours and the priors both walk them."""
+
+    __slots__ = ("turns", "_of")
+
+    def __init__(self, turns: Mapping[str, Turn]) -> None:
+        self.turns = turns
+        self._of: dict[str, list[Turn]] = {}
+
+    def of(self, pk: str, row: Mapping[str, Any]) -> list[Turn]:
+        got = self._of.get(pk)
+        if got is None:
+            found = map(self.turns.get, sources(row))
+            got = self._of[pk] = [t for t in found if t is not None]
+        return got
 
 
 def conversation(
@@ -65,7 +83,7 @@ def conversation(
 
 def neighbours(
     rows: dict[str, dict[str, Any]],
-    turns: Mapping[str, Turn],
+    src: CandidateTurns,
     lines: Mapping[tuple[str | None, int], Line],
     members: Sequence[SessionMemories],
     scores: Mapping[str, float],
@@ -78,7 +96,7 @@ def neighbours(
     sessions (``members``) drawn from those turns join ``rows`` through ``join`` (which
     keeps those that pass the search's filters)."""
 
-    before, after, lasts = _edges(rows, turns, lines)
+    before, after, lasts = _edges(rows, src, lines)
     wanted = {m for m in [*before.values(), *after.values()] if m}
     if members and wanted:
         _join_members(rows, members, wanted, join)
@@ -104,8 +122,8 @@ def neighbours(
     questions = {pk for pk, t in lasts.items() if t.question}
     for pk, row in rows.items():
         if pk not in lasts:
-            src = [turns[m] for m in sources(row) if m in turns]
-            if src and max(src, key=_offset).question:
+            found = src.of(pk, row)
+            if found and max(found, key=_offset).question:
                 questions.add(pk)
     return previous, questions
 
@@ -115,7 +133,7 @@ def _offset(t: Turn) -> int:
 
 
 def _edges(
-    rows: Mapping[str, Mapping[str, Any]], turns: Mapping[str, Turn], lines: Mapping[tuple[str | None, int], Line]
+    rows: Mapping[str, Mapping[str, Any]], src: CandidateTurns, lines: Mapping[tuple[str | None, int], Line]
 ) -> tuple[dict[str, str | None], dict[str, str | None], dict[str, Turn]]:
     """Per candidate: the turn before its first source turn, the turn after its last,
     and that last source turn."""
@@ -123,9 +141,10 @@ def _edges(
     after: dict[str, str | None] = {}
     lasts: dict[str, Turn] = {}
     for pk, row in rows.items():
-        src = sorted((turns[m] for m in sources(row) if m in turns), key=_offset)
-        if src:
-            first, last = src[0], src[-1]
+        found = src.of(pk, row)
+        if found:
+            ordered = sorted(found, key=_offset) if len(found) > 1 else found
+            first, last = ordered[0], ordered[-1]
             before[pk] = step(lines.get(first.line_key, ()), first, False)
             after[pk] = step(lines.get(last.line_key, ()), last, True)
             lasts[pk] = last
@@ -169,7 +188,7 @@ def joiner(
 
 
 def priors(
-    query: str, rows: Mapping[str, Mapping[str, Any]], turns: Mapping[str, Turn], w: RankingWeights
+    query: str, rows: Mapping[str, Mapping[str, Any]], src: CandidateTurns, w: RankingWeights
 ) -> dict[str, float]:
     """The speaker prior (the query names the source turn's speaker), the time prior
     (the query asks when, the memory states a time) and the question penalty (its
@@ -178,11 +197,13 @@ def priors(
     spoken: dict[str, set[str]] = {}  # pk -> the speakers of its source turns
     asking: set[str] = set()  # the candidates whose source turns all ask something
     for pk, r in rows.items():
-        src = [t for t in (turns.get(m) for m in sources(r)) if t is not None]
-        names = {t.speaker for t in src if t.speaker}
+        found = src.of(pk, r)
+        if not found:
+            continue
+        names = {t.speaker for t in found if t.speaker}
         if names:
             spoken[pk] = names
-        if src and all(t.question for t in src):
+        if all(t.question for t in found):
             asking.add(pk)
     # only the candidates' own speakers can match: the query is matched against those few
     named = query_mentions(query, {n for names in spoken.values() for n in names})
@@ -191,6 +212,8 @@ def priors(
         said = spoken.get(pk)
         speaker_named = bool(said and not named.isdisjoint(said))
         time_match = wants_time and mentions_time(r.get("content") or "")
+        if not (speaker_named or time_match or pk in asking):
+            continue  # prior_factor is 1.0 exactly
         factor = prior_factor(speaker_named, time_match, w, pk in asking)
         if factor != 1.0:
             out[pk] = factor

@@ -80,11 +80,12 @@ def entity_boosts(
 
 
 def _anchor_time(row: Mapping[str, Any]) -> datetime:
-    for col in ("timestamp", "timestamp_end", "timestamp_start", "created_at"):
-        value = row.get(col)
-        if value is not None:
-            return value  # type: ignore[no-any-return]
-    raise ValueError("memory row without any time")
+    # the first of these that is set (a datetime is never falsy)
+    get = row.get
+    value = get("timestamp") or get("timestamp_end") or get("timestamp_start") or get("created_at")
+    if value is None:
+        raise ValueError("memory row without any time")
+    return value  # type: ignore[no-any-return]
 
 
 def ranked(
@@ -105,13 +106,22 @@ def ranked(
     pieces: dict[str, tuple[float, float, float, float, float]] = {}
     fused, context, prior = ev.fused, ev.context, ev.priors
     successor: dict[str, str] = {}
+    # candidates share their turn's time and a few priorities: each worked out once
+    recency: dict[datetime, float] = {}
+    factor: dict[Any, float] = {}
     for pk, r in rows.items():
         f = fused.get(pk, 0.0)
-        rec = recency_score((now - _anchor_time(r)).total_seconds(), w.half_life_s)
+        anchor = _anchor_time(r)
+        rec = recency.get(anchor)
+        if rec is None:
+            rec = recency[anchor] = recency_score((now - anchor).total_seconds(), w.half_life_s)
         nxt, dup = r.get("superseded_by"), r.get("canonical_id")
         sup = supersession_factor(bool(nxt), bool(dup), w) if nxt or dup else 1.0
         ent = boosts.get(pk, 0.0)
-        pri = priority_factor(r.get("priority"))
+        p = r.get("priority")
+        pri = factor.get(p)
+        if pri is None:
+            pri = factor[p] = priority_factor(p)
         pieces[pk] = (f, rec, sup, ent, pri)
         raw[pk] = final_score((f + context.get(pk, 0.0)) * prior.get(pk, 1.0), rec, sup, ent, w) * pri
         if nxt or dup:
