@@ -69,6 +69,8 @@ log = logging.getLogger(__name__)
 
 _HINT_EVERY_S = 1.0
 _SWAP_POLL_S = 0.1
+_LINGER_CHECK_S = 0.05
+"""How often a linger looks at the records waiting on the log (it ends once they are many)."""
 _HANDOVER_MAX_S = 600.0
 """Longest pause for a replay's hand-over; then the worker resumes on its own set."""
 
@@ -117,6 +119,8 @@ class ProjectorService(Service):
         self._apply_lock = asyncio.Lock()
         self._swap_watch: asyncio.Task[None] | None = None
         self._settled: set[str] = set()
+        # Next offset past the last batch written, per (topic, partition): the linger's lag.
+        self._written: dict[tuple[str, int], int] = {}
 
     async def on_start(self) -> None:
         await self.runtime.open()
@@ -206,21 +210,42 @@ class ProjectorService(Service):
         async with self._apply_lock:
             await self.runtime.apply_batch(batch)
         self._hint.update(batch.decoded.next_offsets)
+        self._written.update(batch.decoded.next_offsets)
         if time.monotonic() - self._hinted_at >= _HINT_EVERY_S:
             await self._commit_hint()
         await self._linger(len(batch), started)
 
     async def _linger(self, records: int, started: float) -> None:
-        """After a small batch, hold the next write until ``projector_linger_s`` after
-        this one started: the feed meanwhile fetches and decodes what arrives, and the
-        next batch takes it all in one commit. A record thus waits at most the linger
-        longer than without it; a large batch (a backlog) is followed by none."""
+        """After a small batch while the projector keeps up, hold the next write until
+        ``projector_linger_s`` after this one started: the feed meanwhile fetches and
+        decodes what arrives, and the next batch takes it all in one commit. A record
+        thus waits at most the linger longer than without it. No linger after a large
+        batch, nor once the records waiting on the log reach ``projector_linger_below``
+        or outnumber the batch just written (behind: the feed's queue could not hold
+        what a linger collects, and lingering would only fall further behind)."""
         settings = self.runtime.settings
-        if records >= settings.projector_linger_below:
+        below = settings.projector_linger_below
+        deadline = started + settings.projector_linger_s
+        if records >= below or self._waiting() > records:
             return
-        rest = settings.projector_linger_s - (time.monotonic() - started)
-        if rest > 0:
-            await asyncio.sleep(rest)
+        while (rest := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(min(rest, _LINGER_CHECK_S))
+            if self._waiting() >= below:
+                return
+
+    def _waiting(self) -> int:
+        """Records on the log past the last batch written, as of the feed's latest fetch
+        responses (a partition not fetched yet counts nothing)."""
+        consumer = self._consumer
+        if consumer is None:
+            return 0
+        waiting = 0
+        for tp in consumer.assignment():
+            high = consumer.highwater(tp)
+            written = self._written.get((tp.topic, tp.partition))
+            if high is not None and written is not None:
+                waiting += max(0, high - written)
+        return waiting
 
     def _hint_consumer(self) -> Any:
         """Where progress hints are committed (a group member overrides it)."""
