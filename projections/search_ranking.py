@@ -73,7 +73,10 @@ def entity_boosts(
     idf = {key: entity_idf(df.get(key, 1), total) for key in keys}
     boosts: dict[str, float] = {}
     for pk, r in rows.items():
-        hits = [idf[key] for key in (r.get("entity_keys") or ()) if key in idf]
+        own = r.get("entity_keys")
+        if not own:
+            continue
+        hits = [idf[key] for key in own if key in idf]
         if hits:
             boosts[pk] = entity_boost(hits, w.entity_weight)
     return boosts

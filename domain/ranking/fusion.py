@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
 
 from memstream.domain.content import normalize_content
 from memstream.domain.ranking.weights import (
@@ -150,14 +151,20 @@ def tokens(text: str) -> list[str]:
     return _WORD.findall(normalize_content(text))
 
 
+@lru_cache(maxsize=65_536)
+def _name_tokens(name: str) -> tuple[str, ...]:
+    # a search matches its query against the same few speakers and entity names again and again
+    return tuple(tokens(name))
+
+
 def query_mentions(query: str, names: Iterable[str]) -> set[str]:
     """The names (as given) whose token sequence appears contiguously in the query."""
-    q = tokens(query)
+    q = tuple(tokens(query))
     found: set[str] = set()
     if not q:
         return found
     for name in names:
-        t = tokens(name)
+        t = _name_tokens(name)
         if not t or len(t) > len(q):
             continue
         n = len(t)
