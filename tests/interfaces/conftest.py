@@ -62,7 +62,9 @@ def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     start_process(s, "worker", [sys.executable, "-m", "memstream.services.worker"])
     start_process(s, "api", [sys.executable, "-m", "memstream", "api"])
     try:
-        deadline = time.monotonic() + 90
+        # a readiness bound, not a speed check: two processes importing the whole stack
+        # on a loaded 2-core CI machine took 80 s to come up (niced, load 12)
+        deadline = time.monotonic() + 240
         while True:
             if s.processes["api"].poll() is not None:
                 pytest.fail(f"the API server exited:\n{s.log_tail('api')}")
