@@ -37,6 +37,7 @@ __all__ = [
     "CONFIG_FILE",
     "HOME_RELATIVE_PATHS",
     "READER_GRACE_S",
+    "LANCE_METADATA_CACHE_MB",
 ]
 
 ENV_PREFIX = "MEMSTREAM_"
@@ -58,6 +59,9 @@ HOME_RELATIVE_PATHS = (
 
 READER_GRACE_S = 30.0
 """Default of ``Settings.reader_grace_s`` (also what a table set opened without settings keeps)."""
+
+LANCE_METADATA_CACHE_MB = 64
+"""Default of ``Settings.lance_metadata_cache_mb`` (also what a table set opened without settings keeps)."""
 
 OBJECT_SCHEMES = ("s3://",)
 """Storage roots on an object store (``lance_dir``). Only S3 and S3-compatible stores:
@@ -204,7 +208,7 @@ class Settings(BaseSettings):
     """Between maintenance runs, the projector also compacts after this many commits
     (a steady stream of small writes otherwise leaves dozens of small fragments, which
     every read opens)."""
-    lance_metadata_cache_mb: int = Field(default=64, ge=1)
+    lance_metadata_cache_mb: int = Field(default=LANCE_METADATA_CACHE_MB, ge=1)
     """Most memory LanceDB keeps per open table set for table metadata (each version's
     manifest and fragment list; LanceDB's default, 1 GiB, let a reader that follows a
     commit every fraction of a second grow until then)."""

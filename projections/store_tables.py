@@ -21,10 +21,7 @@ from memstream.projections.object_paths import RootPath, as_path, lance_options
 from memstream.projections.schema import MEMORIES, TABLE_NAMES, schema_for
 from memstream.projections.store_filters import EmbedderMismatchError, StoreError, chunked, in_list
 from memstream.projections.table_sets import TableSets
-from memstream.settings import READER_GRACE_S, Settings
-
-METADATA_CACHE_BYTES = 64 << 20
-"""Default bound of LanceDB's metadata cache per table set (``Settings.lance_metadata_cache_mb``)."""
+from memstream.settings import LANCE_METADATA_CACHE_MB, READER_GRACE_S, Settings
 
 __all__ = ["StoreTables", "json_or_none"]
 
@@ -51,7 +48,7 @@ class StoreTables:
         vector_index_threshold: int = 100_000,
         reader_grace: timedelta = timedelta(seconds=READER_GRACE_S),
         create: bool = True,
-        metadata_cache_bytes: int = METADATA_CACHE_BYTES,
+        metadata_cache_bytes: int = LANCE_METADATA_CACHE_MB << 20,
     ) -> None:
         """``create=False`` opens an existing table set for reading only: nothing is
         created (no directory, table or index), and :class:`StoreError` is raised when
