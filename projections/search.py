@@ -31,6 +31,7 @@ reads is kept between searches in the :class:`SearchCache` the caller passes
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timezone
 from typing import Any
 
@@ -135,18 +136,20 @@ def _hybrid(
 ) -> tuple[dict[str, dict[str, Any]], Evidence, dict[str, float], Successors | None]:
     """The candidates of a query, the evidence that ranks them, their entity boosts,
     and their successors read so far."""
+    q.check_dim(embedder, store)
+    # the query is embedded from here on, beside the query processing and the reads
+    embedding = q.EMBEDDING_THREADS.submit(q.query_vector, embedder, store, query)
     # the speakers the query names move from the BM25 query to the speaker prior
     named = query_mentions(query, space_speakers(cache, store, scope)) if w.query_processing else set()
     text_query = lexical_query(query, named) if w.query_processing else query
     context_on = w.context_forward > 0 or w.context_forward_statement > 0 or w.context_backward > 0
     conversational = context_on or w.speaker_weight > 0 or w.temporal_weight > 0 or w.question_penalty < 1
-    q.check_dim(embedder, store)
     refine = VECTOR_REFINE_FACTOR if store.has_vector_index() else None
     # one wait: both lists (the query embedded meanwhile), then what their
     # candidates need that the space's cache does not hold
     g, successors = wait(
         read_candidates(
-            cache, store, scope, lambda: q.query_vector(embedder, store, query), refine, query, text_query, where, n,
+            cache, store, scope, lambda: asyncio.wrap_future(embedding), refine, query, text_query, where, n,
             conversational=conversational, successor_filters=extra if follow else None,
         )
     )

@@ -63,15 +63,22 @@ async def space_size(cache: SearchCache, store: LanceStore, scope: Scope, versio
 
 
 async def entity_stats(
-    cache: SearchCache, store: LanceStore, scope: Scope, keys: Iterable[str], memories_version: Version | None = None
+    cache: SearchCache,
+    store: LanceStore,
+    scope: Scope,
+    keys: Iterable[str],
+    memories_version: Version | None = None,
+    entities_version: Version | None = None,
 ) -> tuple[dict[str, int], int]:
     """How many memories of the space name each entity, and how many there are (what
     ``LanceStore.entity_frequencies`` and ``count_memories`` return), kept per version
-    of their table like :func:`space_size` (``memories_version``: passed on to it)."""
+    of their table like :func:`space_size` (``memories_version``: passed on to it;
+    ``entities_version``: the entities table's version the search already asked for,
+    else asked)."""
     names = sorted({normalize_content(n) for n in keys if normalize_content(n)})
     entities = q.native(store, ENTITIES)
     key = space_key(str(store.root), scope)
-    version = (*table_identity(key[0], ENTITIES), int(await entities.version()))
+    version = entities_version or (*table_identity(key[0], ENTITIES), int(await entities.version()))
     hit = cache.frequencies(key)
     still = hit is not None and (
         hit[0] == version or await asyncio.to_thread(cache.unchanged, key[0], ENTITIES, scope, hit[0], version)

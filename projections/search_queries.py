@@ -4,7 +4,9 @@ several can be awaited together."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
@@ -16,7 +18,12 @@ from memstream.projections.lance_async import async_table, gather_all
 from memstream.projections.search_results import READ_COLUMNS
 from memstream.projections.store import LanceStore, chunked
 
-__all__ = ["native", "vector_query", "text_query", "scan", "by_ids", "match_query", "check_dim", "query_vector", "check_k"]
+__all__ = ["EMBEDDING_THREADS", "native", "vector_query", "text_query", "scan", "by_ids", "match_query", "check_dim", "query_vector", "check_k"]
+
+
+EMBEDDING_THREADS = ThreadPoolExecutor(min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="query-embed")
+"""Where searches embed their queries (as many threads as asyncio's default executor),
+started before the reads so that the query processing runs beside the embedding."""
 
 
 def native(store: LanceStore, name: str) -> Any:

@@ -29,7 +29,7 @@ from memstream.domain.ranking import query_mentions
 from memstream.projections import search_queries as q
 from memstream.projections import search_vectors
 from memstream.projections.lance_async import gather_all
-from memstream.projections.schema import MEMORIES, MESSAGES
+from memstream.projections.schema import ENTITIES, MEMORIES, MESSAGES
 from memstream.projections.search_cache import (
     TURN_COLUMNS,
     SearchCache,
@@ -55,14 +55,16 @@ MAX_TURNS = 20_000
 here is used by its search but not cached: the cache holds whole sessions only."""
 
 
-async def read_versions(store: LanceStore) -> tuple[Version, Version]:
-    """The versions of ``memories`` and ``messages`` this search reads at (see
-    ``search_cache.Version``; with a ``read_consistency_interval``, asking is what
-    makes the handles look for newer commits, as a query would)."""
+async def read_versions(store: LanceStore) -> tuple[Version, Version, Version]:
+    """The versions of ``memories``, ``messages`` and ``entities`` this search reads at
+    (see ``search_cache.Version``; with a ``read_consistency_interval``, asking is what
+    makes the handles look for newer commits, as a query would). Asked together while
+    the query is embedded: the entity statistics need theirs after the lists."""
     root = str(store.root)
-    memories_dir, messages_dir = table_identity(root, MEMORIES), table_identity(root, MESSAGES)
-    memories, messages = await gather_all([q.native(store, MEMORIES).version(), q.native(store, MESSAGES).version()])
-    return (*memories_dir, int(memories)), (*messages_dir, int(messages))
+    dirs = [table_identity(root, name) for name in (MEMORIES, MESSAGES, ENTITIES)]
+    asked = await gather_all([q.native(store, name).version() for name in (MEMORIES, MESSAGES, ENTITIES)])
+    memories, messages, entities = ((*d, int(v)) for d, v in zip(dirs, asked))
+    return memories, messages, entities
 
 
 @dataclass
@@ -113,54 +115,54 @@ def _row_session(row: Mapping[str, Any]) -> str | None:
 
 async def lists(
     store: LanceStore,
-    embed: Callable[[], list[float]],
+    embed: Callable[[], Awaitable[list[float]]],
     refine: int | None,
     text_query: str,
     where: str,
     n: int,
     columns: Sequence[str],
     kept: tuple[SearchCache, SpaceKey, Scope] | None = None,
-) -> tuple[pa.Table, pa.Table | None, Version, Version, bool]:
+) -> tuple[pa.Table, pa.Table | None, tuple[Version, Version, Version], bool]:
     """The vector and BM25 lists (``columns`` of each candidate), the versions of
-    ``memories`` and ``messages``, and whether both lists came from the space's kept
-    vectors and text index (``kept``: where they may serve, see ``search_vectors``;
-    such lists hold only ``memory_id``, ``session_id``, ``source_message_ids``). The
-    query is embedded in a worker thread (an embedding endpoint's round trip, or a
-    local model, costs milliseconds) while the versions are asked and the space's kept
-    index is found, carried or read; without one, LanceDB's BM25 list runs meanwhile."""
+    ``memories``, ``messages`` and ``entities``, and whether both lists came from the
+    space's kept vectors and text index (``kept``: where they may serve, see
+    ``search_vectors``; such lists hold only ``memory_id``, ``session_id``,
+    ``source_message_ids``). ``embed`` awaits the query's vector, embedded in a worker
+    thread (an endpoint's round trip, or a local model, costs milliseconds): meanwhile
+    the versions are asked, the space's kept index is found, carried or read and its
+    BM25 list ranked; without one, LanceDB's BM25 list runs meanwhile."""
     table = q.native(store, MEMORIES)
+    embedding = asyncio.ensure_future(embed())
     versions = asyncio.ensure_future(read_versions(store))
     space = asyncio.ensure_future(_space_vectors(store, kept, versions)) if kept is not None else None
     text = None if kept is not None else asyncio.ensure_future(q.text_query(table, text_query, where, n, columns))
     try:
-        vector = await asyncio.to_thread(embed)
         vectors = await space if space is not None else None
+        ttable = vectors.text.best(text_query, n) if vectors is not None and text_query.strip() else None
+        vector = await embedding
     except BaseException:
         for pending in (text, versions, space):
             if pending is not None:
                 pending.cancel()
-        await asyncio.gather(*(p for p in (text, versions, space) if p is not None), return_exceptions=True)
+        # the embedding is not a read: it is waited for, not cancelled
+        await asyncio.gather(*(p for p in (embedding, text, versions, space) if p is not None), return_exceptions=True)
         raise
     if vectors is not None:
-        memories, messages = await versions
-        ttable = vectors.text.best(text_query, n) if text_query.strip() else None
-        return vectors.nearest(vector, n), ttable, memories, messages, True
+        return vectors.nearest(vector, n), ttable, await versions, True
     if text is None:  # a space too large to keep: LanceDB's BM25 list after all
         text = asyncio.ensure_future(q.text_query(table, text_query, where, n, columns))
-    vtable, ttable, (memories, messages) = await gather_all(
-        [q.vector_query(table, vector, where, n, refine, columns), text, versions]
-    )
-    return vtable, ttable, memories, messages, False
+    vtable, ttable, read = await gather_all([q.vector_query(table, vector, where, n, refine, columns), text, versions])
+    return vtable, ttable, read, False
 
 
 async def _space_vectors(
-    store: LanceStore, kept: tuple[SearchCache, SpaceKey, Scope], versions: Awaitable[tuple[Version, Version]]
+    store: LanceStore, kept: tuple[SearchCache, SpaceKey, Scope], versions: Awaitable[tuple[Version, Version, Version]]
 ) -> SpaceVectors | None:
     """The space's vectors at the version this search reads ``memories`` at: kept,
     carried from a kept version (:func:`carried_vectors`), or read now; and kept
     (``None``: a space too large to keep)."""
     cache, key, scope = kept
-    memories, _ = await versions
+    memories, _, _ = await versions
     hit = cache.vectors.get(key, memories)
     if hit is not None:
         return hit
@@ -269,7 +271,7 @@ async def candidates(
     cache: SearchCache,
     store: LanceStore,
     scope: Scope,
-    embed: Callable[[], list[float]],
+    embed: Callable[[], Awaitable[list[float]]],
     refine: int | None,
     query: str,
     text_query: str,
@@ -288,7 +290,7 @@ async def candidates(
     whole = cache.lists_need_rows(root, scope)
     # the space's kept vectors serve where LanceDB's flat search would give the same list
     kept = (cache, space_key(root, scope), scope) if refine is None and where == space_where(scope) else None
-    vtable, ttable, mv, tv, from_kept = await lists(
+    vtable, ttable, (mv, tv, ev), from_kept = await lists(
         store, embed, refine, text_query, where, n, READ_COLUMNS if whole else LIST_COLUMNS, kept
     )
     entry = cache.entry_of(root, scope)
@@ -314,7 +316,7 @@ async def candidates(
             ]
         )
     rows = await _candidate_rows(store, scope, view, listed, sessions, loose)
-    keys, stats, successors = await _follow(cache, store, scope, query, rows, view, successor_filters)
+    keys, stats, successors = await _follow(cache, store, scope, query, rows, view, ev, successor_filters)
     gathered = Gathered(
         _scores(vtable, "_distance"), _scores(ttable, "_score"), rows, sessions, loose, keys, stats, view
     )
@@ -349,16 +351,18 @@ async def _follow(
     query: str,
     rows: Mapping[str, Mapping[str, Any]],
     view: View,
+    entities_version: Version,
     successor_filters: Sequence[str] | None,
 ) -> tuple[set[str], tuple[dict[str, int], int] | None, Successors | None]:
     """What needs the candidates' rows, read together: the statistics of the entities
-    the query names among them, and the first hop of their successors."""
+    the query names among them (at ``entities_version``), and the first hop of their
+    successors."""
     names = {e["name"] for r in rows.values() for e in (r.get("entities") or ())}
     keys = {normalize_content(m) for m in query_mentions(query, names)}
     successors = None if successor_filters is None else Successors(store, scope, successor_filters, view)
     follow: list[Awaitable[Any]] = []
     if keys:
-        follow.append(entity_stats(cache, store, scope, keys, view.memories_version))
+        follow.append(entity_stats(cache, store, scope, keys, view.memories_version, entities_version))
     if successors is not None:
         first_hop = successors.wanted(rows)
         if first_hop:

@@ -163,12 +163,13 @@ def query_mentions(query: str, names: Iterable[str]) -> set[str]:
     found: set[str] = set()
     if not q:
         return found
+    words = frozenset(q)  # most names share no word with the query: one set lookup each
     for name in names:
         t = _name_tokens(name)
-        if not t or len(t) > len(q):
+        if not t or t[0] not in words or len(t) > len(q):
             continue
         n = len(t)
-        if any(q[i : i + n] == t for i in range(len(q) - n + 1)):
+        if n == 1 or any(q[i : i + n] == t for i in range(len(q) - n + 1)):
             found.add(name)
     return found
 

@@ -210,12 +210,12 @@ def test_rows_read_before_a_commit_are_filed_in_the_entry_it_moved_on_to(tmp_pat
     log.turns(ann, "s0", [0, 1, 2])
     log.turns(ann, "s1", [3, 4])
     root = str(log.store.root)
-    old_m, old_t = wait(read_versions(log.store))
+    old_m, old_t, _ = wait(read_versions(log.store))
     old = CACHE.space_cache(root, ann, old_m, old_t)
     rows = rows_of(log.store.rows(MEMORIES, space_where(ann), list(READ_COLUMNS)), ann)  # read at the old version
     sessions = {s: SessionMemories([r for r in rows if r["session_id"] == s]) for s in ("s0", "s1")}
     log.turns(ann, "s1", [5])  # a commit into s1 meanwhile, and another search carries the entry
-    new_m, new_t = wait(read_versions(log.store))
+    new_m, new_t, _ = wait(read_versions(log.store))
     new = CACHE.space_cache(root, ann, new_m, new_t)
     assert new is not old
     CACHE.add_memories(old, old_m, rows, ["m-nowhere"], sessions)
