@@ -204,7 +204,7 @@ class SearchCache:
         """Each table's steps, per (store directory, table, table identity)."""
         self._speakers: dict[SpaceKey, tuple[float, frozenset[str]]] = {}
         self._sizes: dict[SpaceKey, tuple[Version, int]] = {}
-        self._frequencies: dict[SpaceKey, tuple[Version, dict[str, int]]] = {}
+        self._frequencies: dict[SpaceKey, tuple[Version, dict[str, int], bool]] = {}
         self.vectors = VectorCache()
         """The spaces' vectors, for the vector leg (``search_vectors``)."""
 
@@ -408,16 +408,17 @@ class SearchCache:
                 self._sizes.clear()
             self._sizes[key] = (version, total)
 
-    def frequencies(self, key: SpaceKey) -> tuple[Version, dict[str, int]] | None:
-        """The space's entity counts and the version of ``entities`` they were read at."""
+    def frequencies(self, key: SpaceKey) -> tuple[Version, dict[str, int], bool] | None:
+        """The space's entity counts, the version of ``entities`` they were read at, and
+        whether they hold every name of the space (a name not there counts 0)."""
         with self._lock:
             return self._frequencies.get(key)
 
-    def keep_frequencies(self, key: SpaceKey, version: Version, counts: dict[str, int]) -> None:
+    def keep_frequencies(self, key: SpaceKey, version: Version, counts: dict[str, int], complete: bool = False) -> None:
         with self._lock:
             if len(self._frequencies) >= FACTS_MAX:
                 self._frequencies.clear()
-            self._frequencies[key] = (version, counts)
+            self._frequencies[key] = (version, counts, complete)
 
 
 def _carried(

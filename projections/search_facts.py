@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Iterable
+from typing import Any
 
 import pyarrow.compute as pc
 
@@ -19,7 +21,12 @@ from memstream.projections.schema import ENTITIES, MEMORIES, MESSAGES
 from memstream.projections.search_cache import FACTS_MAX, SearchCache, Version, space_key, table_identity
 from memstream.projections.store import LanceStore, chunked, in_list, space_where
 
-__all__ = ["SPEAKERS_TTL_S", "space_speakers", "space_size", "entity_stats"]
+__all__ = ["WHOLE_SPACE_MEMORIES", "SPEAKERS_TTL_S", "space_speakers", "space_size", "entity_stats"]
+
+WHOLE_SPACE_MEMORIES = 2_000
+"""A space of at most this many memories has its entity names counted whole at the
+first name a search misses (one read per version of ``entities``; a larger space
+reads the names its searches ask for)."""
 
 SPEAKERS_TTL_S = 30.0
 """How long a memory space's list of speakers is reused for query processing (a
@@ -83,18 +90,36 @@ async def entity_stats(
     still = hit is not None and (
         hit[0] == version or await asyncio.to_thread(cache.unchanged, key[0], ENTITIES, scope, hit[0], version)
     )
-    known = dict(hit[1]) if hit is not None and still else {}
-    missing = [n for n in names if n not in known]
+    known, complete = (dict(hit[1]), hit[2]) if hit is not None and still else ({}, False)
+    missing = [] if complete else [n for n in names if n not in known]
+    total = await space_size(cache, store, scope, memories_version)
+    counted, whole = await _count_names(entities, scope, missing, total) if missing else ({}, False)
+    if still and not missing and hit is not None and hit[0] != version:
+        cache.keep_frequencies(key, version, hit[1], complete)
+    if missing and await entities.version() == version[2]:
+        if whole:
+            cache.keep_frequencies(key, version, counted, True)
+        else:
+            known.update(counted)
+            cache.keep_frequencies(key, version, known if len(known) <= FACTS_MAX else counted)
+    if whole:
+        known, counted = counted, {}
+    return {k: known.get(k, counted.get(k, 0)) for k in names}, int(total)
+
+
+async def _count_names(entities: Any, scope: Scope, missing: list[str], total: int) -> tuple[dict[str, int], bool]:
+    """How many of the space's entity rows carry each name: every name of the space
+    (``True``) when the space is small enough to count whole (one read, then no later
+    search of this version misses), else the ``missing`` ones (0 for a name not found)."""
     space = space_where(scope)
+    if total <= WHOLE_SPACE_MEMORIES:
+        table = await q.scan(entities, space, ["name_key"], FACTS_MAX * 4 + 1)
+        counts = Counter(table.column("name_key").to_pylist())
+        if table.num_rows <= FACTS_MAX * 4 and len(counts) <= FACTS_MAX:
+            return dict(counts), True
     reads = [q.scan(entities, f"{space} AND {in_list('name_key', chunk)}", ["name_key"]) for chunk in chunked(missing)]
-    *tables, total = await gather_all([*reads, space_size(cache, store, scope, memories_version)])
     counted = {k: 0 for k in missing}
-    for tbl in tables:
+    for tbl in await gather_all(reads):
         for name in tbl.column("name_key").to_pylist():
             counted[name] = counted.get(name, 0) + 1
-    if still and not missing and hit is not None and hit[0] != version:
-        cache.keep_frequencies(key, version, hit[1])
-    if missing and await entities.version() == version[2]:
-        known.update(counted)
-        cache.keep_frequencies(key, version, known if len(known) <= FACTS_MAX else counted)
-    return {k: known.get(k, counted.get(k, 0)) for k in names}, int(total)
+    return counted, False

@@ -20,7 +20,7 @@ from tests.projections.projection_helpers import DIM, T0, link, memory, position
 
 from memstream.domain.events import MessageObserved, Scope
 from memstream.domain.ranking import ENTITY_WEIGHT, entity_boost, entity_idf
-from memstream.projections import search_queries, search_reads
+from memstream.projections import search_facts, search_queries, search_reads
 from memstream.projections.lance_async import wait
 from memstream.projections.search_cache import SearchCache, space_key
 from memstream.projections.embedder import EmbedderUnavailableError, LocalEmbedder
@@ -237,3 +237,34 @@ def test_kept_vectors_are_carried_to_a_new_version_without_reading_the_space(
     fresh = wait(read(store, ann, kept.version))
     assert fresh is not None and kept.ids.to_pylist() == fresh.ids.to_pylist()
     assert kept.unit.tobytes() == fresh.unit.tobytes()
+
+
+def test_a_space_counted_whole_answers_later_names_as_a_fresh_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A small space's entity names are counted whole at the first miss: a name asked
+    later is answered without a read, with what a fresh count gives (0 for a name no
+    memory of the space carries, whichever other space carries it)."""
+    store = LanceStore(tmp_path / "lance", embedding_dim=DIM)
+    Projector(store, EMB).apply(positioned([
+        memory(ANN, "z", "Zed restores old clocks", entities=[("Zed", "person")]),
+        memory(ANN, "z2", "Zed and Uma collect stamps", entities=[("Zed", "person"), ("Uma", "person")]),
+        memory(EVE, "e", "Ivo sails", entities=[("Ivo", "person")]),
+    ]))
+    cache = SearchCache()
+    versions = wait(search_reads.read_versions(store))
+    assert wait(search_facts.entity_stats(cache, store, ANN, ["Zed"], versions[0], versions[2])) == ({"zed": 2}, 2)
+    scans: list[str] = []
+    scan = search_queries.scan
+
+    async def counted_scan(table: Any, where: str, *args: Any, **kwargs: Any) -> Any:
+        scans.append(where)
+        return await scan(table, where, *args, **kwargs)
+
+    monkeypatch.setattr(search_queries, "scan", counted_scan)
+    later = wait(search_facts.entity_stats(cache, store, ANN, ["Uma", "Ivo"], versions[0], versions[2]))
+    assert scans == []  # counted whole at the first miss
+    monkeypatch.setattr(search_queries, "scan", scan)
+    fresh = wait(search_facts.entity_stats(SearchCache(), store, ANN, ["Uma", "Ivo"]))
+    assert later == fresh == ({"uma": 1, "ivo": 0}, 2)
+    assert store.entity_frequencies(ANN, ["uma", "ivo"]) == {"uma": 1, "ivo": 0}
