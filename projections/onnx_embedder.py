@@ -17,7 +17,8 @@ model made it. Other models load from a local directory (``model.onnx`` or
 CLS pooling) or, with a network, by Hugging Face repository name.
 
 Texts are tokenised in one call (a text repeated in the call is embedded once),
-sorted by length and run in batches padded only to their longest text (padding is most
+sorted by length and run in batches of about the same padded size in tokens (many
+short texts or a few long ones), each padded only to its longest text (padding is most
 of the cost of mixed lengths); vectors are pooled over the real tokens and
 L2-normalised (cosine = dot product). A call that fits one batch (a query, a single
 text) runs on onnxruntime's threads as before; a call of several batches runs them side
@@ -53,6 +54,7 @@ __all__ = [
     "model_from_dir",
     "resolve_model",
     "file_sha256",
+    "token_batches",
 ]
 
 BUILTIN_MODEL = "all-MiniLM-L6-v2-int8"
@@ -64,9 +66,10 @@ _BUILTIN_TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5a
 _BUILTIN_MAX_TOKENS = 256  # all-MiniLM-L6-v2's max_seq_length in sentence-transformers
 _QUERY_CACHE_SIZE = 1024
 _QUERY_CACHE_TTL_S = 60.0
-_BATCH_SIZE = 8
-"""Texts per model run: small batches cost less CPU a text than large ones here (the
-activations stay in cache; measured in docs/benchmarks.md, issue 21, session 11)."""
+_BATCH_TOKENS = 256
+"""Padded tokens a model run (texts x the longest): runs of a few hundred token rows
+cost the least CPU a text here, whatever the texts' lengths (docs/benchmarks.md,
+issue 21, session 14)."""
 
 
 class OnnxModelError(ValueError):
@@ -205,6 +208,18 @@ def _load(model_file: str, tokenizer_file: str, max_tokens: int, threads: int) -
     return session, tokenizer
 
 
+def token_batches(lengths: np.ndarray, order: np.ndarray, budget: int) -> list[np.ndarray]:
+    """``order`` (row numbers by ascending length) cut into batches whose padded size,
+    rows x the longest row, stays within ``budget`` tokens (a longer row runs alone)."""
+    batches: list[np.ndarray] = []
+    start = 0
+    for end in range(1, len(order) + 1):
+        if end == len(order) or (end + 1 - start) * int(lengths[order[end]]) > budget:
+            batches.append(order[start:end])
+            start = end
+    return batches
+
+
 @lru_cache(maxsize=4)
 def _runner(parallel_runs: int) -> ThreadPoolExecutor:
     """The threads calls' batches run on, shared by a process's embedders so that their
@@ -217,13 +232,14 @@ class OnnxEmbedder:
     digits of the model file's sha256>``."""
 
     def __init__(
-        self, model: OnnxModel, *, batch_size: int = _BATCH_SIZE, threads: int = 0, parallel_runs: int = 0
+        self, model: OnnxModel, *, batch_tokens: int = _BATCH_TOKENS, threads: int = 0, parallel_runs: int = 0
     ) -> None:
-        """``threads``: threads of a call that fits one batch (0: onnxruntime's default,
+        """``batch_tokens``: padded tokens a model run (a longer text runs alone);
+        ``threads``: threads of a call that fits one batch (0: onnxruntime's default,
         one per core); ``parallel_runs``: one-thread runs at once for a call of several
         batches (0: one per core this process may use; 1: one batch after another)."""
-        if batch_size < 1:
-            raise OnnxModelError("batch_size must be at least 1")
+        if batch_tokens < 1:
+            raise OnnxModelError("batch_tokens must be at least 1")
         digest = _verified(model.model_file, model.model_sha256, "model file")
         _verified(model.tokenizer_file, model.tokenizer_sha256, "tokenizer file")
         try:
@@ -234,7 +250,7 @@ class OnnxEmbedder:
             raise OnnxModelError(f"cannot load {model.model_file}: {type(exc).__name__}: {exc}") from None
         self.model = model
         self.model_id = f"{model.name}:{digest[:12]}"
-        self.batch_size = batch_size
+        self.batch_tokens = batch_tokens
         self.parallel_runs = parallel_runs or len(os.sched_getaffinity(0))
         self._load_args = (str(model.model_file), str(model.tokenizer_file), model.max_tokens)
         self._inputs = {i.name for i in self._session.get_inputs()}
@@ -281,7 +297,7 @@ class OnnxEmbedder:
         encodings = self._tokenizer.encode_batch(texts)
         lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.intp, count=len(encodings))
         order = np.argsort(lengths, kind="stable")
-        batches = [order[start : start + self.batch_size] for start in range(0, len(order), self.batch_size)]
+        batches = token_batches(lengths, order, self.batch_tokens)
 
         side_by_side = len(batches) > 1 and self.parallel_runs > 1
         # one thread a run when side by side (that session is shared by the process)

@@ -26,6 +26,7 @@ from memstream.projections.onnx_embedder import (
     builtin_model,
     file_sha256,
     resolve_model,
+    token_batches,
 )
 from memstream.projections.projector import Projector
 from memstream.projections.search import search, vector_search
@@ -73,8 +74,9 @@ def _mixed_texts() -> list[str]:
 def test_parallel_one_thread_runs_give_the_vectors_of_one_sequential_multithreaded_run(
     minilm: OnnxEmbedder,
 ) -> None:
-    texts = _mixed_texts()
-    assert minilm.parallel_runs >= 1 and len(texts) > 3 * minilm.batch_size
+    texts = [f"{text} (take {take})" for take in range(3) for text in _mixed_texts()]
+    lengths = np.array([len(t.split()) for t in texts])  # a lower bound of the tokens
+    assert minilm.parallel_runs >= 1 and len(token_batches(lengths, np.argsort(lengths), minilm.batch_tokens)) > 3
     sequential = OnnxEmbedder(builtin_model(), threads=2, parallel_runs=1)  # as before this change
     side_by_side = OnnxEmbedder(builtin_model(), threads=2, parallel_runs=2)
     reference = embed_array(sequential, texts)
@@ -82,6 +84,29 @@ def test_parallel_one_thread_runs_give_the_vectors_of_one_sequential_multithread
     assert np.allclose(embed_array(minilm, texts), reference, atol=1e-6)
     alone = np.stack([embed_array(sequential, [t])[0] for t in texts])
     assert np.allclose(alone, reference, atol=1e-6)  # a text's batch does not move it
+
+
+def test_token_batches_keep_each_runs_padded_size_within_the_budget() -> None:
+    lengths = np.array([30, 5, 5, 300, 12, 5, 40, 12, 64])
+    order = np.argsort(lengths, kind="stable")
+    batches = token_batches(lengths, order, 64)
+    assert np.array_equal(np.concatenate(batches), order)  # every row once, in length order
+    assert [lengths[b].tolist() for b in batches] == [[5, 5, 5, 12, 12], [30], [40], [64], [300]]
+    assert all(len(b) * lengths[b].max() <= 64 for b in batches if len(b) > 1)
+    assert [len(b) for b in token_batches(lengths, order, 1)] == [1] * len(lengths)
+    assert token_batches(lengths[:0], order[:0], 64) == []
+
+
+def test_the_token_budget_does_not_move_a_vector(minilm: OnnxEmbedder) -> None:
+    """Batches of many short texts or a few long ones give each text the vector it gets
+    alone, in one sequential run, or in one big batch (real model output)."""
+    texts = [*_mixed_texts(), "ok", "Caroline: " + "the long walk home along the river " * 12]
+    alone = OnnxEmbedder(builtin_model(), batch_tokens=1, parallel_runs=1)
+    one_batch = OnnxEmbedder(builtin_model(), batch_tokens=100_000, parallel_runs=1)
+    reference = embed_array(alone, texts)
+    assert np.allclose(embed_array(one_batch, texts), reference, atol=1e-6)
+    assert np.allclose(embed_array(minilm, texts), reference, atol=1e-6)
+    assert np.allclose(embed_array(OnnxEmbedder(builtin_model(), batch_tokens=64), texts), reference, atol=1e-6)
 
 
 def test_a_text_repeated_in_a_call_is_embedded_once(minilm: OnnxEmbedder, monkeypatch: pytest.MonkeyPatch) -> None:
