@@ -211,7 +211,13 @@ class Settings(BaseSettings):
     lance_metadata_cache_mb: int = Field(default=LANCE_METADATA_CACHE_MB, ge=1)
     """Most memory LanceDB keeps per open table set for table metadata (each version's
     manifest and fragment list; LanceDB's default, 1 GiB, let a reader that follows a
-    commit every fraction of a second grow until then)."""
+    commit every fraction of a second grow until then). The worker uses
+    ``worker_lance_metadata_cache_mb`` instead."""
+    worker_lance_metadata_cache_mb: int = Field(default=16, ge=1)
+    """The same bound in the worker process, which writes a version a fraction of a
+    second and reads at its newest one: under a trickle of writes the cache filled
+    by several MB a minute until its bound (docs/benchmarks.md, issue 23 worker,
+    session 14)."""
     reader_grace_s: float = Field(default=READER_GRACE_S, gt=0)
     """How long a table version stays readable after a newer one replaced it. A reader
     (API, MCP, CLI, extractor) reads at the newest version, so it can be on a replaced

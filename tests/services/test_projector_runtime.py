@@ -4,10 +4,21 @@ its maintenance beside the writer."""
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
+from tests.projections.projection_helpers import DIM, memory, positioned
+
+from memstream.domain.events import Scope
+from memstream.projections.embedder import LocalEmbedder
+from memstream.projections.projector import Projector
+from memstream.projections.store import LanceStore
 from memstream.services.projector_runtime import ProjectorRuntime
+from memstream.services.worker import worker_settings
+from memstream.settings import Settings
 from memstream.streams.topics import Topics
+
+ALICE = Scope(team_id="acme", user_id="alice")
 
 
 async def test_a_started_worker_drops_old_versions_at_its_first_maintenance(
@@ -35,3 +46,20 @@ async def assert_maintenance_drops_old_versions(rt: ProjectorRuntime, store: Any
     assert rt._index_build is not None  # noqa: SLF001 - the maintenance started
     await rt._index_build  # noqa: SLF001
     assert len(store.table("positions").list_versions()) < before
+
+
+def test_the_worker_writing_many_commits_keeps_lancedbs_metadata_cache_within_its_bound(tmp_path: Path) -> None:
+    # The writer commits a version a fraction of a second under a trickle; each
+    # version's manifest stayed in a cache bounded for readers (64 MB): the worker's
+    # memory grew by several MB a minute (docs/benchmarks.md, issue 23 worker, session 14).
+    settings = worker_settings(
+        Settings(home=tmp_path, embedding_dim=DIM, embedder="local", worker_lance_metadata_cache_mb=1)
+    )
+    bounded = LanceStore.from_settings(settings, tmp_path / "bounded")
+    reader_bound = LanceStore(tmp_path / "default", embedding_dim=DIM)  # Settings' default bound
+    for store in (bounded, reader_bound):
+        projector = Projector(store, LocalEmbedder(DIM))
+        for i in range(120):
+            projector.apply(positioned([memory(ALICE, f"a{i}", f"Alice note {i}")], start=i))
+    assert reader_bound.cache_bytes() > 2 << 20  # what the reader's bound lets a writer keep
+    assert 0 < bounded.cache_bytes() <= 2 << 20  # the cache evicts approximately
