@@ -45,6 +45,7 @@ from memstream import metrics
 from memstream.interfaces import routes_read, routes_write
 from memstream.interfaces.asgi import BodyLimit, McpEndpoint
 from memstream.interfaces.errors import ErrorResponse, install_error_handlers
+from memstream.interfaces.lean_writes import LeanWrites
 from memstream.interfaces.mcp_server import build_mcp_server
 from memstream.interfaces.ratelimit import RateLimiter
 from memstream.interfaces.routes_ops import ops_router
@@ -80,6 +81,7 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
     app.state.service = None
     app.state.mcp_servers = {}
     install_error_handlers(app)
+    app.add_middleware(LeanWrites, api=app)  # inside the body limit
     app.add_middleware(BodyLimit, max_bytes=settings.api_max_body_bytes)
     app.router.routes.append(Route("/mcp", endpoint=McpEndpoint(app), methods=["GET", "POST", "DELETE"], include_in_schema=False))
     app.include_router(routes_write.router)

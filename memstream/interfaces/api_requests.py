@@ -25,7 +25,7 @@ from memstream.interfaces.service import (
 )
 from memstream.codec.wire import EncodeError
 
-__all__ = ["utc", "event_from", "rating", "positions", "check_ids", "service_of", "append", "wait_for_positions"]
+__all__ = ["utc", "event_from", "rating", "positions", "check_ids", "service_of", "service_in", "append", "wait_for_positions"]
 
 log = logging.getLogger("memstream.api")
 
@@ -72,7 +72,12 @@ def check_ids(**values: str) -> None:
 
 
 def service_of(request: Request) -> MemoryService:
-    service: MemoryService | None = getattr(request.app.state, "service", None)
+    return service_in(request.app)
+
+
+def service_in(app: Any) -> MemoryService:
+    """The app's running service (503 while it starts or stops)."""
+    service: MemoryService | None = getattr(app.state, "service", None)
     if service is None or service.producer is None:
         raise ApiError(503, "unavailable", "the API server is starting or stopping")
     return service

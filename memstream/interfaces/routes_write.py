@@ -32,14 +32,14 @@ from memstream.interfaces.api_models import (
     MessagesIn,
     ScopeIn,
 )
-from memstream.interfaces.api_requests import append, event_from, rating, service_of, utc
+from memstream.interfaces.api_requests import append, event_from, rating, service_in, service_of, utc
 from memstream.interfaces.errors import ERROR_RESPONSES, ApiError, ErrorResponse
 from memstream.interfaces.guards import check_client_event, check_owners, forbidden, write_scope
 from memstream.interfaces.service import default_deadline
 from memstream.streams.producer import ProduceError
 from memstream.codec.wire import EncodeError
 
-__all__ = ["router", "EVENT_SCHEMA"]
+__all__ = ["router", "EVENT_SCHEMA", "write_memory", "write_messages"]
 
 router = APIRouter()
 
@@ -91,6 +91,12 @@ async def post_event(request: Request, principal: Caller) -> Accepted:
           tags=["write"],
           summary="Add one memory (a MemoryAdded event)")
 async def post_memory(body: MemoryIn, request: Request, principal: Caller) -> MemoryAccepted:
+    # served by ``lean_writes`` at run time; declared here for the spec and as the fallback
+    return await write_memory(request.app, principal, body)
+
+
+async def write_memory(app: Any, principal: Principal, body: MemoryIn) -> MemoryAccepted:
+    """``POST /v1/memories`` once the body is valid and the caller known."""
     scope = _scope_of(principal, body.scope)
     raw = body.model_dump(exclude={"scope"}, exclude_none=True, mode="json")
     raw.update(
@@ -104,14 +110,21 @@ async def post_memory(body: MemoryIn, request: Request, principal: Caller) -> Me
             raw.pop(name, None)
     event = event_from(raw, MemoryAdded)
     check_client_event(event)
-    service = service_of(request)
+    service = service_in(app)
     await check_owners(service, principal, event)
     accepted = await append(service, event)
-    return MemoryAccepted(memory_id=raw["memory_id"], **accepted.model_dump())
+    return MemoryAccepted(memory_id=raw["memory_id"], event_id=accepted.event_id, position=accepted.position)
+
 
 @router.post("/v1/messages", status_code=202, response_model=MessagesAccepted, responses=ERROR_RESPONSES, tags=["write"],
           summary="Append conversation turns (MessageObserved) for the extractor")
 async def post_messages(body: MessagesIn, request: Request, principal: Caller) -> MessagesAccepted:
+    # served by ``lean_writes`` at run time; declared here for the spec and as the fallback
+    return await write_messages(request.app, principal, body)
+
+
+async def write_messages(app: Any, principal: Principal, body: MessagesIn) -> MessagesAccepted:
+    """``POST /v1/messages`` once the body is valid and the caller known."""
     scope = _scope_of(principal, body.scope)
     events = []
     for i, turn in enumerate(body.messages):
@@ -129,7 +142,7 @@ async def post_messages(body: MessagesIn, request: Request, principal: Caller) -
             events.append(build_event(MessageObserved, **raw))
         except EventValidationError as exc:
             raise ApiError(422, "invalid_event", f"messages.{i}: {exc.reason}") from None
-    service = service_of(request)
+    service = service_in(app)
     try:
         positions = await service.append_many(events, interface="api")
     except EncodeError as exc:
