@@ -20,9 +20,7 @@ How: per version ``v``, the fragments of ``v`` are compared with those of ``v - 
   ``team_id``, ``user_id``, id column and session (when the table has one) are read;
 * with ``row_columns``, those columns of the written rows are kept too (for the newest
   :data:`ROWS_KEPT` steps), so a reader can update what it holds without reading
-  the rows again. A new fragment's rows are read from its one data file directly
-  (:func:`_written_rows`: half the CPU of a dataset scan of a few rows, most of it the
-  scan's planning); anything else a fragment may carry falls back to the scan;
+  the rows again;
 * anything else (a ``Delete``, an overwrite, a restore, an unknown operation, a
   version already cleaned up): the step cannot be told, and :meth:`TableChanges.between`
   answers ``None``: the caller must drop what it holds of the table.
@@ -33,8 +31,6 @@ spaces catching up over the same versions cost one read.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -45,7 +41,6 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 from lance import LanceOperation
-from lance.file import LanceFileSession
 
 __all__ = ["SpaceChanges", "Changes", "TableChanges", "STEPS_KEPT", "ROWS_KEPT"]
 
@@ -151,7 +146,6 @@ class TableChanges:
         self._steps: OrderedDict[int, Changes | None] = OrderedDict()
         self._lock = threading.Lock()
         self._dataset: Any = None
-        self._files: LanceFileSession | None = None
         self._last: tuple[int, dict[int, Any]] | None = None
         """The fragments of the last version read (the next step starts from them)."""
 
@@ -230,7 +224,8 @@ class TableChanges:
             return None
         ids: dict[tuple[str, str], set[str]] = {}
         sessions: dict[tuple[str, str], set[str]] = {}
-        table = self._written_rows(after, added, [*self.columns, *self.row_columns])
+        read = [*self.columns, *self.row_columns]
+        table = after.scanner(columns=read, fragments=[after.get_fragment(i) for i in added]).to_table()
         columns = [table.column(c).to_pylist() for c in self.columns]
         for team, user, key, *session in zip(*columns):
             ids.setdefault((team, user), set()).add(key)
@@ -244,32 +239,6 @@ class TableChanges:
                 for space, keys in ids.items()
             }
         )
-
-    def _written_rows(self, after: Any, added: list[int], columns: list[str]) -> pa.Table:
-        """``columns`` of the rows of fragments ``added`` (ids ascending), as the
-        dataset ``after`` reads them: a fragment of one plain data file (what an append
-        or an upsert writes) straight from that file, any other through a scan."""
-        if self._files is None:
-            self._files = LanceFileSession(os.path.join(self.path, "data"))
-        parts = []
-        for i in added:
-            fragment = after.get_fragment(i)
-            meta = fragment.metadata
-            plain = len(meta.files) == 1 and meta.deletion_file is None and not meta.overlays
-            plain = plain and meta.files[0].base_id is None and meta.files[0].file_major_version >= 2
-            part = None
-            if plain:
-                with contextlib.suppress(Exception):  # a file without a column read: the scan says why
-                    reader = self._files.open_reader(meta.files[0].path, columns=columns)
-                    part = reader.read_all(batch_size=1 << 20, batch_readahead=1).to_table()
-            if part is None or part.num_rows != meta.physical_rows:
-                part = fragment.to_table(columns=columns)
-            parts.append(part)
-        if len(parts) == 1:
-            return parts[0]
-        if not parts:
-            return after.schema.empty_table().select(columns)
-        return pa.concat_tables(parts, promote_options="default")
 
     def _rows_of(self, table: pa.Table, space: tuple[str, str]) -> pa.Table | None:
         """The written rows of one space (``None`` without ``row_columns``)."""

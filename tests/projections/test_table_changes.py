@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import lance
-
 from tests.projections.projection_helpers import DIM, link, memory, positioned
 
 from memstream.domain.events import Scope
@@ -111,42 +109,4 @@ def test_a_feed_following_many_versions_keeps_its_lance_cache_bounded(tmp_path: 
         projector.apply(positioned([memory(ANN, f"a{i}", f"turn {i}", session_id="s1")], start=i))
         changes = feed.between(start, _version(store))
         assert changes is not None and f"a{i}" in changes.of("acme", "ann").ids  # type: ignore[union-attr]
-    # Lance's cache evicts lazily (it overshoots its bound by up to a tenth here);
-    # unbounded, the feed's cache held 6.5 MB after these commits
-    assert 0 < feed.cache_bytes() <= bound * 5 // 4
-
-
-def test_rows_read_from_the_written_files_are_the_tables_rows_at_that_version(tmp_path: Path) -> None:
-    # the step's rows come from the new fragments' data files, not a scan: every column
-    # of every written row must be what a read of the table at that version gives
-    store, projector, _ = _setup(tmp_path)
-    path = str(tmp_path / "lance" / "memories.lance")
-    columns = [f.name for f in store.table(MEMORIES).schema if f.name not in ("team_id", "user_id", "memory_id")]
-    feed = TableChanges(path, "memory_id", "session_id", columns)
-    start = _version(store)
-    offset = 0
-    for i in range(6):
-        batch = [memory(ANN, f"a{i}", f"turn {i}", session_id=f"s{i % 2}"), memory(EVE, f"e{i}", f"map {i}")]
-        projector.apply(positioned(batch, start=offset))
-        offset += len(batch)
-        if i == 3:
-            projector.apply(positioned([link(ANN, "a3", "a1", "supersedes")], start=offset))  # an upsert of a1
-            offset += 1
-            assert store.compact(target_rows=1_000) >= 1
-    told = 0
-    for v in range(start + 1, _version(store) + 1):
-        changes = feed.between(v - 1, v)
-        assert changes is not None
-        for scope in (ANN, EVE):
-            written = changes.of(scope.team_id, scope.user_id)
-            if written is None:
-                continue
-            assert written.rows is not None
-            ids = ", ".join(repr(m) for m in sorted(written.ids))
-            where = f"memory_id IN ({ids}) AND user_id = '{scope.user_id}'"
-            stored = lance.dataset(path, version=v).to_table(filter=where).sort_by("memory_id")
-            got = written.rows.sort_by("memory_id")
-            assert got.num_rows == len(written.ids) == stored.num_rows
-            assert got.to_pylist() == stored.select(got.column_names).to_pylist()
-            told += 1
-    assert told >= 13  # six commits of both spaces and the upsert
+    assert 0 < feed.cache_bytes() <= bound
