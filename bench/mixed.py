@@ -22,8 +22,9 @@ team, so both isolation boundaries are crossed).
    as ``min_position`` must return it (read-your-writes);
    Writes not begun when the phase ends are skipped (``writes_skipped``): a late
    write would run into the next phase;
-4. phase "writes alone": the writers alone for 10 s (at most the phase length), for
-   what a write costs each process (``cpu_ms_per_write``: API, worker, broker when it
+4. phase "writes alone": the writers alone for 10 s (at most the phase length; each
+   writer numbers its turns and memories on from the mixed phase, so these are new
+   rows too, not updates), for what a write costs each process (``cpu_ms_per_write``: API, worker, broker when it
    is the local one, client; the read-backs included);
 5. drain: one read per tenant waits for the last write's positions, then every memory
    written is looked up in the store.
@@ -363,6 +364,7 @@ class Load:
         self._stop = asyncio.Event()
         self._reads: list[asyncio.Future[None]] = []
         self._words = make_corpus(4_000, spaces=1, entity_rate=0.25, seed=31).contents
+        self._written = [0] * writers  # per writer, across phases: every write is a new id
 
     def _client(self) -> httpx.AsyncClient:
         limits = httpx.Limits(max_connections=self.searchers + self.writers + 4, max_keepalive_connections=64)
@@ -457,7 +459,6 @@ class Load:
 
     async def _writer(self, client: httpx.AsyncClient, w: int, queue: asyncio.Queue[int | None]) -> None:
         tenant = self.tenants[w % len(self.tenants)]
-        n = 0
         while True:
             i = await queue.get()
             if i is None:
@@ -465,11 +466,12 @@ class Load:
             if self._stop.is_set():  # the phase is over: a late write would run into the next
                 self.tally.writes_skipped += 2
                 continue
+            n = self._written[w]
             text = f"{self._words[i % len(self._words)]} code{w}x{n}q"
             session = f"w{w:02d}-s{n // SESSION_TURNS:04d}"
             turn_id = f"{tenant.name}-w{w:02d}-t{n:06d}"
             memory_id = f"{tenant.name}-w{w:02d}-m{n:06d}"
-            n += 1
+            n = self._written[w] = n + 1
             body = {"session_id": session, "messages": [{"content": text, "message_id": turn_id, "speaker": SPEAKERS[n % 2]}]}
             response = await self._call(client.post("/v1/messages", json=body, headers=tenant.headers))
             self.tally.writes += 1
