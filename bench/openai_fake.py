@@ -65,6 +65,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from memstream.projections.embedder_api import warm_up
+
 if TYPE_CHECKING:
     from memstream.projections.embedder import Embedder
 
@@ -498,6 +500,8 @@ class OpenAICompatServer:
         """Listen and serve (a no-op while already serving)."""
         if self._server is not None:
             return self
+        if self.embedder is not None:
+            warm_up(self.embedder)  # as a model server loads its model before it serves
         self._stopping.clear()
         server = _Server(("127.0.0.1", 0), _Handler)
         server.fake = self

@@ -21,6 +21,7 @@ from memstream.projections.embedder_api import (
     check_vectors,
     embed_array,
     embed_query,
+    warm_up,
 )
 from memstream.projections.local_embedder import LocalEmbedder
 from memstream.projections.minilm_embedder import MiniLMEmbedder
@@ -41,6 +42,7 @@ __all__ = [
     "check_vectors",
     "embed_array",
     "embed_query",
+    "warm_up",
 ]
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "checked_matrix",
     "embed_array",
     "embed_query",
+    "warm_up",
 ]
 
 
@@ -112,3 +113,13 @@ def embed_query(embedder: Embedder, query: str) -> np.ndarray:
     if vector.shape != (embedder.dim,) or not np.isfinite(vector).all():
         raise EmbedderUnavailableError(f"embedder {embedder.model_id!r} returned a malformed query vector")
     return vector
+
+
+def warm_up(embedder: Embedder) -> None:
+    """Let the embedder load what its first batch call would otherwise load on that
+    call's clock (the ONNX embedder's side-by-side session); a no-op for embedders
+    without a ``warm`` method. For processes about to embed batches: a worker at its
+    start, a model server before it serves."""
+    warm = getattr(embedder, "warm", None)
+    if warm is not None:
+        warm()

@@ -61,7 +61,9 @@ def _base64_answer(raw: bytes, count: int, dim: int) -> np.ndarray | None:
 class OpenAIEmbedder:
     """Embeddings from an OpenAI-compatible endpoint through the official client.
 
-    Texts go in requests of at most ``batch_size`` inputs. Transient failures
+    Texts go in requests of at most ``batch_size`` inputs (512: the no-LLM extractor's
+    batch of up to 500 turns is one request; OpenAI accepts 2,048; a model server pads
+    and batches within a request, so fewer, larger requests cost it less a text). Transient failures
     (connection errors, 408/409/429/5xx) are retried by the client with exponential
     backoff, ``max_retries`` times; anything left raises
     :class:`EmbedderUnavailableError`. ``dimensions`` is sent only to models that
@@ -75,7 +77,7 @@ class OpenAIEmbedder:
         dim: int,
         base_url: str | None = None,
         api_key: str | None = None,
-        batch_size: int = 256,
+        batch_size: int = 512,
         max_retries: int = 3,
         timeout_s: float = 60.0,
         send_dimensions: bool | None = None,

@@ -23,7 +23,7 @@ from mode import Service
 from memstream.domain.events import MessageObserved
 from memstream.domain.log import LogPosition
 from memstream.llm import ChatModel, build_llm
-from memstream.projections.embedder import build_embedder
+from memstream.projections.embedder import build_embedder, warm_up
 from memstream.projections.session_turns import turns_before
 from memstream.services.candidate_recall import store_recall
 from memstream.services.extraction_run import EventSink, ExtractionOutcome, WindowInput
@@ -187,6 +187,7 @@ class ExtractorRunner:
         self._llm = llm
         if self._embedder is None:
             self._embedder = await asyncio.to_thread(build_embedder, settings)
+            await asyncio.to_thread(warm_up, self._embedder)  # before its first batch, not in it
         if settings.sealing:
             self._keys = await until_started(
                 lambda: SubjectKeys(settings, self.topics, client_id="memstream-extractor-keys"), "extractor keyring"

@@ -48,6 +48,21 @@ def test_an_embedder_is_served_as_is_in_both_encodings() -> None:
         assert server.embedded_texts == 6 and server.embed_seconds > 0
 
 
+def test_the_server_warms_its_embedder_before_it_serves() -> None:
+    """A model server loads its model before it answers: the first client of the
+    benchmark's server does not pay the embedder's warm-up on its clock."""
+    warmed: list[bool] = []
+
+    class Warmed(LocalEmbedder):
+        def warm(self) -> None:
+            warmed.append(True)
+
+    server = OpenAICompatServer(Warmed(16))
+    assert warmed == []
+    with server:
+        assert warmed == [True]
+
+
 def test_without_an_embedder_vectors_are_hashed_at_the_asked_width() -> None:
     with OpenAICompatServer(embedding_dim=8) as server:
         client = _client(server)

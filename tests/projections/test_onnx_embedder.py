@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from tests.projections.projection_helpers import memory, positioned
 
 from memstream.domain.events import Scope
+from memstream.projections import onnx_embedder
 from memstream.projections.embedder import (
     EmbedderConfigError,
     LocalEmbedder,
     build_embedder,
     embed_array,
     embed_query,
+    warm_up,
 )
 from memstream.projections.onnx_embedder import (
     BUILTIN_MODEL,
@@ -107,6 +110,24 @@ def test_the_token_budget_does_not_move_a_vector(minilm: OnnxEmbedder) -> None:
     assert np.allclose(embed_array(one_batch, texts), reference, atol=1e-6)
     assert np.allclose(embed_array(minilm, texts), reference, atol=1e-6)
     assert np.allclose(embed_array(OnnxEmbedder(builtin_model(), batch_tokens=64), texts), reference, atol=1e-6)
+
+
+def test_a_warmed_embedder_loads_nothing_on_its_first_call_of_several_batches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker or a model server warms its embedder at start, so that its first batch
+    call does not load the side-by-side session on that call's clock."""
+    emb = OnnxEmbedder(builtin_model(), parallel_runs=2)
+    warm_up(emb)
+    loads: list[tuple[Any, ...]] = []
+    real_load = onnx_embedder._load
+    monkeypatch.setattr(onnx_embedder, "_load", lambda *args: loads.append(args) or real_load(*args))
+    texts = [f"{text} (take {take})" for take in range(3) for text in _mixed_texts()]
+    vectors = embed_array(emb, texts)
+    assert loads == []  # nothing loaded by the call itself
+    reference = embed_array(OnnxEmbedder(builtin_model(), batch_tokens=1, parallel_runs=1), texts)
+    assert np.allclose(vectors, reference, atol=1e-6)  # and the vectors are those of one run per text
+    warm_up(LocalEmbedder(16))  # embedders without a warm-up are left as they are
 
 
 def test_a_text_repeated_in_a_call_is_embedded_once(minilm: OnnxEmbedder, monkeypatch: pytest.MonkeyPatch) -> None:
