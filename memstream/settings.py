@@ -163,15 +163,17 @@ class Settings(BaseSettings):
     costs the decode path up to half its time). 0 keeps Python's default."""
     projector_batch_seconds: float = Field(default=0.2, gt=0)
     """Longest wait of one fetch for new records when the projector is caught up."""
-    projector_linger_s: float = Field(default=0.25, ge=0)
+    projector_linger_s: float = Field(default=0.5, ge=0)
     """While the projector keeps up with a trickle of writes, it starts a commit at most
     this often: records arriving meanwhile wait (at most this long) and are written
     together. Every commit makes new table versions (manifests, small fragments,
     positions, compaction, every reader's caches), a fixed cost per commit, not per
     record. A record arriving after a quiet spell is written at once. 0: no linger."""
-    projector_linger_below: int = Field(default=500, ge=1)
-    """A batch of at least this many records is not followed by the linger: a backlog
-    (bulk load, catching up) is written back to back."""
+    projector_linger_below: int = Field(default=100, ge=1)
+    """A batch of at least this many records is not followed by the linger, and a
+    linger ends once this many are waiting: a backlog (bulk load, catching up) is
+    written back to back, and a steady stream this fast waits for this many, not for
+    the whole linger."""
     table_store: str = "memory://"
 
     # --- LanceDB --------------------------------------------------------------------
