@@ -169,11 +169,11 @@ class Settings(BaseSettings):
     together. Every commit makes new table versions (manifests, small fragments,
     positions, compaction, every reader's caches), a fixed cost per commit, not per
     record. A record arriving after a quiet spell is written at once. 0: no linger."""
-    projector_linger_below: int = Field(default=100, ge=1)
+    projector_linger_below: int = Field(default=500, ge=1)
     """A batch of at least this many records is not followed by the linger, and a
     linger ends once this many are waiting: a backlog (bulk load, catching up) is
-    written back to back, and a steady stream this fast waits for this many, not for
-    the whole linger."""
+    written back to back. Below it the linger shrinks with the batch (a batch of half
+    this many waits half the linger), so a fast stream lingers as little as before."""
     table_store: str = "memory://"
 
     # --- LanceDB --------------------------------------------------------------------

@@ -217,15 +217,18 @@ class ProjectorService(Service):
 
     async def _linger(self, records: int, started: float) -> None:
         """After a small batch while the projector keeps up, hold the next write until
-        ``projector_linger_s`` after this one started: the feed meanwhile fetches and
-        decodes what arrives, and the next batch takes it all in one commit. A record
+        ``projector_linger_s`` after this one started, less by the batch's share of
+        ``projector_linger_below`` (250 records of 500: half the linger): the feed
+        meanwhile fetches and decodes what arrives, and the next batch takes it all in
+        one commit. A record
         thus waits at most the linger longer than without it. No linger after a large
         batch, nor once the records waiting on the log reach ``projector_linger_below``
         or outnumber the batch just written (behind: the feed's queue could not hold
         what a linger collects, and lingering would only fall further behind)."""
         settings = self.runtime.settings
         below = settings.projector_linger_below
-        deadline = started + settings.projector_linger_s
+        # shorter as the batch grows: a trickle waits it all, a fast stream a fraction
+        deadline = started + settings.projector_linger_s * (1 - records / below)
         if records >= below or self._waiting() > records:
             return
         while (rest := deadline - time.monotonic()) > 0:
