@@ -24,8 +24,9 @@ team, so both isolation boundaries are crossed).
    write would run into the next phase;
 4. phase "writes alone": the writers alone for 10 s (at most the phase length; each
    writer numbers its turns and memories on from the mixed phase, so these are new
-   rows too, not updates), for what a write costs each process (``cpu_ms_per_write``: API, worker, broker when it
-   is the local one, client; the read-backs included);
+   rows too, not updates), for what a write costs each process
+   (``cpu_ms_per_write``: API, worker, broker when it is the local one, client; the
+   read-backs included);
 5. drain: one read per tenant waits for the last write's positions, then every memory
    written is looked up in the store.
 

@@ -63,8 +63,8 @@ class OpenAIEmbedder:
 
     Texts go in requests of at most ``batch_size`` inputs (512: the no-LLM extractor's
     batch of up to 500 turns is one request; OpenAI accepts 2,048; a model server pads
-    and batches within a request, so fewer, larger requests cost it less a text). Transient failures
-    (connection errors, 408/409/429/5xx) are retried by the client with exponential
+    and batches within a request, so fewer, larger requests cost it less a text).
+    Transient failures (connection errors, 408/409/429/5xx) are retried by the client with exponential
     backoff, ``max_retries`` times; anything left raises
     :class:`EmbedderUnavailableError`. ``dimensions`` is sent only to models that
     accept it (``text-embedding-3-*``); every answer is checked for count and width.

@@ -220,8 +220,7 @@ class ProjectorService(Service):
         ``projector_linger_s`` after this one started, less by the batch's share of
         ``projector_linger_below`` (250 records of 500: half the linger): the feed
         meanwhile fetches and decodes what arrives, and the next batch takes it all in
-        one commit. A record
-        thus waits at most the linger longer than without it. No linger after a large
+        one commit. A record thus waits at most the linger longer than without it. No linger after a large
         batch, nor once the records waiting on the log reach ``projector_linger_below``
         or outnumber the batch just written (behind: the feed's queue could not hold
         what a linger collects, and lingering would only fall further behind)."""
