@@ -53,6 +53,7 @@ HOME_RELATIVE_PATHS = (
     "banks_file",
     "keys_file",
     "master_key_file",
+    "models_dir",
 )
 """Path settings that, when relative, are resolved under ``home``."""
 
@@ -234,10 +235,15 @@ class Settings(BaseSettings):
     """"onnx" (a neural model run offline by onnxruntime, ``onnx_model``), "local"
     (offline lexical hashing embedder), "openai" (any OpenAI-compatible endpoint) or
     "minilm" (all-MiniLM-L6-v2 on PyTorch from the optional ``minilm`` extra)."""
-    onnx_model: str = "all-MiniLM-L6-v2-int8"
-    """The ``onnx`` embedder's model: the built-in all-MiniLM-L6-v2 (int8, shipped by a
-    dependency), a local directory with ``model.onnx`` and ``tokenizer.json``, or a
-    Hugging Face repository name (downloaded once into the hub's cache)."""
+    onnx_model: str = "all-MiniLM-L6-v2-int8-dynamic"
+    """The ``onnx`` embedder's model: the built-in all-MiniLM-L6-v2 with int8 compute
+    (derived once from the file a dependency ships, cached in ``models_dir``),
+    ``all-MiniLM-L6-v2-int8`` (that file as shipped: the default before session 16), a
+    local directory with ``model.onnx`` and ``tokenizer.json``, or a Hugging Face
+    repository name (downloaded once into the hub's cache)."""
+    models_dir: Path = Path("models")
+    """Models derived on this machine (the default model's int8 graph), built once and
+    reused (relative: under ``home``)."""
     embedding_threads: int = Field(default=0, ge=0)
     """Threads of an ``onnx`` call that fits one batch, a query or a single text
     (0: onnxruntime's default, one per core)."""

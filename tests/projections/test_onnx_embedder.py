@@ -1,5 +1,7 @@
-"""The default embedder: all-MiniLM-L6-v2 (int8 ONNX) from a registry package, run by
-onnxruntime offline; models from a local directory; the pins; one model per table."""
+"""The ONNX embedder: all-MiniLM-L6-v2 from a registry package, run by onnxruntime
+offline; models from a local directory; the pins; one model per table. The batching
+mechanics are checked exactly on the source graph (float compute: a text's vector does
+not depend on its batch); the default's int8 graph is tests/projections/test_onnx_int8.py."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from memstream.projections.embedder import (
     warm_up,
 )
 from memstream.projections.onnx_embedder import (
-    BUILTIN_MODEL,
+    SOURCE_MODEL,
     OnnxEmbedder,
     OnnxModel,
     OnnxModelError,
@@ -41,16 +43,25 @@ ALICE = Scope(team_id="acme", user_id="alice")
 
 @pytest.fixture(scope="module")
 def minilm() -> OnnxEmbedder:
-    emb = build_embedder(Settings())  # the default, as a fresh install gets it
+    """The source graph as shipped (float compute), selected by its name."""
+    emb = build_embedder(Settings(onnx_model=SOURCE_MODEL))
     assert isinstance(emb, OnnxEmbedder)
     return emb
 
 
-def test_the_default_is_the_pinned_minilm_and_its_id_names_the_file(minilm: OnnxEmbedder) -> None:
+@pytest.fixture(scope="module")
+def default() -> OnnxEmbedder:
+    """The default (int8 compute), as a fresh install gets it."""
+    emb = build_embedder(Settings())
+    assert isinstance(emb, OnnxEmbedder)
+    return emb
+
+
+def test_the_source_model_is_the_pinned_minilm_and_its_id_names_the_file(minilm: OnnxEmbedder) -> None:
     model = builtin_model()
     assert file_sha256(model.model_file) == model.model_sha256
     assert file_sha256(model.tokenizer_file) == model.tokenizer_sha256
-    assert minilm.model_id == f"{BUILTIN_MODEL}:{model.model_sha256[:12]}"  # type: ignore[index]
+    assert minilm.model_id == f"{SOURCE_MODEL}:{model.model_sha256[:12]}"  # type: ignore[index]
     assert minilm.dim == 384
 
 
@@ -142,7 +153,11 @@ def test_a_text_repeated_in_a_call_is_embedded_once(minilm: OnnxEmbedder, monkey
     assert np.array_equal(vectors[10:], vectors[[3, 0, 3]])
 
 
-def test_a_paraphrase_is_nearer_than_other_facts_about_the_same_person(minilm: OnnxEmbedder) -> None:
+@pytest.mark.parametrize("model", ["source", "default"])
+def test_a_paraphrase_is_nearer_than_other_facts_about_the_same_person(
+    model: str, minilm: OnnxEmbedder, default: OnnxEmbedder
+) -> None:
+    minilm = minilm if model == "source" else default
     query = embed_query(minilm, "Where does Alice like to sit on a plane?")
     facts = ["Alice prefers window seats", "Alice works as a nurse in Boston", "Alice has two cats",
              "Alice was born in 1990", "Alice's brother plays the cello"]
@@ -187,18 +202,18 @@ def test_any_model_directory_loads_by_path(tmp_path: Path, minilm: OnnxEmbedder)
     assert emb.model_id == f"my-minilm:{minilm.model_id.split(':')[1]}"
     texts = ["Alice prefers window seats", "Bob sold his car"]
     assert np.allclose(embed_array(emb, texts), embed_array(minilm, texts), atol=1e-6)
-    cls = OnnxEmbedder(resolve_model(str(_copy_model(tmp_path / "cls-pooled", pooling="cls"))))
+    cls = OnnxEmbedder(resolve_model(str(_copy_model(tmp_path / "cls-pooled", pooling="cls")), tmp_path / "models"))
     assert cls.model.pooling == "cls"
     assert not np.allclose(embed_array(cls, texts), embed_array(minilm, texts), atol=1e-3)
 
 
 def test_bad_models_are_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(OnnxModelError, match="neither model.onnx"):
-        resolve_model(str(tmp_path))
+        resolve_model(str(tmp_path), tmp_path / "models")
     with pytest.raises(EmbedderConfigError, match="no ONNX model 'no-such-model'"):
         build_embedder(Settings(embedder="onnx", onnx_model="no-such-model"))
     with pytest.raises(EmbedderConfigError, match="MEMSTREAM_EMBEDDING_DIM is 128"):
-        build_embedder(Settings(embedder="onnx", embedding_dim=128))
+        build_embedder(Settings(embedder="onnx", onnx_model=SOURCE_MODEL, embedding_dim=128))
     tampered = tmp_path / "tokenizer.json"
     tampered.write_text(builtin_model().tokenizer_file.read_text(encoding="utf-8") + " ", encoding="utf-8")
     pinned = builtin_model()
@@ -221,8 +236,9 @@ def test_vectors_of_two_models_never_share_a_table(tmp_path: Path, minilm: OnnxE
 
 
 def test_the_projector_embeds_with_the_default_and_search_finds_a_paraphrase(
-    tmp_path: Path, minilm: OnnxEmbedder
+    tmp_path: Path, default: OnnxEmbedder
 ) -> None:
+    minilm = default
     store = LanceStore(tmp_path / "lance", embedding_dim=384)
     facts = {
         "seat": "Alice prefers window seats",
