@@ -22,6 +22,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import tempfile
 from dataclasses import dataclass
@@ -45,6 +46,8 @@ BUILTIN_MODEL = "all-MiniLM-L6-v2-int8-dynamic"
 """The default model's name (``MEMSTREAM_ONNX_MODEL``): int8 compute."""
 SOURCE_MODEL = "all-MiniLM-L6-v2-int8"
 """The pinned file as shipped (float compute on int8-stored weights)."""
+
+log = logging.getLogger(__name__)
 
 _MODELS_DIR = Path(__file__).parent / "models"
 _BUILTIN_MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
@@ -149,6 +152,7 @@ def derived_model_file(source: Path, source_sha256: str, models_dir: Path) -> tu
             digest = _intact(target, digest_file)
             if digest is not None:
                 return target, digest, False
+            log.info("building %s's int8 graph into %s (once; about 10 s)", BUILTIN_MODEL, target)
             _build(source, target, digest_file)
     except ImportError as exc:
         raise OnnxModelError(f"building {BUILTIN_MODEL} needs onnx and onnxruntime: {exc}") from None
