@@ -155,7 +155,10 @@ def derived_model_file(source: Path, source_sha256: str, models_dir: Path) -> tu
             log.info("building %s's int8 graph into %s (once; about 10 s)", BUILTIN_MODEL, target)
             _build(source, target, digest_file)
     except ImportError as exc:
-        raise OnnxModelError(f"building {BUILTIN_MODEL} needs onnx and onnxruntime: {exc}") from None
+        raise OnnxModelError(
+            f"building {BUILTIN_MODEL} needs onnx and onnxruntime (dependencies of memstream: "
+            f"pip install -e . again): {exc}"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - onnx, onnxruntime and the file system share no base
         raise OnnxModelError(f"cannot build {target}: {type(exc).__name__}: {exc}") from None
     digest = _intact(target, digest_file)
