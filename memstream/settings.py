@@ -37,6 +37,7 @@ __all__ = [
     "CONFIG_FILE",
     "HOME_RELATIVE_PATHS",
     "READER_GRACE_S",
+    "LANCE_INDEX_CACHE_MB",
     "LANCE_METADATA_CACHE_MB",
 ]
 
@@ -63,6 +64,9 @@ READER_GRACE_S = 30.0
 
 LANCE_METADATA_CACHE_MB = 64
 """Default of ``Settings.lance_metadata_cache_mb`` (also what a table set opened without settings keeps)."""
+
+LANCE_INDEX_CACHE_MB = 64
+"""Default of ``Settings.lance_index_cache_mb`` (also what a table set opened without settings keeps)."""
 
 OBJECT_SCHEMES = ("s3://",)
 """Storage roots on an object store (``lance_dir``). Only S3 and S3-compatible stores:
@@ -216,6 +220,12 @@ class Settings(BaseSettings):
     manifest and fragment list; LanceDB's default, 1 GiB, let a reader that follows a
     commit every fraction of a second grow until then). The worker uses
     ``worker_lance_metadata_cache_mb`` instead."""
+    lance_index_cache_mb: int = Field(default=LANCE_INDEX_CACHE_MB, ge=1)
+    """Most memory LanceDB keeps per open table set for index data (scalar, full-text
+    and vector indexes' pages). Each index update the worker makes (every
+    ``optimize_every_s``) is a new index, and a reader that follows it kept every
+    old one under LanceDB's default bound, 6 GiB (docs/benchmarks.md, issue 23,
+    session 16, memory). Raise it when the current indexes of a table set are larger."""
     worker_lance_metadata_cache_mb: int = Field(default=16, ge=1)
     """The same bound in the worker process, which writes a version a fraction of a
     second and reads at its newest one: under a trickle of writes the cache filled

@@ -21,7 +21,7 @@ from memstream.projections.object_paths import RootPath, as_path, lance_options
 from memstream.projections.schema import MEMORIES, TABLE_NAMES, schema_for
 from memstream.projections.store_filters import EmbedderMismatchError, StoreError, chunked, in_list
 from memstream.projections.table_sets import TableSets
-from memstream.settings import LANCE_METADATA_CACHE_MB, READER_GRACE_S, Settings
+from memstream.settings import LANCE_INDEX_CACHE_MB, LANCE_METADATA_CACHE_MB, READER_GRACE_S, Settings
 
 __all__ = ["StoreTables", "json_or_none"]
 
@@ -49,14 +49,16 @@ class StoreTables:
         reader_grace: timedelta = timedelta(seconds=READER_GRACE_S),
         create: bool = True,
         metadata_cache_bytes: int = LANCE_METADATA_CACHE_MB << 20,
+        index_cache_bytes: int = LANCE_INDEX_CACHE_MB << 20,
     ) -> None:
         """``create=False`` opens an existing table set for reading only: nothing is
         created (no directory, table or index), and :class:`StoreError` is raised when
         a table is missing. A reader in the writer's process uses it to open the
         tables beside the writer without racing it to create them. ``reader_grace``:
         how long a replaced table version stays for readers (``Settings.reader_grace_s``);
-        ``metadata_cache_bytes``: the bound of LanceDB's metadata cache for these tables
-        (``Settings.lance_metadata_cache_mb``)."""
+        ``metadata_cache_bytes`` / ``index_cache_bytes``: the bounds of LanceDB's
+        metadata and index caches for these tables (``Settings.lance_metadata_cache_mb``,
+        ``Settings.lance_index_cache_mb``)."""
         self.root: RootPath = as_path(root)
         if create:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -65,7 +67,9 @@ class StoreTables:
         self.embedding_dim = int(embedding_dim)
         self.vector_index_threshold = int(vector_index_threshold)
         self.reader_grace = reader_grace
-        self._session = lancedb.Session(metadata_cache_size_bytes=metadata_cache_bytes)
+        self._session = lancedb.Session(
+            metadata_cache_size_bytes=metadata_cache_bytes, index_cache_size_bytes=index_cache_bytes
+        )
         self._db = lancedb.connect(
             str(self.root),
             read_consistency_interval=read_consistency_interval,
@@ -112,6 +116,7 @@ class StoreTables:
             reader_grace=timedelta(seconds=settings.reader_grace_s),
             create=create,
             metadata_cache_bytes=settings.lance_metadata_cache_mb << 20,
+            index_cache_bytes=settings.lance_index_cache_mb << 20,
         )
 
     def _table_names(self) -> list[str]:

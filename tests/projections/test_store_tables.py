@@ -98,3 +98,29 @@ def test_a_reader_following_many_commits_keeps_lancedbs_caches_bounded(tmp_path:
         projector.apply(positioned([memory(ALICE, f"a{i}", f"Alice note {i}")], start=i))
         assert reader.count(MEMORIES) == i + 1
     assert 0 < reader.cache_bytes() <= 2 * bound  # the cache evicts approximately; unbounded: 6.5 MB here
+
+
+def test_a_reader_following_index_updates_keeps_lancedbs_index_cache_bounded(tmp_path: Path) -> None:
+    # every index update (the worker's maintenance, every 10 s) is a new index: a reader
+    # searching after each one kept every old one under LanceDB's default bound, 6 GiB
+    root = tmp_path / "lance"
+    writer = LanceStore(root, embedding_dim=DIM)
+    projector = Projector(writer, LocalEmbedder(DIM))
+    readers = {
+        bound: LanceStore(
+            root, embedding_dim=DIM, create=False, read_consistency_interval=timedelta(0),
+            metadata_cache_bytes=1 << 20, index_cache_bytes=bound,
+        )
+        for bound in (6 << 30, 128 << 10)
+    }
+    sizes: dict[int, list[int]] = {bound: [] for bound in readers}
+    for i in range(60):
+        projector.apply(positioned([memory(ALICE, f"a{i}", f"Alice note {i} about plum dumplings")], start=i))
+        writer.optimize_indexes()
+        for bound, reader in readers.items():
+            assert len(text_search(reader, None, ALICE, "dumplings", k=100)) == i + 1  # the FTS index
+            assert reader.memory_owner(ALICE, f"a{i}") is not None  # the BTree on memory_id
+            sizes[bound].append(reader.cache_bytes())
+    unbounded, bounded = sizes[6 << 30], sizes[128 << 10]
+    assert unbounded[-1] - unbounded[19] > 256 << 10  # old indexes pile up
+    assert bounded[-1] - bounded[19] < 64 << 10  # evicted: flat from the bound on
