@@ -91,14 +91,18 @@ def bench_freshness(
 
 @bench_app.command("mixed")
 def bench_mixed(
-    quick: bool = typer.Option(False, "--quick", help="20 s per phase instead of 60 s."),
+    quick: bool = typer.Option(False, "--quick", help="5 rounds of 6 s phases instead of 6 rounds of 10 s."),
     rate: float = typer.Option(30.0, help="Writes per second in the mixed phase (half turns, half memories)."),
-    seconds: float = typer.Option(0, help="Override the length of each phase, in seconds."),
-    mixed_seconds: float = typer.Option(0, help="Override the mixed phase's length (e.g. 600 for the memory check)."),
+    seconds: float = typer.Option(0, help="Override the length of each phase of a round, in seconds."),
+    mixed_seconds: float = typer.Option(0, help="Override the mixed phase's length (the memory check: --rounds 1 --mixed-seconds 600)."),
+    rounds: int = typer.Option(0, help="Override the number of rounds (alone then mixed, alternating)."),
     searchers: int = typer.Option(12, help="Closed-loop search clients."),
 ) -> None:
-    """Search throughput and latency alone, then beside a steady stream of writes."""
-    _run("mixed", quick=quick, rate=rate, seconds=seconds or None, mixed_seconds=mixed_seconds or None, searchers=searchers)
+    """Search throughput and latency alone and beside a steady stream of writes, in alternating rounds."""
+    _run(
+        "mixed", quick=quick, rate=rate, seconds=seconds or None, mixed_seconds=mixed_seconds or None,
+        rounds=rounds or None, searchers=searchers,
+    )
 
 
 @bench_app.command("extractor")
