@@ -1,7 +1,7 @@
 """The ONNX embedder: all-MiniLM-L6-v2 from a registry package, run by onnxruntime
 offline; models from a local directory; the pins; one model per table. The batching
 mechanics are checked exactly on the source graph (float compute: a text's vector does
-not depend on its batch); the default's int8 graph is tests/projections/test_onnx_int8.py."""
+not depend on its batch); the default's int8 graph is tests/projections/test_onnx_models.py."""
 
 from __future__ import annotations
 
