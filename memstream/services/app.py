@@ -1,7 +1,8 @@
 """The Faust application that runs memstream's stream processors (``memstream worker``).
 
 Why a subclass of :class:`faust.App`: the worker's Faust data directory is created
-with its parents, and the start line names the agents. The projector does not read
+with its parents, its internal topics exist before its consumer first joins, and the
+start line names the agents. The projector does not read
 through Faust at all: it owns every partition of its topics and resumes from the
 positions stored with its rows (see :mod:`memstream.streams.projector_feed`), so it
 runs as a service of this app with its own group-less consumer.
@@ -16,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import faust
 
@@ -27,6 +30,7 @@ from memstream.services.reflector_agent import register_reflector
 from memstream.services.shard_owner import register_group_projector
 from memstream.services.shard_routing import projects_sharded
 from memstream.settings import Settings
+from memstream.streams.admin import topic_partitions
 from memstream.streams.inflation_bound import bound_inflation
 from memstream.streams.sealer import register_sealer
 from memstream.streams.topics import Topics
@@ -68,6 +72,35 @@ class MemstreamApp(faust.App):
         # Faust creates its data directory without parents.
         self.conf.datadir.parent.mkdir(parents=True, exist_ok=True)
         await super().on_first_start()
+        await self.declare_internal_topics()
+
+    def internal_topics(self) -> list[Any]:
+        """The topics Faust creates for this app: agents' internal channels (the
+        reflector's work topic) and the tables' changelogs."""
+        channels = [agent.channel for agent in self.agents.values()]
+        changelogs = [table.changelog_topic for table in self.tables.values()]
+        return [t for t in [*channels, *changelogs] if isinstance(t, faust.TopicT) and t.internal]
+
+    async def declare_internal_topics(self, timeout: float = 30.0) -> None:
+        """Create the internal topics and wait until the broker lists them.
+
+        Faust creates them just before its consumer subscribes; a topic the broker has
+        not published yet is left out of that first assignment, and the consumer only
+        notices it at its next metadata refresh, minutes later (an idle reflector)."""
+        topics = self.internal_topics()
+        for topic in topics:
+            await topic.maybe_declare()
+        names = [name for topic in topics for name in topic.topics]
+        bootstrap = ",".join(f"{url.host}:{url.port}" for url in self.conf.broker)
+        deadline = time.monotonic() + timeout
+        while names:
+            visible = await topic_partitions(bootstrap, names, client_id=f"{self.conf.id}-declare")
+            names = [name for name in names if name not in visible]
+            if not names or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        if names:
+            log.warning("internal topics not visible after %.0f s: %s", timeout, ", ".join(names))
 
     async def on_started(self) -> None:
         await super().on_started()
