@@ -54,7 +54,6 @@ HOME_RELATIVE_PATHS = (
     "banks_file",
     "keys_file",
     "master_key_file",
-    "models_dir",
 )
 """Path settings that, when relative, are resolved under ``home``."""
 
@@ -247,13 +246,11 @@ class Settings(BaseSettings):
     "minilm" (all-MiniLM-L6-v2 on PyTorch from the optional ``minilm`` extra)."""
     onnx_model: str = "all-MiniLM-L6-v2-int8-dynamic"
     """The ``onnx`` embedder's model: the built-in all-MiniLM-L6-v2 with int8 compute
-    (derived once from the file a dependency ships, cached in ``models_dir``),
-    ``all-MiniLM-L6-v2-int8`` (that file as shipped: the default before session 16), a
-    local directory with ``model.onnx`` and ``tokenizer.json``, or a Hugging Face
-    repository name (downloaded once into the hub's cache)."""
-    models_dir: Path = Path("models")
-    """Models derived on this machine (the default model's int8 graph), built once and
-    reused (relative: under ``home``)."""
+    (built into the package when memstream is built), ``all-MiniLM-L6-v2-int8`` (the
+    file it is built from, as shipped: the default before session 16; the
+    ``minilm-int8`` extra), a local directory with ``model.onnx`` and
+    ``tokenizer.json``, or a Hugging Face repository name (downloaded once into the
+    hub's cache)."""
     embedding_threads: int = Field(default=0, ge=0)
     """Threads of an ``onnx`` call that fits one batch, a query or a single text
     (0: onnxruntime's default, one per core)."""

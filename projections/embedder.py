@@ -53,7 +53,7 @@ def build_embedder(settings: Settings) -> Embedder:
     if kind == "onnx":
         try:
             onnx = OnnxEmbedder(
-                resolve_model(settings.onnx_model, settings.models_dir),
+                resolve_model(settings.onnx_model),
                 threads=settings.embedding_threads,
                 parallel_runs=settings.embedding_parallel_runs,
             )

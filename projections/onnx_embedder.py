@@ -8,7 +8,7 @@ models through its hub registry (and brings Pillow and a download stack); a mode
 that ships in a registry package is simpler to run directly.
 
 Which model file runs, and how it is checked, is :mod:`memstream.projections.onnx_models`
-(the default: all-MiniLM-L6-v2 with int8 compute, derived once from a pinned file); the
+(the default: all-MiniLM-L6-v2 with int8 compute, built with memstream itself); the
 embedder's ``model_id`` names the model and the file's digest, so a vector always says
 which exact graph made it.
 
@@ -43,10 +43,11 @@ from memstream.projections.onnx_models import (
     SOURCE_MODEL,
     OnnxModel,
     OnnxModelError,
-    builtin_model,
+    default_model,
     file_sha256,
     model_from_dir,
     resolve_model,
+    source_model,
 )
 
 __all__ = [
@@ -55,10 +56,11 @@ __all__ = [
     "OnnxModel",
     "OnnxModelError",
     "OnnxEmbedder",
-    "builtin_model",
+    "default_model",
     "model_from_dir",
     "resolve_model",
     "file_sha256",
+    "source_model",
     "token_batches",
 ]
 

@@ -32,10 +32,6 @@ hypothesis_settings.load_profile("memstream")
 # the whole suite sealed.
 os.environ.setdefault("MEMSTREAM_SEALING", "false")
 
-# Every test has its own home; the default model's int8 graph (built once, about 10 s)
-# is shared by the whole run from the ambient home's models cache.
-os.environ.setdefault("MEMSTREAM_MODELS_DIR", str(Settings().models_dir))
-
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:

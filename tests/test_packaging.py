@@ -1,5 +1,6 @@
 """Packaging: the wheel installs only the ``memstream`` namespace, and both ``pip install .``
-and ``pip install -e .`` work in a fresh virtual environment.
+and ``pip install -e .`` work in a fresh virtual environment and find the default
+embedding model (built by ``setup.py``) with its pinned digest in the package.
 
 The repository keeps the design card's top-level folders (``domain/``, ``streams/``...)
 while the installed names all live under ``memstream``; a wrong ``package-dir`` mapping
@@ -51,7 +52,7 @@ def source_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     dest = tmp_path_factory.mktemp("src") / "memstream-src"
     dest.mkdir()
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build", "dist")
-    for name in ("pyproject.toml", "README.md", "LICENSE", "NOTICE"):
+    for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE", "NOTICE"):
         if (REPO_ROOT / name).exists():
             shutil.copy2(REPO_ROOT / name, dest / name)
     for folder in sorted({Path(d).parts[0] for d in PACKAGE_DIRS.values()}):
@@ -110,6 +111,7 @@ def test_wheel_holds_every_module_of_the_mapped_folders(wheel: Path) -> None:
         "memstream/domain/schemas.py",
         "memstream/schemas_gen.py",
         "memstream/streams/topics.py",
+        "memstream/projections/models/all-MiniLM-L6-v2-int8-dynamic/model.onnx",  # built by setup.py
     }
     for folder in sorted(set(PACKAGE_DIRS.values())):
         for path in (REPO_ROOT / folder).rglob("*.py"):
@@ -149,16 +151,21 @@ def _check_installed(python: Path, cwd: Path, expect_under: Path) -> None:
     code = (
         "import importlib.util, memstream, memstream.domain.events, memstream.streams.topics\n"
         "from memstream.domain.events import parse_event\n"
+        "from memstream.projections.onnx_build import BUILTIN_MODEL_SHA256, sha256_of\n"
+        "from memstream.projections.onnx_models import default_model\n"
         "e = parse_event({'type': 'MemoryAdded', 'scope': {'team_id': 't'}, 'memory_id': 'm', 'content': 'c'})\n"
         "assert e.schema_version == 2\n"
         f"bad = [n for n in {GENERIC_NAMES!r} if importlib.util.find_spec(n) is not None]\n"
         "assert not bad, bad\n"
+        "assert sha256_of(default_model().model_file) == BUILTIN_MODEL_SHA256\n"
+        "print(default_model().model_file)\n"
         "print(memstream.__file__)\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     proc = _run(python, "-c", code, cwd=cwd, env=env)
-    location = Path(proc.stdout.strip().splitlines()[-1]).resolve()
+    *_, model, location = (Path(line).resolve() for line in proc.stdout.strip().splitlines())
     assert location.is_relative_to(expect_under.resolve()), f"memstream imported from {location}"
+    assert model.is_relative_to(expect_under.resolve()), f"the default model found at {model}"
 
 
 def test_pip_install_works_in_a_fresh_venv(source_tree: Path, tmp_path: Path) -> None:

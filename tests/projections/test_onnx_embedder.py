@@ -28,7 +28,7 @@ from memstream.projections.onnx_embedder import (
     OnnxEmbedder,
     OnnxModel,
     OnnxModelError,
-    builtin_model,
+    source_model,
     file_sha256,
     resolve_model,
     token_batches,
@@ -58,7 +58,7 @@ def default() -> OnnxEmbedder:
 
 
 def test_the_source_model_is_the_pinned_minilm_and_its_id_names_the_file(minilm: OnnxEmbedder) -> None:
-    model = builtin_model()
+    model = source_model()
     assert file_sha256(model.model_file) == model.model_sha256
     assert file_sha256(model.tokenizer_file) == model.tokenizer_sha256
     assert minilm.model_id == f"{SOURCE_MODEL}:{model.model_sha256[:12]}"  # type: ignore[index]
@@ -91,8 +91,8 @@ def test_parallel_one_thread_runs_give_the_vectors_of_one_sequential_multithread
     texts = [f"{text} (take {take})" for take in range(3) for text in _mixed_texts()]
     lengths = np.array([len(t.split()) for t in texts])  # a lower bound of the tokens
     assert minilm.parallel_runs >= 1 and len(token_batches(lengths, np.argsort(lengths), minilm.batch_tokens)) > 3
-    sequential = OnnxEmbedder(builtin_model(), threads=2, parallel_runs=1)  # as before this change
-    side_by_side = OnnxEmbedder(builtin_model(), threads=2, parallel_runs=2)
+    sequential = OnnxEmbedder(source_model(), threads=2, parallel_runs=1)  # as before this change
+    side_by_side = OnnxEmbedder(source_model(), threads=2, parallel_runs=2)
     reference = embed_array(sequential, texts)
     assert np.allclose(embed_array(side_by_side, texts), reference, atol=1e-6)
     assert np.allclose(embed_array(minilm, texts), reference, atol=1e-6)
@@ -115,12 +115,12 @@ def test_the_token_budget_does_not_move_a_vector(minilm: OnnxEmbedder) -> None:
     """Batches of many short texts or a few long ones give each text the vector it gets
     alone, in one sequential run, or in one big batch (real model output)."""
     texts = [*_mixed_texts(), "ok", "Caroline: " + "the long walk home along the river " * 12]
-    alone = OnnxEmbedder(builtin_model(), batch_tokens=1, parallel_runs=1)
-    one_batch = OnnxEmbedder(builtin_model(), batch_tokens=100_000, parallel_runs=1)
+    alone = OnnxEmbedder(source_model(), batch_tokens=1, parallel_runs=1)
+    one_batch = OnnxEmbedder(source_model(), batch_tokens=100_000, parallel_runs=1)
     reference = embed_array(alone, texts)
     assert np.allclose(embed_array(one_batch, texts), reference, atol=1e-6)
     assert np.allclose(embed_array(minilm, texts), reference, atol=1e-6)
-    assert np.allclose(embed_array(OnnxEmbedder(builtin_model(), batch_tokens=64), texts), reference, atol=1e-6)
+    assert np.allclose(embed_array(OnnxEmbedder(source_model(), batch_tokens=64), texts), reference, atol=1e-6)
 
 
 def test_a_warmed_embedder_loads_nothing_on_its_first_call_of_several_batches(
@@ -128,7 +128,7 @@ def test_a_warmed_embedder_loads_nothing_on_its_first_call_of_several_batches(
 ) -> None:
     """A worker or a model server warms its embedder at start, so that its first batch
     call does not load the side-by-side session on that call's clock."""
-    emb = OnnxEmbedder(builtin_model(), parallel_runs=2)
+    emb = OnnxEmbedder(source_model(), parallel_runs=2)
     warm_up(emb)
     loads: list[tuple[Any, ...]] = []
     real_load = onnx_embedder._load
@@ -136,7 +136,7 @@ def test_a_warmed_embedder_loads_nothing_on_its_first_call_of_several_batches(
     texts = [f"{text} (take {take})" for take in range(3) for text in _mixed_texts()]
     vectors = embed_array(emb, texts)
     assert loads == []  # nothing loaded by the call itself
-    reference = embed_array(OnnxEmbedder(builtin_model(), batch_tokens=1, parallel_runs=1), texts)
+    reference = embed_array(OnnxEmbedder(source_model(), batch_tokens=1, parallel_runs=1), texts)
     assert np.allclose(vectors, reference, atol=1e-6)  # and the vectors are those of one run per text
     warm_up(LocalEmbedder(16))  # embedders without a warm-up are left as they are
 
@@ -181,7 +181,7 @@ def test_repeated_queries_are_embedded_once(minilm: OnnxEmbedder, monkeypatch: p
 
 
 def _copy_model(dest: Path, *, pooling: str | None = None) -> Path:
-    model = builtin_model()
+    model = source_model()
     dest.mkdir()
     (dest / "onnx").mkdir()
     (dest / "onnx" / "model.onnx").symlink_to(model.model_file)
@@ -202,21 +202,21 @@ def test_any_model_directory_loads_by_path(tmp_path: Path, minilm: OnnxEmbedder)
     assert emb.model_id == f"my-minilm:{minilm.model_id.split(':')[1]}"
     texts = ["Alice prefers window seats", "Bob sold his car"]
     assert np.allclose(embed_array(emb, texts), embed_array(minilm, texts), atol=1e-6)
-    cls = OnnxEmbedder(resolve_model(str(_copy_model(tmp_path / "cls-pooled", pooling="cls")), tmp_path / "models"))
+    cls = OnnxEmbedder(resolve_model(str(_copy_model(tmp_path / "cls-pooled", pooling="cls"))))
     assert cls.model.pooling == "cls"
     assert not np.allclose(embed_array(cls, texts), embed_array(minilm, texts), atol=1e-3)
 
 
 def test_bad_models_are_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(OnnxModelError, match="neither model.onnx"):
-        resolve_model(str(tmp_path), tmp_path / "models")
+        resolve_model(str(tmp_path))
     with pytest.raises(EmbedderConfigError, match="no ONNX model 'no-such-model'"):
         build_embedder(Settings(embedder="onnx", onnx_model="no-such-model"))
     with pytest.raises(EmbedderConfigError, match="MEMSTREAM_EMBEDDING_DIM is 128"):
         build_embedder(Settings(embedder="onnx", onnx_model=SOURCE_MODEL, embedding_dim=128))
     tampered = tmp_path / "tokenizer.json"
-    tampered.write_text(builtin_model().tokenizer_file.read_text(encoding="utf-8") + " ", encoding="utf-8")
-    pinned = builtin_model()
+    tampered.write_text(source_model().tokenizer_file.read_text(encoding="utf-8") + " ", encoding="utf-8")
+    pinned = source_model()
     with pytest.raises(OnnxModelError, match="not the pinned"):
         OnnxEmbedder(OnnxModel(**{**pinned.__dict__, "tokenizer_file": tampered}))
 

