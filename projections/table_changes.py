@@ -13,7 +13,8 @@ How: per version ``v``, the fragments of ``v`` are compared with those of ``v - 
 
 * nothing added, removed or newly deleted (an index update, a reserved id, a config
   change): nothing changed;
-* a ``Rewrite`` (compaction): rows moved between files, none changed;
+* a ``Rewrite`` (compaction): rows moved between files, none changed (also when
+  pylance cannot read its record back, see :func:`_operation`);
 * an ``Append``, or an ``Update`` that rewrites rows (``merge_insert``, the
   projector's upsert): the rows of the fragments added at ``v`` are every row
   written; the rows it deleted are older copies of those same keys. Their
@@ -123,6 +124,32 @@ def _last_written(parts: list[pa.Table] | None, id_column: str) -> pa.Table | No
 
 
 _NOTHING = Changes({})
+_REWRITE_UNREAD = object()
+"""A compaction whose record pylance could not read back (:func:`_operation`)."""
+
+
+def _operation(dataset: Any, version: int) -> Any:
+    """The operation of ``version``'s transaction (``None``: no record). pylance 14
+    cannot build the record of a compaction that remapped indexes (its reader passes
+    ``RewrittenIndex`` two of its five fields and raises ``TypeError``); only a
+    ``Rewrite`` holds one, so that error names a compaction: :data:`_REWRITE_UNREAD`."""
+    try:
+        transaction = dataset.read_transaction(version)
+    except TypeError as exc:
+        if "RewrittenIndex" in str(exc):
+            return _REWRITE_UNREAD
+        raise
+    return transaction.operation if transaction is not None else None
+
+
+def _only_moved(before: dict[int, Any], now: dict[int, Any]) -> bool:
+    """Whether a step from fragments ``before`` to ``now`` only moved rows: fragments
+    replaced by others holding as many rows, no other fragment's deletions changed
+    (what a compaction does; the check backs up :func:`_operation`'s reading)."""
+    removed, added = before.keys() - now.keys(), now.keys() - before.keys()
+    kept_same = all(before[i].deletion_file == now[i].deletion_file for i in before.keys() & now.keys())
+    rows = sum(before[i].num_rows for i in removed) == sum(now[i].num_rows for i in added)
+    return bool(removed) and kept_same and rows
 
 
 class TableChanges:
@@ -215,8 +242,9 @@ class TableChanges:
         )
         if not moved:
             return _NOTHING
-        transaction = after.read_transaction(version)
-        op = transaction.operation if transaction is not None else None
+        op = _operation(after, version)
+        if op is _REWRITE_UNREAD:
+            return _NOTHING if _only_moved(before, now) else None
         if isinstance(op, LanceOperation.Rewrite):
             return _NOTHING
         rewrites_rows = isinstance(op, LanceOperation.Update) and op.update_mode != "rewrite_columns"
