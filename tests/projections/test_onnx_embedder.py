@@ -23,15 +23,14 @@ from memstream.projections.embedder import (
     embed_query,
     warm_up,
 )
-from memstream.projections.onnx_embedder import (
+from memstream.projections.onnx_embedder import OnnxEmbedder, token_batches
+from memstream.projections.onnx_models import (
     SOURCE_MODEL,
-    OnnxEmbedder,
     OnnxModel,
     OnnxModelError,
-    source_model,
     file_sha256,
     resolve_model,
-    token_batches,
+    source_model,
 )
 from memstream.projections.projector import Projector
 from memstream.projections.search import search, vector_search

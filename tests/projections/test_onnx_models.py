@@ -18,10 +18,10 @@ from tests.projections.projection_helpers import memory, positioned
 from memstream.bench.paraphrase import load_facts
 from memstream.domain.events import Scope
 from memstream.projections.embedder import EmbedderConfigError, build_embedder, embed_array
-from memstream.projections.onnx_embedder import (
+from memstream.projections.onnx_embedder import OnnxEmbedder
+from memstream.projections.onnx_models import (
     BUILTIN_MODEL,
     SOURCE_MODEL,
-    OnnxEmbedder,
     OnnxModel,
     OnnxModelError,
     default_model,

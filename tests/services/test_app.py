@@ -8,29 +8,32 @@ from collections.abc import Callable
 
 import pytest
 
-from memstream.services.app import build_app
+from memstream.services.app import MemstreamApp, build_app
 from memstream.services.reflector_agent import state_topics, work_topic_name
 from memstream.settings import Settings
 from memstream.streams.admin import topic_partitions
 from memstream.streams.topics import Topics
 
 
-@pytest.mark.kafka
-async def test_internal_topics_are_the_reflectors_state(
-    fresh_topics: Topics, settings_for: Callable[..., Settings]
-) -> None:
+@pytest.fixture
+def reflector_only(fresh_topics: Topics, settings_for: Callable[..., Settings]) -> tuple[Settings, MemstreamApp]:
+    """A worker app of private topics running the reflector alone (not started)."""
     settings = settings_for(fresh_topics)
-    app = build_app(settings, agents=["reflector"])
+    return settings, build_app(settings, agents=["reflector"])
+
+
+@pytest.mark.kafka
+async def test_internal_topics_are_the_reflectors_state(reflector_only: tuple[Settings, MemstreamApp]) -> None:
+    settings, app = reflector_only
     names = sorted(name for topic in app.internal_topics() for name in topic.topics)
     assert names == sorted(state_topics(settings))
 
 
 @pytest.mark.kafka
 async def test_declared_topics_are_listed_before_the_app_subscribes(
-    fresh_topics: Topics, settings_for: Callable[..., Settings], kafka_bootstrap: str
+    reflector_only: tuple[Settings, MemstreamApp], fresh_topics: Topics, kafka_bootstrap: str
 ) -> None:
-    settings = settings_for(fresh_topics)
-    app = build_app(settings, agents=["reflector"])
+    settings, app = reflector_only
     assert await topic_partitions(kafka_bootstrap, state_topics(settings)) == {}
     try:
         await app.declare_internal_topics()
@@ -42,11 +45,8 @@ async def test_declared_topics_are_listed_before_the_app_subscribes(
 
 
 @pytest.mark.kafka
-async def test_the_first_assignment_includes_the_work_topic(
-    fresh_topics: Topics, settings_for: Callable[..., Settings]
-) -> None:
-    settings = settings_for(fresh_topics)
-    app = build_app(settings, agents=["reflector"])
+async def test_the_first_assignment_includes_the_work_topic(reflector_only: tuple[Settings, MemstreamApp]) -> None:
+    settings, app = reflector_only
     work = work_topic_name(settings)
     await app.start()
     try:
