@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import Stemmer
 
-__all__ = ["terms", "SpaceText", "STOP_STEMS"]
+__all__ = ["terms", "SpaceText", "STOP_STEMS", "best_rows"]
 
 K1, B = 1.2, 0.75
 """Lance's BM25 parameters."""
@@ -140,7 +140,7 @@ class SpaceText:
 
     def best(self, query: str, limit: int) -> pa.Table:
         """The ``limit`` best BM25 matches of ``query`` (some term in common; best first,
-        ties by position): ``memory_id``, ``session_id``, ``source_message_ids`` and
+        ties by memory id): ``memory_id``, ``session_id``, ``source_message_ids`` and
         ``_score``, as LanceDB's full-text query's list."""
         order, scores = self._top(query, limit)
         take = pa.array(order, type=pa.int64())
@@ -187,12 +187,12 @@ class SpaceText:
     def _top(self, query: str, limit: int) -> tuple[np.ndarray, np.ndarray]:
         scores = self.scores(query)
         hits = np.flatnonzero(scores > 0)
-        if limit < 1:
-            hits = hits[:0]
-        elif len(hits) > limit:
-            hits = hits[np.argpartition(-scores[hits], limit - 1)[:limit]]
-        order = hits[np.lexsort((hits, -scores[hits]))]
+        order = best_rows(scores, hits, limit, self.id_rank)
         return order, scores[order]
+
+    @cached_property
+    def id_rank(self) -> np.ndarray:
+        return id_ranks(self.ids)
 
 
 _COLUMNS = ("memory_id", "session_id", "source_message_ids")
@@ -220,3 +220,20 @@ def _postings(
         np.asarray(term_ids, dtype=np.int32),
         np.asarray(counts, dtype=np.float32),
     )
+
+
+def id_ranks(ids: pa.Array) -> np.ndarray:
+    """Each row's place in memory-id order."""
+    return pc.rank(ids, sort_keys="ascending").to_numpy(zero_copy_only=False)
+
+
+def best_rows(scores: np.ndarray, rows: np.ndarray, limit: int, id_rank: np.ndarray) -> np.ndarray:
+    """The ``limit`` best of ``rows`` by ``scores``, best first, ties by memory id, not
+    by position: a space's row order is the order its memories were committed, which
+    depends on timing, and it moved recall between ingests of the same data."""
+    if limit < 1:
+        return rows[:0]
+    if len(rows) > limit:  # keep every row that ties the last one in
+        cut = np.partition(scores[rows], len(rows) - limit)[len(rows) - limit]
+        rows = rows[scores[rows] >= cut]
+    return rows[np.lexsort((id_rank[rows], -scores[rows]))][:limit]

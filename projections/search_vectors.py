@@ -22,6 +22,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ import pyarrow.compute as pc
 
 from memstream.projections import search_queries as q
 from memstream.projections.schema import MEMORIES
-from memstream.projections.search_lexical import SpaceText
+from memstream.projections.search_lexical import SpaceText, best_rows, id_ranks
 from memstream.projections.store import LanceStore, space_where
 
 __all__ = ["SPACE_MAX_VECTORS", "VECTORS_MAX_ROWS", "SpaceVectors", "VectorCache", "read_space_vectors"]
@@ -74,6 +75,10 @@ class SpaceVectors:
     def __len__(self) -> int:
         return len(self.ids)
 
+    @cached_property
+    def id_rank(self) -> np.ndarray:
+        return id_ranks(self.ids)
+
     @property
     def size(self) -> int:
         """The memories held (those without a vector too): what the cache's bound counts."""
@@ -81,14 +86,12 @@ class SpaceVectors:
 
     def nearest(self, vector: Sequence[float], limit: int) -> pa.Table:
         """The ``limit`` nearest memories to ``vector`` by cosine distance (nearest
-        first, ties by position): ``memory_id``, ``session_id``,
+        first, ties by memory id): ``memory_id``, ``session_id``,
         ``source_message_ids`` and ``_distance``, as a LanceDB vector query's list."""
         query = np.asarray(vector, dtype=np.float32)
         norm = float(np.linalg.norm(query))
         sims = self.unit @ (query / norm) if norm > 0 else np.zeros(len(self), dtype=np.float32)
-        n = min(limit, len(self))
-        top = np.argpartition(-sims, n - 1)[:n] if 0 < n < len(self) else np.arange(n)
-        order = top[np.lexsort((top, -sims[top]))]
+        order = best_rows(sims, np.arange(len(self)), limit, self.id_rank)
         take = pa.array(order, type=pa.int64())
         return pa.table(
             {

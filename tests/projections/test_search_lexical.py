@@ -2,7 +2,8 @@
 on real tables: the same terms (LanceDB's own index is the reference for the stop list,
 stemming, folding and the word split) and, in a table holding one space, the same
 scores; per space only (another space's rows never show, nor weigh in a score); and a
-carried index equals one built afresh from the same rows."""
+carried index equals one built afresh from the same rows; equal scores in memory-id
+order, whatever the rows' order."""
 
 from __future__ import annotations
 
@@ -177,3 +178,19 @@ def test_a_forgotten_space_leaves_the_kept_index_at_the_same_version(tmp_path: P
     assert kept is not None and len(kept.text) == 0 and kept.text.best("pottery glaze", 10).num_rows == 0
     eve = search(store, EMB, EVE, "pottery glaze", k=3, now=T0, cache=cache)
     assert eve and eve == search(store, EMB, EVE, "pottery glaze", k=3, now=T0, cache=SearchCache())
+
+
+def test_the_list_does_not_depend_on_the_spaces_row_order() -> None:
+    """Rows are in the order their memories were committed (timing); equal scores are
+    ordered by memory id, so two ingests of the same data give the same list."""
+    contents = ["pottery glaze"] * 6 + ["pottery"] * 3 + ["hiking island"]
+    ids = [f"m{i}" for i in range(len(contents))]
+    rows = list(zip(ids, contents))
+    for limit in (1, 3, 7, 20):
+        lists = [
+            SpaceText.of(_table([m for m, _ in order], [c for _, c in order])).best("pottery glaze", limit)
+            .column("memory_id").to_pylist()
+            for order in (rows, rows[::-1], rows[3:] + rows[:3])
+        ]
+        assert lists[0] == lists[1] == lists[2], (limit, lists)
+        assert lists[0][: min(limit, 6)] == sorted(ids[:6])[: min(limit, 6)]

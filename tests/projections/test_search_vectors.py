@@ -1,6 +1,7 @@
 """The space's kept vectors give the vector list LanceDB's flat search gives, on real
 tables: same memories, same order, same cosine distances; only the asking space's (and
-pinned agent's) rows; read again when ``memories`` moves; bounded in memory."""
+pinned agent's) rows; equal distances in memory-id order, whatever the rows' order;
+read again when ``memories`` moves; bounded in memory."""
 
 from __future__ import annotations
 
@@ -122,3 +123,24 @@ def test_the_cache_keeps_its_bound_least_recently_used_first() -> None:
     assert cache.get("huge", 1) is None and cache.rows() == 8
     cache.clear()
     assert cache.rows() == 0
+
+
+def test_the_list_does_not_depend_on_the_spaces_row_order() -> None:
+    """Equal distances are ordered by memory id, not by the order the memories were
+    committed (which depends on timing)."""
+    ids = [f"m{i}" for i in range(8)]
+    rng = np.random.default_rng(7)
+    base = rng.normal(size=(3, 4)).astype(np.float32)
+    vectors = {m: base[i % 3] for i, m in enumerate(ids)}  # three groups of equal vectors
+    def space(order: list[str]) -> SpaceVectors:
+        return SpaceVectors.of(1, pa.table({
+            "memory_id": order,
+            "session_id": [None] * len(order),
+            "source_message_ids": [[] for _ in order],
+            "content": [f"memory {m}" for m in order],
+            "vector": pa.FixedSizeListArray.from_arrays(pa.array(np.concatenate([vectors[m] for m in order])), 4),
+        }))
+    for limit in (1, 2, 4, 20):
+        lists = [space(order).nearest(base[0], limit).column("memory_id").to_pylist()
+                 for order in (ids, ids[::-1], ids[5:] + ids[:5])]
+        assert lists[0] == lists[1] == lists[2], (limit, lists)
