@@ -187,12 +187,8 @@ class SpaceText:
     def _top(self, query: str, limit: int) -> tuple[np.ndarray, np.ndarray]:
         scores = self.scores(query)
         hits = np.flatnonzero(scores > 0)
-        order = best_rows(scores, hits, limit, self.id_rank)
+        order = best_rows(scores, hits, limit, self.ids)
         return order, scores[order]
-
-    @cached_property
-    def id_rank(self) -> np.ndarray:
-        return id_ranks(self.ids)
 
 
 _COLUMNS = ("memory_id", "session_id", "source_message_ids")
@@ -222,18 +218,15 @@ def _postings(
     )
 
 
-def id_ranks(ids: pa.Array) -> np.ndarray:
-    """Each row's place in memory-id order."""
-    return pc.rank(ids, sort_keys="ascending").to_numpy(zero_copy_only=False)
-
-
-def best_rows(scores: np.ndarray, rows: np.ndarray, limit: int, id_rank: np.ndarray) -> np.ndarray:
-    """The ``limit`` best of ``rows`` by ``scores``, best first, ties by memory id, not
-    by position: a space's row order is the order its memories were committed, which
-    depends on timing, and it moved recall between ingests of the same data."""
+def best_rows(scores: np.ndarray, rows: np.ndarray, limit: int, ids: pa.Array) -> np.ndarray:
+    """The ``limit`` best of ``rows`` by ``scores``, best first, ties by memory id
+    (``ids``: every row's), not by position: a space's row order is the order its
+    memories were committed, which depends on timing, and it moved recall between
+    ingests of the same data. Only the rows kept are sorted by id."""
     if limit < 1:
         return rows[:0]
     if len(rows) > limit:  # keep every row that ties the last one in
         cut = np.partition(scores[rows], len(rows) - limit)[len(rows) - limit]
         rows = rows[scores[rows] >= cut]
-    return rows[np.lexsort((id_rank[rows], -scores[rows]))][:limit]
+    kept_ids = np.asarray(ids.take(pa.array(rows, type=pa.int64())).to_pylist(), dtype=str)
+    return rows[np.lexsort((kept_ids, -scores[rows]))][:limit]

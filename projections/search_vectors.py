@@ -22,7 +22,6 @@ import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -31,7 +30,7 @@ import pyarrow.compute as pc
 
 from memstream.projections import search_queries as q
 from memstream.projections.schema import MEMORIES
-from memstream.projections.search_lexical import SpaceText, best_rows, id_ranks
+from memstream.projections.search_lexical import SpaceText, best_rows
 from memstream.projections.store import LanceStore, space_where
 
 __all__ = ["SPACE_MAX_VECTORS", "VECTORS_MAX_ROWS", "SpaceVectors", "VectorCache", "read_space_vectors"]
@@ -75,10 +74,6 @@ class SpaceVectors:
     def __len__(self) -> int:
         return len(self.ids)
 
-    @cached_property
-    def id_rank(self) -> np.ndarray:
-        return id_ranks(self.ids)
-
     @property
     def size(self) -> int:
         """The memories held (those without a vector too): what the cache's bound counts."""
@@ -91,7 +86,7 @@ class SpaceVectors:
         query = np.asarray(vector, dtype=np.float32)
         norm = float(np.linalg.norm(query))
         sims = self.unit @ (query / norm) if norm > 0 else np.zeros(len(self), dtype=np.float32)
-        order = best_rows(sims, np.arange(len(self)), limit, self.id_rank)
+        order = best_rows(sims, np.arange(len(self)), limit, self.ids)
         take = pa.array(order, type=pa.int64())
         return pa.table(
             {
