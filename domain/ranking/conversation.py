@@ -24,7 +24,7 @@ the scoring steps of :mod:`.fusion` (1-4), which these extend:
    memory drawn from the turn just before its source turn in the same session when
    that turn is a question (``CONTEXT_FORWARD_STATEMENT = 0.2`` otherwise), and
    ``CONTEXT_BACKWARD = 0.6`` of the turn just after it.
-8. **Priors** (:func:`prior_factor`): ``(1 + SPEAKER_WEIGHT)`` = 2.2 when the query
+8. **Priors** (:func:`prior_factor`): ``(1 + SPEAKER_WEIGHT)`` = 2.6 when the query
    names the speaker of the memory's source turn (speaker-aware); ``(1 +
    TEMPORAL_WEIGHT)`` = 2.0 when the query asks for a time (:func:`asks_for_time`:
    "when", "how long ago", "what year"...) and the memory states one

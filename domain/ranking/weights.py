@@ -45,7 +45,7 @@ tenths: scaled over the candidates, the vector leg spans [0, 1] as BM25 does."""
 CONTEXT_FORWARD = 0.8
 CONTEXT_FORWARD_STATEMENT = 0.2
 CONTEXT_BACKWARD = 0.6
-SPEAKER_WEIGHT = 1.2
+SPEAKER_WEIGHT = 1.6
 TEMPORAL_WEIGHT = 1.0
 QUESTION_PENALTY = 0.7
 """A memory drawn only from turns that ask something scores this share of itself: a
