@@ -98,7 +98,6 @@ async def wait_caught_up(settings: Settings, topics: Topics, workers: list[Group
             if now == ends:
                 return
             ends = now
-            continue
         logs = "\n".join(w.log_text()[-1500:] for w in workers)
         assert time.monotonic() < deadline, f"not caught up: {stored} vs {ends}\n{logs}"
         await asyncio.sleep(0.5)
