@@ -80,8 +80,8 @@ class StoreTables:
         self._tables: dict[str, Any] = {}
         for name in TABLE_NAMES:
             schema = schema_for(name, self.embedding_dim)
-            if name in existing:
-                tbl = self._db.open_table(name)
+            tbl = self._open(name) if name in existing else None
+            if tbl is not None:
                 self._check_schema(name, tbl.schema, schema)
             elif not create:
                 raise StoreError(f"{self.root} has no table {name} yet")
@@ -118,6 +118,16 @@ class StoreTables:
             metadata_cache_bytes=settings.lance_metadata_cache_mb << 20,
             index_cache_bytes=settings.lance_index_cache_mb << 20,
         )
+
+    def _open(self, name: str) -> Any | None:
+        """The listed table ``name``, or None while its writer is still creating it:
+        LanceDB lists a table's directory before its first version is written."""
+        try:
+            return self._db.open_table(name)
+        except ValueError as exc:
+            if "was not found" not in str(exc):
+                raise
+            return None
 
     def _table_names(self) -> list[str]:
         names: list[str] = []

@@ -49,6 +49,18 @@ def test_a_reader_opens_an_existing_table_set_without_creating_anything(tmp_path
         LanceStore(root, embedding_dim=DIM * 2, create=False)
 
 
+def test_a_table_its_writer_is_still_creating_reads_as_missing_and_the_writer_finishes_it(tmp_path: Path) -> None:
+    # LanceDB lists a table's directory before its first version exists: a reader
+    # opening then gets "not yet", not LanceDB's own error (CI saw that race once).
+    root = tmp_path / "lance"
+    (root / f"{MEMORIES}.lance").mkdir(parents=True)
+    with pytest.raises(StoreError, match=f"no table {MEMORIES} yet"):
+        LanceStore(root, embedding_dim=DIM, create=False)
+    writer = LanceStore(root, embedding_dim=DIM)
+    Projector(writer, LocalEmbedder(DIM)).apply(positioned([memory(ALICE, "a1", "Alice likes tea")]))
+    assert LanceStore(root, embedding_dim=DIM, create=False).count(MEMORIES) == 1
+
+
 def test_tables_store_their_text_uncompressed(tmp_path: Path) -> None:
     """The tables are created with every string column uncompressed (the projector
     writes at the rate of the log; compressing the texts doubled the cost of a write),
