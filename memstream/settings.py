@@ -165,6 +165,10 @@ class Settings(BaseSettings):
     """Allocations between the garbage collector's youngest-generation runs in the
     worker and in a replay (``memstream.gc_tuning``; Python's default is 700, which
     costs the decode path up to half its time). 0 keeps Python's default."""
+    release_memory_every_s: float = Field(default=10.0, ge=0)
+    """How often the API and the worker hand the C allocator's free memory back to the
+    operating system (``memstream.memory_release``; glibc only). Without it their
+    resident memory kept growing after their caches were full. 0: never."""
     projector_batch_seconds: float = Field(default=0.2, gt=0)
     """Longest wait of one fetch for new records when the projector is caught up."""
     projector_linger_s: float = Field(default=0.5, ge=0)

@@ -26,6 +26,7 @@ Keys are never logged: they travel only in headers, and only their hash is compa
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import sys
@@ -50,6 +51,7 @@ from memstream.interfaces.mcp_server import build_mcp_server
 from memstream.interfaces.ratelimit import RateLimiter
 from memstream.interfaces.routes_ops import ops_router
 from memstream.interfaces.service import MemoryService
+from memstream.memory_release import release_every
 from memstream.settings import Settings
 
 __all__ = ["create_api", "openapi_spec", "main"]
@@ -115,6 +117,8 @@ def _lifespan(
                 servers[name] = server
             app.state.service = service
             app.state.mcp_servers = servers
+            releasing = asyncio.create_task(release_every(settings.release_memory_every_s), name="release-memory")
+            stack.callback(releasing.cancel)
             log.info(
                 "API ready: %d bank(s) [%s], topics %s*, store %s",
                 len(servers), ", ".join(servers) or "none", settings.topic_prefix, settings.lance_dir,

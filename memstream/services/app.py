@@ -23,6 +23,7 @@ from typing import Any
 
 import faust
 
+from memstream.memory_release import release_free_memory, trim_supported
 from memstream.projections.table_sets import TableSets
 from memstream.services.extractor_service import register_extractor
 from memstream.services.projector_service import register_projector
@@ -166,4 +167,10 @@ def build_app(
     for name in AGENT_NAMES:
         if name in requested:
             register[name](app, settings, topics)
+    if settings.release_memory_every_s > 0 and trim_supported():
+
+        async def release_memory() -> None:
+            await asyncio.to_thread(release_free_memory)
+
+        app.timer(settings.release_memory_every_s, name="memstream.release-memory")(release_memory)
     return app

@@ -1,0 +1,60 @@
+"""Handing the C allocator's free memory back to the operating system on a timer, in
+the long-running processes (the HTTP API, the worker).
+
+Why: LanceDB's reads, the change feeds' steps and the projector's writes allocate and
+free native buffers from dozens of threads; glibc keeps what they free in its arenas
+and rarely returns it, so a process's resident memory kept climbing after its caches
+had reached their bounds (docs/benchmarks.md, issue 23, session 18, memory).
+``malloc_trim(0)`` returns every free page of every arena. It is glibc's: on another C
+library (musl, macOS) this module does nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+from collections.abc import Callable
+
+__all__ = ["trim_supported", "release_free_memory", "release_every"]
+
+log = logging.getLogger(__name__)
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim`` from the running process's own symbols, or ``None``."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim  # type: ignore[no-any-return]
+
+
+_TRIM = _malloc_trim()
+
+
+def trim_supported() -> bool:
+    """Whether this process's C library can return free memory (glibc)."""
+    return _TRIM is not None
+
+
+def release_free_memory() -> bool:
+    """Return the allocator's free pages to the operating system; ``True`` when some
+    memory was released. ctypes releases the interpreter lock for the call."""
+    return _TRIM is not None and bool(_TRIM(0))
+
+
+async def release_every(interval_s: float) -> None:
+    """Forever (until cancelled): every ``interval_s`` seconds, release free memory on a
+    thread, so the event loop never waits for the allocator's walk of its arenas."""
+    if interval_s <= 0 or not trim_supported():
+        return
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await asyncio.to_thread(release_free_memory)
+        except RuntimeError as exc:  # the default executor shut down: the process is stopping
+            log.debug("free memory not released: %s", exc)
+            return
