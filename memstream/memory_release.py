@@ -6,7 +6,8 @@ free native buffers from dozens of threads; glibc keeps what they free in its ar
 and rarely returns it, so a process's resident memory kept climbing after its caches
 had reached their bounds (docs/benchmarks.md, issue 23, session 18, memory).
 ``malloc_trim(0)`` returns every free page of every arena. It is glibc's: on another C
-library (musl, macOS) this module does nothing.
+library (musl, macOS) this module does nothing. Arrow's buffers come from its own pool
+(mimalloc), which is asked to return what it holds unused at the same time.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import asyncio
 import ctypes
 import logging
 from collections.abc import Callable
+
+import pyarrow as pa
 
 __all__ = ["trim_supported", "release_free_memory", "release_every"]
 
@@ -41,8 +44,9 @@ def trim_supported() -> bool:
 
 
 def release_free_memory() -> bool:
-    """Return the allocator's free pages to the operating system; ``True`` when some
-    memory was released. ctypes releases the interpreter lock for the call."""
+    """Return the allocators' free pages to the operating system; ``True`` when glibc
+    released some. ctypes releases the interpreter lock for the call."""
+    pa.default_memory_pool().release_unused()
     return _TRIM is not None and bool(_TRIM(0))
 
 

@@ -61,10 +61,10 @@ HOME_RELATIVE_PATHS = (
 READER_GRACE_S = 30.0
 """Default of ``Settings.reader_grace_s`` (also what a table set opened without settings keeps)."""
 
-LANCE_METADATA_CACHE_MB = 64
+LANCE_METADATA_CACHE_MB = 16
 """Default of ``Settings.lance_metadata_cache_mb`` (also what a table set opened without settings keeps)."""
 
-LANCE_INDEX_CACHE_MB = 64
+LANCE_INDEX_CACHE_MB = 16
 """Default of ``Settings.lance_index_cache_mb`` (also what a table set opened without settings keeps)."""
 
 OBJECT_SCHEMES = ("s3://",)
@@ -221,14 +221,18 @@ class Settings(BaseSettings):
     lance_metadata_cache_mb: int = Field(default=LANCE_METADATA_CACHE_MB, ge=1)
     """Most memory LanceDB keeps per open table set for table metadata (each version's
     manifest and fragment list; LanceDB's default, 1 GiB, let a reader that follows a
-    commit every fraction of a second grow until then). The worker uses
-    ``worker_lance_metadata_cache_mb`` instead."""
+    commit every fraction of a second grow until then). A reader reads at the newest
+    versions, so old versions' entries only fill the bound: at 64 MB the API was still
+    growing toward it after ten minutes of writes (docs/benchmarks.md, issue 23,
+    session 19). The worker uses ``worker_lance_metadata_cache_mb`` instead."""
     lance_index_cache_mb: int = Field(default=LANCE_INDEX_CACHE_MB, ge=1)
     """Most memory LanceDB keeps per open table set for index data (scalar, full-text
     and vector indexes' pages). Each index update the worker makes (every
     ``optimize_every_s``) is a new index, and a reader that follows it kept every
     old one under LanceDB's default bound, 6 GiB (docs/benchmarks.md, issue 23,
-    session 16, memory). Raise it when the current indexes of a table set are larger."""
+    session 16, memory); 16 MB fills within minutes under writes, and 100,000
+    memories of one space searched no slower than at 64 (session 19). Raise it when
+    the current indexes of a table set are larger."""
     worker_lance_metadata_cache_mb: int = Field(default=16, ge=1)
     """The same bound in the worker process, which writes a version a fraction of a
     second and reads at its newest one: under a trickle of writes the cache filled
