@@ -39,6 +39,8 @@ __all__ = [
     "READER_GRACE_S",
     "LANCE_INDEX_CACHE_MB",
     "LANCE_METADATA_CACHE_MB",
+    "SEARCH_CACHE_ROWS",
+    "SEARCH_CACHE_VECTORS",
 ]
 
 ENV_PREFIX = "MEMSTREAM_"
@@ -66,6 +68,12 @@ LANCE_METADATA_CACHE_MB = 16
 
 LANCE_INDEX_CACHE_MB = 16
 """Default of ``Settings.lance_index_cache_mb`` (also what a table set opened without settings keeps)."""
+
+SEARCH_CACHE_ROWS = 30_000
+"""Default of ``Settings.search_cache_rows``."""
+
+SEARCH_CACHE_VECTORS = 60_000
+"""Default of ``Settings.search_cache_vectors``."""
 
 OBJECT_SCHEMES = ("s3://",)
 """Storage roots on an object store (``lance_dir``). Only S3 and S3-compatible stores:
@@ -233,6 +241,15 @@ class Settings(BaseSettings):
     session 16, memory); 16 MB fills within minutes under writes, and 100,000
     memories of one space searched no slower than at 64 (session 19). Raise it when
     the current indexes of a table set are larger."""
+    search_cache_rows: int = Field(default=SEARCH_CACHE_ROWS, ge=0)
+    """Most memory rows and turns a serving process (API, MCP) keeps over every memory
+    space for conversation-aware ranking (about 1.5 KB each); the least recently
+    searched spaces go first. What it holds grows with the spaces until this bound
+    (docs/benchmarks.md, issue 23, session 20)."""
+    search_cache_vectors: int = Field(default=SEARCH_CACHE_VECTORS, ge=0)
+    """Most memories whose vector, text and BM25 postings a serving process keeps over
+    every space for the vector and lexical legs (about 1.7 KB each); the least recently
+    searched spaces go first and are read again at their next search."""
     worker_lance_metadata_cache_mb: int = Field(default=16, ge=1)
     """The same bound in the worker process, which writes a version a fraction of a
     second and reads at its newest one: under a trickle of writes the cache filled

@@ -43,6 +43,7 @@ from memstream.projections.search_results import READ_COLUMNS, rows_of
 from memstream.projections.search_turns import SessionMemories, SessionTurns, Turn
 from memstream.projections.search_vectors import VectorCache
 from memstream.projections.table_changes import Changes, SpaceChanges, TableChanges
+from memstream.settings import SEARCH_CACHE_ROWS, SEARCH_CACHE_VECTORS
 
 __all__ = [
     "CACHE_MAX_ROWS",
@@ -75,9 +76,9 @@ _UNTOUCHED = SpaceChanges(frozenset(), frozenset())
 SpaceKey = tuple[str, str, str, str]
 """(store directory, team, user, pinned agent or ""): what one cache entry belongs to."""
 
-CACHE_MAX_ROWS = 30_000
-"""Memory rows and turns kept over every memory space together (about 2.2 KB of
-Python objects each: at most about 65 MB)."""
+CACHE_MAX_ROWS = SEARCH_CACHE_ROWS
+"""Memory rows and turns kept over every memory space together by default (about 1.5
+KB of Python objects each: about 45 MB; ``Settings.search_cache_rows``)."""
 
 FACTS_MAX = 4096
 """Most memory spaces whose speakers and counts are kept (and entity names per space)."""
@@ -196,7 +197,7 @@ class SearchCache:
     facts (speakers, sizes, entity counts): the state hybrid search keeps between
     searches. One per serving process; results are the same with a cold one."""
 
-    def __init__(self, max_rows: int = CACHE_MAX_ROWS) -> None:
+    def __init__(self, max_rows: int = CACHE_MAX_ROWS, max_vectors: int = SEARCH_CACHE_VECTORS) -> None:
         self.max_rows = max_rows
         self._lock = threading.Lock()
         self._spaces = _Registry()
@@ -205,7 +206,7 @@ class SearchCache:
         self._speakers: dict[SpaceKey, tuple[float, frozenset[str]]] = {}
         self._sizes: dict[SpaceKey, tuple[Version, int]] = {}
         self._frequencies: dict[SpaceKey, tuple[Version, dict[str, int], bool]] = {}
-        self.vectors = VectorCache()
+        self.vectors = VectorCache(max_vectors)
         """The spaces' vectors, for the vector leg (``search_vectors``)."""
 
     # ---------------------------------------------------------------- entries

@@ -32,14 +32,15 @@ from memstream.projections import search_queries as q
 from memstream.projections.schema import MEMORIES
 from memstream.projections.search_lexical import SpaceText, best_rows
 from memstream.projections.store import LanceStore, space_where
+from memstream.settings import SEARCH_CACHE_VECTORS
 
 __all__ = ["SPACE_MAX_VECTORS", "VECTORS_MAX_ROWS", "SpaceVectors", "VectorCache", "read_space_vectors"]
 
 SPACE_MAX_VECTORS = 20_000
 """Largest space whose vectors are kept (a bigger one is searched by LanceDB)."""
-VECTORS_MAX_ROWS = 60_000
-"""Memories kept over every space together (a vector of 384 float32 and about a dozen
-BM25 postings each: about 100 MB)."""
+VECTORS_MAX_ROWS = SEARCH_CACHE_VECTORS
+"""Memories kept over every space together by default (a vector of 384 float32, its
+text and about a dozen BM25 postings each: about 100 MB; ``Settings.search_cache_vectors``)."""
 
 _COLUMNS = ("memory_id", "session_id", "source_message_ids", "content", "vector")
 

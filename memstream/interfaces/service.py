@@ -116,7 +116,8 @@ class MemoryService:
         self.producer: MemstreamProducer | None = None
         self._store: CurrentStore[LanceStore] | None = None  # follows a replay's swap
         self.embedder: Embedder | None = None
-        self.search_cache = SearchCache()  # what searches read, kept between them
+        # what searches read, kept between them
+        self.search_cache = SearchCache(settings.search_cache_rows, settings.search_cache_vectors)
         self.owners = MemoryOwners(self.search_cache)  # the owner check's id -> agent, per space
         self.reranker: HttpReranker | None = build_reranker(settings)
         self._offsets: AIOKafkaConsumer | None = None
