@@ -34,6 +34,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import Stemmer
 
+from memstream.projections.growing import Buffer, Chunks
+
 __all__ = ["terms", "SpaceText", "STOP_STEMS", "best_rows"]
 
 K1, B = 1.2, 0.75
@@ -85,58 +87,138 @@ def terms(text: str | None) -> list[str]:
     return [_fold(s) for s in _stemmer().stemWords(words) if s not in STOP_STEMS]
 
 
+class _TextRows:
+    """What the versions of one space's index share: the rows' ids, sessions, source
+    turns and term counts, the postings in row order (``rows``, ``term_ids``,
+    ``counts``: row ``r`` holds term ``t`` ``c`` times) and the vocabulary, all only
+    appended to; and the postings' order by term, built for a prefix of them (the
+    postings after it are scanned)."""
+
+    def __init__(
+        self, columns: Sequence[pa.Array | pa.ChunkedArray], postings: Sequence[np.ndarray], vocab: dict[str, int]
+    ) -> None:
+        """From every row's ``_COLUMNS``, :func:`_postings`' four arrays and the vocabulary."""
+        self.lock = threading.Lock()
+        self.vocab = vocab
+        self.lengths, self.rows, self.term_ids, self.counts = (Buffer(a) for a in postings)
+        self.columns = [Chunks(c) for c in columns]
+        self.by_term: tuple[int, np.ndarray, np.ndarray] = (0, _NONE, _NONE)
+        """For the first ``p`` postings: their positions in term order, and their terms."""
+
+    def extend(self, at: tuple[int, int], written: pa.Table) -> tuple[int, int, list[pa.ChunkedArray]] | None:
+        """Append ``written`` after the first ``at`` rows and postings: the new ends and
+        columns (``None``: ``at`` is not the end, another version appended after it)."""
+        with self.lock:
+            if (len(self.lengths), len(self.rows)) != at:
+                return None
+            lengths, rows, term_ids, counts = _postings(written.column("content").to_pylist(), self.vocab, at[0])
+            for buffer, part in zip((self.lengths, self.rows, self.term_ids, self.counts), (lengths, rows, term_ids, counts)):
+                buffer.append(part)
+            for chunks, name in zip(self.columns, _COLUMNS):
+                chunks.append(written.column(name))
+            return len(self.lengths), len(self.rows), [c.column() for c in self.columns]
+
+    def hits(self, wanted: np.ndarray, postings: int) -> np.ndarray:
+        """The positions among the first ``postings`` postings of those whose term is in
+        ``wanted`` (sorted), ordered by term, then position."""
+        built, order, sorted_terms = self.by_term
+        if postings - built > max(_TAIL_MIN, built // 8):
+            built, order, sorted_terms = self._sort(postings)
+        first = np.searchsorted(sorted_terms, wanted, "left")
+        last = np.searchsorted(sorted_terms, wanted, "right")
+        found = order[np.concatenate([np.arange(a, b) for a, b in zip(first.tolist(), last.tolist())])]
+        found = found[found < postings]
+        if postings > built:
+            tail = np.flatnonzero(np.isin(self.term_ids.prefix(postings)[built:], wanted)) + built
+            found = np.concatenate([found, tail])
+        return found[np.lexsort((found, self.term_ids.prefix(postings)[found]))]
+
+    def _sort(self, postings: int) -> tuple[int, np.ndarray, np.ndarray]:
+        """Order the first ``postings`` postings by term (sorted outside the lock; kept
+        unless another thread sorted more meanwhile)."""
+        term_ids = self.term_ids.prefix(postings)
+        order = np.argsort(term_ids, kind="stable").astype(np.int32)
+        sorted_ = (postings, order, term_ids[order])
+        with self.lock:
+            if self.by_term[0] < postings:
+                self.by_term = sorted_
+        return sorted_
+
+    @property
+    def nbytes(self) -> int:
+        buffers = (self.lengths, self.rows, self.term_ids, self.counts)
+        return sum(b.nbytes for b in buffers) + self.by_term[1].nbytes + self.by_term[2].nbytes
+
+
+_NONE = np.zeros(0, dtype=np.int32)
+_TAIL_MIN = 4096
+"""Postings scanned rather than looked up in the term order before it is built again
+(then again when the scanned part exceeds an eighth of the ordered one)."""
+
+
 @dataclass(frozen=True)
 class SpaceText:
-    """One space's memories (every row, with a vector or not) as an inverted index:
-    ids, sessions and source turns by row; each row's term count (``lengths``); the
-    postings as three parallel arrays in row order (``rows``, ``term_ids``, ``counts``:
-    row ``r`` holds term ``t`` ``c`` times); ``vocab`` maps a term to its id. Never
-    changed: a carried index is a new one (``vocab`` may be shared, only added to on a
-    copy)."""
+    """One space's memories (every row, with a vector or not) at one version, as an
+    inverted index: the first ``n_rows`` rows and ``n_postings`` postings of storage
+    shared with the space's other versions (:class:`_TextRows`), in the order a read
+    of the space gives. Never changed: a carried index is a new view, its rows
+    appended after this one's."""
 
-    ids: pa.Array
-    sessions: pa.Array
-    sources: pa.Array
-    lengths: np.ndarray
-    rows: np.ndarray
-    term_ids: np.ndarray
-    counts: np.ndarray
-    vocab: dict[str, int]
+    store: _TextRows
+    n_rows: int
+    n_postings: int
+    ids: pa.ChunkedArray
+    sessions: pa.ChunkedArray
+    sources: pa.ChunkedArray
 
     @classmethod
     def of(cls, table: pa.Table) -> SpaceText:
         """From rows with ``memory_id``, ``session_id``, ``source_message_ids``, ``content``."""
         vocab: dict[str, int] = {}
-        lengths, rows, term_ids, counts = _postings(table.column("content").to_pylist(), vocab, 0)
-        ids, sessions, sources = (table.column(c).combine_chunks() for c in _COLUMNS)
-        return cls(ids, sessions, sources, lengths, rows, term_ids, counts, vocab)
+        postings = _postings(table.column("content").to_pylist(), vocab, 0)
+        return cls._of(_TextRows([table.column(c) for c in _COLUMNS], postings, vocab))
+
+    @classmethod
+    def _of(cls, store: _TextRows) -> SpaceText:
+        return cls(store, len(store.lengths), len(store.rows), *(c.column() for c in store.columns))
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return self.n_rows
+
+    def replaced(self, ids: Collection[str]) -> np.ndarray | None:
+        """Which rows have an id in ``ids`` (``None``: none)."""
+        if not ids:
+            return None
+        gone = pc.is_in(self.ids, value_set=pa.array(sorted(ids), type=self.ids.type)).to_numpy(zero_copy_only=False)
+        return gone if gone.any() else None
 
     def carried(self, replaced: Collection[str], written: pa.Table) -> SpaceText:
         """This index without the rows whose id is in ``replaced``, with ``written`` (rows
-        as :meth:`of` takes them) after the rest: the order a read of the space gives."""
-        if replaced:
-            gone = pc.is_in(self.ids, value_set=pa.array(sorted(replaced), type=self.ids.type))
-            keep = ~gone.to_numpy(zero_copy_only=False)
-        else:
-            keep = np.ones(len(self), dtype=bool)
-        renumber = np.cumsum(keep) - 1
-        live = keep[self.rows]
-        vocab = dict(self.vocab)
-        lengths, rows, term_ids, counts = _postings(written.column("content").to_pylist(), vocab, int(keep.sum()))
-        take = pa.array(np.flatnonzero(keep), type=pa.int64())
-        return SpaceText(
-            pa.concat_arrays([self.ids.take(take), written.column("memory_id").combine_chunks()]),
-            pa.concat_arrays([self.sessions.take(take), written.column("session_id").combine_chunks()]),
-            pa.concat_arrays([self.sources.take(take), written.column("source_message_ids").combine_chunks()]),
-            np.concatenate([self.lengths[keep], lengths]),
-            np.concatenate([renumber[self.rows[live]], rows]).astype(np.int32),
-            np.concatenate([self.term_ids[live], term_ids]),
-            np.concatenate([self.counts[live], counts]),
-            vocab,
+        as :meth:`of` takes them) after the rest: the order a read of the space gives.
+        Appended to the storage this version shares when nothing is replaced and it
+        ends where the storage does (no other version appended first); else copied."""
+        gone = self.replaced(replaced)
+        if gone is None:
+            grown = self.store.extend((self.n_rows, self.n_postings), written)
+            if grown is not None:
+                return SpaceText(self.store, *grown[:2], *grown[2])
+        return self.copied(gone).carried((), written)
+
+    def copied(self, gone: np.ndarray | None) -> SpaceText:
+        """This index without the rows in ``gone`` (``None``: none), in storage of its own."""
+        keep = ~gone if gone is not None else np.ones(self.n_rows, dtype=bool)
+        rows = self.store.rows.prefix(self.n_postings)
+        kept = keep[rows]
+        renumber = (np.cumsum(keep) - 1).astype(np.int32)
+        postings = (
+            self.store.lengths.prefix(self.n_rows)[keep],
+            renumber[rows[kept]],
+            self.store.term_ids.prefix(self.n_postings)[kept],
+            self.store.counts.prefix(self.n_postings)[kept],
         )
+        take = pa.array(np.flatnonzero(keep), type=pa.int64())
+        columns = [c.take(take) for c in (self.ids, self.sessions, self.sources)]
+        return SpaceText._of(_TextRows(columns, postings, dict(self.store.vocab)))
 
     def best(self, query: str, limit: int) -> pa.Table:
         """The ``limit`` best BM25 matches of ``query`` (some term in common; best first,
@@ -155,34 +237,27 @@ class SpaceText:
 
     def scores(self, query: str) -> np.ndarray:
         """Every row's BM25 score for ``query`` (0: no term in common)."""
-        weights = Counter(self.vocab[t] for t in terms(query) if t in self.vocab)
+        vocab = self.store.vocab
+        weights = Counter(vocab[t] for t in terms(query) if t in vocab)
         n = len(self)
         if not weights or n == 0:
-            return np.zeros(n, dtype=np.float32)
+            return np.zeros(self.n_rows, dtype=np.float32)
         wanted = np.array(sorted(weights), dtype=np.int32)
-        order, sorted_terms = self._by_term
-        first = np.searchsorted(sorted_terms, wanted, "left")
-        last = np.searchsorted(sorted_terms, wanted, "right")
-        df = last - first  # one posting per row and term
-        hit = order[np.concatenate([np.arange(a, b) for a, b in zip(first.tolist(), last.tolist())])]
-        row, count = self.rows[hit], self.counts[hit]
+        hit = self.store.hits(wanted, self.n_postings)
+        row = self.store.rows.prefix(self.n_postings)[hit]
+        which = np.searchsorted(wanted, self.store.term_ids.prefix(self.n_postings)[hit])  # among ``wanted``
+        df = np.bincount(which, minlength=len(wanted))  # one posting per row and term
+        count = self.store.counts.prefix(self.n_postings)[hit]
         idf = np.log1p((n - df + 0.5) / (df + 0.5))
         repeats = np.array([weights[t] for t in wanted.tolist()], dtype=np.float64)
-        which = np.repeat(np.arange(len(wanted)), df)  # the posting's term among ``wanted``
-        norm = K1 * (1 - B + B * self.lengths[row] / self._mean_length)
+        norm = K1 * (1 - B + B * self.store.lengths.prefix(self.n_rows)[row] / self._mean_length)
         part = (repeats * idf)[which] * count * (K1 + 1) / (count + norm)
-        return np.bincount(row, weights=part, minlength=n).astype(np.float32)
-
-    @cached_property
-    def _by_term(self) -> tuple[np.ndarray, np.ndarray]:
-        """The postings' positions in term order, and their terms in that order (computed
-        at the first query of this version: a carried index pays it once)."""
-        order = np.argsort(self.term_ids, kind="stable")
-        return order, self.term_ids[order]
+        return np.bincount(row, weights=part, minlength=self.n_rows).astype(np.float32)
 
     @cached_property
     def _mean_length(self) -> float:
-        return max(float(self.lengths.mean()), 1e-9) if len(self.lengths) else 1.0
+        lengths = self.store.lengths.prefix(self.n_rows)
+        return max(float(lengths.mean()), 1e-9) if len(lengths) else 1.0
 
     def _top(self, query: str, limit: int) -> tuple[np.ndarray, np.ndarray]:
         scores = self.scores(query)

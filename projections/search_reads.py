@@ -18,7 +18,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -200,21 +199,8 @@ def carried_vectors(
     if pin:
         rows = rows.filter(pc.equal(rows.column("agent_id"), pin))
     rows = rows.select(["memory_id", "session_id", "source_message_ids", "content", "vector"])
-    text = old.text.carried(changed.ids, rows)
-    if len(text) > search_vectors.SPACE_MAX_VECTORS:
-        return None
-    written = SpaceVectors.of(version, rows, text)
-    replaced = pc.is_in(old.ids, value_set=pa.array(sorted(changed.ids), type=old.ids.type))
-    keep = np.flatnonzero(~replaced.to_numpy(zero_copy_only=False))
-    take = pa.array(keep, type=pa.int64())
-    return SpaceVectors(
-        version,
-        pa.concat_arrays([old.ids.take(take), written.ids]),
-        pa.concat_arrays([old.sessions.take(take), written.sessions]),
-        pa.concat_arrays([old.sources.take(take), written.sources]),
-        np.concatenate([old.unit[keep], written.unit]),
-        text,
-    )
+    carried = old.carried(version, changed.ids, rows)
+    return carried if len(carried) <= search_vectors.SPACE_MAX_VECTORS else None
 
 
 async def fill(

@@ -20,15 +20,15 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from memstream.projections import search_queries as q
+from memstream.projections.growing import Buffer
 from memstream.projections.schema import MEMORIES
 from memstream.projections.search_lexical import SpaceText, best_rows
 from memstream.projections.store import LanceStore, space_where
@@ -45,40 +45,88 @@ text and about a dozen BM25 postings each: about 100 MB; ``Settings.search_cache
 _COLUMNS = ("memory_id", "session_id", "source_message_ids", "content", "vector")
 
 
+class _Units:
+    """What the versions of one space's kept vectors share: every row's vector scaled
+    to unit length (zero for a row without one) and whether it has one, only appended
+    to (``growing``), in the rows of the space's text index."""
+
+    def __init__(self, unit: np.ndarray, has_vector: np.ndarray) -> None:
+        self.lock = threading.Lock()
+        self.unit, self.has_vector = Buffer(unit), Buffer(has_vector)
+
+    def extend(self, at: int, unit: np.ndarray, has_vector: np.ndarray) -> int | None:
+        """Append after the first ``at`` rows: the new end (``None``: ``at`` is not the end)."""
+        with self.lock:
+            if len(self.unit) != at:
+                return None
+            self.unit.append(unit)
+            self.has_vector.append(has_vector)
+            return len(self.unit)
+
+
+def _unit_rows(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """The rows' vectors scaled to unit length (zero for a null or zero vector), and
+    which rows have one."""
+    dim = table.schema.field("vector").type.list_size
+    column = table.column("vector").combine_chunks()
+    has_vector = column.is_valid().to_numpy(zero_copy_only=False)
+    matrix = np.zeros((len(column), dim), dtype=np.float32)
+    valid = column.filter(column.is_valid())
+    matrix[has_vector] = valid.values.to_numpy(zero_copy_only=False).astype(np.float32).reshape(len(valid), dim)
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    return np.divide(matrix, norms, out=np.zeros_like(matrix), where=norms > 0), has_vector
+
+
 @dataclass(frozen=True)
 class SpaceVectors:
-    """One space's memories at one version of ``memories``: ids, sessions, source turns
-    and the vectors scaled to unit length (a zero vector stays zero) of those that have
-    one; and every memory's ``content`` as a BM25 index (``search_lexical``), the
-    search's lexical list."""
+    """One space's memories at one version of ``memories``: its text index (ids,
+    sessions, source turns and ``content`` as BM25, ``search_lexical``, the search's
+    lexical list) and, in the same rows, the vectors scaled to unit length (a zero
+    vector stays zero) of those that have one (``has_vector``). The rows are the first
+    ``text.n_rows`` of storage shared with the space's other versions."""
 
     version: Hashable
-    ids: pa.Array
-    sessions: pa.Array
-    sources: pa.Array
-    unit: np.ndarray
     text: SpaceText
+    units: _Units
+    unit: np.ndarray
+    has_vector: np.ndarray
 
     @classmethod
-    def of(cls, version: Hashable, table: pa.Table, text: SpaceText | None = None) -> SpaceVectors:
-        """From rows with :data:`_COLUMNS` (``text``: their index, when already built)."""
-        text = text if text is not None else SpaceText.of(table)
-        table = table.filter(pc.is_valid(table.column("vector")))
-        column = table.column("vector").combine_chunks()
-        dim = column.type.list_size
-        matrix = column.values.to_numpy(zero_copy_only=False).astype(np.float32).reshape(len(column), dim)
-        norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-        unit = np.divide(matrix, norms, out=np.zeros_like(matrix), where=norms > 0)
-        ids, sessions, sources = (table.column(c).combine_chunks() for c in _COLUMNS[:3])
-        return cls(version, ids, sessions, sources, unit, text)
+    def of(cls, version: Hashable, table: pa.Table) -> SpaceVectors:
+        """From rows with :data:`_COLUMNS`."""
+        unit, has_vector = _unit_rows(table)
+        units = _Units(unit, has_vector)
+        return cls(version, SpaceText.of(table), units, units.unit.prefix(len(unit)), units.has_vector.prefix(len(unit)))
+
+    def carried(self, version: Hashable, replaced: Collection[str], written: pa.Table) -> SpaceVectors:
+        """These vectors without the rows whose id is in ``replaced``, with ``written``
+        (rows with :data:`_COLUMNS`) after the rest: the order a read at ``version``
+        gives. Appended to the shared storage when the text index was (see
+        ``SpaceText.carried``), else copied."""
+        text = self.text.carried(replaced, written)
+        unit, has_vector = _unit_rows(written)
+        if text.store is self.text.store:
+            end = self.units.extend(self.text.n_rows, unit, has_vector)
+            if end is not None:
+                return SpaceVectors(version, text, self.units, self.units.unit.prefix(end), self.units.has_vector.prefix(end))
+        gone = self.text.replaced(replaced)
+        rows = np.flatnonzero(~gone) if gone is not None else slice(None)
+        units = _Units(np.concatenate([self.unit[rows], unit]), np.concatenate([self.has_vector[rows], has_vector]))
+        return SpaceVectors(version, text, units, units.unit.prefix(text.n_rows), units.has_vector.prefix(text.n_rows))
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return len(self.text)
 
     @property
     def size(self) -> int:
-        """The memories held (those without a vector too): what the cache's bound counts."""
-        return len(self.text)
+        """The rows held (those without a vector too): what the cache's bound counts."""
+        return self.text.n_rows
+
+    def with_vectors(self) -> tuple[list[str], np.ndarray]:
+        """The ids and unit vectors of the memories that have a vector, in the order a
+        read of the space gives."""
+        rows = np.flatnonzero(self.has_vector)
+        return self.text.ids.take(pa.array(rows, type=pa.int64())).to_pylist(), self.unit[rows]
 
     def nearest(self, vector: Sequence[float], limit: int) -> pa.Table:
         """The ``limit`` nearest memories to ``vector`` by cosine distance (nearest
@@ -86,14 +134,14 @@ class SpaceVectors:
         ``source_message_ids`` and ``_distance``, as a LanceDB vector query's list."""
         query = np.asarray(vector, dtype=np.float32)
         norm = float(np.linalg.norm(query))
-        sims = self.unit @ (query / norm) if norm > 0 else np.zeros(len(self), dtype=np.float32)
-        order = best_rows(sims, np.arange(len(self)), limit, self.ids)
+        sims = self.unit @ (query / norm) if norm > 0 else np.zeros(self.text.n_rows, dtype=np.float32)
+        order = best_rows(sims, np.flatnonzero(self.has_vector), limit, self.text.ids)
         take = pa.array(order, type=pa.int64())
         return pa.table(
             {
-                "memory_id": self.ids.take(take),
-                "session_id": self.sessions.take(take),
-                "source_message_ids": self.sources.take(take),
+                "memory_id": self.text.ids.take(take),
+                "session_id": self.text.sessions.take(take),
+                "source_message_ids": self.text.sources.take(take),
                 "_distance": pa.array(1.0 - sims[order], type=pa.float32()),
             }
         )

@@ -13,11 +13,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.projections.projection_helpers import DIM, T0, memory, positioned
 
 from memstream.domain.events import Scope, SubjectForgotten
+from memstream.projections import search_lexical
 from memstream.projections.embedder import LocalEmbedder
 from memstream.projections.lance_async import wait
 from memstream.projections.projector import Projector
@@ -135,29 +136,49 @@ _VOCAB = ["pottery", "glaze", "the", "hiking", "sister", "café", "runs", "runni
 _doc = st.lists(st.sampled_from(_VOCAB), max_size=8).map(" ".join)
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    before=st.lists(_doc, min_size=0, max_size=8),
-    replaced=st.sets(st.integers(0, 11)),
-    written=st.lists(st.tuples(st.integers(0, 11), _doc), max_size=4, unique_by=lambda t: t[0]),
+def _assert_stands_for(text: SpaceText, rows: list[tuple[str, str]]) -> None:
+    """``text`` is the index of ``rows`` (in this order): the same rows and the
+    same scores and lists as an index built afresh from them."""
+    fresh = SpaceText.of(_table([m for m, _ in rows], [c for _, c in rows]))
+    assert text.ids.to_pylist() == fresh.ids.to_pylist()
+    assert text.sessions.to_pylist() == fresh.sessions.to_pylist()
+    for query in ["pottery", "running sister", "cafe glaze glaze", "island of the"]:
+        np.testing.assert_allclose(text.scores(query), fresh.scores(query), rtol=1e-6)
+        assert text.best(query, 3).column("memory_id").to_pylist() == fresh.best(query, 3).column("memory_id").to_pylist()
+
+
+_step = st.tuples(
+    st.integers(0, 5),  # which earlier version the step starts from (counted back, modulo)
+    st.sets(st.integers(0, 11), max_size=4),  # ids replaced
+    st.lists(st.tuples(st.integers(0, 11), _doc), max_size=4, unique_by=lambda t: t[0]),  # rows written
 )
+
+
+@pytest.mark.parametrize("scanned", [0, 3, 4096])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(before=st.lists(_doc, min_size=0, max_size=8), steps=st.lists(_step, min_size=1, max_size=8))
 def test_a_carried_index_is_the_index_of_the_rows_it_stands_for(
-    before: list[str], replaced: set[int], written: list[tuple[int, str]]
+    monkeypatch: pytest.MonkeyPatch, scanned: int, before: list[str], steps: list[tuple[int, set[int], list[tuple[int, str]]]]
 ) -> None:
     """Rows written since (new, or replacing a row of the same id) come after the rest,
-    as a read of the space gives them; the carried index scores as a fresh one."""
-    old = SpaceText.of(_table([f"m{i}" for i in range(len(before))], before))
-    gone = {f"m{i}" for i in replaced} | {f"m{i}" for i, _ in written}
-    new_rows = _table([f"m{i}" for i, _ in written], [c for _, c in written])
-    carried = old.carried(gone, new_rows)
-    kept = [(f"m{i}", c) for i, c in enumerate(before) if f"m{i}" not in gone]
-    rows = kept + [(f"m{i}", c) for i, c in written]
-    fresh = SpaceText.of(_table([m for m, _ in rows], [c for _, c in rows]))
-    assert carried.ids.to_pylist() == fresh.ids.to_pylist()
-    assert carried.sessions.to_pylist() == fresh.sessions.to_pylist()
-    for query in ["pottery", "running sister", "cafe glaze glaze", "island of the"]:
-        np.testing.assert_allclose(carried.scores(query), fresh.scores(query), rtol=1e-6)
-        assert carried.best(query, 3).column("memory_id").to_pylist() == fresh.best(query, 3).column("memory_id").to_pylist()
+    as a read of the space gives them; each carried index scores as a fresh one, whether
+    it appended to the storage it shares with the version it came from or (carried
+    from a version another one had already been carried from, or with rows replaced)
+    started storage of its own; and the versions carried before keep scoring as they
+    did. ``scanned``: postings scanned before they are ordered by term
+    (0: ordered at every query; the product's 4096: these are only scanned)."""
+    monkeypatch.setattr(search_lexical, "_TAIL_MIN", scanned)
+    versions = [(SpaceText.of(_table([f"m{i}" for i in range(len(before))], before)), list(zip(
+        [f"m{i}" for i in range(len(before))], before)))]
+    for back, replaced, written in steps:
+        old, old_rows = versions[-1 - back % len(versions)]
+        gone = {f"m{i}" for i in replaced} | {f"m{i}" for i, _ in written}
+        carried = old.carried(gone, _table([f"m{i}" for i, _ in written], [c for _, c in written]))
+        rows = [(m, c) for m, c in old_rows if m not in gone] + [(f"m{i}", c) for i, c in written]
+        _assert_stands_for(carried, rows)
+        versions.append((carried, rows))
+    for text, rows in versions:
+        _assert_stands_for(text, rows)
 
 
 def test_a_forgotten_space_leaves_the_kept_index_at_the_same_version(tmp_path: Path) -> None:

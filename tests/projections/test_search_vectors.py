@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tests.projections.projection_helpers import DIM, memory, positioned
 
 from memstream.domain.access import ReadScope
@@ -50,7 +52,7 @@ def _version(store: LanceStore) -> int:
 def test_the_kept_list_is_lancedbs_flat_search(tmp_path: Path, query: str) -> None:
     store, _ = _store(tmp_path)
     kept = wait(read_space_vectors(store, ANN, _version(store)))
-    assert kept is not None and sorted(kept.ids.to_pylist()) == sorted(f"a{i}" for i in range(len(TOPICS)))
+    assert kept is not None and sorted(kept.with_vectors()[0]) == sorted(f"a{i}" for i in range(len(TOPICS)))
     vector = EMB.embed([query])[0]
     ours = kept.nearest(vector, 4)
     theirs = wait(vector_query(native(store, MEMORIES), vector, space_where(ANN), 4, None, LIST_COLUMNS))
@@ -66,7 +68,7 @@ def test_a_pinned_read_keeps_its_agents_vectors_only(tmp_path: Path) -> None:
     pinned = wait(read_space_vectors(store, ReadScope.pinned(ANN), _version(store)))
     whole = wait(read_space_vectors(store, ANN, _version(store)))
     assert pinned is not None and whole is not None
-    assert "b1" not in pinned.ids.to_pylist() and "b1" in whole.ids.to_pylist()
+    assert "b1" not in pinned.with_vectors()[0] and "b1" in whole.with_vectors()[0]
 
 
 def test_search_reads_the_space_again_when_memories_move(tmp_path: Path) -> None:
@@ -144,3 +146,55 @@ def test_the_list_does_not_depend_on_the_spaces_row_order() -> None:
         lists = [space(order).nearest(base[0], limit).column("memory_id").to_pylist()
                  for order in (ids, ids[::-1], ids[5:] + ids[:5])]
         assert lists[0] == lists[1] == lists[2], (limit, lists)
+
+
+def _rows(rows: list[tuple[str, list[float] | None]]) -> pa.Table:
+    """Rows as a read of the space gives them (``None``: a memory without a vector)."""
+    return pa.table({
+        "memory_id": [m for m, _ in rows],
+        "session_id": [f"s{len(m) % 2}" for m, _ in rows],
+        "source_message_ids": [[m] for m, _ in rows],
+        "content": [f"memory {m}" for m, _ in rows],
+        "vector": [v for _, v in rows],
+    }, schema=_SCHEMA)
+
+
+_SCHEMA = pa.schema([
+    ("memory_id", pa.string()), ("session_id", pa.string()), ("source_message_ids", pa.list_(pa.string())),
+    ("content", pa.string()), ("vector", pa.list_(pa.float32(), 4)),
+])
+
+
+_vector = st.one_of(st.none(), st.lists(st.sampled_from([-1.0, 0.0, 0.5, 2.0]), min_size=4, max_size=4))
+_step = st.tuples(
+    st.integers(0, 5),  # which earlier version the step starts from (counted back, modulo)
+    st.sets(st.integers(0, 11), max_size=4),  # ids replaced
+    st.lists(st.tuples(st.integers(0, 11), _vector), max_size=4, unique_by=lambda t: t[0]),  # rows written
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(before=st.lists(_vector, max_size=8), steps=st.lists(_step, min_size=1, max_size=8))
+def test_carried_vectors_are_the_vectors_of_the_rows_they_stand_for(
+    before: list[list[float] | None], steps: list[tuple[int, set[int], list[tuple[int, list[float] | None]]]]
+) -> None:
+    """Each carried version (appended to the storage it shares with the one it came
+    from, or copied) gives the nearest list of vectors read afresh, and the versions
+    carried before it keep giving theirs."""
+    first = [(f"m{i}", v) for i, v in enumerate(before)]
+    versions = [(SpaceVectors.of(0, _rows(first)), first)]
+    for back, replaced, written in steps:
+        old, old_rows = versions[-1 - back % len(versions)]
+        gone = {f"m{i}" for i in replaced} | {f"m{i}" for i, _ in written}
+        new_rows = [(f"m{i}", v) for i, v in written]
+        carried = old.carried(len(versions), gone, _rows(new_rows))
+        versions.append((carried, [(m, v) for m, v in old_rows if m not in gone] + new_rows))
+    for kept, rows in versions:
+        fresh = SpaceVectors.of(0, _rows(rows))
+        assert kept.with_vectors()[0] == fresh.with_vectors()[0]
+        assert kept.with_vectors()[1].tobytes() == fresh.with_vectors()[1].tobytes()
+        for query in ([1.0, 0.0, 0.0, 0.0], [0.5, -1.0, 2.0, 0.0]):
+            ours, theirs = kept.nearest(query, 5), fresh.nearest(query, 5)
+            assert ours.column("memory_id").to_pylist() == theirs.column("memory_id").to_pylist()
+            assert ours.column("session_id").to_pylist() == theirs.column("session_id").to_pylist()
+            np.testing.assert_allclose(ours.column("_distance").to_numpy(), theirs.column("_distance").to_numpy())
