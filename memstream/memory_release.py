@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-__all__ = ["trim_supported", "release_free_memory", "release_every"]
+__all__ = ["trim_supported", "release_free_memory", "release_every", "pin_mmap_threshold"]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,25 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 
 _TRIM = _malloc_trim()
+_M_MMAP_THRESHOLD = -3
+"""glibc's ``mallopt`` parameter number (``malloc.h``)."""
+
+
+def pin_mmap_threshold(threshold_bytes: int) -> bool:
+    """Serve each allocation of at least ``threshold_bytes`` from its own mapping, which
+    goes back to the operating system when it is freed; ``True`` when set (glibc).
+
+    Why: glibc raises its threshold (up to 32 MB) each time such a block is freed, so
+    later large buffers (NumPy arrays, dictionaries of a cached space, LanceDB's reads)
+    came from the heap, and the holes they left fragmented it: :func:`release_free_memory`
+    cannot return a page a small live block still sits in (docs/benchmarks.md, issue
+    23, session 22). Setting the threshold also stops the raising. 0: leave glibc's."""
+    if threshold_bytes <= 0 or _TRIM is None:
+        return False
+    mallopt = ctypes.CDLL(None).mallopt
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, threshold_bytes))
 
 
 def trim_supported() -> bool:

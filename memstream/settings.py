@@ -177,6 +177,11 @@ class Settings(BaseSettings):
     """How often the API and the worker hand the C allocator's free memory back to the
     operating system (``memstream.memory_release``; glibc only). Without it their
     resident memory kept growing after their caches were full. 0: never."""
+    malloc_mmap_threshold_kb: int = Field(default=256, ge=0)
+    """In the API and the worker, allocations of at least this many KiB get their own
+    mapping, returned to the operating system when freed (glibc only,
+    ``memory_release.pin_mmap_threshold``): with glibc's moving threshold, large freed
+    buffers fragmented the API's heap under writes. 0: glibc's own."""
     projector_batch_seconds: float = Field(default=0.2, gt=0)
     """Longest wait of one fetch for new records when the projector is caught up."""
     projector_linger_s: float = Field(default=0.5, ge=0)

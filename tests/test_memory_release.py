@@ -59,3 +59,42 @@ def test_the_timer_releases_until_cancelled_and_is_off_at_zero() -> None:
 
     off_done, running_done = asyncio.run(scenario())
     assert off_done and not running_done
+
+
+_PINNED = """
+import ctypes, sys
+from memstream.memory_release import pin_mmap_threshold
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+def rss():
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("RssAnon:")) / 1024
+if sys.argv[1] == "pin":
+    assert pin_mmap_threshold(256 * 1024)
+libc.free(libc.malloc(8 << 20))  # glibc raises its moving threshold past 1 MB here
+blocks = [libc.malloc(1 << 20) for _ in range(150)]
+for b in blocks:
+    ctypes.memset(b, 1, 1 << 20)
+guard = libc.malloc(100 << 10)  # above the blocks if they come from the heap
+ctypes.memset(guard, 1, 100 << 10)
+before = rss()
+for b in blocks:
+    libc.free(b)
+print(before - rss())
+"""
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+def test_large_blocks_freed_leave_the_resident_set_at_once_with_the_threshold_pinned(pinned: bool) -> None:
+    """With the threshold pinned, 1 MB blocks allocated after a larger one was freed get
+    their own mappings and leave the resident set at ``free``; with glibc's moving
+    threshold they come from the heap and stay until a trim (the case that
+    fragmented the API's heap)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _PINNED, "pin" if pinned else "moving"],
+                         capture_output=True, text=True, check=True)
+    freed = float(out.stdout)
+    assert (freed > 120) == pinned, f"{freed:.0f} MB of 150 left the resident set at free"

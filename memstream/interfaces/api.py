@@ -51,7 +51,7 @@ from memstream.interfaces.mcp_server import build_mcp_server
 from memstream.interfaces.ratelimit import RateLimiter
 from memstream.interfaces.routes_ops import ops_router
 from memstream.interfaces.service import MemoryService
-from memstream.memory_release import release_every
+from memstream.memory_release import pin_mmap_threshold, release_every
 from memstream.settings import Settings
 
 __all__ = ["create_api", "openapi_spec", "main"]
@@ -117,6 +117,7 @@ def _lifespan(
                 servers[name] = server
             app.state.service = service
             app.state.mcp_servers = servers
+            pin_mmap_threshold(settings.malloc_mmap_threshold_kb * 1024)
             releasing = asyncio.create_task(release_every(settings.release_memory_every_s), name="release-memory")
             stack.callback(releasing.cancel)
             log.info(

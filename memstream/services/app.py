@@ -23,7 +23,7 @@ from typing import Any
 
 import faust
 
-from memstream.memory_release import release_free_memory, trim_supported
+from memstream.memory_release import pin_mmap_threshold, release_free_memory, trim_supported
 from memstream.projections.table_sets import TableSets
 from memstream.services.extractor_service import register_extractor
 from memstream.services.projector_service import register_projector
@@ -167,6 +167,7 @@ def build_app(
     for name in AGENT_NAMES:
         if name in requested:
             register[name](app, settings, topics)
+    pin_mmap_threshold(settings.malloc_mmap_threshold_kb * 1024)
     if settings.release_memory_every_s > 0 and trim_supported():
 
         async def release_memory() -> None:
