@@ -185,11 +185,18 @@ class SpaceText:
     def __len__(self) -> int:
         return self.n_rows
 
+    @cached_property
+    def columns(self) -> tuple[pa.Array, pa.Array, pa.Array]:
+        """``ids``, ``sessions`` and ``sources`` in one chunk each (a take from many
+        chunks joins them first: once per version, not at every take)."""
+        return self.ids.combine_chunks(), self.sessions.combine_chunks(), self.sources.combine_chunks()
+
     def replaced(self, ids: Collection[str]) -> np.ndarray | None:
         """Which rows have an id in ``ids`` (``None``: none)."""
         if not ids:
             return None
-        gone = pc.is_in(self.ids, value_set=pa.array(sorted(ids), type=self.ids.type)).to_numpy(zero_copy_only=False)
+        gone = pc.is_in(self.columns[0], value_set=pa.array(sorted(ids), type=self.ids.type))
+        gone = gone.to_numpy(zero_copy_only=False)
         return gone if gone.any() else None
 
     def carried(self, replaced: Collection[str], written: pa.Table) -> SpaceText:
@@ -217,7 +224,7 @@ class SpaceText:
             self.store.counts.prefix(self.n_postings)[kept],
         )
         take = pa.array(np.flatnonzero(keep), type=pa.int64())
-        columns = [c.take(take) for c in (self.ids, self.sessions, self.sources)]
+        columns = [c.take(take) for c in self.columns]
         return SpaceText._of(_TextRows(columns, postings, dict(self.store.vocab)))
 
     def best(self, query: str, limit: int) -> pa.Table:
@@ -225,13 +232,19 @@ class SpaceText:
         ties by memory id): ``memory_id``, ``session_id``, ``source_message_ids`` and
         ``_score``, as LanceDB's full-text query's list."""
         order, scores = self._top(query, limit)
+        return self.listed(order, "_score", scores)
+
+    def listed(self, order: np.ndarray, score: str, scores: np.ndarray) -> pa.Table:
+        """The rows at ``order`` as a candidate list: ``memory_id``, ``session_id``,
+        ``source_message_ids`` and ``scores`` as ``score``."""
         take = pa.array(order, type=pa.int64())
+        ids, sessions, sources = self.columns
         return pa.table(
             {
-                "memory_id": self.ids.take(take),
-                "session_id": self.sessions.take(take),
-                "source_message_ids": self.sources.take(take),
-                "_score": pa.array(scores, type=pa.float32()),
+                "memory_id": ids.take(take),
+                "session_id": sessions.take(take),
+                "source_message_ids": sources.take(take),
+                score: pa.array(scores, type=pa.float32()),
             }
         )
 
@@ -262,7 +275,7 @@ class SpaceText:
     def _top(self, query: str, limit: int) -> tuple[np.ndarray, np.ndarray]:
         scores = self.scores(query)
         hits = np.flatnonzero(scores > 0)
-        order = best_rows(scores, hits, limit, self.ids)
+        order = best_rows(scores, hits, limit, self.columns[0])
         return order, scores[order]
 
 

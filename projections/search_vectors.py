@@ -126,7 +126,7 @@ class SpaceVectors:
         """The ids and unit vectors of the memories that have a vector, in the order a
         read of the space gives."""
         rows = np.flatnonzero(self.has_vector)
-        return self.text.ids.take(pa.array(rows, type=pa.int64())).to_pylist(), self.unit[rows]
+        return self.text.columns[0].take(pa.array(rows, type=pa.int64())).to_pylist(), self.unit[rows]
 
     def nearest(self, vector: Sequence[float], limit: int) -> pa.Table:
         """The ``limit`` nearest memories to ``vector`` by cosine distance (nearest
@@ -135,16 +135,8 @@ class SpaceVectors:
         query = np.asarray(vector, dtype=np.float32)
         norm = float(np.linalg.norm(query))
         sims = self.unit @ (query / norm) if norm > 0 else np.zeros(self.text.n_rows, dtype=np.float32)
-        order = best_rows(sims, np.flatnonzero(self.has_vector), limit, self.text.ids)
-        take = pa.array(order, type=pa.int64())
-        return pa.table(
-            {
-                "memory_id": self.text.ids.take(take),
-                "session_id": self.text.sessions.take(take),
-                "source_message_ids": self.text.sources.take(take),
-                "_distance": pa.array(1.0 - sims[order], type=pa.float32()),
-            }
-        )
+        order = best_rows(sims, np.flatnonzero(self.has_vector), limit, self.text.columns[0])
+        return self.text.listed(order, "_distance", 1.0 - sims[order])
 
 
 class VectorCache:
