@@ -204,12 +204,15 @@ class SpaceText:
         as :meth:`of` takes them) after the rest: the order a read of the space gives.
         Appended to the storage this version shares when nothing is replaced and it
         ends where the storage does (no other version appended first); else copied."""
-        gone = self.replaced(replaced)
+        return self.carried_without(self.replaced(replaced), written)
+
+    def carried_without(self, gone: np.ndarray | None, written: pa.Table) -> SpaceText:
+        """:meth:`carried`, with the replaced rows already found (:meth:`replaced`)."""
         if gone is None:
             grown = self.store.extend((self.n_rows, self.n_postings), written)
             if grown is not None:
                 return SpaceText(self.store, *grown[:2], *grown[2])
-        return self.copied(gone).carried((), written)
+        return self.copied(gone).carried_without(None, written)
 
     def copied(self, gone: np.ndarray | None) -> SpaceText:
         """This index without the rows in ``gone`` (``None``: none), in storage of its own."""

@@ -54,14 +54,14 @@ class _Units:
         self.lock = threading.Lock()
         self.unit, self.has_vector = Buffer(unit), Buffer(has_vector)
 
-    def extend(self, at: int, unit: np.ndarray, has_vector: np.ndarray) -> int | None:
-        """Append after the first ``at`` rows: the new end (``None``: ``at`` is not the end)."""
+    def extend(self, at: int, unit: np.ndarray, has_vector: np.ndarray) -> bool:
+        """Append after the first ``at`` rows (``False``: ``at`` is not the end)."""
         with self.lock:
             if len(self.unit) != at:
-                return None
+                return False
             self.unit.append(unit)
             self.has_vector.append(has_vector)
-            return len(self.unit)
+            return True
 
 
 def _unit_rows(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
@@ -88,31 +88,33 @@ class SpaceVectors:
     version: Hashable
     text: SpaceText
     units: _Units
-    unit: np.ndarray
-    has_vector: np.ndarray
 
     @classmethod
     def of(cls, version: Hashable, table: pa.Table) -> SpaceVectors:
         """From rows with :data:`_COLUMNS`."""
-        unit, has_vector = _unit_rows(table)
-        units = _Units(unit, has_vector)
-        return cls(version, SpaceText.of(table), units, units.unit.prefix(len(unit)), units.has_vector.prefix(len(unit)))
+        return cls(version, SpaceText.of(table), _Units(*_unit_rows(table)))
+
+    @property
+    def unit(self) -> np.ndarray:
+        return self.units.unit.prefix(self.text.n_rows)
+
+    @property
+    def has_vector(self) -> np.ndarray:
+        return self.units.has_vector.prefix(self.text.n_rows)
 
     def carried(self, version: Hashable, replaced: Collection[str], written: pa.Table) -> SpaceVectors:
         """These vectors without the rows whose id is in ``replaced``, with ``written``
         (rows with :data:`_COLUMNS`) after the rest: the order a read at ``version``
         gives. Appended to the shared storage when the text index was (see
         ``SpaceText.carried``), else copied."""
-        text = self.text.carried(replaced, written)
-        unit, has_vector = _unit_rows(written)
-        if text.store is self.text.store:
-            end = self.units.extend(self.text.n_rows, unit, has_vector)
-            if end is not None:
-                return SpaceVectors(version, text, self.units, self.units.unit.prefix(end), self.units.has_vector.prefix(end))
         gone = self.text.replaced(replaced)
+        text = self.text.carried_without(gone, written)
+        unit, has_vector = _unit_rows(written)
+        if text.store is self.text.store and self.units.extend(self.text.n_rows, unit, has_vector):
+            return SpaceVectors(version, text, self.units)
         rows = np.flatnonzero(~gone) if gone is not None else slice(None)
         units = _Units(np.concatenate([self.unit[rows], unit]), np.concatenate([self.has_vector[rows], has_vector]))
-        return SpaceVectors(version, text, units, units.unit.prefix(text.n_rows), units.has_vector.prefix(text.n_rows))
+        return SpaceVectors(version, text, units)
 
     def __len__(self) -> int:
         return len(self.text)

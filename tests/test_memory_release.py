@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import subprocess
+import sys
 
 import pytest
 
@@ -91,9 +93,6 @@ def test_large_blocks_freed_leave_the_resident_set_at_once_with_the_threshold_pi
     their own mappings and leave the resident set at ``free``; with glibc's moving
     threshold they come from the heap and stay until a trim (the case that
     fragmented the API's heap)."""
-    import subprocess
-    import sys
-
     out = subprocess.run([sys.executable, "-c", _PINNED, "pin" if pinned else "moving"],
                          capture_output=True, text=True, check=True)
     freed = float(out.stdout)
