@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 from memstream.domain.access import ReadScope, agent_pin
 from memstream.domain.events import Scope
 from memstream.projections.schema import ENTITIES, MEMORIES, MESSAGES
-from memstream.projections.search_results import READ_COLUMNS, rows_of
+from memstream.projections.search_results import READ_COLUMNS, rows_of, shared
 from memstream.projections.search_turns import SessionMemories, SessionTurns, Turn
 from memstream.projections.search_vectors import VectorCache
 from memstream.projections.table_changes import Changes, SpaceChanges, TableChanges
@@ -62,10 +62,18 @@ TURN_COLUMNS = ("message_id", "session_id", "speaker", "content", "log_partition
 
 
 def turns_of(table: pa.Table) -> list[Turn]:
-    """The turns of a ``TURN_COLUMNS`` read."""
+    """The turns of a ``TURN_COLUMNS`` read; ids, sessions and speakers shared with the
+    other turns and rows holding them (:func:`shared`)."""
     columns = [table.column(c).to_pylist() for c in TURN_COLUMNS]
     return [
-        Turn(mid, session, int(partition or 0), int(offset or 0), speaker, content or "")
+        Turn(
+            shared(mid),
+            shared(session) if session else session,
+            int(partition or 0),
+            int(offset or 0),
+            shared(speaker) if speaker else speaker,
+            content or "",
+        )
         for mid, session, speaker, content, partition, offset in zip(*columns)
     ]
 

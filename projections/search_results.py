@@ -3,9 +3,11 @@ it reads to build one."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any
 
 import pyarrow as pa
@@ -22,6 +24,7 @@ __all__ = [
     "Reranker",
     "to_result",
     "rows_of",
+    "shared",
 ]
 
 RESULT_COLUMNS: tuple[str, ...] = (
@@ -115,14 +118,53 @@ def rows_of(table: pa.Table, scope: Scope) -> list[dict[str, Any]]:
     columns it leaves out: ``team_id`` / ``user_id``, the space's (every row read under
     the space's prefilter or by its scoped keys has them), and ``pk``,
     ``scoped_key(team_id, user_id, memory_id)`` (how every memory row is keyed, see
-    ``memstream.projections.schema``)."""
+    ``memstream.projections.schema``).
+
+    Values that many rows repeat are one shared object (:func:`shared`): a serving
+    process keeps tens of thousands of these rows (``search_cache``), and the repeats
+    were most of a row's memory (docs/benchmarks.md, issue 23, session 23). Lists are
+    tuples, and an entity is a read-only mapping: rows are never changed."""
     team, user = scope.team_id, scope.user_id
-    rows: list[dict[str, Any]] = table.to_pylist()
-    for r in rows:
-        r["pk"] = scoped_key(team, user, r["memory_id"])
-        r["team_id"] = team
-        r["user_id"] = user
-    return rows
+    names = table.column_names
+    columns = [_compact(name, table.column(name).to_pylist()) for name in names]
+    ids = columns[names.index("memory_id")]
+    names = [*names, "pk", "team_id", "user_id"]
+    columns += [[scoped_key(team, user, m) for m in ids], [team] * len(ids), [user] * len(ids)]
+    return [dict(zip(names, values)) for values in zip(*columns)]
+
+
+def _compact(name: str, values: list[Any]) -> list[Any]:
+    """A column's values with repeats shared (column by column, which keeps
+    :func:`rows_of` as fast as Arrow's own ``to_pylist``)."""
+    if name in _REPEATED:
+        return [shared(v) if v else v for v in values]
+    if name in _REPEATED_LISTS:
+        return [tuple(map(shared, v)) if v is not None else v for v in values]
+    if name == "entities":
+        return [tuple(map(_entity, v)) if v else v for v in values]
+    return values
+
+
+_REPEATED = frozenset(("agent_id", "session_id", "memory_type", "scene", "status"))
+_REPEATED_LISTS = frozenset(("source_message_ids", "entity_keys"))
+_ENTITIES_MAX = 65_536
+_entities: dict[tuple[str, str], Mapping[str, str]] = {}
+
+
+def shared(value: str) -> str:
+    """The one object for an equal string that other rows or turns may hold too (kept
+    only while something holds it)."""
+    return sys.intern(value)
+
+
+def _entity(entity: Mapping[str, str]) -> Mapping[str, str]:
+    key = (entity["name"], entity["kind"])
+    one = _entities.get(key)
+    if one is None:
+        if len(_entities) >= _ENTITIES_MAX:
+            _entities.clear()  # the rows holding the old ones keep them
+        one = _entities[key] = MappingProxyType({k: shared(v) if v else v for k, v in zip(("name", "kind"), key)})
+    return one
 
 
 def to_result(row: Mapping[str, Any], score: float, parts: ScoreParts) -> SearchResult:
