@@ -46,6 +46,10 @@ memories), ``ryw_failed``, ``missing_after_drain``. ``api_rss_mb`` / ``worker_rs
 are the processes' resident memory at the end; the ``*_rss_slope_mb_per_min`` figures
 are least-squares slopes over the last mixed phase's second half (sampled every
 second: run ``--rounds 1 --mixed-seconds 600`` for the 10-minute memory check).
+``api_search_cache``: what the API's search caches held at the end (rows of the row
+cache, kept memories, and the kept indexes' MiB, from its ``/metrics``) and their
+growth per minute over the same half: what the API's memory grows with while the
+searched spaces grow, up to the caches' bounds.
 
 ``mixed_ratio`` (the median of the rounds' searches/s mixed / alone) and ``p99_ratio``
 (p99 mixed / alone, each pooled over the rounds) are measured side by side in one run:
@@ -61,7 +65,6 @@ import contextlib
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -72,6 +75,7 @@ import httpx
 
 from memstream.banks import create_key
 from memstream.bench.mixed_rounds import PhaseLog, merged, pooled_figures
+from memstream.bench.process_samples import CACHE_GAUGES, ProcessSampler
 from memstream.bench._events import (
     SPEAKERS,
     BenchWorkdir,
@@ -172,55 +176,6 @@ class Tally:
         known = self.last_positions.setdefault(tenant.name, {})
         key = (topic, int(partition))
         known[key] = max(known.get(key, -1), int(offset))
-
-
-class RssSampler(threading.Thread):
-    """Resident memory (``VmRSS``) of some processes, every second."""
-
-    def __init__(self, pids: dict[str, int]) -> None:
-        super().__init__(name="memstream-bench-rss", daemon=True)
-        self.pids = pids
-        self.samples: dict[str, list[tuple[float, float]]] = {name: [] for name in pids}
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        while not self._stop_event.is_set():
-            now = time.perf_counter()
-            for name, pid in self.pids.items():
-                mb = rss_mb(pid)
-                if mb is not None:
-                    self.samples[name].append((now, mb))
-            self._stop_event.wait(1.0)
-
-    def stop(self) -> None:
-        self._stop_event.set()
-        self.join(timeout=5)
-
-    def slope_mb_per_min(self, name: str, since: float, until: float) -> float | None:
-        points = [(t, mb) for t, mb in self.samples[name] if since <= t <= until]
-        return _slope(points) * 60.0 if len(points) >= 3 else None
-
-    def last(self, name: str) -> float | None:
-        return self.samples[name][-1][1] if self.samples[name] else None
-
-
-def rss_mb(pid: int) -> float | None:
-    """``VmRSS`` of ``pid`` in MiB (Linux), or None."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def _slope(points: list[tuple[float, float]]) -> float:
-    n = len(points)
-    mx = sum(t for t, _ in points) / n
-    my = sum(v for _, v in points) / n
-    var = sum((t - mx) ** 2 for t, _ in points)
-    return sum((t - mx) * (v - my) for t, v in points) / var if var > 0 else 0.0
 
 
 # ------------------------------------------------------------------------------ set-up
@@ -564,7 +519,7 @@ def run(
         LanceStore.from_settings(settings)  # the tables exist before two processes open them
         worker = WorkerProcess(settings, wd.path / "worker")
         api = ApiProcess(settings, wd.path)
-        sampler: RssSampler | None = None
+        sampler: ProcessSampler | None = None
         worker.start()
         try:
             worker.wait_ready()
@@ -574,13 +529,13 @@ def run(
             _wait_projected(settings, keys, worker)
             api.start()
             assert api.pid is not None and worker.pid is not None
-            sampler = RssSampler({"api": api.pid, "worker": worker.pid})
+            sampler = ProcessSampler({"api": api.pid, "worker": worker.pid}, f"{api.url}/metrics")
             sampler.start()
             load = Load(api.url, tenants, searchers, rate, writers, {"api": api.pid, "worker": worker.pid, "broker": _broker_pid(settings)})
             status(f"settling ({_SETTLE_S:.0f} s: the worker's maintenance makes the indexes current)")
             time.sleep(_SETTLE_S)
             asyncio.run(load.search_for(_WARMUP_S, None))
-            rounds: list[tuple[PhaseLog, PhaseLog]] = []
+            phases: list[tuple[PhaseLog, PhaseLog]] = []
             for r in range(rounds_n):
                 alone, mixed = PhaseLog(), PhaseLog()
                 status(
@@ -591,7 +546,7 @@ def run(
                 mixed_started = time.perf_counter()
                 asyncio.run(load.search_for(mixed_s, mixed, write=True))
                 mixed_ended = time.perf_counter()
-                rounds.append((alone, mixed))
+                phases.append((alone, mixed))
                 time.sleep(_GAP_S)
             writes_alone = PhaseLog()
             writes_s = min(_WRITES_ALONE_S, alone_s * rounds_n)
@@ -609,7 +564,7 @@ def run(
     assert sampler is not None
     tally = load.tally
     half = mixed_started + (mixed_ended - mixed_started) / 2
-    figures = _figures(rounds, writes_alone, tally, sampler, half, mixed_ended, missing)
+    figures = _figures(phases, writes_alone, tally, sampler, half, mixed_ended, missing)
     result: dict[str, Any] = {
         "benchmark": "mixed",
         "quick": quick,
@@ -630,7 +585,7 @@ def run(
 
 
 def _figures(
-    rounds: list[tuple[PhaseLog, PhaseLog]], writes_alone: PhaseLog, tally: Tally, sampler: RssSampler, half: float,
+    rounds: list[tuple[PhaseLog, PhaseLog]], writes_alone: PhaseLog, tally: Tally, sampler: ProcessSampler, half: float,
     end: float, missing: int,
 ) -> dict[str, Any]:
     alone, mixed = merged([a for a, _ in rounds]), merged([m for _, m in rounds])
@@ -655,8 +610,9 @@ def _figures(
         "cross_tenant_results": tally.cross_tenant,
         "api_rss_mb": sampler.last("api"),
         "worker_rss_mb": sampler.last("worker"),
-        "api_rss_slope_mb_per_min": sampler.slope_mb_per_min("api", half, end),
-        "worker_rss_slope_mb_per_min": sampler.slope_mb_per_min("worker", half, end),
+        "api_rss_slope_mb_per_min": sampler.slope_per_min("api", half, end),
+        "worker_rss_slope_mb_per_min": sampler.slope_per_min("worker", half, end),
+        "api_search_cache": _cache_figures(sampler, half, end),
         "rounds": per_round,
     }
     out["meets_targets"] = bool(
@@ -664,6 +620,22 @@ def _figures(
         and out["p99_ratio"] is not None and out["p99_ratio"] <= TARGET_P99_RATIO
         and not (tally.errors_5xx or tally.timeouts or tally.ryw_failed or missing or tally.cross_tenant)
     )
+    return out
+
+
+def _cache_text(cache: dict[str, float | None]) -> str:
+    def one(name: str, unit: str) -> str:
+        return f"{num(cache[name])}{unit} ({num(cache[f'{name}_per_min'], 2)}/min)"
+    return f"rows {one('cache_rows', '')}, kept {one('kept_memories', '')} in {one('kept_mb', ' MiB')}"
+
+
+def _cache_figures(sampler: ProcessSampler, half: float, end: float) -> dict[str, float | None]:
+    """What the API's search caches held at the end, and their growth per minute over
+    the same half as the memory slopes: what the API's memory grows with."""
+    out: dict[str, float | None] = {}
+    for name in CACHE_GAUGES.values():
+        out[name] = sampler.last(f"api_{name}")
+        out[f"{name}_per_min"] = sampler.slope_per_min(f"api_{name}", half, end)
     return out
 
 
@@ -693,10 +665,11 @@ def _cores_text(cores: dict[str, float]) -> str:
     return " ".join(f"{name} {value:.2f}" for name, value in sorted(cores.items()))
 
 
-def _print(r: dict[str, Any]) -> None:
-    def num(value: Any, digits: int = 1) -> str:
-        return "-" if value is None else f"{value:,.{digits}f}"
+def num(value: Any, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
 
+
+def _print(r: dict[str, Any]) -> None:
     print_table(
         f"memstream bench mixed: {r['searchers']} searchers, {r['rate']:g} writes/s, {r['tenants']} tenants, "
         f"{r['rounds_n']} rounds of {r['seconds_alone']:.0f} s alone then {r['seconds_mixed']:.0f} s mixed",
@@ -720,6 +693,7 @@ def _print(r: dict[str, Any]) -> None:
             ("cross_tenant_results", str(r["cross_tenant_results"]), f"of {r['results_checked']:,} results"),
             ("api_rss_mb", num(r["api_rss_mb"]), f"slope {num(r['api_rss_slope_mb_per_min'], 2)} MB/min (mixed, 2nd half)"),
             ("worker_rss_mb", num(r["worker_rss_mb"]), f"slope {num(r['worker_rss_slope_mb_per_min'], 2)} MB/min"),
+            ("API search cache", _cache_text(r["api_search_cache"]), "at the end (growth per minute, 2nd half)"),
             ("meets_targets", str(r["meets_targets"]), ""),
             ("load_1m", f"{r['machine']['load_1m']} -> {r['machine']['load_1m_end']}", f"{r['machine']['cores']} cores, shared"),
         ],

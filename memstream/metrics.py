@@ -18,7 +18,7 @@ Two kinds of numbers, on purpose:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -45,6 +45,7 @@ __all__ = [
     "CONTENT_TYPE",
     "LogSnapshot",
     "LogStateCollector",
+    "SearchCacheCollector",
     "record_event_in",
     "record_llm_call",
     "record_extraction_repairs",
@@ -217,6 +218,38 @@ class LogStateCollector(Collector):
             "1 when the last read of end offsets and positions succeeded.",
             value=0 if s.error else 1,
         )
+
+
+_SEARCH_CACHE_GAUGES = (
+    ("spaces", "memstream_search_cache_spaces", "Memory spaces with rows kept for conversation-aware ranking."),
+    ("rows", "memstream_search_cache_rows", "Memory rows and turns kept for conversation-aware ranking."),
+    ("rows_max", "memstream_search_cache_rows_max", "Their bound (MEMSTREAM_SEARCH_CACHE_ROWS)."),
+    ("kept_spaces", "memstream_search_kept_spaces", "Memory spaces whose vectors and BM25 index are kept."),
+    ("kept_memories", "memstream_search_kept_memories", "Memories whose vector and BM25 postings are kept."),
+    ("kept_memories_max", "memstream_search_kept_memories_max", "Their bound (MEMSTREAM_SEARCH_CACHE_VECTORS)."),
+    ("kept_bytes", "memstream_search_kept_bytes", "Bytes of the kept vectors, postings and ids."),
+)
+
+
+class SearchCacheCollector(Collector):
+    """What a serving process's search cache holds, read at scrape time from
+    ``read`` (``SearchCache.stats``; ``None`` while the process starts or stops): what
+    its memory grows with as the searched spaces grow, up to the bounds."""
+
+    def __init__(self, read: Callable[[], Mapping[str, int] | None]) -> None:
+        self.read = read
+
+    def describe(self) -> Iterator[Metric]:
+        """The gauges' names, without reading (what registering asks for)."""
+        for _, name, doc in _SEARCH_CACHE_GAUGES:
+            yield GaugeMetricFamily(name, doc)
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.read()
+        if stats is None:
+            return
+        for key, name, doc in _SEARCH_CACHE_GAUGES:
+            yield GaugeMetricFamily(name, doc, value=stats[key])
 
 
 def multiprocess_mode() -> bool:

@@ -78,3 +78,8 @@ class Chunks:
 
     def column(self) -> pa.ChunkedArray:
         return pa.chunked_array(self._chunks, type=self._type)
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the chunks' buffers."""
+        return sum(c.get_total_buffer_size() for c in self._chunks)

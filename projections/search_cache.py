@@ -398,6 +398,22 @@ class SearchCache:
         with self._lock:
             return self._spaces.total
 
+    def stats(self) -> dict[str, int]:
+        """What the cache holds now and its bounds (for the serving process's metrics):
+        spaces and rows of the row cache; spaces, memories and bytes of the kept
+        vectors and text indexes."""
+        with self._lock:
+            spaces, rows = len(self._spaces.entries), self._spaces.total
+        return {
+            "spaces": spaces,
+            "rows": rows,
+            "rows_max": self.max_rows,
+            "kept_spaces": self.vectors.spaces(),
+            "kept_memories": self.vectors.rows(),
+            "kept_memories_max": self.vectors.max_rows,
+            "kept_bytes": self.vectors.nbytes(),
+        }
+
     def clear(self) -> None:
         """Forget everything (a process that wants its memory back)."""
         with self._lock:

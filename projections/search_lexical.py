@@ -146,8 +146,11 @@ class _TextRows:
 
     @property
     def nbytes(self) -> int:
+        """The bytes of the postings, their order by term and the columns (not the
+        vocabulary's Python objects)."""
         buffers = (self.lengths, self.rows, self.term_ids, self.counts)
-        return sum(b.nbytes for b in buffers) + self.by_term[1].nbytes + self.by_term[2].nbytes
+        postings = sum(b.nbytes for b in buffers) + self.by_term[1].nbytes + self.by_term[2].nbytes
+        return postings + sum(c.nbytes for c in self.columns)
 
 
 _NONE = np.zeros(0, dtype=np.int32)

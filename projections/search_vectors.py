@@ -124,6 +124,12 @@ class SpaceVectors:
         """The rows held (those without a vector too): what the cache's bound counts."""
         return self.text.n_rows
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the storage this version shares with the space's others (its
+        unused capacity too)."""
+        return self.units.unit.nbytes + self.units.has_vector.nbytes + self.text.store.nbytes
+
     def with_vectors(self) -> tuple[list[str], np.ndarray]:
         """The ids and unit vectors of the memories that have a vector, in the order a
         read of the space gives."""
@@ -181,6 +187,16 @@ class VectorCache:
     def rows(self) -> int:
         with self._lock:
             return self._total
+
+    def nbytes(self) -> int:
+        """The bytes of the kept spaces' storage (:attr:`SpaceVectors.nbytes`)."""
+        with self._lock:
+            kept = list(self._spaces.values())
+        return sum(v.nbytes for v in kept)
+
+    def spaces(self) -> int:
+        with self._lock:
+            return len(self._spaces)
 
     def clear(self) -> None:
         with self._lock:

@@ -71,6 +71,7 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
     log_registry = CollectorRegistry(auto_describe=True)
     log_state = metrics.LogStateCollector()
     log_registry.register(log_state)
+    log_registry.register(metrics.SearchCacheCollector(lambda: _search_cache_stats(app)))
     app = FastAPI(
         title="memstream",
         version=__version__,
@@ -91,6 +92,11 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
     app.include_router(ops_router(log_registry, log_state))
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+def _search_cache_stats(app: FastAPI) -> dict[str, int] | None:
+    service = app.state.service
+    return service.search_cache.stats() if service is not None else None
 
 
 def _lifespan(

@@ -307,9 +307,18 @@ async def test_health_metrics_and_unknown_routes(stack: Stack, client: httpx.Asy
     # Make sure at least one event was counted by this server, then scrape.
     written = await client.post("/v1/memories", headers=stack.headers("acme"), json={"content": "metrics probe"})
     assert written.status_code == 202
-    searched = await client.get("/v1/search", headers=stack.headers("acme"), params={"q": "probe"})
-    assert searched.status_code == 200
+    searched = await client.get(
+        "/v1/search", headers=stack.headers("acme"), params={"q": "probe", "min_position": written.json()["position"]}
+    )
+    assert searched.status_code == 200 and searched.json()["results"]
     text = (await client.get("/metrics")).text
+    gauges = {
+        line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith("memstream_search_")
+    }
+    assert gauges["memstream_search_kept_memories"] >= 1 and gauges["memstream_search_kept_bytes"] > 0
+    assert gauges["memstream_search_kept_spaces"] >= 1 and gauges["memstream_search_cache_spaces"] >= 1
+    assert gauges["memstream_search_cache_rows_max"] == stack.settings.search_cache_rows
+    assert gauges["memstream_search_kept_memories_max"] == stack.settings.search_cache_vectors
     assert 'memstream_events_in_total{interface="api",type="MemoryAdded"}' in text
     events = stack.topics.events
     assert f'memstream_log_end_offset{{partition="0",topic="{events}"}}' in text
