@@ -21,8 +21,9 @@ Correctness:
   replayed table set starts its numbers again in other directories.
 
 Memory is bounded by ``max_rows`` memory rows and turns over all spaces; over it,
-every space gives up the same share of its oldest rows (:meth:`SearchCache._evict`). Entries are shared by threads: their dictionaries
-are only added to or looked up, and a half that moved is replaced, never cleared.
+every space gives up the same share of its oldest rows (:meth:`SearchCache._evict`).
+Entries are shared by threads: their dictionaries are only added to or looked up, and
+an entry that moved or was trimmed is replaced, never cleared.
 """
 
 from __future__ import annotations
@@ -86,8 +87,9 @@ SpaceKey = tuple[str, str, str, str]
 """(store directory, team, user, pinned agent or ""): what one cache entry belongs to."""
 
 CACHE_MAX_ROWS = SEARCH_CACHE_ROWS
-"""Memory rows and turns kept over every memory space together by default (about 1.5
-KB of Python objects each: about 45 MB; ``Settings.search_cache_rows``)."""
+"""Memory rows and turns kept over every memory space together by default (about 0.9
+KB of Python objects each, turns and memories together: about 27 MB;
+``Settings.search_cache_rows``)."""
 
 FACTS_MAX = 4096
 """Most memory spaces whose speakers and counts are kept (and entity names per space)."""
@@ -248,8 +250,8 @@ class SearchCache:
                 self._spaces.entries.move_to_end(key)
                 return now  # another search carried it meanwhile
             fresh = SpaceCache(key, memories_version, messages_version)
-            if now is not None and now is entry:
-                _carried(fresh, entry, scope, memories, messages)
+            if now is not None and entry is not None and now.current(entry.memories_version, entry.messages_version):
+                _carried(fresh, now, scope, memories, messages)  # ``now``: ``entry``, or it trimmed
             self._spaces.put(fresh)
             return fresh
 
