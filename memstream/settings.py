@@ -248,9 +248,9 @@ class Settings(BaseSettings):
     the current indexes of a table set are larger."""
     search_cache_rows: int = Field(default=SEARCH_CACHE_ROWS, ge=0)
     """Most memory rows and turns a serving process (API, MCP) keeps over every memory
-    space for conversation-aware ranking (about 1.4 KB a memory, less a turn); over
-    it, every space gives up the same share of its oldest rows. What it holds grows
-    with the spaces until this bound (docs/benchmarks.md, issue 23, sessions 20, 23)."""
+    space for conversation-aware ranking (about 0.9 KB each, memories and turns
+    together); the least recently searched spaces go first. What it holds grows with
+    the spaces until this bound (docs/benchmarks.md, issue 23, sessions 20 and 23)."""
     search_cache_vectors: int = Field(default=SEARCH_CACHE_VECTORS, ge=0)
     """Most memories whose vector, text and BM25 postings a serving process keeps over
     every space for the vector and lexical legs (about 1.7 KB each); the least recently

@@ -20,15 +20,13 @@ Correctness:
 * a version carries the table directory's identity (:func:`table_identity`): a
   replayed table set starts its numbers again in other directories.
 
-Memory is bounded by ``max_rows`` memory rows and turns over all spaces; over it,
-every space gives up the same share of its oldest rows (:meth:`SearchCache._evict`).
-Entries are shared by threads: their dictionaries are only added to or looked up, and
-an entry that moved or was trimmed is replaced, never cleared.
+Memory is bounded by ``max_rows`` memory rows and turns over all spaces; the least
+recently searched spaces go first. Entries are shared by threads: their dictionaries
+are only added to or looked up, and a half that moved is replaced, never cleared.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 from collections import OrderedDict
@@ -93,10 +91,6 @@ KB of Python objects each, turns and memories together: about 27 MB;
 
 FACTS_MAX = 4096
 """Most memory spaces whose speakers and counts are kept (and entity names per space)."""
-
-TRIM_TO = 0.9
-"""What share of ``max_rows`` a cache over its bound trims down to (a tenth of room, so
-that the copies a trim makes are paid once per that many rows filed)."""
 
 Version = tuple[int, int, int]
 """Which state of a table rows were read at: the table directory's device and inode
@@ -197,12 +191,6 @@ class _Registry:
         self.entries[entry.key] = entry
         self.entries.move_to_end(entry.key)
 
-    def replace(self, entry: SpaceCache) -> None:
-        """Put ``entry`` in the place of the space's entry, keeping its recency."""
-        old = self.entries[entry.key]
-        self.total += entry.size - old.size
-        self.entries[entry.key] = entry
-
     def drop(self, key: SpaceKey) -> None:
         old = self.entries.pop(key, None)
         if old is not None:
@@ -250,8 +238,8 @@ class SearchCache:
                 self._spaces.entries.move_to_end(key)
                 return now  # another search carried it meanwhile
             fresh = SpaceCache(key, memories_version, messages_version)
-            if now is not None and entry is not None and now.current(entry.memories_version, entry.messages_version):
-                _carried(fresh, now, scope, memories, messages)  # ``now``: ``entry``, or it trimmed
+            if now is not None and now is entry:
+                _carried(fresh, entry, scope, memories, messages)
             self._spaces.put(fresh)
             return fresh
 
@@ -322,7 +310,7 @@ class SearchCache:
             if sessions:
                 target.session_memories.update(sessions)
             self._spaces.total += target.size - before
-            self._evict()
+            self._evict(target)
 
     def add_turns(
         self,
@@ -354,7 +342,7 @@ class SearchCache:
                     target.turn_rows += len(read.turns)
                 target.session_turns[session] = read
             self._spaces.total += target.size - before
-            self._evict()
+            self._evict(target)
 
     def _filing_target(self, key: SpaceKey, table: str, version: Version) -> tuple[SpaceCache | None, SpaceChanges | None]:
         """The entry rows of ``table`` read at ``version`` may be filed in: the space's
@@ -375,20 +363,16 @@ class SearchCache:
             return None, None
         return now, changes.of(key[1], key[2]) or _UNTOUCHED
 
-    def _evict(self) -> None:
-        """Over the bound, every space gives up the same share of its oldest rows, down to
-        :data:`TRIM_TO` of the bound: a searched space is never read again whole (three
-        busy spaces over the bound each lost everything in turn and read it all again),
-        and a space no longer searched fades."""
-        if self._spaces.total <= self.max_rows:
-            return
-        share = 1.0 - TRIM_TO * self.max_rows / self._spaces.total
-        for entry in list(self._spaces.entries.values()):
-            trimmed = _trimmed(entry, share)
-            if trimmed.size:
-                self._spaces.replace(trimmed)
-            else:
-                self._spaces.drop(entry.key)
+    def _evict(self, keep: SpaceCache) -> None:
+        """Drop the least recently searched spaces until the rows fit; a space that alone
+        exceeds the bound starts over."""
+        if keep.size > self.max_rows:
+            self._spaces.drop(keep.key)
+        while self._spaces.total > self.max_rows:
+            oldest = next((k for k in self._spaces.entries if k != keep.key), None)
+            if oldest is None:
+                break
+            self._spaces.drop(oldest)
 
     def entry_of(self, root: str, scope: Scope) -> SpaceCache | None:
         """The space's current entry, if any (for tests and diagnostics)."""
@@ -510,25 +494,6 @@ def _carried(
                         added = [r for r in rows if r.get("session_id") == s]
                         fresh.session_memories[s] = SessionMemories([*kept, *added])  # type: ignore[list-item]
             fresh.memory_rows = len(fresh.memories)
-
-
-def _trimmed(entry: SpaceCache, share: float) -> SpaceCache:
-    """A copy of ``entry`` without the oldest ``share`` of its memory rows (and the
-    sessions they are in: a cached session's rows are cached), of its loose turns and
-    of its sessions' turns (the entry itself may still be read by searches under way)."""
-    fresh = SpaceCache(entry.key, entry.memories_version, entry.messages_version)
-    memories = list(entry.memories.items())
-    gone = memories[: math.ceil(len(memories) * share)]
-    stale = {row.get("session_id") for _, row in gone if row is not None}
-    fresh.memories = dict(memories[len(gone) :])
-    fresh.session_memories = {s: sm for s, sm in entry.session_memories.items() if s not in stale}
-    fresh.memory_rows = len(fresh.memories)
-    turns = list(entry.turns.items())
-    fresh.turns = dict(turns[math.ceil(len(turns) * share) :])
-    sessions = list(entry.session_turns.items())
-    fresh.session_turns = dict(sessions[math.ceil(len(sessions) * share) :])
-    fresh.turn_rows = len(fresh.turns) + sum(len(st.turns) for st in fresh.session_turns.values())
-    return fresh
 
 
 def _pinned(rows: pa.Table, pin: str | None) -> pa.Table:
