@@ -386,14 +386,16 @@ class SearchCache:
 
     def stats(self) -> dict[str, int]:
         """What the cache holds now and its bounds (for the serving process's metrics):
-        spaces and rows of the row cache; spaces, memories and bytes of the kept
-        vectors and text indexes."""
+        spaces and rows of the row cache, the tables' steps kept to carry it; spaces,
+        memories and bytes of the kept vectors and text indexes."""
         with self._lock:
             spaces, rows = len(self._spaces.entries), self._spaces.total
+            feeds = list(self._feeds.values())
         return {
             "spaces": spaces,
             "rows": rows,
             "rows_max": self.max_rows,
+            "change_steps": sum(f.kept_steps() for f in feeds),
             "kept_spaces": self.vectors.spaces(),
             "kept_memories": self.vectors.rows(),
             "kept_memories_max": self.vectors.max_rows,

@@ -176,6 +176,10 @@ class TableChanges:
         self._last: tuple[int, dict[int, Any]] | None = None
         """The fragments of the last version read (the next step starts from them)."""
 
+    def kept_steps(self) -> int:
+        """The steps kept (at most :data:`STEPS_KEPT`)."""
+        return len(self._steps)
+
     def between(self, begin: int, end: int, *, read: bool = True) -> Changes | None:
         """What versions ``begin + 1`` .. ``end`` changed (``None``: cannot be told;
         without ``read``, also when a step has not been read yet or another thread is

@@ -28,7 +28,10 @@ def test_rss_of_this_process_and_of_none() -> None:
 
 def test_the_sampler_reads_memory_and_the_search_cache_gauges() -> None:
     held = {"rows": 100, "kept_bytes": 3 * 2**20}
-    stats = {"spaces": 2, "rows_max": 30_000, "kept_spaces": 1, "kept_memories": 40, "kept_memories_max": 60_000}
+    stats = {
+        "spaces": 2, "rows_max": 30_000, "change_steps": 7, "kept_spaces": 1, "kept_memories": 40,
+        "kept_memories_max": 60_000,
+    }
     registry = CollectorRegistry()
     registry.register(SearchCacheCollector(lambda: {**stats, **held}))
     with socket.socket() as s:

@@ -317,6 +317,7 @@ async def test_health_metrics_and_unknown_routes(stack: Stack, client: httpx.Asy
     }
     assert gauges["memstream_search_kept_memories"] >= 1 and gauges["memstream_search_kept_bytes"] > 0
     assert gauges["memstream_search_kept_spaces"] >= 1 and gauges["memstream_search_cache_spaces"] >= 1
+    assert "memstream_search_change_steps" in gauges
     assert gauges["memstream_search_cache_rows_max"] == stack.settings.search_cache_rows
     assert gauges["memstream_search_kept_memories_max"] == stack.settings.search_cache_vectors
     assert 'memstream_events_in_total{interface="api",type="MemoryAdded"}' in text

@@ -214,6 +214,7 @@ def test_a_commit_in_one_space_leaves_another_spaces_sessions_cached(
     log.turns(eve, "s0", [8, 9])  # new versions of both tables, none of Ann's rows
     assert _search(log.store, ann, QUERIES[0]) == first
     assert reads == []  # carried: Ann's sessions are still cached
+    assert CACHE.stats()["change_steps"] >= 2  # each table's step, kept to carry by (the metrics' gauge)
     log.turns(ann, "s0", [0])  # Ann's session grows: brought forward with the rows written
     after = _search(log.store, ann, QUERIES[0])
     assert reads == []
