@@ -391,15 +391,16 @@ class SearchCache:
         with self._lock:
             spaces, rows = len(self._spaces.entries), self._spaces.total
             feeds = list(self._feeds.values())
+        kept_spaces, kept_memories, kept_bytes = self.vectors.held()
         return {
             "spaces": spaces,
             "rows": rows,
             "rows_max": self.max_rows,
             "change_steps": sum(f.kept_steps() for f in feeds),
-            "kept_spaces": self.vectors.spaces(),
-            "kept_memories": self.vectors.rows(),
+            "kept_spaces": kept_spaces,
+            "kept_memories": kept_memories,
             "kept_memories_max": self.vectors.max_rows,
-            "kept_bytes": self.vectors.nbytes(),
+            "kept_bytes": kept_bytes,
         }
 
     def clear(self) -> None:

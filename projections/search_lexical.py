@@ -149,7 +149,8 @@ class _TextRows:
         """The bytes of the postings, their order by term and the columns (not the
         vocabulary's Python objects)."""
         buffers = (self.lengths, self.rows, self.term_ids, self.counts)
-        postings = sum(b.nbytes for b in buffers) + self.by_term[1].nbytes + self.by_term[2].nbytes
+        _, order, sorted_terms = self.by_term  # one order: a sort may replace it meanwhile
+        postings = sum(b.nbytes for b in buffers) + order.nbytes + sorted_terms.nbytes
         return postings + sum(c.nbytes for c in self.columns)
 
 

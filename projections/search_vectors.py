@@ -188,15 +188,12 @@ class VectorCache:
         with self._lock:
             return self._total
 
-    def nbytes(self) -> int:
-        """The bytes of the kept spaces' storage (:attr:`SpaceVectors.nbytes`)."""
+    def held(self) -> tuple[int, int, int]:
+        """The spaces kept, their memories and their storage's bytes
+        (:attr:`SpaceVectors.nbytes`), at one moment."""
         with self._lock:
-            kept = list(self._spaces.values())
-        return sum(v.nbytes for v in kept)
-
-    def spaces(self) -> int:
-        with self._lock:
-            return len(self._spaces)
+            kept, total = list(self._spaces.values()), self._total
+        return len(kept), total, sum(v.nbytes for v in kept)
 
     def clear(self) -> None:
         with self._lock:
