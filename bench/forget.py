@@ -243,7 +243,7 @@ async def _run(settings: Settings, workdir: Path, n: int) -> dict[str, Any]:
         # the table files: clean once the readers' grace has passed and the worker's
         # maintenance dropped the versions that still held the rows
         cleaning = time.perf_counter()
-        while (file_hits := _file_hits(settings.lance_dir, needles)) and time.perf_counter() - cleaning < 180:
+        while (file_hits := _file_hits(settings.local_lance_dir, needles)) and time.perf_counter() - cleaning < 180:
             await asyncio.sleep(2)
         files_clean_s = time.perf_counter() - cleaning + max(visible_ms) / 1000
     finally:

@@ -369,7 +369,7 @@ def ingest(settings: Settings, conversations: Sequence[Conversation], workdir: P
 
         def positions() -> Mapping[tuple[str, int], int]:
             if not store_box:
-                if not (settings.lance_dir / "positions.lance").exists():
+                if not (settings.local_lance_dir / "positions.lance").exists():
                     return {}
                 store_box.append(LanceStore.from_settings(settings, read_consistency_interval=_ZERO))
             return store_box[0].positions()

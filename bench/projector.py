@@ -146,7 +146,7 @@ def measure_projector(settings: Settings, workdir: Path, n: int, *, repeat: int)
     final = lancedb.connect(str(run_settings.lance_dir)).open_table("memories").count_rows()
     if final != n:
         raise RuntimeError(f"the worker wrote {final} memories for {n} events")
-    shutil.rmtree(run_settings.lance_dir, ignore_errors=True)
+    shutil.rmtree(run_settings.local_lance_dir, ignore_errors=True)
     shutil.rmtree(run_settings.home, ignore_errors=True)
     busy = None if cpu is None or cpu_ready is None else cpu - cpu_ready
     if busy is not None and busy <= 0:

@@ -52,7 +52,7 @@ QUICK_EVENTS = 100_000
 
 def measure_replay(settings: Settings, n: int, *, repeat: int) -> dict[str, Any]:
     """One real replay of the whole log into a fresh directory (then removed)."""
-    base = settings.lance_dir.parent / f"replay-{repeat}"
+    base = settings.local_lance_dir.parent / f"replay-{repeat}"
     run_settings = settings.model_copy(update={"lance_dir": base / "lance"})
     try:
         with progress_bar() as bar:

@@ -158,7 +158,7 @@ async def _faults(settings: Settings, topics: Topics, workers: list[WorkerProces
     spaces = [Scope(team_id="fleet", user_id=f"agent{i}") for i in range(SPACES)]
     acked: dict[Scope, set[str]] = {s: set() for s in spaces}
     stop = asyncio.Event()
-    out = {"search_failures": 0, "cross_space_results": 0, "searches": 0, "misrouted": 0}
+    out: dict[str, Any] = {"search_failures": 0, "cross_space_results": 0, "searches": 0, "misrouted": 0}
     misrouted: list[MemoryAdded] = []
 
     async def load() -> None:

@@ -455,6 +455,14 @@ class Settings(BaseSettings):
         return isinstance(self.lance_dir, ObjectRoot)
 
     @property
+    def local_lance_dir(self) -> Path:
+        """``lance_dir`` where a command needs it on this machine's disk (a
+        ``ValueError`` names an object-store root)."""
+        if isinstance(self.lance_dir, ObjectRoot):
+            raise ValueError(f"this needs a local storage root, not {self.lance_dir}")
+        return self.lance_dir
+
+    @property
     def config_file(self) -> Path:
         """``<home>/config.env``: settings every command reads, from any directory."""
         return self.home / CONFIG_FILE

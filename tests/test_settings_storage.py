@@ -16,6 +16,12 @@ def test_a_relative_root_stays_a_local_path_under_home(tmp_path: Path) -> None:
     assert s.lance_dir == tmp_path / "tables" and not s.on_object_store
 
 
+def test_a_command_that_needs_local_files_gets_the_local_root_or_an_error_naming_the_bucket(tmp_path: Path) -> None:
+    assert Settings(home=tmp_path, lance_dir="tables").local_lance_dir == tmp_path / "tables"
+    with pytest.raises(ValueError, match="s3://bucket/prefix"):
+        Settings(lance_dir="s3://bucket/prefix").local_lance_dir
+
+
 def test_an_s3_root_carries_the_storage_options_lancedb_names() -> None:
     s = Settings(
         lance_dir="s3://bucket/some/prefix/",

@@ -88,7 +88,7 @@ def _parsed(model: type[BaseModel], content_type: str | None, body: bytes) -> Ba
 
 async def _read_body(receive: Receive) -> tuple[bytes, Message | None]:
     """The request's body, and the message that ended it early (a disconnect)."""
-    parts = []
+    parts: list[bytes] = []
     while True:
         message = await receive()
         if message["type"] != "http.request":

@@ -291,7 +291,9 @@ def register_projector(
 ) -> ProjectorRuntime:
     """Add the projector service and its maintenance timer to ``app``."""
     rt = runtime or ProjectorRuntime(settings, topics)
-    app.service(ProjectorService(app, rt))
+    # an instance: faust starts instances as they are (``on_init_extra_service``); only
+    # the decorator's annotation says a class
+    app.service(ProjectorService(app, rt))  # type: ignore[arg-type]
 
     async def maintenance() -> None:
         await rt.maintain()

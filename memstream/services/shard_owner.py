@@ -311,7 +311,9 @@ class GroupProjectorService(ProjectorService):
 def register_group_projector(app: "MemstreamApp", settings: Settings, topics: Topics) -> GroupRuntime:
     """Add the group projector service and its maintenance timer to ``app``."""
     rt = GroupRuntime(settings, topics)
-    app.service(GroupProjectorService(app, rt))
+    # an instance: faust starts instances as they are (``on_init_extra_service``); only
+    # the decorator's annotation says a class
+    app.service(GroupProjectorService(app, rt))  # type: ignore[arg-type]
 
     async def maintenance() -> None:
         await rt.maintain()
