@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from aiokafka import TopicPartition
@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "register_projector",
+    "add_projector",
     "ProjectorService",
     "feed_consumer",
     "projector_group",
@@ -291,12 +292,20 @@ def register_projector(
 ) -> ProjectorRuntime:
     """Add the projector service and its maintenance timer to ``app``."""
     rt = runtime or ProjectorRuntime(settings, topics)
+    add_projector(app, settings, ProjectorService(app, rt), rt.maintain)
+    return rt
+
+
+def add_projector(
+    app: "MemstreamApp", settings: Settings, service: Service, maintain: Callable[[], Awaitable[None]]
+) -> None:
+    """Add a projector ``service`` to ``app``, and the timer that runs its tables'
+    ``maintain`` every ``optimize_every_s``."""
     # an instance: faust starts instances as they are (``on_init_extra_service``); only
     # the decorator's annotation says a class
-    app.service(ProjectorService(app, rt))  # type: ignore[arg-type]
+    app.service(service)  # type: ignore[arg-type]
 
     async def maintenance() -> None:
-        await rt.maintain()
+        await maintain()
 
     app.timer(settings.optimize_every_s, name="memstream.lance-maintenance")(maintenance)
-    return rt

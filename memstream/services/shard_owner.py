@@ -41,7 +41,7 @@ from memstream.projections.dir_lock import DEFAULT_LEASE_TTL_S, LanceDirBusyErro
 from memstream.projections.embedder import build_embedder
 from memstream.projections.shards import shard_dir
 from memstream.services.projector_runtime import ProjectorRuntime
-from memstream.services.projector_service import ProjectorService, feed_consumer, projector_group
+from memstream.services.projector_service import ProjectorService, add_projector, feed_consumer, projector_group
 from memstream.services.shard_routing import open_projector, open_shards
 from memstream.settings import Settings
 from memstream.streams.connect import until_started
@@ -311,12 +311,5 @@ class GroupProjectorService(ProjectorService):
 def register_group_projector(app: "MemstreamApp", settings: Settings, topics: Topics) -> GroupRuntime:
     """Add the group projector service and its maintenance timer to ``app``."""
     rt = GroupRuntime(settings, topics)
-    # an instance: faust starts instances as they are (``on_init_extra_service``); only
-    # the decorator's annotation says a class
-    app.service(GroupProjectorService(app, rt))  # type: ignore[arg-type]
-
-    async def maintenance() -> None:
-        await rt.maintain()
-
-    app.timer(settings.optimize_every_s, name="memstream.lance-maintenance")(maintenance)
+    add_projector(app, settings, GroupProjectorService(app, rt), rt.maintain)
     return rt
