@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from memstream.projections.schema import POSITIONS, TABLE_NAMES
 from memstream.projections.store_maintenance import compact_and_reindex
 
-__all__ = ["SCOPED_TABLES", "subject_where", "delete_subject", "shred_deleted_rows", "drop_old_versions"]
+__all__ = ["SCOPED_TABLES", "subject_where", "before_where", "delete_subject", "shred_deleted_rows", "drop_old_versions"]
 
 SCOPED_TABLES: tuple[str, ...] = tuple(name for name in TABLE_NAMES if name != POSITIONS)
 """Every table whose rows belong to one memory space (all but the positions)."""
@@ -39,9 +39,22 @@ def subject_where(team_id: str, user_id: str | None = None) -> str:
     return where if user_id is None else f"{where} AND user_id = {_quote(user_id)}"
 
 
-def delete_subject(store: Tables, team_id: str, user_id: str | None = None) -> dict[str, int]:
-    """Delete the subject's rows from every scoped table; rows deleted per table."""
+def before_where(topic: str, partition: int, offset: int) -> str:
+    """The rows last written from ``topic``'s ``partition`` below ``offset``: what a
+    forget at that position covers. A forget is written to every topic the projector
+    folds (the space's partition of each), so each marker covers its own topic's rows
+    and a write after it, in any topic, is never covered."""
+    return f"log_topic = {_quote(topic)} AND log_partition = {int(partition)} AND log_offset < {int(offset)}"
+
+
+def delete_subject(
+    store: Tables, team_id: str, user_id: str | None = None, before: tuple[str, int, int] | None = None
+) -> dict[str, int]:
+    """Delete the subject's rows from every scoped table (with ``before``, a forget's
+    (topic, partition, offset): only the rows it covers); rows deleted per table."""
     where = subject_where(team_id, user_id)
+    if before is not None:
+        where = f"{where} AND {before_where(*before)}"
     deleted: dict[str, int] = {}
     for name in SCOPED_TABLES:
         tbl = store.table(name)

@@ -71,8 +71,6 @@ class Plan:
     turn_owners: dict[str, str] = field(default_factory=dict)
     """The same for turns (message ids): pk -> the agent of the batch's first turn."""
     turn_events: dict[str, PositionedEvent] = field(default_factory=dict)
-    forgotten: list[tuple[str, str | None]] = field(default_factory=list)
-    """(team, user or None for the whole team) of the batch's ``SubjectForgotten``."""
 
 
 class PlanWriter:

@@ -119,7 +119,6 @@ class Projector:
             DecisionRecorded: self._on_decision,
             DecisionExpired: self._on_expired,
             OutcomeObserved: lambda pe, plan: None,
-            SubjectForgotten: self._on_forgotten,
         }
 
     # ------------------------------------------------------------------ positions
@@ -171,18 +170,25 @@ class Projector:
             plan.ahead = {k: v for k in fresh if (v := self._ahead.pop(k, None)) is not None}
             for pe in batch:  # skipped ones too: nothing of this batch stays behind
                 self._ahead.pop(_pos_key(pe), None)
+        forgot = False
         for key in sorted(fresh):
             item = fresh[key]
+            if not isinstance(item, int) and isinstance(item.event, SubjectForgotten):
+                # A forget covers exactly what precedes it: the plan so far is written
+                # first, and what follows it in the batch goes to a fresh plan.
+                self._write_plan(plan, result)
+                self._forget(item)
+                plan = Plan(fast_source=memories, ahead=plan.ahead)
+                forgot = True
+                continue
             # Most of a batch is fast-path memories: filed without the general dispatch.
             refused = self._on_fast_memory(item, plan) if isinstance(item, int) else self._file(item, plan)
             if refused is not None:
                 result.failed.append(refused)
-        result.failed.extend(self._refuse_taken_ids(plan))
+        self._write_plan(plan, result)
         result.applied = len(fresh) - len(result.failed)
-
-        self._embed_missing(plan)
-        self._writer.write(plan)
-        self._forget(plan)
+        if forgot:
+            self._shred()
 
         next_offsets: dict[tuple[str, int], int] = {}
         for topic, partition, offset in fresh:
@@ -195,21 +201,30 @@ class Projector:
         )
         return result
 
+    def _write_plan(self, plan: Plan, result: ApplyResult) -> None:
+        result.failed.extend(self._refuse_taken_ids(plan))
+        self._embed_missing(plan)
+        self._writer.write(plan)
+
     # ------------------------------------------------------------------ forgetting
-    def _on_forgotten(self, pe: PositionedEvent, plan: Plan) -> None:
+    def _forget(self, pe: PositionedEvent) -> None:
+        """Delete the rows a ``SubjectForgotten`` covers: its space's (or team's) rows
+        last written from its own topic and partition below its offset. The forget
+        command writes one to each topic the projector folds, so a write after it, in
+        any topic and any batch, survives; applied again after a crash it deletes
+        the same rows (positions move only once the whole batch is written)."""
         e = pe.event
         assert isinstance(e, SubjectForgotten)
-        plan.forgotten.append((e.scope.team_id, None if e.whole_team else e.scope.user_id))
+        p = pe.position
+        delete_subject(
+            self.store, e.scope.team_id, None if e.whole_team else e.scope.user_id, before=(p.topic, p.partition, p.offset)
+        )
 
-    def _forget(self, plan: Plan) -> None:
-        """Delete forgotten subjects after the batch's writes (rows of the batch that came
-        before the event included), down to the files, before the positions move past
-        it: a crash in between repeats it."""
-        for team, user in plan.forgotten:
-            delete_subject(self.store, team, user)
-        if plan.forgotten:
-            shred_deleted_rows(self.store, grace=self.reader_grace)
-            self.shred_due = time.monotonic() + self.reader_grace.total_seconds()
+    def _shred(self) -> None:
+        """Down to the files: fragments with deletions are rewritten and older versions
+        dropped, now for those older than the readers' grace and later for the rest."""
+        shred_deleted_rows(self.store, grace=self.reader_grace)
+        self.shred_due = time.monotonic() + self.reader_grace.total_seconds()
 
     def finish_shredding(self) -> bool:
         """Once the readers' grace after a forget has passed, drop the versions that

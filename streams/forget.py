@@ -1,9 +1,10 @@
 """``memstream forget``: forget one user's memory space, or every space of a team.
 
-Order matters for convergence. First a ``SubjectForgotten`` per space goes to the
-events topic (unsealed, signed by the worker key, in the space's partition, so after
-every earlier event of the space): the projector deletes the space's rows when it
-reaches it and drops the keys it names at once. Then the keys are tombstoned in
+Order matters for convergence. First a ``SubjectForgotten`` per space goes to each
+topic the projector folds, events and messages (unsealed, signed by the worker key, in
+the space's partition, so after every earlier record of the space there): the
+projector deletes the rows each one covers when it reaches it (those written from its
+topic before it; a write after it survives) and drops the keys it names at once. Then the keys are tombstoned in
 ``memstream.keys``. A run killed between the two is repeated with the same command
 (the keys are still there); once they are gone there is nothing left to do, and a
 second run says so.
@@ -77,10 +78,11 @@ async def forget(settings: Settings, team_id: str, user_id: str | None = None) -
         try:
             for event in forgotten_events(keys, subjects, whole_team=user_id is None):
                 rec = encode_event(event)
-                md = await producer.send_and_wait(
-                    topics.events, rec.value, key=rec.key, headers=signed_headers(signer, rec.value, rec.headers)
-                )
-                report.positions.append(LogPosition(topic=md.topic, partition=md.partition, offset=md.offset))
+                for topic in (topics.events, topics.messages):
+                    md = await producer.send_and_wait(
+                        topic, rec.value, key=rec.key, headers=signed_headers(signer, rec.value, rec.headers)
+                    )
+                    report.positions.append(LogPosition(topic=md.topic, partition=md.partition, offset=md.offset))
         finally:
             await producer.stop()
         report.forgotten = await keys.forget(team_id, user_id)

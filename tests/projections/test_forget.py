@@ -85,3 +85,21 @@ def test_the_projector_deletes_a_subject_when_it_reaches_its_subject_forgotten(
     assert _rows(store, BOB) == before_bob
     assert not _files_holding(tmp_path / "lance", f"{canary}-aliceacme".encode())
     assert projector.positions()[("test.events", 0)] == 102
+
+
+def test_a_forget_covers_what_precedes_it_in_its_topic_and_nothing_after(store: LanceStore, projector: Projector) -> None:
+    projector.reader_grace = NO_READERS
+    events = positioned([
+        memory(ALICE, "before", "written before the forget"),
+        SubjectForgotten(scope=ALICE, key_ids=("ab" * 16,)),
+        memory(ALICE, "after", "written after the forget, same batch"),
+    ])
+    turns = positioned([
+        MessageObserved(scope=ALICE, message_id="t-before", content="said before"),
+        SubjectForgotten(scope=ALICE, key_ids=("ab" * 16,)),
+        MessageObserved(scope=ALICE, message_id="t-after", content="said after"),
+    ], topic="test.messages")
+    projector.apply(events + turns)
+    rows = _rows(store, ALICE)
+    assert [r["memory_id"] for r in rows["memories"]] == ["after"]
+    assert [r["message_id"] for r in rows["messages"]] == ["t-after"]

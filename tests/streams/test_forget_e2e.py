@@ -208,3 +208,41 @@ async def test_forget_under_concurrent_writers_leaves_nothing_and_loses_no_other
     records = await _raw_records(settings, fresh_topics, extra=state)
     assert len([r for r in records if b"d0" in r or b"#" in r]) >= 3  # the reflector's state is scanned too
     assert not [r for r in records if f"{canary}alice".encode() in r]
+
+
+def _reached(settings, positions) -> bool:  # type: ignore[no-untyped-def]
+    try:
+        stored = _store(settings).positions()
+    except StoreError:
+        return False
+    return all(stored.get((p.topic, p.partition), 0) > p.offset for p in positions)
+
+
+async def test_a_write_after_a_forget_survives_a_worker_started_after_both(
+    fresh_topics: Topics, settings_for, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Worker stopped; forget; a new memory and turn of the same subject; worker started:
+    the forget deletes what came before it and nothing after it, in either topic."""
+    settings = settings_for(fresh_topics, embedder="local", embedding_dim=32, sealing=True, reader_grace_s=1.0)
+    canary = f"zq{uuid.uuid4().hex[:10]}"
+    old = [MemoryAdded(scope=ALICE, memory_id="m-old", content=f"{canary} old fact"),
+           MessageObserved(scope=ALICE, message_id="t-old", content=f"{canary} old turn")]
+    worker = WorkerProcess(settings, tmp_path / "worker", agents=["projector", "sealer"])
+    async with MemstreamProducer(settings) as producer:
+        await producer.send_many(old)
+    worker.start()
+    try:
+        await _until(lambda: _count(settings, ALICE) >= 2, "the old life projected")
+        worker.kill()
+        report = await forget(settings, "acme", "alice")
+        assert {p.topic for p in report.positions} == {fresh_topics.events, fresh_topics.messages}
+        new = [MemoryAdded(scope=ALICE, memory_id="m-new", content="a new life", source_message_ids=("t-new",)),
+               MessageObserved(scope=ALICE, message_id="t-new", content="hello again")]
+        async with MemstreamProducer(settings) as producer:
+            written = await producer.send_many(new)
+        worker.start()
+        await _until(lambda: _reached(settings, written), "the projector past the new writes")
+        rows = _rows(_store(settings), ALICE)
+        assert {r.get("memory_id") or r.get("message_id") for k, r in rows.items() if k.split("/")[0] in ("memories", "messages")} == {"m-new", "t-new"}
+    finally:
+        worker.stop()
