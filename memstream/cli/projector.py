@@ -32,7 +32,9 @@ REPLAY_HELP = (
     "Rebuild every table from offset 0 into a new table set, catch up with the running worker, "
     "verify, and swap it in atomically.\n\nRuns while `memstream up` serves: the worker keeps "
     "projecting and searches keep answering; the worker pauses only for the final catch-up. "
-    "--dry-run builds and compares, then removes the new set (as does Ctrl-C)."
+    "--dry-run builds and compares, then removes the new set (as does Ctrl-C). A new set that "
+    "differs from the live one at the same log positions (something the log does not explain) is "
+    "listed by memory space and not swapped in (exit 1) unless --force."
 )
 
 
@@ -64,7 +66,12 @@ def replay(
     ] = False,
     force: Annotated[
         bool,
-        typer.Option("--force", hidden=True, help="Kept for compatibility: a running worker is handed over."),
+        typer.Option(
+            "--force",
+            help="Swap in the new set even when it differs from the live set at the same log positions "
+            "(the differences are still listed by memory space; exit 0 once swapped). Without it such a "
+            "replay swaps nothing in and exits 1.",
+        ),
     ] = False,
     batch_size: Annotated[
         int, typer.Option("--batch-size", min=1, help="Records per projector batch.")
@@ -122,7 +129,18 @@ def replay(
                 "differs" if same_count else "counts differ",
             )
         _console.print(table)
+    if report.diverged:
+        spaces = Table(title="differs from live at the same log positions", show_lines=False)
+        for col in ("team", "user", "table"):
+            spaces.add_column(col)
+        spaces.add_column("live rows", justify="right")
+        spaces.add_column("replay rows", justify="right")
+        for diff in report.diverged:
+            spaces.add_row(diff.team_id, diff.user_id, diff.table, str(diff.live_rows), str(diff.replay_rows))
+        _console.print(spaces)
     _console.print(report.summary(), highlight=False, soft_wrap=True)
+    if not report.ok:
+        raise typer.Exit(1)
 
 
 async def _until_ctrl_c(work: Any) -> Any:

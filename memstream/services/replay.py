@@ -23,8 +23,13 @@ How (``memstream replay``; table sets and the hand-over in
 4. verify: every stored position reached the snapshot's end offset (and the live
    set's positions), every record read was applied, skipped, dead-lettered or found
    misrouted; digests (row count and content hashes per table) of the new and the live
-   set are compared and every difference is reported (with equal positions, a
-   difference is a projection bug: logged as such).
+   set are compared and every difference is reported. The log explains a difference
+   only where the two sets stand at different positions, so the new set is also
+   compared with the live one at the same positions (after the exact catch-up with a
+   worker running; without one, when the build reaches the live set's positions,
+   before it reads on): a difference there is reported by memory space and the set
+   is *not* swapped in (exit non-zero) unless ``force``, which swaps it in anyway
+   (the operator trusts the fold over the live set, e.g. after a projector fix).
 
 Readers follow ``CURRENT`` (each search runs on one set, whole); the replaced set is
 kept until the next replay, which deletes it. ``--dry-run`` builds and compares, then
@@ -50,6 +55,7 @@ from memstream.projections.store import StoreError
 from memstream.projections.table_sets import TableSets
 from memstream.services import shard_routing
 from memstream.services.projector_runtime import apply_decoded
+from memstream.services.replay_diff import space_differences, space_digests
 from memstream.services.replay_report import ReplayProgress, ReplayReport
 from memstream.settings import Settings
 from memstream.streams.admin import topic_partitions
@@ -295,10 +301,10 @@ async def replay(
     is paused only for the last catch-up and the switch (it then writes into the new
     set); without one, the replay holds the root's lock so none starts meanwhile.
     The built set is removed whenever it is not swapped in (``dry_run``, an error,
-    Ctrl-C). ``force`` is accepted for compatibility and changes nothing. Raises
-    :class:`ReplayError` with one readable line.
+    Ctrl-C, a divergence from live without ``force``). ``force`` swaps in a set that
+    diverges from live at the same positions (``report.diverged`` still lists where).
+    Raises :class:`ReplayError` with one readable line.
     """
-    del force
     if batch_size < 1:
         raise ReplayError("batch size must be at least 1")
     sets = TableSets(settings.lance_dir)
@@ -318,7 +324,7 @@ async def replay(
                 worker_running = True
                 _refuse_group_workers(sets.root)
         sets.cleanup()  # sets of earlier replays nobody reads any more (killed ones too)
-        report = ReplayReport(live_dir=sets.current(), replay_dir=sets.new_set(name), dry_run=dry_run)
+        report = ReplayReport(live_dir=sets.current(), replay_dir=sets.new_set(name), dry_run=dry_run, forced=force)
         try:
             await _replay(
                 settings, sets, report, name, worker_running=worker_running,
@@ -443,6 +449,11 @@ async def _replay(
         ends = await build.consumer.end_offsets(build.partitions)
         report.end_offsets = {(tp.topic, tp.partition): ends[tp] for tp in build.partitions}
         report.expected_records = sum(ends[tp] - begins[tp] for tp in build.partitions)
+        cut = None if worker_running else _cut(handled, ends)
+        if cut is not None:  # the live set stands inside the log: compare there first
+            await build.feed(begins, cut)
+            await loop.run_in_executor(build._opener, _compare_at, build, report, live_dir, settings, handled)
+            begins = cut
         await build.feed(begins, ends)
         if worker_running:
             await _catch_up(build, live_dir, settings)
@@ -451,14 +462,15 @@ async def _replay(
                 await _await_pause(sets, request.id)
                 await _catch_up(build, live_dir, settings, rounds=1)  # the worker is paused: exact
                 await _finish(build, report, live_dir, settings, on_phase, loop)
-                on_phase(PHASE_SWAP)
-                sets.point_to(name)
-                report.swapped = True
+                if report.swappable:
+                    on_phase(PHASE_SWAP)
+                    sets.point_to(name)
+                    report.swapped = True
             finally:
                 sets.withdraw(request)
         else:
             await _finish(build, report, live_dir, settings, on_phase, loop)
-            if not report.dry_run:
+            if not report.dry_run and report.swappable:
                 on_phase(PHASE_SWAP)
                 sets.point_to(name)
                 report.swapped = True
@@ -467,6 +479,24 @@ async def _replay(
     finally:
         await build.close()
         report.elapsed_s = time.monotonic() - build.started
+
+
+def _cut(handled: Mapping[tuple[str, int], int], ends: Mapping[TopicPartition, int]) -> dict[TopicPartition, int] | None:
+    """The live set's positions, when it has some and stands before the snapshot's end."""
+    if not handled:
+        return None
+    cut = {tp: min(end, handled.get((tp.topic, tp.partition), 0)) for tp, end in ends.items()}
+    return cut if cut != dict(ends) else None
+
+
+def _compare_at(build: _Build, report: ReplayReport, live_dir: Path, settings: Settings,
+                handled: Mapping[tuple[str, int], int]) -> None:
+    """Compare the new set with the live one, both at the live positions ``handled``
+    (if the live set moved meanwhile, a dry run beside a worker, nothing is compared)."""
+    if _live_positions(live_dir, settings) != dict(handled):
+        return
+    report.compared = True
+    report.diverged = space_differences(space_digests(_open_live(live_dir, settings)), space_digests(build.store))
 
 
 async def _catch_up(build: _Build, live_dir: Path, settings: Settings, rounds: int = CATCH_UP_ROUNDS) -> None:
@@ -519,16 +549,22 @@ async def _finish(
 
     await loop.run_in_executor(build._opener, finish)
     _verify(report)
-    if report.differences and report.live_positions is not None:
+    if report.live_positions is not None and not report.compared:
         same = all(report.positions.get(k, 0) == v for k, v in report.live_positions.items()) and all(
             report.live_positions.get(k, 0) == v for k, v in report.positions.items()
         )
         if same:
-            log.warning(
-                "the live set covers exactly the replayed offsets yet differs in %s: "
-                "the live projection diverged from the log",
-                ", ".join(d.table for d in report.differences),
-            )
+            report.compared = True
+            if report.differences:
+                live = _open_live(live_dir, settings)
+                report.diverged = await loop.run_in_executor(
+                    build._opener, lambda: space_differences(space_digests(live), space_digests(store))
+                )
+    if report.diverged:
+        log.warning(
+            "the replay differs from the live set at the same log positions in %d table(s) of memory spaces%s",
+            len(report.diverged), "; swapping it in as forced" if report.forced else "; not swapped",
+        )
 
 
 def _open_live(path: Path, settings: Settings) -> Any:

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from memstream.services.replay_diff import SpaceDiff
+
 __all__ = ["ReplayProgress", "ReplayReport", "RichProgress", "TableDiff"]
 
 
@@ -55,6 +57,21 @@ class ReplayReport:
     live_digest: dict[str, tuple[int, str]] | None = None
     live_positions: dict[tuple[str, int], int] | None = None
     elapsed_s: float = 0.0
+    forced: bool = False
+    """``--force``: swap in even a set that diverges from live (``diverged``)."""
+    compared: bool = False
+    """Whether the new set was compared with the live one at the same positions."""
+    diverged: list[SpaceDiff] = field(default_factory=list)
+    """Where the two differ at the same positions: what the log does not explain."""
+
+    @property
+    def swappable(self) -> bool:
+        return not self.diverged or self.forced
+
+    @property
+    def ok(self) -> bool:
+        """What the exit code says: no divergence from live, or one swapped in by force."""
+        return not self.diverged or (self.forced and self.swapped)
 
     @property
     def differences(self) -> list[TableDiff]:
@@ -91,11 +108,17 @@ class ReplayReport:
                 parts.append(f"{d.table} {live}->{new}")
             compare = "differs from live: " + ", ".join(parts)
         dead = self.dead_decode + self.dead_project
-        action = (
-            f"swapped in (the replaced set {self.old_dir} is removed by the next replay)"
-            if self.swapped
-            else "dry run, new set removed"
-        )
+        if self.diverged:
+            where = ", ".join(str(d) for d in self.diverged[:8]) + (", ..." if len(self.diverged) > 8 else "")
+            compare += f"; DIVERGES from live at the same positions: {where}"
+        if self.swapped:
+            action = ("FORCED: " if self.diverged else "") + (
+                f"swapped in (the replaced set {self.old_dir} is removed by the next replay)"
+            )
+        elif self.dry_run:
+            action = "dry run, new set removed"
+        else:
+            action = "NOT swapped in, new set removed (`--force` swaps a diverging set in)"
         return (
             f"replayed {self.records} records in {self.elapsed_s:.1f}s ({self.rate:.0f}/s): "
             f"{self.applied} applied, {dead} dead letters"

@@ -197,3 +197,31 @@ async def test_cli_replay_prints_one_summary_line(
     lines = [line for line in done.stdout.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("replayed 11 records")
     assert "1 dead letters" in lines[0] and "dry run" in lines[0]
+
+
+async def test_a_replay_that_diverges_from_live_is_listed_by_space_and_never_swapped_silently(
+    fresh_topics: Topics, settings_for, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    settings = settings_for(fresh_topics, lance_dir=tmp_path / "lance")
+    sets = TableSets(settings.lance_dir)
+    await produce_log(settings, 0, 10)
+    built = await replay(settings, now=clock(1))
+    assert built.swapped and not built.diverged
+    # The live set loses rows the log still holds (as a forget applied out of order did).
+    LanceStore.from_settings(settings, sets.current()).table("memories").delete("user_id = 'alice' AND memory_id IN ('mem3', 'mem4')")
+    await produce_log(settings, 10, 2)  # the live set now also lags: that part the log explains
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "memstream", "replay", "--no-progress", *args], cwd=tmp_path,
+                              env=child_env(settings), capture_output=True, text=True, timeout=180)
+
+    refused = cli()
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "acme/alice memories 8->10" in refused.stdout and "NOT swapped" in refused.stdout
+    assert "bob" not in refused.stdout.split("DIVERGES")[1]  # bob's space matches: only alice's is listed
+    assert sets.current_name() == built.replay_dir.name
+    forced = cli("--force")
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    assert "FORCED: swapped in" in forced.stdout and sets.current_name() != built.replay_dir.name
+    memories = LanceStore.from_settings(settings, sets.current()).get_memories(ALICE, ["mem3", "mem11"])
+    assert sorted(m["memory_id"] for m in memories) == ["mem11", "mem3"]
