@@ -10,12 +10,15 @@ lose what the worker wrote meanwhile. Layout::
       <table>.lance             the first set, before any replay ("legacy" set: the root)
       CURRENT                   name of the current set, replaced atomically (os.replace)
       PREVIOUS                  the set CURRENT replaced (kept for readers still on it)
+      PREVIOUS.at               when it was replaced (epoch seconds)
       sets/<name>/              a set built by a replay
       swap.request / swap.paused  the hand-over (see below)
 
 Readers resolve the current set when they open and follow a change through
-:class:`CurrentStore` (a ``stat`` per use); a set they may still be reading is only
-deleted by the *next* replay. Hand-over with a running worker (which holds the
+:class:`CurrentStore` (a ``stat`` per use); the replaced set is removed by the worker
+once the readers' grace has passed since the switch (:meth:`TableSets.retire_previous`),
+or by the next replay: a forget applied to the current set leaves no copy of the
+subject in a set nobody serves any more. Hand-over with a running worker (which holds the
 root's :class:`~memstream.services.projector_service.LanceDirLock`): the replay writes
 ``swap.request`` (id, target set, its pid); the worker finishes the write in flight,
 stops applying and answers ``swap.paused`` with the same id; the replay catches the
@@ -33,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +49,7 @@ __all__ = ["TableSets", "SwapRequest", "CurrentStore", "pid_alive"]
 
 _CURRENT = "CURRENT"
 _PREVIOUS = "PREVIOUS"
+_PREVIOUS_AT = "PREVIOUS.at"
 _SETS = "sets"
 _REQUEST = "swap.request"
 _PAUSED = "swap.paused"
@@ -116,8 +121,37 @@ class TableSets:
     def point_to(self, name: str) -> None:
         """Make ``name`` current in one atomic rename; the replaced set is recorded."""
         old = self.current_name()
+        _write_atomically(self.root / _PREVIOUS_AT, f"{time.time():.3f}")
         _write_atomically(self.root / _PREVIOUS, old or "")
         _write_atomically(self.root / _CURRENT, name)
+
+    def retire_previous(self, grace_s: float, now: float | None = None) -> str | None:
+        """Remove the set ``CURRENT`` replaced once ``grace_s`` has passed since the
+        switch (readers still on it have moved on by then): a copy nobody serves must
+        not keep a forgotten subject. Returns what was removed, if anything."""
+        at = _read(self.root / _PREVIOUS_AT)
+        current = self.current_name()
+        if at is None or current is None:
+            return None
+        try:
+            due = float(at) + grace_s
+        except ValueError:
+            due = 0.0
+        if (time.time() if now is None else now) < due:
+            return None
+        previous = _read(self.root / _PREVIOUS) or None
+        if previous == current:
+            removed = None
+        elif previous is None:  # the root's own (legacy) tables
+            for table in self.root.glob("*.lance"):
+                remove_tree(table)
+            removed = "(root tables)"
+        else:
+            remove_tree(self.path_of(previous))
+            removed = previous
+        (self.root / _PREVIOUS).unlink(missing_ok=True)
+        (self.root / _PREVIOUS_AT).unlink(missing_ok=True)
+        return removed
 
     def remove_set(self, name: str) -> None:
         remove_tree(self.path_of(name))

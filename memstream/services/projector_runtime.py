@@ -352,6 +352,13 @@ class ProjectorRuntime:
         projector = self.projector
         if hasattr(projector, "finish_shredding"):
             projector.finish_shredding()
+        try:
+            retired = self.sets.retire_previous(self.settings.reader_grace_s)
+        except OSError as exc:  # a maintenance task: the next round tries again
+            log.warning("removing the replaced table set failed (will retry): %s", exc)
+            return
+        if retired:
+            log.info("the table set a replay replaced is removed (%s)", retired)
 
     def _maintain_beside_writer(self, cleanup: bool, indexes: bool = True) -> None:
         started = time.monotonic()

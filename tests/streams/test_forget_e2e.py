@@ -246,3 +246,30 @@ async def test_a_write_after_a_forget_survives_a_worker_started_after_both(
         assert {r.get("memory_id") or r.get("message_id") for k, r in rows.items() if k.split("/")[0] in ("memories", "messages")} == {"m-new", "t-new"}
     finally:
         worker.stop()
+
+
+async def test_a_forget_after_a_replay_leaves_no_copy_in_the_replaced_set(
+    fresh_topics: Topics, settings_for, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    settings = settings_for(
+        fresh_topics, embedder="local", embedding_dim=32, optimize_every_s=1.0, sealing=True, reader_grace_s=2.0,
+        lance_dir=tmp_path / "lance",
+    )
+    canary = f"zq{uuid.uuid4().hex[:10]}"
+    async with MemstreamProducer(settings) as producer:
+        await producer.send_many([MemoryAdded(scope=s, memory_id=f"m{i}", content=f"{canary}{s.user_id} fact {i}")
+                                  for s in (ALICE, BOB) for i in range(5)])
+    worker = WorkerProcess(settings, tmp_path / "worker", agents=["projector", "sealer"])
+    worker.start()
+    try:
+        await _until(lambda: _count(settings, ALICE) >= 5 and _count(settings, BOB) >= 5, "projection")
+        replaced = TableSets(settings.lance_dir).current()
+        result = await replay(settings)  # beside the running worker: the old set is kept for its readers
+        assert result.swapped and replaced != TableSets(settings.lance_dir).current()
+        await forget(settings, "acme", "alice")
+        await _until(lambda: _count(settings, ALICE) == 0, "alice's rows gone")
+        await _until(lambda: not _files_holding(tmp_path / "lance", f"{canary}alice".encode()), "alice's bytes gone everywhere", 60)
+        assert not Path(replaced).exists() or not any(Path(replaced).glob("*.lance"))
+        assert _files_holding(tmp_path / "lance", f"{canary}bob".encode())
+    finally:
+        worker.stop()
