@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import typer
 from rich.console import Console
 
 from memstream.cli._errors import CLIError
 from memstream.sealing import MasterKeyError
-from memstream.settings import get_settings
+from memstream.domain.log import LogPosition
+from memstream.services.forget_progress import ForgetProgress, forget_positions, progress, wait_applied
+from memstream.settings import Settings, get_settings
 from memstream.streams.forget import forget
 from memstream.streams.reseal import ResealError, reseal
 
@@ -32,28 +35,81 @@ def reseal_command() -> None:
     console.print(f"resealed: {total} plaintext records sealed ({', '.join(f'{t} {n}' for t, n in counts.items())})")
 
 
+forget_app = typer.Typer(help="Forget a person or a team (crypto-shredding); `forget status` says where a forget stands.")
+
+
+@forget_app.callback(invoke_without_command=True)
 def forget_command(
-    team: str = typer.Option(..., "--team", help="The team to forget, or whose user to forget."),
+    ctx: typer.Context,
+    team: str = typer.Option(None, "--team", help="The team to forget, or whose user to forget."),
     user: str = typer.Option(None, "--user", help="Forget this user only (default: every user of the team)."),
     yes: bool = typer.Option(False, "--yes", help="Do not ask for confirmation."),
+    wait: bool = typer.Option(False, "--wait", help="Return once every shard's projections applied the forget (exit 1 if not within --timeout)."),
+    timeout: float = typer.Option(120.0, "--timeout", min=0, help="With --wait: seconds to wait."),
 ) -> None:
     """Forget a person (one user's memory space) or a whole team: their keys are
     destroyed, so what the log holds of them can never be read again, and every
     projection deletes their rows (docs/security.md). This cannot be undone."""
-    if not team.strip() or (user is not None and not user.strip()):
-        raise CLIError("--team (and --user, when given) must not be empty")
+    if ctx.invoked_subcommand is not None:
+        return
+    team, user = _subject(team, user)
     what = f"team {team!r}" + (f" user {user!r}" if user is not None else " and every user of it")
     if not yes and not typer.confirm(f"Forget {what}? This cannot be undone", default=False):
         raise typer.Abort()
+    settings = get_settings()
     try:
-        report = asyncio.run(forget(get_settings(), team, user))
+        report = asyncio.run(forget(settings, team, user))
     except MasterKeyError as exc:
         raise CLIError(str(exc)) from None
     console.print(report.summary(), markup=False, highlight=False)
     if not report.forgotten and not report.already_forgotten:
         raise typer.Exit(2)
+    if wait and report.positions:
+        _wait(settings, report.positions, timeout)
+
+
+@forget_app.command("status")
+def forget_status(
+    team: str = typer.Option(None, "--team", help="The team forgotten, or whose user was."),
+    user: str = typer.Option(None, "--user", help="The user (default: every user of the team)."),
+    wait: bool = typer.Option(False, "--wait", help="Wait until the projections applied it (exit 1 if not within --timeout)."),
+    timeout: float = typer.Option(120.0, "--timeout", min=0, help="With --wait: seconds to wait."),
+) -> None:
+    """Where the latest forget of a subject stands: its records in the log, and whether the projections have applied them (exit 1 while they have not, 2 if there is none)."""
+    team, user = _subject(team, user)
+    settings = get_settings()
+    positions = asyncio.run(forget_positions(settings, team, user))
+    if not positions:
+        console.print("no forget of this subject is in the log", markup=False, highlight=False)
+        raise typer.Exit(2)
+    console.print("forget records: " + ", ".join(str(p) for p in positions), markup=False, highlight=False)
+    if wait:
+        _wait(settings, positions, timeout)
+        return
+    state = asyncio.run(progress(settings, positions))
+    console.print(state.line(), markup=False, highlight=False)
+    if not state.applied:
+        raise typer.Exit(1)
+
+
+def _subject(team: str | None, user: str | None) -> tuple[str, str | None]:
+    if team is None or not team.strip() or (user is not None and not user.strip()):
+        raise CLIError("--team (and --user, when given) must not be empty")
+    return team, user
+
+
+def _wait(settings: Settings, positions: list[LogPosition], timeout: float) -> None:
+    started = time.monotonic()
+
+    def show(state: ForgetProgress) -> None:
+        console.print(f"[{time.monotonic() - started:5.1f}s] {state.line()}", markup=False, highlight=False)
+
+    state = asyncio.run(wait_applied(settings, positions, timeout, show))
+    if not state.applied:
+        console.print(f"not applied within {timeout:.0f}s (is the worker running?)", markup=False, highlight=False)
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
-    app.command("forget")(forget_command)
+    app.add_typer(forget_app, name="forget")
     app.command("reseal")(reseal_command)
