@@ -8,6 +8,10 @@ A crash between the two re-seals a record (at least once): events are idempotent
 id in every projection. A record without the envelope needed to seal it (JSON with
 ``type``, ``event_id`` and ``scope.team_id``) goes to the dead-letter topic, which has
 the same finite retention. Full validation happens where the log is read, as always.
+
+Once the offsets are committed, the ingress records before them are deleted
+(Kafka's DeleteRecords, at most every ``_DELETE_EVERY_S``): plaintext lives in the
+ingress for the sealing lag, not for the topic's retention (docs/security.md).
 """
 
 from __future__ import annotations
@@ -15,10 +19,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-
+import time
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 from mode import Service
 
@@ -36,6 +42,7 @@ __all__ = ["IngressSealer", "SealerService", "register_sealer"]
 log = logging.getLogger(__name__)
 
 _BATCH = 2000
+_DELETE_EVERY_S = 1.0
 
 
 class IngressSealer:
@@ -47,6 +54,9 @@ class IngressSealer:
         self._topics = topics or Topics.from_settings(settings)
         self.sealed = 0
         self.dead_lettered = 0
+        self._sealed_to: dict[TopicPartition, int] = {}
+        self._deleted_to: dict[TopicPartition, int] = {}
+        self._deleted_at = 0.0
 
     async def run(self, *, until_idle: bool = False) -> None:
         """Seal until cancelled (or, with ``until_idle``, until a poll finds nothing)."""
@@ -67,23 +77,46 @@ class IngressSealer:
             linger_ms=self._settings.producer_linger_ms,
             max_request_size=self._settings.max_request_bytes,
         )
+        admin = AIOKafkaAdminClient(bootstrap_servers=self._settings.bootstrap_servers, client_id="memstream-sealer-admin")
         await consumer.start()
         await producer.start()
+        await admin.start()
         dead = DeadLetterPublisher(self._topics.dead_letter, settings=self._settings, producer=producer)
         try:
             while True:
                 polled = await consumer.getmany(timeout_ms=500, max_records=_BATCH)
                 records = [r for batch in polled.values() for r in batch]
                 if not records:
+                    await self._delete_sealed(admin, now=True)
                     if until_idle:
                         return
                     continue
                 await self._seal_batch(records, producer, dead)
                 await consumer.commit()
+                for r in records:
+                    tp = TopicPartition(r.topic, r.partition)
+                    self._sealed_to[tp] = max(self._sealed_to.get(tp, 0), r.offset + 1)
+                await self._delete_sealed(admin)
         finally:
+            with contextlib.suppress(Exception):
+                await admin.close()
             with contextlib.suppress(Exception):
                 await producer.stop()
             await consumer.stop()
+
+    async def _delete_sealed(self, admin: AIOKafkaAdminClient, now: bool = False) -> None:
+        """Delete the ingress records below the committed offsets (sealed or dead-lettered:
+        their plaintext has no further use here)."""
+        todo = {tp: off for tp, off in self._sealed_to.items() if off > self._deleted_to.get(tp, 0)}
+        if not todo or (not now and time.monotonic() - self._deleted_at < _DELETE_EVERY_S):
+            return
+        self._deleted_at = time.monotonic()
+        try:
+            await admin.delete_records({tp: RecordsToDelete(before_offset=off) for tp, off in todo.items()})
+        except KafkaError as exc:  # retried with the next batch; retention still bounds it
+            log.warning("deleting sealed ingress records failed (will retry): %s", exc)
+            return
+        self._deleted_to.update(todo)
 
     async def _seal_batch(
         self, records: list[ConsumerRecord], producer: AIOKafkaProducer, dead: DeadLetterPublisher  # type: ignore[type-arg]

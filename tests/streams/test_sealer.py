@@ -104,3 +104,23 @@ async def test_an_ingress_record_written_before_a_forget_is_never_sealed_under_t
         await producer.stop()
     (dead,) = await _read_all(settings.bootstrap_servers, fresh_topics.dead_letter)
     assert "written before" in parse_dead_letter(dead.key, dead.value, dead.headers).reason
+
+
+async def test_sealed_ingress_records_are_deleted_from_the_ingress(fresh_topics: Topics, settings_for) -> None:  # type: ignore[no-untyped-def]
+    settings = settings_for(fresh_topics)
+    canary = f"canary-{uuid.uuid4().hex[:8]}"
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    await producer.start()
+    try:
+        for i in range(3):
+            rec = encode_event(MemoryAdded(scope=Scope(team_id="acme", user_id=f"u{i}"), memory_id="m", content=f"{canary} {i}"))
+            await producer.send_and_wait(fresh_topics.ingress, rec.value, key=rec.key, headers=rec.headers)
+    finally:
+        await producer.stop()
+    assert len(await _read_all(settings.bootstrap_servers, fresh_topics.ingress)) == 3
+    async with SubjectKeys(settings) as keys:
+        sealer = IngressSealer(settings, keys, fresh_topics)
+        await sealer.run(until_idle=True)
+    assert sealer.sealed == 3
+    # Sealed and committed: the plaintext is gone from the ingress, not kept for its retention.
+    assert await _read_all(settings.bootstrap_servers, fresh_topics.ingress) == []
