@@ -14,12 +14,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from aiokafka import AIOKafkaProducer
+import time
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from memstream.domain.events import Scope, SubjectForgotten
 from memstream.domain.log import LogPosition
 from memstream.sealing import Subject
 from memstream.settings import Settings
+from memstream.streams.admin import topic_partitions
 from memstream.streams.keys import SubjectKeys
 from memstream.codec.wire import encode_event
 from memstream.streams.topics import Topics
@@ -35,12 +38,22 @@ class ForgetReport:
     forgotten: list[Subject] = field(default_factory=list)
     already_forgotten: list[Subject] = field(default_factory=list)
     positions: list[LogPosition] = field(default_factory=list)
+    ingress_lag_s: float | None = None
+    """Age of the oldest plaintext record still in the ingress (not yet sealed and
+    deleted): how long plaintext waits there now. None: the ingress is empty."""
 
     def summary(self) -> str:
         what = f"team {self.team_id!r}" + (f" user {self.user_id!r}" if self.user_id is not None else " (every user)")
         if self.forgotten:
             users = ", ".join(repr(s.user_id) for s in self.forgotten)
-            return f"forgot {what}: {len(self.forgotten)} memory space(s) ({users}); keys tombstoned, projections deleting"
+            window = (
+                "ingress holds no plaintext" if self.ingress_lag_s is None
+                else f"oldest plaintext in the ingress is {self.ingress_lag_s:.1f}s old (sealed, then deleted)"
+            )
+            return (
+                f"forgot {what}: {len(self.forgotten)} memory space(s) ({users}); keys tombstoned, "
+                f"projections deleting; {window}"
+            )
         if self.already_forgotten:
             return f"nothing to forget: {what} was already forgotten"
         return f"nothing to forget: no data subject {what} is known (nothing was ever sealed for it)"
@@ -86,4 +99,30 @@ async def forget(settings: Settings, team_id: str, user_id: str | None = None) -
         finally:
             await producer.stop()
         report.forgotten = await keys.forget(team_id, user_id)
+    report.ingress_lag_s = await ingress_lag_s(settings, topics)
     return report
+
+
+async def ingress_lag_s(settings: Settings, topics: Topics) -> float | None:
+    """The age of the oldest record left in the ingress (the sealer deletes what it
+    has sealed), None when it holds none: the plaintext window a forget reports."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, group_id=None,
+                                enable_auto_commit=False, client_id="memstream-forget-ingress")
+    await consumer.start()
+    try:
+        found = await topic_partitions(settings.bootstrap_servers, [topics.ingress], client_id="memstream-forget-ingress")
+        tps = [TopicPartition(topics.ingress, p) for p in sorted(found.get(topics.ingress, ()))]
+        if not tps:
+            return None
+        consumer.assign(tps)
+        begins, ends = await consumer.beginning_offsets(tps), await consumer.end_offsets(tps)
+        oldest: int | None = None
+        for tp in tps:
+            if begins[tp] < ends[tp]:
+                consumer.seek(tp, begins[tp])
+                first = (await consumer.getmany(tp, timeout_ms=2000, max_records=1)).get(tp, ())
+                if first:
+                    oldest = first[0].timestamp if oldest is None else min(oldest, first[0].timestamp)
+        return None if oldest is None else max(0.0, time.time() - oldest / 1000)
+    finally:
+        await consumer.stop()

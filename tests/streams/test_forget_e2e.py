@@ -112,6 +112,8 @@ async def test_forget_converges_across_a_killed_worker_and_leaves_nothing(
 
         report = await forget(settings, "acme", "alice")
         assert [s.user_id for s in report.forgotten] == ["alice"]
+        # the sealer had sealed and deleted the kcat record: no plaintext waits in the ingress
+        assert report.ingress_lag_s is None and "ingress holds no plaintext" in report.summary()
         worker.start()
         await _until(lambda: _count(settings, ALICE) == 0, "alice's rows gone")
         assert _rows(_store(settings), BOB) == bob_before
