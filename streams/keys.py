@@ -19,6 +19,7 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from memstream.log_ids import log_id
 from memstream.sealing import (
     AesGcmKeyWrapper,
     DataKey,
@@ -116,7 +117,7 @@ class SubjectKeys:
             try:
                 callback(subject)
             except Exception:
-                log.exception("forget callback for %s failed", subject)
+                log.exception("forget callback for %s failed", log_id(subject))
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> "SubjectKeys":

@@ -46,6 +46,7 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
+from memstream.log_ids import log_id
 from memstream.domain.access import ReadScope
 from memstream.domain.events import (
     EmbeddingPayload,
@@ -229,7 +230,7 @@ class Extractor:
         w = run.window
         log.warning(
             "extraction %s failed for %s session %s (%d turns kept): %s",
-            run.run_id, w.scope.space, w.session_id, len(w.new_message_ids), reason,
+            run.run_id, log_id(w.scope.space), log_id(w.session_id), len(w.new_message_ids), reason,
         )
         run.outcome = ExtractionOutcome(
             "failed",
@@ -247,7 +248,7 @@ class Extractor:
         with, and nothing made of them is written."""
         assert self.sources is not None
         self.sources.dropped_windows += 1
-        log.info("extraction %s: %s was forgotten meanwhile; its window is dropped", run.run_id, run.scope.space)
+        log.info("extraction %s: %s was forgotten meanwhile; its window is dropped", run.run_id, log_id(run.scope.space))
         run.outcome = ExtractionOutcome(
             "nothing", self.method, consumed=run.window.new_message_ids, correlation_id=run.run_id
         )
@@ -346,7 +347,7 @@ class Extractor:
         w = run.window
         log.warning(
             "extraction %s for %s session %s falls back to the heuristic after attempt %d (%s): %s",
-            run.run_id, w.scope.space, w.session_id, run.attempt, reason.value, error,
+            run.run_id, log_id(w.scope.space), log_id(w.session_id), run.attempt, reason.value, error,
         )
         run.fallback_reason = reason
         run.fallback = fallback_record(
@@ -574,7 +575,7 @@ class Extractor:
         )
         log.info(
             "extraction %s (%s) %s session %s: %d turns -> %d memories, %d links, %d duplicates, %d dropped",
-            run.run_id, self.method, window.scope.space, window.session_id, len(window.new_message_ids),
+            run.run_id, self.method, log_id(window.scope.space), log_id(window.session_id), len(window.new_message_ids),
             sum(isinstance(e, MemoryAdded) for e in run.events),
             sum(isinstance(e, MemoryLinked) for e in run.events),
             len(run.duplicates) + len(run.batch_dups),

@@ -20,6 +20,7 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import IllegalStateError, KafkaError
 from mode import Service
 
+from memstream.log_ids import log_id
 from memstream.domain.events import MessageObserved
 from memstream.domain.log import LogPosition
 from memstream.llm import ChatModel, build_llm
@@ -252,7 +253,7 @@ class ExtractorRunner:
         extracted (their records no longer open, so a restart does not read them)."""
         dropped = self.buffer.drop_subject(subject.team_id, subject.user_id)
         self.stats.forgotten_turns += dropped
-        log.info("extractor: %s forgotten; %d held turn(s) dropped", subject, dropped)
+        log.info("extractor: %s forgotten; %d held turn(s) dropped", log_id(subject), dropped)
 
     def _attach_store(self, store: Any) -> None:
         assert self.extractor is not None
@@ -448,7 +449,7 @@ class ExtractorRunner:
                 self.buffer.release(job)
             raise
         except Exception as exc:  # noqa: BLE001 - a bug must not lose the turns
-            log.exception("extraction of %s crashed; its turns are kept", ", ".join(str(j.key) for j in jobs))
+            log.exception("extraction of %s crashed; its turns are kept", ", ".join(log_id(j.key) for j in jobs))
             outcomes = [
                 ExtractionOutcome(
                     "failed",
@@ -496,7 +497,7 @@ class ExtractorRunner:
                 turns_before, self.extractor.store, job.scope, job.session_id, first.partition, first.offset, max_background
             )
         except Exception as exc:  # noqa: BLE001 - less context, nothing lost
-            log.warning("extractor: earlier turns of %s not read from the projection: %s", job.key, exc)
+            log.warning("extractor: earlier turns of %s not read from the projection: %s", log_id(job.key), exc)
             return job
         return replace(job, background=self.buffer.load_history(job, earlier))
 

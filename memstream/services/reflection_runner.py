@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+from memstream.log_ids import log_id
 from memstream.domain.events import MemoryReflected, utcnow
 from memstream.services.reflection_writers import ReflectionWriter
 from memstream.services.reflector import SettledDecision
@@ -149,7 +150,7 @@ class ReflectionRunner:
                 delay = self.backoff.delay(attempt)
                 log.warning(
                     "reflection of decision %s failed (attempt %d, retry in %.1fs): %s: %s",
-                    settled.decision.decision_id,
+                    log_id(settled.decision.decision_id),
                     attempt,
                     delay,
                     type(exc).__name__,

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta, timezone
 from enum import StrEnum
 from typing import Any
 
+from memstream.log_ids import log_id
 from memstream.domain.events import (
     DecisionExpired,
     DecisionRecorded,
@@ -243,9 +244,9 @@ class ReflectorCore:
         decision = self._decision(key, entry)
         log.info(
             "decision %s on %s settled by outcome %s",
-            decision.decision_id,
-            decision.subject,
-            outcome.outcome_id,
+            log_id(decision.decision_id),
+            log_id(decision.subject),
+            log_id(outcome.outcome_id),
         )
         return SettledDecision(key=key, partition=int(entry["partition"]), decision=decision, outcome=outcome)
 
@@ -334,14 +335,14 @@ class ReflectorCore:
             entry = self.decisions.get(key)
             if not entry:
                 if self._remember_early(skey, event, partition, now):
-                    log.info("outcome %s arrived before decision %s; kept", event.outcome_id, event.decision_id)
+                    log.info("outcome %s arrived before decision %s; kept", log_id(event.outcome_id), log_id(event.decision_id))
                 return []
             if entry["state"] != DecisionState.pending:
                 log.debug("outcome %s for %s decision %s ignored", event.outcome_id, entry["state"], event.decision_id)
                 return []
             verdict = match_outcome(self._decision(key, entry), event)
             if not verdict:
-                log.info("outcome %s does not settle %s: %s", event.outcome_id, event.decision_id, verdict.reason)
+                log.info("outcome %s does not settle %s: %s", log_id(event.outcome_id), log_id(event.decision_id), verdict.reason)
                 return []
             return [self._settle(key, entry, event, now)]
         if not self._remember_early(skey, event, partition, now):

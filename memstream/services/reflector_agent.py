@@ -18,6 +18,7 @@ from typing import Any
 
 import faust
 
+from memstream.log_ids import log_id
 from memstream.domain.events import (
     DecisionRecorded,
     EventBase,
@@ -249,13 +250,13 @@ class _Reflector:
             event = item[1]
             if error is not None:
                 # Still "emitting" in the table: the next tick sends the stored event again.
-                log.warning("sending the reflection of %s failed: %s", event.decision_id, error)
+                log.warning("sending the reflection of %s failed: %s", log_id(event.decision_id), error)
                 self.handle.bump("emit_failures")
                 continue
             self.core.mark_reflected(event, moment)
             self.runner.finished(key)
             self.handle.bump("reflected")
-            log.info("decision %s on %s reflected", event.decision_id, event.subject)
+            log.info("decision %s on %s reflected", log_id(event.decision_id), log_id(event.subject))
 
     async def deliver(self, reflection: MemoryReflected, settled: SettledDecision) -> None:
         """The runner's finished reflection goes back through the work topic as a candidate."""
@@ -343,7 +344,7 @@ class _Reflector:
         for event in expired:
             self.core.mark_expired(event, moment)
             self.handle.bump("expired")
-            log.info("decision %s on %s expired at %s", event.decision_id, event.subject, event.deadline)
+            log.info("decision %s on %s expired at %s", log_id(event.decision_id), log_id(event.subject), event.deadline)
         for event in self.core.emitting(partition, skip=self.emits, snapshot=snapshot):
             await self.emit_reflection(event, partition)  # chosen before a restart: send it again
         for settled in self.core.settled(partition, skip=self.runner.in_flight, snapshot=snapshot):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -1089,3 +1090,12 @@ async def test_the_worker_extracts_dedups_links_and_survives_an_llm_outage(
             proc.kill()
             await asyncio.to_thread(proc.wait)
     assert proc.returncode == 0, log_path.read_text()[-3000:]
+
+
+async def test_info_logs_name_no_session_and_no_space_in_plain(env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="memstream")
+    extractor = env.extractor(llm=None)
+    await extractor.run_window(SCOPE, "sess-zq81k", [turn("m1", "Yesterday I met Bob Smith in Lisbon.")])
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert any("h:" in line for line in lines)  # the window was logged, by keyed hashes
+    assert not [line for line in lines if "sess-zq81k" in line or SCOPE.team_id in line]
