@@ -27,6 +27,7 @@ are only added to or looked up, and a half that moved is replaced, never cleared
 
 from __future__ import annotations
 
+import contextvars
 import os
 import threading
 from collections import OrderedDict
@@ -46,6 +47,7 @@ from memstream.projections.table_changes import Changes, SpaceChanges, TableChan
 from memstream.settings import SEARCH_CACHE_ROWS, SEARCH_CACHE_VECTORS
 
 __all__ = [
+    "READ_NOT_BEFORE",
     "CACHE_MAX_ROWS",
     "Version",
     "table_identity",
@@ -56,6 +58,11 @@ __all__ = [
     "TURN_COLUMNS",
     "turns_of",
 ]
+
+READ_NOT_BEFORE: contextvars.ContextVar[float] = contextvars.ContextVar("memstream_read_not_before", default=0.0)
+"""For a read that waited for a log position: the monotonic time at which the view had
+reached it. A cache kept by time rather than by table version answers such a read only
+with what it read after then (caches kept by version are read after it anyway)."""
 
 TURN_COLUMNS = ("message_id", "session_id", "speaker", "content", "log_partition", "log_offset")
 """What search reads of a turn (``messages`` row)."""

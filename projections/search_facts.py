@@ -18,7 +18,7 @@ from memstream.domain.events import Scope
 from memstream.projections import search_queries as q
 from memstream.projections.lance_async import gather_all, wait
 from memstream.projections.schema import ENTITIES, MEMORIES, MESSAGES
-from memstream.projections.search_cache import FACTS_MAX, SearchCache, Version, space_key, table_identity
+from memstream.projections.search_cache import FACTS_MAX, READ_NOT_BEFORE, SearchCache, Version, space_key, table_identity
 from memstream.projections.store import LanceStore, chunked, in_list, space_where
 
 __all__ = ["WHOLE_SPACE_MEMORIES", "SPEAKERS_TTL_S", "space_speakers", "space_size", "entity_stats"]
@@ -34,10 +34,12 @@ speaker who joins meanwhile only misses the name removal, never the speaker prio
 
 
 def space_speakers(cache: SearchCache, store: LanceStore, scope: Scope) -> frozenset[str]:
-    """The distinct speakers of the space's turns, cached for :data:`SPEAKERS_TTL_S`."""
+    """The distinct speakers of the space's turns, cached for :data:`SPEAKERS_TTL_S`
+    (a read that waited for a position takes only a list read after it was reached)."""
     key = space_key(str(store.root), scope)
     now = time.monotonic()
-    hit = cache.speakers(key, now)
+    # kept until read time + TTL: a list read after ``not_before`` is kept past not_before + TTL
+    hit = cache.speakers(key, max(now, READ_NOT_BEFORE.get() + SPEAKERS_TTL_S))
     if hit is not None:
         return hit
     where = f"{space_where(scope)} AND speaker IS NOT NULL"

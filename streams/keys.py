@@ -19,7 +19,7 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from memstream.log_ids import log_id
+from memstream.streams.log_ids import log_id
 from memstream.sealing import (
     AesGcmKeyWrapper,
     DataKey,

@@ -41,8 +41,8 @@ forget_app = typer.Typer(help="Forget a person or a team (crypto-shredding); `fo
 @forget_app.callback(invoke_without_command=True)
 def forget_command(
     ctx: typer.Context,
-    team: str = typer.Option(None, "--team", help="The team to forget, or whose user to forget."),
-    user: str = typer.Option(None, "--user", help="Forget this user only (default: every user of the team)."),
+    team: str | None = typer.Option(None, "--team", help="The team to forget, or whose user to forget."),
+    user: str | None = typer.Option(None, "--user", help="Forget this user only (default: every user of the team)."),
     yes: bool = typer.Option(False, "--yes", help="Do not ask for confirmation."),
     wait: bool = typer.Option(False, "--wait", help="Return once every shard's projections applied the forget (exit 1 if not within --timeout)."),
     timeout: float = typer.Option(120.0, "--timeout", min=0, help="With --wait: seconds to wait."),
@@ -52,13 +52,13 @@ def forget_command(
     projection deletes their rows (docs/security.md). This cannot be undone."""
     if ctx.invoked_subcommand is not None:
         return
-    team, user = _subject(team, user)
-    what = f"team {team!r}" + (f" user {user!r}" if user is not None else " and every user of it")
+    subject, user = _subject(team, user)
+    what = f"team {subject!r}" + (f" user {user!r}" if user is not None else " and every user of it")
     if not yes and not typer.confirm(f"Forget {what}? This cannot be undone", default=False):
         raise typer.Abort()
     settings = get_settings()
     try:
-        report = asyncio.run(forget(settings, team, user))
+        report = asyncio.run(forget(settings, subject, user))
     except MasterKeyError as exc:
         raise CLIError(str(exc)) from None
     console.print(report.summary(), markup=False, highlight=False)
@@ -70,15 +70,15 @@ def forget_command(
 
 @forget_app.command("status")
 def forget_status(
-    team: str = typer.Option(None, "--team", help="The team forgotten, or whose user was."),
-    user: str = typer.Option(None, "--user", help="The user (default: every user of the team)."),
+    team: str | None = typer.Option(None, "--team", help="The team forgotten, or whose user was."),
+    user: str | None = typer.Option(None, "--user", help="The user (default: every user of the team)."),
     wait: bool = typer.Option(False, "--wait", help="Wait until the projections applied it (exit 1 if not within --timeout)."),
     timeout: float = typer.Option(120.0, "--timeout", min=0, help="With --wait: seconds to wait."),
 ) -> None:
     """Where the latest forget of a subject stands: its records in the log, and whether the projections have applied them (exit 1 while they have not, 2 if there is none)."""
-    team, user = _subject(team, user)
+    subject, user = _subject(team, user)
     settings = get_settings()
-    positions = asyncio.run(forget_positions(settings, team, user))
+    positions = asyncio.run(forget_positions(settings, subject, user))
     if not positions:
         console.print("no forget of this subject is in the log", markup=False, highlight=False)
         raise typer.Exit(2)

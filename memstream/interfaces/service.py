@@ -37,6 +37,7 @@ from memstream.domain.reflection import ReflectionContext
 from memstream.projections.embedder import Embedder, build_embedder
 from memstream.projections.http_reranker import HttpReranker, build_reranker
 from memstream.projections.reflections import context_for
+from memstream.projections.search_cache import READ_NOT_BEFORE
 from memstream.projections.schema import POSITIONS
 from memstream.projections.search import SearchCache, SearchFilters, SearchResult, search
 from memstream.projections.search_owners import MemoryOwners
@@ -272,6 +273,8 @@ class MemoryService:
             stored = await self.stored_positions()
             missing = [p for p in wanted if stored.get((p.topic, p.partition), 0) <= p.offset]
             if not missing:
+                # what this read answers from must have been read after this moment
+                READ_NOT_BEFORE.set(time.monotonic())
                 return
             if not checked_ends:  # once per read, only when it would have to wait
                 checked_ends = True

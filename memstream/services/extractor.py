@@ -46,7 +46,7 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-from memstream.log_ids import log_id
+from memstream.streams.log_ids import log_id
 from memstream.domain.access import ReadScope
 from memstream.domain.events import (
     EmbeddingPayload,

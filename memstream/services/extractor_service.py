@@ -20,7 +20,7 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import IllegalStateError, KafkaError
 from mode import Service
 
-from memstream.log_ids import log_id
+from memstream.streams.log_ids import log_id
 from memstream.domain.events import MessageObserved
 from memstream.domain.log import LogPosition
 from memstream.llm import ChatModel, build_llm

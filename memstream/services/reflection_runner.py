@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from memstream.log_ids import log_id
+from memstream.streams.log_ids import log_id
 from memstream.domain.events import MemoryReflected, utcnow
 from memstream.services.reflection_writers import ReflectionWriter
 from memstream.services.reflector import SettledDecision

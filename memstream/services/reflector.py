@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 from enum import StrEnum
 from typing import Any
 
-from memstream.log_ids import log_id
+from memstream.streams.log_ids import log_id
 from memstream.domain.events import (
     DecisionExpired,
     DecisionRecorded,

@@ -18,7 +18,7 @@ from typing import Any
 
 import faust
 
-from memstream.log_ids import log_id
+from memstream.streams.log_ids import log_id
 from memstream.domain.events import (
     DecisionRecorded,
     EventBase,

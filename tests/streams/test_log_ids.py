@@ -1,6 +1,6 @@
 """Ids in log lines are keyed hashes: stable within a deployment, never the id itself."""
 
-from memstream.log_ids import log_id
+from memstream.streams.log_ids import log_id
 
 
 def test_a_log_id_is_stable_short_and_not_the_id() -> None:
