@@ -54,7 +54,7 @@ from memstream.streams.keys import SubjectKeys
 from memstream.streams.sealed_records import RecordOpener
 from memstream.streams.topics import Topics, topic_for
 
-__all__ = ["TEAMS", "USERS", "AGENTS", "MEMORY_IDS", "TURN_IDS", "LINK_IDS", "DECISION_IDS", "ENTITIES",
+__all__ = ["TEAMS", "USERS", "AGENTS", "SPACES", "MEMORY_IDS", "TURN_IDS", "LINK_IDS", "DECISION_IDS", "ENTITIES",
            "RELATIONS", "FoldStack", "Mismatch", "stack_settings"]
 
 TEAMS = ("t1", "t2")
