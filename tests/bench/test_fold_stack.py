@@ -108,6 +108,18 @@ class FoldMachine(RuleBasedStateMachine):
     def start_worker(self) -> None:
         self.stack.start_worker()
 
+    @rule(space=spaces, agent=agents, memory_id=memory_ids, whole_team=st.booleans())
+    def forget_while_down(self, space: int, agent: str, memory_id: str, whole_team: bool) -> None:
+        """The worker down across a forget and the subject's next writes (the steps
+        above can reach it too; as one rule a short run reaches it surely)."""
+        self.run(self.stack.memory(space, agent, memory_id))  # something to forget
+        if self.stack.serving:
+            self.stack.kill_worker()
+        self.run(self.stack.forget(space, whole_team))
+        self.run(self.stack.memory(space, agent, memory_id))
+        self.run(self.stack.turn(space, agent, "c0"))
+        self.stack.start_worker()
+
     @precondition(lambda self: self.stack.serving)
     @rule()
     def replay(self) -> None:
