@@ -199,5 +199,14 @@ def bench_chaos(
     _run("chaos", quick=quick, sharded=sharded)
 
 
+@bench_app.command("fold")
+def bench_fold(
+    seconds: float = typer.Option(60.0, "--seconds", min=1, help="How long to run the machine."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random steps."),
+) -> None:
+    """The fold machine: random steps on the real stack, every read compared with the reference model."""
+    _run("fold", seconds=seconds, seed=seed)
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(bench_app, name="bench")
