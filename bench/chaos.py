@@ -77,6 +77,7 @@ from memstream.domain.log import LogPosition
 from memstream.sealing import TamperedRecord
 from memstream.settings import Settings
 from memstream.streams.keys import SubjectKeys
+from memstream.streams.record_codec import screen
 from memstream.streams.sealed_records import RecordOpener
 from memstream.streams.topics import Topics
 
@@ -559,8 +560,8 @@ async def _opened(settings: Settings, topics: Topics, records: list[Any]) -> lis
         opener = RecordOpener(keys.keyring)
         out: list[Any] = []
         for r in records:
-            try:
-                opened = opener.open(r.value, r.headers)
+            try:  # refused by the route check, or not opening: counted as not decoded
+                opened = opener.open(r.value, r.headers) if screen(r.key, r.headers) is None else None
             except TamperedRecord:
                 opened = None
             value, headers = opened if opened is not None else (r.value, r.headers)
@@ -575,7 +576,7 @@ class Verdict:
 
 
 def _verify_log(records: list[Any], topics: Topics, ledger: Ledger, valid: list[EventBase]) -> dict[str, Any]:
-    from memstream.streams.consumer import decode_or_dead_letter
+    from memstream.streams.record_codec import decode_or_dead_letter
     from memstream.streams.deadletter import DeadLetter, NotADeadLetter, parse_dead_letter
 
     counts: Counter[str] = Counter()

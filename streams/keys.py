@@ -17,11 +17,12 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 
 from memstream.sealing import (
     AesGcmKeyWrapper,
     DataKey,
+    KeyRecordError,
     Keyring,
     MasterKeyError,
     Subject,
@@ -34,25 +35,16 @@ from memstream.sealing import (
 )
 from memstream.sealing.keyring import ROLL_KEY
 from memstream.settings import Settings
+from memstream.streams.key_records import forget_order, forgotten_keys, key_record_authentic
+from memstream.streams.legacy_trust import LegacyTrustError, load_legacy_trust, trusted_before
 from memstream.streams.topics import Topics
+from memstream.streams.worker_identity import HEADER as SIGNATURE_HEADER, key_record_signature, worker_key
 
 __all__ = ["SubjectKeys", "LazyKeys", "master_key_path", "MasterKeyError", "forgotten_keys"]
 
 log = logging.getLogger(__name__)
 
 _POLL_MS = 200
-_FORGOTTEN_TYPE = b"SubjectForgotten"
-
-
-def forgotten_keys(value: bytes) -> tuple[Subject, list[bytes]] | None:
-    """The subject and key ids a ``SubjectForgotten`` record names (None if unreadable:
-    the decoder dead-letters it with the reason)."""
-    try:
-        body = json.loads(value)
-        scope = body["scope"]
-        return Subject(scope["team_id"], scope.get("user_id", "default")), [bytes.fromhex(k) for k in body.get("key_ids", ())]
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None
 
 
 def tombstoned_subject(key: bytes | None) -> Subject | None:
@@ -86,8 +78,14 @@ def _master_key(settings: Settings, keys_exist: bool) -> bytes:
 class SubjectKeys:
     """This node's keyring, following the key topic; creates and forgets keys."""
 
-    def __init__(self, settings: Settings, topics: Topics | None = None, *, client_id: str = "memstream-keys") -> None:
+    def __init__(
+        self, settings: Settings, topics: Topics | None = None, *, client_id: str = "memstream-keys", signing_key: bytes | None = None
+    ) -> None:
         self._settings = settings
+        self._signing_key = signing_key
+        """The worker key: signs the key records this node writes, and is what a key
+        record, a tombstone or a ``SubjectForgotten`` must be signed with to act."""
+        self._trust: dict[tuple[str, int], int] = {}
         self._topics = topics or Topics.from_settings(settings)
         self._tp = TopicPartition(self._topics.keys, 0)
         self._client_id = client_id
@@ -132,6 +130,12 @@ class SubjectKeys:
             enable_idempotence=True,
             acks="all",
         )
+        if self._signing_key is None:
+            self._signing_key = worker_key(self._settings)
+        try:
+            self._trust = load_legacy_trust(self._settings)
+        except LegacyTrustError as exc:
+            log.warning("key topic: no legacy trust (%s)", exc)
         await consumer.start()
         try:
             await producer.start()
@@ -146,7 +150,10 @@ class SubjectKeys:
             exist = any(key != ROLL_KEY and value is not None for key, value in backlog)
             self.keyring = Keyring(AesGcmKeyWrapper(_master_key(self._settings, exist)))
             for key, value in backlog:
-                self.keyring.apply(key, value)
+                try:
+                    self.keyring.apply(key, value)
+                except KeyRecordError as exc:  # signed but unusable: never a reason not to start
+                    log.error("key record not applied: %s", exc)
         except BaseException:
             await self.stop()
             raise
@@ -180,9 +187,14 @@ class SubjectKeys:
         while await self._consumer.position(self._tp) < end:
             polled = await self._consumer.getmany(self._tp, timeout_ms=_POLL_MS)
             for r in polled.get(self._tp, ()):
-                records.append((r.key, r.value))
-                self._note_tombstone(r.key, r.value, r.timestamp)
+                if self._authentic(r):
+                    records.append((r.key, r.value))
+                    self._note_tombstone(r.key, r.value, r.timestamp)
         return records
+
+    def _authentic(self, record: ConsumerRecord) -> bool:  # type: ignore[type-arg]
+        trusted = trusted_before(self._trust, record.topic, record.partition, record.offset)
+        return key_record_authentic(self._signing_key, record.key, record.value, record.headers, trusted=trusted)
 
     def _note_tombstone(self, key: bytes | None, value: bytes | None, timestamp: int) -> Subject | None:
         subject = tombstoned_subject(key) if value is None else None
@@ -195,6 +207,8 @@ class SubjectKeys:
         while True:
             polled = await self._consumer.getmany(self._tp, timeout_ms=_POLL_MS)
             for record in polled.get(self._tp, ()):
+                if not self._authentic(record):
+                    continue
                 try:
                     self.keyring.apply(record.key, record.value)
                 except Exception:
@@ -233,14 +247,11 @@ class SubjectKeys:
         await self.ensure_readable(value for value, _ in records)
         ring = self._ring()
         for value, headers in records:
-            if value is None or is_sealed(value):
-                continue
-            if not any(k == "memstream-type" and v == _FORGOTTEN_TYPE for k, v in headers or ()):
-                continue
-            forgotten = forgotten_keys(value)
-            if forgotten is not None:
-                ring.forget_kids(*forgotten)
-                self._dropped(forgotten[0])
+            order = forget_order(value, headers, self._signing_key)  # verified first: nothing acts on a forgery
+            if order is not None:
+                subject, kids = order
+                ring.forget_kids(subject, [kid for kid in kids if ring.subject_of(kid) in (None, subject)])
+                self._dropped(subject)
 
     def _ring(self) -> Keyring:
         if self.keyring is None:
@@ -284,8 +295,9 @@ class SubjectKeys:
         return subjects
 
     async def _send(self, key: bytes, value: bytes | None) -> None:
-        assert self._producer is not None
-        await (await self._producer.send(self._tp.topic, value=value, key=key, partition=0))
+        assert self._producer is not None and self._signing_key is not None
+        headers = [(SIGNATURE_HEADER, key_record_signature(self._signing_key, key, value))]
+        await (await self._producer.send(self._tp.topic, value=value, key=key, partition=0, headers=headers))
 
     def _schedule_roll(self) -> None:
         """Append a keep-alive record once the segment holding a tombstone is old enough

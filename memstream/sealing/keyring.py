@@ -106,6 +106,8 @@ class Keyring:
         if value is None:
             self._drop(subject, kid)
             return
+        if kid in self._forgotten:  # a copy of a key record written again after its tombstone
+            return
         self._add(DataKey(kid, subject, self._unwrap(key or b"", value)))
 
     def _unwrap(self, key: bytes, value: bytes) -> bytes:
@@ -171,6 +173,11 @@ class Keyring:
 
     def by_kid(self, kid: bytes) -> DataKey | None:
         return self._by_kid.get(kid)
+
+    def subject_of(self, kid: bytes) -> Subject | None:
+        """The subject holding ``kid`` (None for a key this node does not hold)."""
+        found = self._by_kid.get(kid)
+        return None if found is None else found.subject
 
     def was_forgotten(self, kid: bytes) -> bool:
         """True when this node saw the tombstone of ``kid`` (and no key since)."""
