@@ -88,6 +88,8 @@ def screen(key: Any, headers: Any) -> str | None:
         if name in RESERVED_HEADERS:
             return f"header {name!r} is set by memstream's readers only, never by a record in Kafka"
         if name in _ONCE:
+            if value is None:
+                return f"header {name!r} has no value"
             if name in seen:
                 return f"header {name!r} appears more than once"
             seen.add(name)
