@@ -189,6 +189,10 @@ class Keyring:
             s for s in self._by_subject if s.team_id == team_id and (user_id is None or s.user_id == user_id)
         )
 
+    def known_subjects(self) -> list[Subject]:
+        """Every subject this node holds a key of."""
+        return sorted(self._by_subject)
+
     def forgotten_subjects(self, team_id: str, user_id: str | None = None) -> list[Subject]:
         """Subjects whose keys this node saw tombstoned (tombstones outlive compaction
         for the key topic's ``delete.retention.ms`` only)."""
