@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from memstream.domain.events import (
+    build_event,
     DecisionExpired,
     DecisionRecorded,
     EventBase,
@@ -428,7 +429,8 @@ class ReflectorCore:
                 continue
             decision = self._decision(key, entry)
             due.append(
-                DecisionExpired(
+                build_event(
+                    DecisionExpired,
                     event_id=expiry_event_id(decision.scope, decision.decision_id),
                     occurred_at=decision.deadline,
                     recorded_at=now,
