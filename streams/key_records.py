@@ -1,7 +1,9 @@
-"""Who may change a keyring: key records, key tombstones and ``SubjectForgotten``
-orders take effect only when the worker (or the operator's ``memstream forget``, which
-holds the worker key) signed them, or when they sit in the unsigned past the operator
-trusts (``memstream trust-legacy``). Anything else is ignored, logged and counted
+"""Who may change a keyring: key tombstones and ``SubjectForgotten`` orders take effect
+only when the worker (or the operator's ``memstream forget``, which holds the worker
+key) signed them, or when they sit in the unsigned past the operator trusts
+(``memstream trust-legacy``). A key record is believed when signed so, or, unsigned,
+when it unwraps under the master key (AES-GCM bound to its record key: only a holder
+of the master key can write one); only signed ones say "keys exist" at start. Anything else is ignored, logged and counted
 (``memstream_forged_records_total``): it never drops a key and never stops a start.
 """
 
@@ -16,7 +18,7 @@ from memstream.metrics import record_forged
 from memstream.sealing import Subject, is_sealed
 from memstream.streams.worker_identity import key_record_signed, verifier
 
-__all__ = ["forgotten_keys", "forget_order", "key_record_authentic"]
+__all__ = ["forgotten_keys", "forget_order", "key_record_signed_or_trusted", "refuse_key_record"]
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +52,16 @@ def forget_order(value: bytes | None, headers: Headers | None, worker_key: bytes
     return forgotten_keys(value)
 
 
-def key_record_authentic(
+def key_record_signed_or_trusted(
     worker_key: bytes | None, key: bytes | None, value: bytes | None, headers: Headers | None, *, trusted: bool
 ) -> bool:
-    """True when a key-topic record may act: signed by the worker, or ``trusted``
-    (its offset in the legacy past); else it is logged and counted."""
-    if trusted or (worker_key is not None and key_record_signed(worker_key, key, value, headers)):
-        return True
+    """True when a key-topic record carries the worker's signature, or is ``trusted``
+    (its offset in the legacy past)."""
+    return trusted or (worker_key is not None and key_record_signed(worker_key, key, value, headers))
+
+
+def refuse_key_record(key: bytes | None, value: bytes | None, why: str) -> None:
+    """Log and count a key-topic record that takes no effect."""
     kind = "tombstone" if value is None else "key"
-    log.warning("an unsigned %s on the key topic was ignored (forged): key %r", kind, (key or b"")[:80])
+    log.warning("a %s on the key topic was ignored (forged: %s): key %r", kind, why, (key or b"")[:80])
     record_forged("keys", kind)
-    return False

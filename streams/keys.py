@@ -22,7 +22,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPa
 from memstream.sealing import (
     AesGcmKeyWrapper,
     DataKey,
-    KeyRecordError,
     Keyring,
     MasterKeyError,
     Subject,
@@ -35,7 +34,7 @@ from memstream.sealing import (
 )
 from memstream.sealing.keyring import ROLL_KEY
 from memstream.settings import Settings
-from memstream.streams.key_records import forget_order, forgotten_keys, key_record_authentic
+from memstream.streams.key_records import forget_order, forgotten_keys, key_record_signed_or_trusted, refuse_key_record
 from memstream.streams.legacy_trust import LegacyTrustError, load_legacy_trust, trusted_before
 from memstream.streams.topics import Topics
 from memstream.streams.worker_identity import HEADER as SIGNATURE_HEADER, key_record_signature, worker_key
@@ -147,13 +146,10 @@ class SubjectKeys:
             consumer.assign([self._tp])
             await consumer.seek_to_beginning(self._tp)
             backlog = await self._read_to_end()
-            exist = any(key != ROLL_KEY and value is not None for key, value in backlog)
+            exist = any(signed and key != ROLL_KEY and value is not None for key, value, signed in backlog)
             self.keyring = Keyring(AesGcmKeyWrapper(_master_key(self._settings, exist)))
-            for key, value in backlog:
-                try:
-                    self.keyring.apply(key, value)
-                except KeyRecordError as exc:  # signed but unusable: never a reason not to start
-                    log.error("key record not applied: %s", exc)
+            for key, value, signed in backlog:
+                self._apply(key, value, signed, at_start=True)
         except BaseException:
             await self.stop()
             raise
@@ -180,21 +176,49 @@ class SubjectKeys:
         await self.stop()
 
     # ------------------------------------------------------------------ reading
-    async def _read_to_end(self) -> list[tuple[bytes | None, bytes | None]]:
+    async def _read_to_end(self) -> list[tuple[bytes | None, bytes | None, bool]]:
+        """The key topic's records, each with whether it is signed (or trusted); an
+        unsigned tombstone is refused here, an unsigned key record when it does not
+        unwrap (:meth:`_apply`)."""
         assert self._consumer is not None
         end = (await self._consumer.end_offsets([self._tp]))[self._tp]
-        records: list[tuple[bytes | None, bytes | None]] = []
+        records: list[tuple[bytes | None, bytes | None, bool]] = []
         while await self._consumer.position(self._tp) < end:
             polled = await self._consumer.getmany(self._tp, timeout_ms=_POLL_MS)
             for r in polled.get(self._tp, ()):
-                if self._authentic(r):
-                    records.append((r.key, r.value))
-                    self._note_tombstone(r.key, r.value, r.timestamp)
+                signed = self._signed(r)
+                if r.value is None and not signed:
+                    refuse_key_record(r.key, r.value, "an unsigned tombstone")
+                    continue
+                records.append((r.key, r.value, signed))
+                self._note_tombstone(r.key, r.value, r.timestamp)
         return records
 
-    def _authentic(self, record: ConsumerRecord) -> bool:  # type: ignore[type-arg]
+    def _signed(self, record: ConsumerRecord) -> bool:  # type: ignore[type-arg]
         trusted = trusted_before(self._trust, record.topic, record.partition, record.offset)
-        return key_record_authentic(self._signing_key, record.key, record.value, record.headers, trusted=trusted)
+        return key_record_signed_or_trusted(self._signing_key, record.key, record.value, record.headers, trusted=trusted)
+
+    def _apply(self, key: bytes | None, value: bytes | None, signed: bool, *, at_start: bool = False) -> bool:
+        """Apply one key-topic record; False when it took no effect. Only a signed
+        record wrapped by another master key stops a start (a real misconfiguration)."""
+        assert self.keyring is not None
+        if value is None and not signed:
+            refuse_key_record(key, value, "an unsigned tombstone")
+            return False
+        try:
+            self.keyring.apply(key, value)
+        except MasterKeyError:
+            if signed and at_start:
+                raise
+            refuse_key_record(key, value, "it does not unwrap under this node's master key")
+            return False
+        except Exception as exc:  # noqa: BLE001 - hostile bytes never stop a node
+            if signed:
+                log.error("a signed key record was not applied: %s", exc)
+            else:
+                refuse_key_record(key, value, f"not a key record ({type(exc).__name__})")
+            return False
+        return True
 
     def _note_tombstone(self, key: bytes | None, value: bytes | None, timestamp: int) -> Subject | None:
         subject = tombstoned_subject(key) if value is None else None
@@ -207,12 +231,8 @@ class SubjectKeys:
         while True:
             polled = await self._consumer.getmany(self._tp, timeout_ms=_POLL_MS)
             for record in polled.get(self._tp, ()):
-                if not self._authentic(record):
+                if not self._apply(record.key, record.value, self._signed(record)):
                     continue
-                try:
-                    self.keyring.apply(record.key, record.value)
-                except Exception:
-                    log.exception("key record at offset %d not applied", record.offset)
                 if record.value is None:
                     self._schedule_roll()
                     subject = self._note_tombstone(record.key, record.value, record.timestamp)
