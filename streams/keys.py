@@ -85,6 +85,10 @@ class SubjectKeys:
         """The worker key: signs the key records this node writes, and is what a key
         record, a tombstone or a ``SubjectForgotten`` must be signed with to act."""
         self._trust: dict[tuple[str, int], int] = {}
+        self._unsigned: set[bytes] = set()
+        self._signed_keys: set[bytes] = set()
+        """Record keys of key records taken in unsigned (they unwrapped: written before
+        signatures, or by a master-key holder without the worker key)."""
         self._topics = topics or Topics.from_settings(settings)
         self._tp = TopicPartition(self._topics.keys, 0)
         self._client_id = client_id
@@ -146,10 +150,11 @@ class SubjectKeys:
             consumer.assign([self._tp])
             await consumer.seek_to_beginning(self._tp)
             backlog = await self._read_to_end()
-            exist = any(signed and key != ROLL_KEY and value is not None for key, value, signed in backlog)
+            exist = any(signed and key != ROLL_KEY and value is not None for key, value, signed, _ in backlog)
             self.keyring = Keyring(AesGcmKeyWrapper(_master_key(self._settings, exist)))
-            for key, value, signed in backlog:
-                self._apply(key, value, signed, at_start=True)
+            for key, value, signed, timestamp in backlog:
+                if self._apply(key, value, signed, at_start=True):
+                    self._note_tombstone(key, value, timestamp)
         except BaseException:
             await self.stop()
             raise
@@ -176,22 +181,14 @@ class SubjectKeys:
         await self.stop()
 
     # ------------------------------------------------------------------ reading
-    async def _read_to_end(self) -> list[tuple[bytes | None, bytes | None, bool]]:
-        """The key topic's records, each with whether it is signed (or trusted); an
-        unsigned tombstone is refused here, an unsigned key record when it does not
-        unwrap (:meth:`_apply`)."""
+    async def _read_to_end(self) -> list[tuple[bytes | None, bytes | None, bool, int]]:
+        """The key topic's records: key, value, whether signed (or trusted), timestamp."""
         assert self._consumer is not None
         end = (await self._consumer.end_offsets([self._tp]))[self._tp]
-        records: list[tuple[bytes | None, bytes | None, bool]] = []
+        records: list[tuple[bytes | None, bytes | None, bool, int]] = []
         while await self._consumer.position(self._tp) < end:
             polled = await self._consumer.getmany(self._tp, timeout_ms=_POLL_MS)
-            for r in polled.get(self._tp, ()):
-                signed = self._signed(r)
-                if r.value is None and not signed:
-                    refuse_key_record(r.key, r.value, "an unsigned tombstone")
-                    continue
-                records.append((r.key, r.value, signed))
-                self._note_tombstone(r.key, r.value, r.timestamp)
+            records += [(r.key, r.value, self._signed(r), r.timestamp) for r in polled.get(self._tp, ())]
         return records
 
     def _signed(self, record: ConsumerRecord) -> bool:  # type: ignore[type-arg]
@@ -202,7 +199,9 @@ class SubjectKeys:
         """Apply one key-topic record; False when it took no effect. Only a signed
         record wrapped by another master key stops a start (a real misconfiguration)."""
         assert self.keyring is not None
-        if value is None and not signed:
+        if value is None and not signed and key not in self._unsigned:
+            # an unsigned key record's own unsigned tombstone (a log from before
+            # signatures) still forgets it: a signed key is never shredded so
             refuse_key_record(key, value, "an unsigned tombstone")
             return False
         try:
@@ -218,6 +217,12 @@ class SubjectKeys:
             else:
                 refuse_key_record(key, value, f"not a key record ({type(exc).__name__})")
             return False
+        if value is not None and key is not None:
+            if signed:
+                self._signed_keys.add(key)
+                self._unsigned.discard(key)
+            elif key not in self._signed_keys:  # an unsigned copy of a signed record stays signed
+                self._unsigned.add(key)
         return True
 
     def _note_tombstone(self, key: bytes | None, value: bytes | None, timestamp: int) -> Subject | None:

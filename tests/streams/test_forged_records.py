@@ -82,10 +82,12 @@ async def test_forged_key_records_never_shred_and_never_stop_a_start(fresh_topic
         bob_kid = (await keys.key_for(bob)).kid
     before = (_forged("tombstone", "keys"), _forged("key", "keys"))
     bogus_key = key_record_key(Subject("acme", "mallory"), b"\x01" * 16)
+    [original] = [r for r in await read_to_end(settings.bootstrap_servers, [fresh_topics.keys], 1) if r.value]
     await _send_raw(
         settings,
         fresh_topics.keys,
         [
+            (original.key, original.value, []),  # bob's real key record, copied without its signature
             (key_record_key(bob, bob_kid), None, []),  # a forged tombstone: a permanent crypto-shred on main
             (bogus_key, json.dumps({"wrapped": "AAAA", "wrapped_by": "deadbeefdeadbeef"}).encode(), []),
         ],
