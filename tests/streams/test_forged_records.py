@@ -161,3 +161,20 @@ async def test_hostile_records_on_a_live_worker_leave_every_tenant_whole(
     replayed = settings.model_copy(update={"lance_dir": tmp_path / "replayed"})
     await replay(replayed)  # on main: "forgotten subjects skipped", alice gone for good
     assert _memories(replayed, ALICE) == {"m1", "m2"} and _memories(replayed, BOB) == {"m1", "m2"}
+
+
+async def test_a_key_written_before_signatures_is_still_forgotten_by_its_own_tombstone(
+    fresh_topics: Topics, settings_for
+) -> None:  # type: ignore[no-untyped-def]
+    settings = settings_for(fresh_topics, sealing=True)
+    old = Subject("acme", "olga")
+    async with SubjectKeys(settings) as keys:
+        await keys.key_for(Subject("acme", "alice"))  # a signed key: the master key exists
+        _, record_key, value = keys.keyring.new_key(old)  # type: ignore[union-attr]
+    await _send_raw(settings, fresh_topics.keys, [(record_key, value, [])])  # unsigned, as before signatures
+    async with SubjectKeys(settings) as node:
+        assert node.keyring.key_for(old) is not None  # type: ignore[union-attr]  # it unwraps: taken in
+    await _send_raw(settings, fresh_topics.keys, [(record_key, None, [])])  # and its unsigned forget
+    async with SubjectKeys(settings) as later:
+        assert later.keyring.key_for(old) is None  # type: ignore[union-attr]  # forgotten, never resurrected
+        assert later.keyring.key_for(Subject("acme", "alice")) is not None  # type: ignore[union-attr]
