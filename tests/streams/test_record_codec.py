@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from memstream.codec.wire import encode_event
 from memstream.domain.events import MemoryAdded, Scope, SubjectForgotten
 from memstream.domain.log import PositionedEvent
-from memstream.sealing import AesGcmKeyWrapper, Keyring, SealedHeader, seal
+from memstream.sealing import AesGcmKeyWrapper, Keyring, SealedHeader, Subject, seal
 from memstream.sealing.keyring import KID_BYTES
 from memstream.streams.deadletter import DeadLetter, _opened_kid
 from memstream.streams.key_records import forget_order
@@ -42,7 +42,7 @@ def _ring() -> Keyring:
 def test_any_record_ends_as_an_event_a_dead_letter_or_a_skip(key, value, headers, sealed) -> None:  # type: ignore[no-untyped-def]
     if sealed and value is not None:  # under a key nobody holds, or mangled
         ring = _ring()
-        data_key, _, _ = ring.new_key(__import__("memstream.sealing", fromlist=["Subject"]).Subject("acme", "alice"))
+        data_key, _, _ = ring.new_key(Subject("acme", "alice"))
         value = seal(value, SealedHeader("e", "MemoryAdded", 2, "acme", "alice", "default").encode(), data_key)
     opener = RecordOpener(_ring(), worker_key=KEY)
     item = read_record(opener, "t.events", 0, 7, key, value, headers, trusted=lambda v, h: False)
