@@ -76,7 +76,9 @@ from memstream.domain.events import EventBase, MemoryAdded, MessageObserved, Sco
 from memstream.domain.log import LogPosition
 from memstream.sealing import TamperedRecord
 from memstream.settings import Settings
+from memstream.sealing import Subject
 from memstream.streams.keys import SubjectKeys
+from memstream.streams.record_codec import screen
 from memstream.streams.sealed_records import RecordOpener
 from memstream.streams.topics import Topics
 
@@ -99,6 +101,9 @@ BAD_KINDS: tuple[str, ...] = (
     "oversized_content",
     "unknown_type",
     "control_chars",
+    "hostile_header",
+    "duplicate_header",
+    "forged_system",
 )
 
 
@@ -222,6 +227,7 @@ class BadRecord:
     topic: str
     key: bytes | None
     value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 def make_bad_records(n: int, rng: random.Random, topics: Topics, tenants: int) -> list[BadRecord]:
@@ -261,6 +267,17 @@ def make_bad_records(n: int, rng: random.Random, topics: Topics, tenants: int) -
             value = json.dumps(body).encode()
         elif kind == "unknown_type":
             body["type"] = rng.choice(["MemoryTeleported", "memoryadded", "Event", ""])
+            value = json.dumps(body).encode()
+        elif kind == "hostile_header":  # a reader's marker with bad hex and an invalid body (once a stall)
+            value = record.value[: len(record.value) // 2]
+            out.append(BadRecord(kind, topic, record.key, value, (("memstream-opened", b"zz"), ("x-junk", b"\xff\xfe"))))
+            continue
+        elif kind == "duplicate_header":
+            value = record.value
+            out.append(BadRecord(kind, topic, record.key, value, (*record.headers, ("memstream-type", b"\xff"))))
+            continue
+        elif kind == "forged_system":  # claims the extractor, without the worker's signature
+            body["producer"] = "memstream-extractor"
             value = json.dumps(body).encode()
         elif kind == "control_chars":
             text = str(body["content"])
@@ -392,7 +409,7 @@ async def _send_bad(raw: Any, records: list[BadRecord], ledger: Ledger, stop_at:
         futures = []
         for r in pending:
             try:
-                futures.append(await raw.send(r.topic, value=r.value, key=r.key))
+                futures.append(await raw.send(r.topic, value=r.value, key=r.key, headers=list(r.headers)))
             except KafkaError as exc:
                 ledger.send_errors[type(exc).__name__] += 1
                 futures.append(None)
@@ -548,6 +565,7 @@ class _Opened(NamedTuple):
     key: bytes | None
     value: bytes | None
     headers: Any
+    refused: bool = False
 
 
 async def _opened(settings: Settings, topics: Topics, records: list[Any]) -> list[Any]:
@@ -559,13 +577,59 @@ async def _opened(settings: Settings, topics: Topics, records: list[Any]) -> lis
         opener = RecordOpener(keys.keyring)
         out: list[Any] = []
         for r in records:
+            refused = screen(r.key, r.headers) is not None  # the route check, before opening
             try:
-                opened = opener.open(r.value, r.headers)
+                opened = None if refused else opener.open(r.value, r.headers)
             except TamperedRecord:
                 opened = None
             value, headers = opened if opened is not None else (r.value, r.headers)
-            out.append(_Opened(r.topic, r.partition, r.offset, r.key, value, headers))
+            out.append(_Opened(r.topic, r.partition, r.offset, r.key, value, headers, refused))
         return out
+
+
+async def _forge_keys(settings: Settings, topics: Topics, ledger: Ledger) -> dict[str, Any]:
+    """What a producer without the worker key tries on the keys: a forged tombstone of
+    every data key, a bogus key record, and a forged ``SubjectForgotten`` naming each
+    key's real id on ``events`` (its position joins the bad inputs: it must be dead-
+    lettered). Then a new keyring must start and still hold every subject."""
+    from memstream.codec.wire import encode_event
+    from memstream.domain.events import SubjectForgotten
+    from memstream.sealing.keyring import key_record_key
+    from memstream.streams.producer import create_kafka_producer
+
+    async with SubjectKeys(settings, topics, client_id="memstream-bench-chaos-forger") as keys:
+        ring = keys.keyring
+        assert ring is not None
+        held = {s: ring.kids_of(s) for s in ring.known_subjects()}
+    raw = create_kafka_producer(settings, client_id="memstream-chaos-forger")
+    await raw.start()
+    forged = 0
+    try:
+        for subject, kids in held.items():
+            for kid in kids:
+                await raw.send_and_wait(topics.keys, None, key=key_record_key(subject, kid), partition=0)
+                rec = encode_event(
+                    SubjectForgotten(scope=Scope(team_id="globex", user_id="mallory"), key_ids=(kid.hex(),), producer="memstream-forget")
+                )
+                md = await raw.send_and_wait(topics.events, rec.value, key=rec.key, headers=rec.headers)
+                ledger.bad[(md.topic, md.partition, md.offset)] = "forged_forget"
+                forged += 2
+        bogus = json.dumps({"wrapped": "AAAA", "wrapped_by": "deadbeefdeadbeef"}).encode()
+        await raw.send_and_wait(topics.keys, bogus, key=key_record_key(Subject("globex", "mallory"), b"\x01" * 16), partition=0)
+        forged += 1
+    finally:
+        await raw.stop()
+    async with SubjectKeys(settings, topics, client_id="memstream-bench-chaos-after") as after:
+        ring = after.keyring
+        assert ring is not None
+        kept = sum(1 for subject, kids in held.items() if all(ring.by_kid(k) is not None for k in kids))
+    console.print(f"forged {forged} key records and forget orders: {kept}/{len(held)} subjects still hold their keys")
+    return {
+        "forged_key_records": forged,
+        "forged_forgets": len([k for k in ledger.bad.values() if k == "forged_forget"]),
+        "subjects_keyed": len(held),
+        "subjects_keyed_after_forgery": kept,
+    }
 
 
 @dataclass
@@ -575,7 +639,7 @@ class Verdict:
 
 
 def _verify_log(records: list[Any], topics: Topics, ledger: Ledger, valid: list[EventBase]) -> dict[str, Any]:
-    from memstream.streams.consumer import decode_or_dead_letter
+    from memstream.streams.record_codec import decode_or_dead_letter
     from memstream.streams.deadletter import DeadLetter, NotADeadLetter, parse_dead_letter
 
     counts: Counter[str] = Counter()
@@ -588,6 +652,8 @@ def _verify_log(records: list[Any], topics: Topics, ledger: Ledger, valid: list[
             except NotADeadLetter:
                 continue
             dead[(dl.source_topic, dl.source_partition, dl.source_offset)] = dl.reason
+            continue
+        if getattr(r, "refused", False) or (not isinstance(r, _Opened) and screen(r.key, r.headers) is not None):
             continue
         item = decode_or_dead_letter(r.topic, r.partition, r.offset, r.key, r.value, r.headers)
         if isinstance(item, DeadLetter):
@@ -794,6 +860,8 @@ def run_plan(
             return seconds
 
         produce_s = asyncio.run(traffic())
+        if settings.sealing:
+            figures.update(asyncio.run(_forge_keys(settings, topics, ledger)))
         console.print(
             f"produced in {produce_s:.0f} s: {len(ledger.acked)} events and {len(ledger.bad)} bad inputs "
             f"acknowledged; {faults.worker_kills} kills, {faults.broker_restarts} broker restarts"
@@ -936,6 +1004,8 @@ def _print(figures: dict[str, Any], faults: Faults) -> None:
         ["  resent after a failed send", figures.get("resends")],
         ["bad inputs", figures.get("bad_inputs")],
         ["  dead-lettered with a reason", figures.get("dead_lettered")],
+        ["forged key records and tombstones", figures.get("forged_key_records")],
+        ["  subjects keyed before / after", f"{figures.get('subjects_keyed')} / {figures.get('subjects_keyed_after_forgery')}"],
         ["  valid records dead-lettered", figures.get("valid_dead_lettered")],
         ["memories acknowledged but not projected", figures.get("valid_not_projected")],
         ["projection equals a replay of the log", figures.get("projection_matches_replay")],

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from memstream.domain.events import LinkRelation, MemoryAdded, MemoryLinked, Provenance, Scope
+from memstream.domain.events import LinkRelation, MemoryAdded, MemoryLinked, Provenance, Scope, build_event
 from memstream.domain.extraction.dedup import link_id_for
 
 __all__ = [
@@ -164,7 +164,8 @@ def retry_links(
             if target == memory.memory_id or not sources.intersection(target_sources):
                 continue
             links.append(
-                MemoryLinked(
+                build_event(
+                    MemoryLinked,
                     scope=memory.scope,
                     session_id=memory.session_id,
                     correlation_id=memory.correlation_id,

@@ -42,6 +42,8 @@ __all__ = [
     "LLM_FAILURES",
     "EXTRACTION_REPAIRS",
     "EXTRACTION_FALLBACKS",
+    "FORGED_RECORDS",
+    "record_forged",
     "CONTENT_TYPE",
     "LogSnapshot",
     "LogStateCollector",
@@ -84,6 +86,20 @@ EXTRACTION_FALLBACKS = Counter(
     "Extraction windows stored by the heuristic after the model failed them, per reason.",
     ["reason"],
 )
+
+FORGED_RECORDS = Counter(
+    "memstream_forged_records",
+    "Records refused because only the worker (or the operator's forget) may write them and "
+    "they do not carry its signature: key records and tombstones on the key topic, "
+    "SubjectForgotten and other system events. None of them had any effect.",
+    ["log", "kind"],
+)
+
+
+def record_forged(log: str, kind: str) -> None:
+    """Count one refused forged record (``log``: keys or events; ``kind``: key,
+    tombstone, forget, system)."""
+    FORGED_RECORDS.labels(log=log, kind=kind).inc()
 
 
 EXTRACTION_REPAIRS = Counter(

@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from memstream.domain.events import MessageObserved, Scope
+from memstream.domain.events import MessageObserved, Scope, build_event
 from memstream.projections.schema import MESSAGES
 from memstream.projections.store import chunked, in_list, quote, space_where
 
@@ -23,7 +23,8 @@ __all__ = ["message_from_row", "session_turns", "turns_by_id", "turns_before"]
 def message_from_row(row: Mapping[str, Any]) -> MessageObserved:
     """The turn a ``messages`` row was projected from."""
     meta = row.get("metadata")
-    return MessageObserved(
+    return build_event(
+        MessageObserved,
         scope={"team_id": row["team_id"], "user_id": row["user_id"], "agent_id": row["agent_id"]},
         session_id=row.get("session_id"),
         message_id=row["message_id"],

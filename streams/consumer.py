@@ -16,9 +16,7 @@ the same three guarantees, and they are easy to get subtly wrong with a raw clie
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal
@@ -27,17 +25,14 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError, RebalanceInProgressError
 
-from memstream.domain.access import client_content_problem, system_claim
-from memstream.domain.events import MessageObserved
 from memstream.domain.log import LogPosition, PositionedEvent
-from memstream.sealing import TamperedRecord
 from memstream.settings import Settings, get_settings
 from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher
-from memstream.streams.inflation_bound import bound_inflation, refusal
+from memstream.streams.inflation_bound import bound_inflation
 from memstream.streams.keys import SubjectKeys
-from memstream.streams.legacy_trust import LegacyTrust, trusted_before
+from memstream.streams.record_codec import MAX_SHARED_TURNS, decode_or_dead_letter, read_record, sharing_turns
 from memstream.streams.sealed_records import RecordOpener
-from memstream.codec.wire import MAX_RECORD_BYTES, DecodeError, decode_record, encode_event
+from memstream.codec.wire import MAX_RECORD_BYTES, encode_event
 from memstream.streams.topics import Topics
 
 __all__ = ["ConsumedBatch", "decode_or_dead_letter", "EventConsumer", "MAX_SHARED_TURNS", "sharing_turns"]
@@ -65,163 +60,6 @@ class ConsumedBatch:
     @property
     def empty(self) -> bool:
         return not self.events and not self.dead
-
-
-class _SharedTurns:
-    """Turns decoded by one reader of a worker, kept for the other.
-
-    The extractor and the projector each read every record of ``messages`` (each
-    with its own consumer, close behind each other) and each decoded every turn: a
-    sixth of the worker's interpreter time in a bulk ingest. A turn decoded by one is
-    kept here, by position, until the other asks for the same position; it is reused
-    only when the record is the same bytes with the same headers, so the answer is
-    the one decoding would give (decoding is a pure function of those). The first to
-    ask again takes it out; at most :data:`MAX_SHARED_TURNS` turns and 32 MiB of
-    records wait (the oldest go). Turns are kept only while an extractor runs in this
-    process (:func:`sharing_turns`): a worker without one, or a replay, keeps nothing.
-    With the projector decoding in its own process (``projector_decode_process``) the
-    extractor's turns are never taken here; they only fill the bound.
-    """
-
-    def __init__(self, bound: int) -> None:
-        self._bound = bound
-        self._lock = threading.Lock()
-        self._waiting: dict[tuple[str, int, int], tuple[bytes, Any, MessageObserved]] = {}
-        self._bytes = 0
-        self.sharers = 0
-
-    def share(self, delta: int) -> None:
-        with self._lock:
-            self.sharers = max(0, self.sharers + delta)
-            if not self.sharers:
-                self._waiting.clear()
-                self._bytes = 0
-
-    def take(self, topic: str, partition: int, offset: int, value: bytes, headers: Any) -> MessageObserved | None:
-        with self._lock:
-            kept = self._waiting.pop((topic, partition, offset), None)
-            if kept is not None:
-                self._bytes -= len(kept[0])
-        if kept is None or kept[0] != value or kept[1] != headers:
-            return None
-        return kept[2]
-
-    def keep(self, topic: str, partition: int, offset: int, value: bytes, headers: Any, event: MessageObserved) -> None:
-        if not self.sharers or len(value) > _MAX_SHARED_TURN_BYTES:
-            return
-        with self._lock:
-            old = self._waiting.pop((topic, partition, offset), None)
-            self._bytes += len(value) - (len(old[0]) if old is not None else 0)
-            self._waiting[(topic, partition, offset)] = (value, headers, event)
-            while self._waiting and (len(self._waiting) > self._bound or self._bytes > _MAX_SHARED_BYTES):
-                self._bytes -= len(self._waiting.pop(next(iter(self._waiting)))[0])
-
-
-MAX_SHARED_TURNS = 4_096
-_MAX_SHARED_BYTES = 32 * 1024 * 1024
-_MAX_SHARED_TURN_BYTES = 64 * 1024
-_shared_turns = _SharedTurns(MAX_SHARED_TURNS)
-
-
-@contextmanager
-def sharing_turns() -> Iterator[None]:
-    """While inside, readers of ``messages`` that pass ``share_turns`` keep the turns
-    they decode for each other (the extractor holds this while it runs)."""
-    _shared_turns.share(+1)
-    try:
-        yield
-    finally:
-        _shared_turns.share(-1)
-
-
-def decode_or_dead_letter(
-    topic: str,
-    partition: int,
-    offset: int,
-    key: bytes | None,
-    value: bytes | None,
-    headers: Sequence[tuple[str, bytes]] | None,
-    *,
-    max_bytes: int = MAX_RECORD_BYTES,
-    share_turns: bool = False,
-    trusted: Callable[[bytes | None, Sequence[tuple[str, bytes]] | None], bool] | None = None,
-    legacy_trust: LegacyTrust | None = None,
-) -> PositionedEvent | DeadLetter:
-    """Decode one record; anything unusable becomes a :class:`DeadLetter` (never raises).
-
-    ``share_turns``: a reader of ``messages`` in a worker where another reader decodes
-    the same records (see :class:`_SharedTurns`). ``trusted``: the worker's producer
-    identity check (``memstream.streams.worker_identity.verifier``); with it, a system
-    event (``memstream.domain.access.system_claim``) from a record it does not
-    accept is a dead letter, unless ``legacy_trust`` (:mod:`memstream.streams.legacy_trust`)
-    puts its position in the unsigned past the operator trusts. The marker of a batch refused for inflating past the bound
-    (:mod:`memstream.streams.inflation_bound`) is a dead letter with that reason."""
-    refused = refusal(value, headers)
-    if refused is not None:
-        return DeadLetter(refused, topic, partition, offset, None, key, tuple((k, v or b"") for k, v in headers or ()), "decode")
-    item = _decode_one(topic, partition, offset, key, value, headers, max_bytes, share_turns)
-    if trusted is None or isinstance(item, DeadLetter):
-        return item
-    claim = system_claim(item.event)
-    problem = (
-        f"{claim}; the record does not carry the worker's producer identity"
-        if claim is not None
-        else _refused(client_content_problem(item.event))
-    )
-    if problem is None or trusted(value, headers):
-        return item
-    if claim is not None and trusted_before(legacy_trust, topic, partition, offset):
-        return item
-    return DeadLetter(
-        reason=problem,
-        source_topic=topic,
-        source_partition=partition,
-        source_offset=offset,
-        original_value=value,
-        original_key=key,
-        original_headers=tuple((k, v if v is not None else b"") for k, v in headers or ()),
-        stage="decode",
-    )
-
-
-def _refused(problem: str | None) -> str | None:
-    return None if problem is None else f"a client memory refused by the quality gate: {problem}"
-
-
-def _decode_one(
-    topic: str,
-    partition: int,
-    offset: int,
-    key: bytes | None,
-    value: bytes | None,
-    headers: Sequence[tuple[str, bytes]] | None,
-    max_bytes: int,
-    share_turns: bool,
-) -> PositionedEvent | DeadLetter:
-    # The headers as one comparable value, only for a reader that shares turns.
-    frozen_headers = (tuple(headers) if headers else ()) if share_turns else ()
-    if share_turns and value is not None:
-        shared = _shared_turns.take(topic, partition, offset, value, frozen_headers)
-        if shared is not None:
-            return PositionedEvent(
-                position=LogPosition(topic=topic, partition=partition, offset=offset), event=shared
-            )
-    try:
-        event = decode_record(value, headers, max_bytes=max_bytes)
-    except DecodeError as exc:
-        return DeadLetter(
-            reason=exc.reason,
-            source_topic=topic,
-            source_partition=partition,
-            source_offset=offset,
-            original_value=value,
-            original_key=key,
-            original_headers=tuple((k, v if v is not None else b"") for k, v in headers or ()),
-            stage="decode",
-        )
-    if share_turns and value is not None and isinstance(event, MessageObserved):
-        _shared_turns.keep(topic, partition, offset, value, frozen_headers, event)
-    return PositionedEvent(position=LogPosition(topic=topic, partition=partition, offset=offset), event=event)
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -411,25 +249,11 @@ class EventConsumer:
         self._raw = {}
         for tp, records in polled.items():
             for rec in records:
-                value, headers = rec.value, rec.headers
-                if self.opener is not None:
-                    try:
-                        opened = self.opener.open(value, headers)
-                    except TamperedRecord as exc:
-                        dead.append(DeadLetter(str(exc), rec.topic, rec.partition, rec.offset, value, rec.key, tuple(headers or ())))
-                        continue
-                    if opened is None:  # a forgotten subject's record: skipped (opener.counts)
-                        continue
-                    value, headers = opened
-                item = decode_or_dead_letter(
-                    rec.topic,
-                    rec.partition,
-                    rec.offset,
-                    rec.key,
-                    value,
-                    headers,
-                    max_bytes=self._max_record_bytes,
+                item = read_record(
+                    self.opener, rec.topic, rec.partition, rec.offset, rec.key, rec.value, rec.headers, max_bytes=self._max_record_bytes
                 )
+                if item is None:  # a forgotten subject's record: skipped (opener.counts)
+                    continue
                 if isinstance(item, DeadLetter):
                     dead.append(item)
                 else:

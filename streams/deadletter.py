@@ -46,6 +46,7 @@ from memstream.streams.connect import until_started
 from memstream.streams.producer import create_kafka_producer
 from memstream.codec.wire import EncodedRecord
 from memstream.sealing import DataKey, SealedHeader, seal
+from memstream.sealing.keyring import KID_BYTES
 from memstream.streams.keys import LazyKeys, SubjectKeys
 from memstream.streams.sealed_records import OPENED_HEADER, NotAnEvent, ingress_header
 from memstream.streams.topics import Topics
@@ -191,12 +192,12 @@ async def seal_dead_letter(dl: DeadLetter, keys: SubjectKeys) -> DeadLetter:
     the plaintext) is dropped. If that key is gone (forgotten meanwhile) the value is
     not kept: it is still at its source position, unreadable. Any other record (plain
     in the log, or sealed and never opened) passes unchanged."""
-    kid_hex = next((v for k, v in dl.original_headers if k == OPENED_HEADER), None)
-    if kid_hex is None:
+    kid = _opened_kid(dl.original_headers)
+    if kid is None:
         return dl
     headers = tuple((k, v) for k, v in dl.original_headers if k not in (OPENED_HEADER, SIGNATURE_HEADER))
     plain_reason = f"{dl.stage} failed on a sealed record"
-    key = await _held_key(keys, bytes.fromhex(kid_hex.decode("ascii")))
+    key = await _held_key(keys, kid)
     value = dl.original_value
     if key is None or value is None:
         return replace(dl, original_value=None, original_headers=headers, reason=f"{plain_reason}; value not kept (its key is gone)")
@@ -211,6 +212,20 @@ async def seal_dead_letter(dl: DeadLetter, keys: SubjectKeys) -> DeadLetter:
         original_headers=(*headers, (HEADER_DLQ_SEALED_REASON, seal(_one_line(dl.reason).encode("utf-8"), head, key))),
         reason=f"{plain_reason}; the reason is sealed in {HEADER_DLQ_SEALED_REASON}",
     )
+
+
+def _opened_kid(headers: Sequence[tuple[str, bytes]]) -> bytes | None:
+    """The key id a reader's ``OPENED_HEADER`` names; None unless exactly one names a
+    well-formed id (the readers refuse records that bring their own, so any other
+    shape is hostile bytes, kept as they are)."""
+    found = [v for k, v in headers if k == OPENED_HEADER]
+    if len(found) != 1:
+        return None
+    try:
+        kid = bytes.fromhex(bytes(found[0] or b"").decode("ascii"))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return kid if len(kid) == KID_BYTES else None
 
 
 async def _held_key(keys: SubjectKeys, kid: bytes) -> DataKey | None:

@@ -18,7 +18,7 @@ import time
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from memstream.domain.events import Scope, SubjectForgotten
+from memstream.domain.events import Scope, SubjectForgotten, build_event
 from memstream.domain.log import LogPosition
 from memstream.sealing import Subject
 from memstream.settings import Settings
@@ -62,7 +62,8 @@ class ForgetReport:
 def forgotten_events(keys: SubjectKeys, subjects: list[Subject], whole_team: bool) -> list[SubjectForgotten]:
     assert keys.keyring is not None
     return [
-        SubjectForgotten(
+        build_event(
+            SubjectForgotten,
             scope=Scope(team_id=s.team_id, user_id=s.user_id),
             whole_team=whole_team,
             key_ids=tuple(kid.hex() for kid in keys.keyring.kids_of(s)),

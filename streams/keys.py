@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 
 from memstream.streams.log_ids import log_id
 from memstream.sealing import (
@@ -35,25 +35,16 @@ from memstream.sealing import (
 )
 from memstream.sealing.keyring import ROLL_KEY
 from memstream.settings import Settings
+from memstream.streams.key_records import forget_order, forgotten_keys, key_record_signed_or_trusted, refuse_key_record
+from memstream.streams.legacy_trust import LegacyTrustError, load_legacy_trust, trusted_before
 from memstream.streams.topics import Topics
+from memstream.streams.worker_identity import HEADER as SIGNATURE_HEADER, key_record_signature, worker_key
 
 __all__ = ["SubjectKeys", "LazyKeys", "master_key_path", "MasterKeyError", "forgotten_keys"]
 
 log = logging.getLogger(__name__)
 
 _POLL_MS = 200
-_FORGOTTEN_TYPE = b"SubjectForgotten"
-
-
-def forgotten_keys(value: bytes) -> tuple[Subject, list[bytes]] | None:
-    """The subject and key ids a ``SubjectForgotten`` record names (None if unreadable:
-    the decoder dead-letters it with the reason)."""
-    try:
-        body = json.loads(value)
-        scope = body["scope"]
-        return Subject(scope["team_id"], scope.get("user_id", "default")), [bytes.fromhex(k) for k in body.get("key_ids", ())]
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None
 
 
 def tombstoned_subject(key: bytes | None) -> Subject | None:
@@ -87,8 +78,18 @@ def _master_key(settings: Settings, keys_exist: bool) -> bytes:
 class SubjectKeys:
     """This node's keyring, following the key topic; creates and forgets keys."""
 
-    def __init__(self, settings: Settings, topics: Topics | None = None, *, client_id: str = "memstream-keys") -> None:
+    def __init__(
+        self, settings: Settings, topics: Topics | None = None, *, client_id: str = "memstream-keys", signing_key: bytes | None = None
+    ) -> None:
         self._settings = settings
+        self._signing_key = signing_key
+        """The worker key: signs the key records this node writes, and is what a key
+        record, a tombstone or a ``SubjectForgotten`` must be signed with to act."""
+        self._trust: dict[tuple[str, int], int] = {}
+        self._unsigned: set[bytes] = set()
+        self._signed_keys: set[bytes] = set()
+        """Record keys of key records taken in unsigned (they unwrapped: written before
+        signatures, or by a master-key holder without the worker key)."""
         self._topics = topics or Topics.from_settings(settings)
         self._tp = TopicPartition(self._topics.keys, 0)
         self._client_id = client_id
@@ -133,6 +134,12 @@ class SubjectKeys:
             enable_idempotence=True,
             acks="all",
         )
+        if self._signing_key is None:
+            self._signing_key = worker_key(self._settings)
+        try:
+            self._trust = load_legacy_trust(self._settings)
+        except LegacyTrustError as exc:
+            log.warning("key topic: no legacy trust (%s)", exc)
         await consumer.start()
         try:
             await producer.start()
@@ -144,10 +151,11 @@ class SubjectKeys:
             consumer.assign([self._tp])
             await consumer.seek_to_beginning(self._tp)
             backlog = await self._read_to_end()
-            exist = any(key != ROLL_KEY and value is not None for key, value in backlog)
+            exist = any(signed and key != ROLL_KEY and value is not None for key, value, signed, _ in backlog)
             self.keyring = Keyring(AesGcmKeyWrapper(_master_key(self._settings, exist)))
-            for key, value in backlog:
-                self.keyring.apply(key, value)
+            for key, value, signed, timestamp in backlog:
+                if self._apply(key, value, signed, at_start=True):
+                    self._note_tombstone(key, value, timestamp)
         except BaseException:
             await self.stop()
             raise
@@ -174,16 +182,49 @@ class SubjectKeys:
         await self.stop()
 
     # ------------------------------------------------------------------ reading
-    async def _read_to_end(self) -> list[tuple[bytes | None, bytes | None]]:
+    async def _read_to_end(self) -> list[tuple[bytes | None, bytes | None, bool, int]]:
+        """The key topic's records: key, value, whether signed (or trusted), timestamp."""
         assert self._consumer is not None
         end = (await self._consumer.end_offsets([self._tp]))[self._tp]
-        records: list[tuple[bytes | None, bytes | None]] = []
+        records: list[tuple[bytes | None, bytes | None, bool, int]] = []
         while await self._consumer.position(self._tp) < end:
             polled = await self._consumer.getmany(self._tp, timeout_ms=_POLL_MS)
-            for r in polled.get(self._tp, ()):
-                records.append((r.key, r.value))
-                self._note_tombstone(r.key, r.value, r.timestamp)
+            records += [(r.key, r.value, self._signed(r), r.timestamp) for r in polled.get(self._tp, ())]
         return records
+
+    def _signed(self, record: ConsumerRecord) -> bool:  # type: ignore[type-arg]
+        trusted = trusted_before(self._trust, record.topic, record.partition, record.offset)
+        return key_record_signed_or_trusted(self._signing_key, record.key, record.value, record.headers, trusted=trusted)
+
+    def _apply(self, key: bytes | None, value: bytes | None, signed: bool, *, at_start: bool = False) -> bool:
+        """Apply one key-topic record; False when it took no effect. Only a signed
+        record wrapped by another master key stops a start (a real misconfiguration)."""
+        assert self.keyring is not None
+        if value is None and not signed and key not in self._unsigned:
+            # an unsigned key record's own unsigned tombstone (a log from before
+            # signatures) still forgets it: a signed key is never shredded so
+            refuse_key_record(key, value, "an unsigned tombstone")
+            return False
+        try:
+            self.keyring.apply(key, value)
+        except MasterKeyError:
+            if signed and at_start:
+                raise
+            refuse_key_record(key, value, "it does not unwrap under this node's master key")
+            return False
+        except Exception as exc:  # noqa: BLE001 - hostile bytes never stop a node
+            if signed:
+                log.error("a signed key record was not applied: %s", exc)
+            else:
+                refuse_key_record(key, value, f"not a key record ({type(exc).__name__})")
+            return False
+        if value is not None and key is not None:
+            if signed:
+                self._signed_keys.add(key)
+                self._unsigned.discard(key)
+            elif key not in self._signed_keys:  # an unsigned copy of a signed record stays signed
+                self._unsigned.add(key)
+        return True
 
     def _note_tombstone(self, key: bytes | None, value: bytes | None, timestamp: int) -> Subject | None:
         subject = tombstoned_subject(key) if value is None else None
@@ -196,10 +237,8 @@ class SubjectKeys:
         while True:
             polled = await self._consumer.getmany(self._tp, timeout_ms=_POLL_MS)
             for record in polled.get(self._tp, ()):
-                try:
-                    self.keyring.apply(record.key, record.value)
-                except Exception:
-                    log.exception("key record at offset %d not applied", record.offset)
+                if not self._apply(record.key, record.value, self._signed(record)):
+                    continue
                 if record.value is None:
                     self._schedule_roll()
                     subject = self._note_tombstone(record.key, record.value, record.timestamp)
@@ -234,14 +273,11 @@ class SubjectKeys:
         await self.ensure_readable(value for value, _ in records)
         ring = self._ring()
         for value, headers in records:
-            if value is None or is_sealed(value):
-                continue
-            if not any(k == "memstream-type" and v == _FORGOTTEN_TYPE for k, v in headers or ()):
-                continue
-            forgotten = forgotten_keys(value)
-            if forgotten is not None:
-                ring.forget_kids(*forgotten)
-                self._dropped(forgotten[0])
+            order = forget_order(value, headers, self._signing_key)  # verified first: nothing acts on a forgery
+            if order is not None:
+                subject, kids = order
+                ring.forget_kids(subject, [kid for kid in kids if ring.subject_of(kid) in (None, subject)])
+                self._dropped(subject)
 
     def _ring(self) -> Keyring:
         if self.keyring is None:
@@ -285,8 +321,9 @@ class SubjectKeys:
         return subjects
 
     async def _send(self, key: bytes, value: bytes | None) -> None:
-        assert self._producer is not None
-        await (await self._producer.send(self._tp.topic, value=value, key=key, partition=0))
+        assert self._producer is not None and self._signing_key is not None
+        headers = [(SIGNATURE_HEADER, key_record_signature(self._signing_key, key, value))]
+        await (await self._producer.send(self._tp.topic, value=value, key=key, partition=0, headers=headers))
 
     def _schedule_roll(self) -> None:
         """Append a keep-alive record once the segment holding a tombstone is old enough

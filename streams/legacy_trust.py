@@ -76,11 +76,13 @@ def load_legacy_trust(settings: Settings) -> dict[tuple[str, int], int]:
         data = json.loads(text)
         topic = data["topic"]
         ends = {int(p): int(o) for p, o in data["ends"].items()}
+        keys = data.get("keys") or {}
+        key_ends = {(str(keys["topic"]), 0): int(keys["end"])} if keys else {}
     except (ValueError, KeyError, TypeError, AttributeError):
         raise LegacyTrustError(f"{path}: not a legacy trust file (JSON with topic and ends)") from None
     if not isinstance(topic, str) or any(p < 0 or o < 0 for p, o in ends.items()):
         raise LegacyTrustError(f"{path}: not a legacy trust file (JSON with topic and ends)")
-    return {(topic, p): o for p, o in ends.items()}
+    return {**{(topic, p): o for p, o in ends.items()}, **key_ends}
 
 
 async def record_legacy_trust(settings: Settings, *, extend: bool = False) -> dict[tuple[str, int], int]:
@@ -98,20 +100,25 @@ async def record_legacy_trust(settings: Settings, *, extend: bool = False) -> di
         raise LegacyTrustError(f"the topic {topic} does not exist at {settings.bootstrap_servers}")
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, client_id="memstream-trust-legacy")
     await consumer.start()
+    keys_tp = TopicPartition(Topics.from_settings(settings).keys, 0)
     try:
         ends = await consumer.end_offsets([TopicPartition(topic, p) for p in partitions])
+        keys_end = int((await consumer.end_offsets([keys_tp]))[keys_tp]) if settings.sealing else 0
     finally:
         await consumer.stop()
     by_partition = {tp.partition: int(offset) for tp, offset in ends.items()}
-    _write(path, topic, by_partition)
-    return {(topic, p): o for p, o in by_partition.items()}
+    _write(path, topic, by_partition, (keys_tp.topic, keys_end))
+    return {**{(topic, p): o for p, o in by_partition.items()}, (keys_tp.topic, 0): keys_end}
 
 
-def _write(path: Path, topic: str, ends: dict[int, int]) -> None:
+def _write(path: Path, topic: str, ends: dict[int, int], keys: tuple[str, int]) -> None:
+    """The file; ``keys`` is the key topic and its end: unsigned key records and
+    tombstones below it (written before the worker signed them) are trusted too."""
     path.parent.mkdir(parents=True, exist_ok=True)
     body = {
         "topic": topic,
         "ends": {str(p): o for p, o in sorted(ends.items())},
+        "keys": {"topic": keys[0], "end": keys[1]},
         "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     tmp = path.with_name(f".{path.name}.{os.getpid()}")

@@ -55,7 +55,8 @@ from memstream.sealing import TamperedRecord
 from memstream.streams.keys import SubjectKeys
 from memstream.streams.legacy_trust import LegacyTrust
 from memstream.streams.record_batches import DecodedBatch, RawRecord, decode_batch
-from memstream.streams.sealed_records import UNOPENED_HEADER, RecordOpener
+from memstream.streams.record_codec import screen
+from memstream.streams.sealed_records import RecordOpener
 
 __all__ = ["FeedBatch", "ProjectorFeed", "raw_record", "merge_batches", "decoder_pool"]
 
@@ -81,6 +82,14 @@ def raw_record(r: ConsumerRecord) -> RawRecord:  # type: ignore[type-arg]
     # positional, and aiokafka delivers header values as bytes (None for a header
     # without a value)
     return RawRecord(r.topic, r.partition, r.offset, r.key, r.value, tuple(r.headers) if r.headers else ())
+
+
+def screened(r: ConsumerRecord) -> RawRecord:  # type: ignore[type-arg]
+    """:func:`raw_record`, through the codec's route check first (before anything,
+    keys included, looks at it): a refused record carries its reason."""
+    rec = raw_record(r)
+    refused = screen(rec.key, rec.headers)
+    return rec if refused is None else rec._replace(refused=refused)
 
 
 def merge_batches(batches: Sequence[FeedBatch]) -> FeedBatch:
@@ -274,7 +283,7 @@ class ProjectorFeed:
                 for r in recs:
                     if end is not None and r.offset >= end:
                         break
-                    records.append(raw_record(r))
+                    records.append(screened(r))
                     self._next[tp] = r.offset + 1
                 if end is not None and self._next.get(tp, 0) >= end and tp not in self._done:
                     self._done.add(tp)
@@ -290,11 +299,11 @@ class ProjectorFeed:
             if records:
                 self.fetched += len(records)
                 if self._keys is not None:
-                    await self._keys.prepare((r.value, r.headers) for r in records)
+                    await self._keys.prepare((r.value, r.headers) for r in records if r.refused is None)
                     records = self._opened(records)
                 decoding = loop.run_in_executor(
                     self._decoder, decode_batch, records, self._fast,
-                    dict(self._counts) if self._reroute else None, self._worker_key, self._legacy_trust,
+                    dict(self._counts) if self._reroute else None, self._worker_key, self._legacy_trust, True,
                 )
                 self._undecoded += 1
                 await self._decoding.put((records, decoding))
@@ -310,13 +319,16 @@ class ProjectorFeed:
         assert self.opener is not None
         out: list[RawRecord] = []
         for r in records:
+            if r.refused is not None:
+                out.append(r)
+                continue
             try:
                 opened = self.opener.open(r.value, r.headers)
             except TamperedRecord as exc:
-                out.append(r._replace(value=None, headers=((UNOPENED_HEADER, str(exc).encode()),)))
+                out.append(r._replace(refused=str(exc)))
                 continue
             if opened is None:
-                out.append(r._replace(value=None, headers=((UNOPENED_HEADER, b""),)))
+                out.append(r._replace(refused=""))
             elif opened[0] is not r.value:
                 out.append(r._replace(value=opened[0], headers=tuple(opened[1] or ())))
             else:

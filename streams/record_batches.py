@@ -11,11 +11,10 @@ from typing import TYPE_CHECKING, NamedTuple
 from memstream.codec.batch import PositionedMemories
 from memstream.domain.log import PositionedEvent
 from memstream.domain.quality import injection_reason
-from memstream.streams.consumer import decode_or_dead_letter
+from memstream.streams.record_codec import decode_or_dead_letter, refused_letter, screen
 from memstream.streams.deadletter import DeadLetter
 from memstream.streams.legacy_trust import LegacyTrust
 from memstream.streams.rerouting import home_partition, is_misrouted
-from memstream.streams.sealed_records import UNOPENED_HEADER
 from memstream.codec.wire import header_value
 from memstream.streams.worker_identity import HEADER as WORKER_HEADER, verifier
 
@@ -35,6 +34,9 @@ class RawRecord(NamedTuple):
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes | None], ...] = ()
+    refused: str | None = None
+    """Set by the reader before decoding: why the record is refused (a dead letter),
+    or empty for a record sealed under a forgotten key (skipped)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ def decode_batch(
     partition_counts: Mapping[str, int] | None = None,
     worker_key: bytes | None = None,
     legacy_trust: LegacyTrust | None = None,
+    screened: bool = False,
 ) -> DecodedBatch:
     """Decode records (pure CPU work: call it off the event loop for big batches).
 
@@ -80,9 +83,10 @@ def decode_batch(
     than its key's is set apart in ``misrouted``, not decoded. With
     ``worker_key``, a system event whose record does not carry the worker's signature
     is a dead letter (:mod:`memstream.streams.worker_identity`; a key, not a closure,
-    so that a decoder process can receive it). A record its reader could not open
-    (``UNOPENED_HEADER``: sealed under a forgotten key) is passed; one that did not
-    open for another reason is a dead letter. ``legacy_trust``: where the unsigned system
+    so that a decoder process can receive it). A record the reader refused (``refused``:
+    empty for one sealed under a forgotten key, which is passed) is a dead letter; any
+    other is screened first (:func:`memstream.streams.record_codec.screen`) unless
+    ``screened`` (the feed screened the raw records before opening them). ``legacy_trust``: where the unsigned system
     events the operator trusts end (:mod:`memstream.streams.legacy_trust`)."""
     trusted = verifier(worker_key) if worker_key is not None else None
     events: list[PositionedEvent] = []
@@ -99,12 +103,12 @@ def decode_batch(
             key = (rec.topic, rec.partition)
             next_offsets[key] = max(next_offsets.get(key, 0), rec.offset + 1)
             continue
-        if rec.value is None and rec.headers and rec.headers[0][0] == UNOPENED_HEADER:
+        refused = rec.refused if screened or rec.refused is not None else screen(rec.key, rec.headers)
+        if refused is not None:
             key = (rec.topic, rec.partition)
             next_offsets[key] = max(next_offsets.get(key, 0), rec.offset + 1)
-            reason = rec.headers[0][1]
-            if reason:
-                dead.append(DeadLetter(reason.decode(), rec.topic, rec.partition, rec.offset, None, rec.key, (), "decode"))
+            if refused:
+                dead.append(refused_letter(refused, rec.topic, rec.partition, rec.offset, rec.key, rec.value, rec.headers))
             continue
         signed = trusted is not None and header_value(rec.headers, WORKER_HEADER) is not None and trusted(rec.value, rec.headers)
         got = fast.decode(rec.value, rec.headers, trusted=signed or trusted is None) if fast is not None else None

@@ -33,6 +33,8 @@ from memstream.streams.connect import until_started
 from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher
 from memstream.streams.inflation_bound import bound_inflation, refusal
 from memstream.streams.keys import SubjectKeys
+from memstream.streams.record_codec import refused_letter, screen
+from memstream.streams.worker_identity import HEADER as SIGNATURE_HEADER
 from memstream.streams.sealed_records import PLAIN_TYPES, NotAnEvent, ingress_header, seal_value
 from memstream.sealing import Subject
 from memstream.streams.topics import Topics, topic_for_type
@@ -128,6 +130,10 @@ class IngressSealer:
             if inflation is not None:
                 refused.append(DeadLetter(inflation, r.topic, r.partition, r.offset, None, r.key, tuple(r.headers or ()), "seal"))
                 continue
+            screened = screen(r.key, r.headers)  # the headers are copied into the log: refuse hostile ones here
+            if screened is not None:
+                refused.append(refused_letter(screened, r.topic, r.partition, r.offset, r.key, r.value, r.headers, "seal"))
+                continue
             try:
                 header = ingress_header(r.value)
                 if header.type in PLAIN_TYPES:
@@ -152,7 +158,9 @@ class IngressSealer:
             sealed = seal_value(key, header, r.value)
             target = topic_for_type(header.type, self._topics)
             record_key = f"{header.team_id}/{header.user_id}".encode("utf-8")
-            sends.append(await producer.send(target, value=sealed, key=record_key, headers=list(r.headers or ())))
+            # only the worker signs: a producer's signature header is not carried into the log
+            headers = [h for h in r.headers or () if h[0] != SIGNATURE_HEADER]
+            sends.append(await producer.send(target, value=sealed, key=record_key, headers=headers))
         if sends:
             await asyncio.gather(*sends)
         if refused:

@@ -27,7 +27,17 @@ from pathlib import Path
 
 from memstream.settings import Settings
 
-__all__ = ["HEADER", "worker_key_path", "worker_key", "signature", "signed_headers", "verifier", "Verifier"]
+__all__ = [
+    "HEADER",
+    "worker_key_path",
+    "worker_key",
+    "signature",
+    "signed_headers",
+    "verifier",
+    "Verifier",
+    "key_record_signature",
+    "key_record_signed",
+]
 
 HEADER = "memstream-worker"
 _KEY_BYTES = 32
@@ -70,6 +80,21 @@ def signature(key: bytes, value: bytes) -> bytes:
 def signed_headers(key: bytes, value: bytes, headers: Sequence[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
     """``headers`` with the worker's signature of ``value`` (any earlier one replaced)."""
     return [*(h for h in headers if h[0] != HEADER), (HEADER, signature(key, value))]
+
+
+def key_record_signature(key: bytes, record_key: bytes | None, value: bytes | None) -> bytes:
+    """The worker's signature of a key-topic record. It covers the record key too (a
+    tombstone has no value) and is domain-separated from event signatures, so neither
+    can be replayed as the other."""
+    body = b"memstream.keys\x00" + len(record_key or b"").to_bytes(4, "big") + (record_key or b"")
+    body += b"\x00" if value is None else b"\x01" + value
+    return signature(key, body)
+
+
+def key_record_signed(key: bytes, record_key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes | None]] | None) -> bool:
+    """True when a key-topic record carries exactly one valid worker signature."""
+    found = [v for k, v in headers or () if k == HEADER]
+    return len(found) == 1 and found[0] is not None and hmac.compare_digest(found[0], key_record_signature(key, record_key, value))
 
 
 def verifier(key: bytes) -> Verifier:

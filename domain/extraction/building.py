@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import TypeAdapter
 
 from memstream.domain.events import (
+    build_event,
     EmbeddingPayload,
     EventBase,
     JsonObject,
@@ -281,7 +282,8 @@ def _link_events(
     provenance: Provenance,
 ) -> list[MemoryLinked]:
     return [
-        MemoryLinked(
+        build_event(
+            MemoryLinked,
             **envelope,
             occurred_at=draft.occurred_at,
             link_id=link_id_for(memory_id, target, relation),
@@ -303,7 +305,8 @@ def _memory_event(
     embedding: EmbeddingPayload | None,
     provenance: Provenance | None,
 ) -> MemoryAdded:
-    return MemoryAdded(
+    return build_event(
+        MemoryAdded,
         **envelope,
         occurred_at=draft.occurred_at,
         memory_id=memory_id,

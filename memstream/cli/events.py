@@ -31,10 +31,11 @@ from rich.json import JSON
 from rich.text import Text
 
 from memstream.cli._errors import CLIError
-from memstream.domain.log import LogPosition
+from memstream.domain.log import LogPosition, PositionedEvent
 from memstream.settings import Settings, get_settings
 from memstream.streams.admin import topic_partitions
 from memstream.streams.deadletter import is_dead_letter, parse_dead_letter
+from memstream.streams.record_codec import read_record
 from memstream.streams.producer import MemstreamProducer
 from memstream.codec.wire import DecodeError, EncodeError, decode_record, encode_event
 from memstream.streams.topics import Topics
@@ -252,17 +253,17 @@ def _print_record(console: Console, rec: ConsumerRecord[bytes, bytes], raw: bool
         console.print(Text(f"  reason: {dl.reason}", style="red"))
         console.print(Text(f"  value:  {_preview(dl.original_value)}"))
         return
-    try:
-        event = decode_record(rec.value, rec.headers)
-    except DecodeError as exc:
+    item = read_record(None, rec.topic, rec.partition, rec.offset, rec.key, rec.value, rec.headers)
+    if not isinstance(item, PositionedEvent):
         head = Text()
         head.append(f"{where} ", style="dim")
         head.append("UNDECODABLE", style="bold yellow")
         head.append(f"  key={key}  {_when(rec.timestamp)}")
         console.print(head)
-        console.print(Text(f"  reason: {exc.reason}", style="yellow"))
+        console.print(Text(f"  reason: {item.reason if item is not None else 'sealed'}", style="yellow"))
         console.print(Text(f"  value:  {_preview(rec.value)}"))
         return
+    event = item.event
     head = Text()
     head.append(f"{where} ", style="dim")
     head.append(event.type, style="bold cyan")

@@ -106,6 +106,8 @@ class Keyring:
         if value is None:
             self._drop(subject, kid)
             return
+        if kid in self._forgotten:  # a copy of a key record written again after its tombstone
+            return
         self._add(DataKey(kid, subject, self._unwrap(key or b"", value)))
 
     def _unwrap(self, key: bytes, value: bytes) -> bytes:
@@ -172,6 +174,11 @@ class Keyring:
     def by_kid(self, kid: bytes) -> DataKey | None:
         return self._by_kid.get(kid)
 
+    def subject_of(self, kid: bytes) -> Subject | None:
+        """The subject holding ``kid`` (None for a key this node does not hold)."""
+        found = self._by_kid.get(kid)
+        return None if found is None else found.subject
+
     def was_forgotten(self, kid: bytes) -> bool:
         """True when this node saw the tombstone of ``kid`` (and no key since)."""
         return kid in self._forgotten
@@ -181,6 +188,10 @@ class Keyring:
         return sorted(
             s for s in self._by_subject if s.team_id == team_id and (user_id is None or s.user_id == user_id)
         )
+
+    def known_subjects(self) -> list[Subject]:
+        """Every subject this node holds a key of."""
+        return sorted(self._by_subject)
 
     def forgotten_subjects(self, team_id: str, user_id: str | None = None) -> list[Subject]:
         """Subjects whose keys this node saw tombstoned (tombstones outlive compaction

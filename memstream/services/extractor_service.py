@@ -33,10 +33,10 @@ from memstream.services.extractor_commits import ExtractorCommits, consumer_grou
 from memstream.services.extractor_sources import SourceKeys, kid_of
 from memstream.services.extractor_tables import ExtractorTables
 from memstream.services.turn_buffer import TurnBuffer, WindowJob
-from memstream.sealing import Subject, TamperedRecord
+from memstream.sealing import Subject
 from memstream.settings import Settings
 from memstream.streams.connect import until_started
-from memstream.streams.consumer import decode_or_dead_letter, sharing_turns
+from memstream.streams.record_codec import read_record, sharing_turns
 from memstream.streams.deadletter import DeadLetter
 from memstream.streams.producer import MemstreamProducer
 from memstream.streams.keys import SubjectKeys
@@ -335,17 +335,11 @@ class ExtractorRunner:
             self.stats.records_skipped += 1
             self.buffer.observe(position)
             return
-        if self._opener is not None:
-            try:
-                opened = self._opener.open(value, headers)
-            except TamperedRecord:
-                opened = None  # the projector dead-letters it, with the reason
-            if opened is None:  # a forgotten subject's turn: never extracted
-                self.stats.records_skipped += 1
-                self.buffer.observe(position)
-                return
-            value, headers = opened
-        item = decode_or_dead_letter(topic, partition, offset, key, value, headers, share_turns=True)
+        item = read_record(self._opener, topic, partition, offset, key, value, headers, share_turns=True)
+        if item is None:  # a forgotten subject's turn: never extracted
+            self.stats.records_skipped += 1
+            self.buffer.observe(position)
+            return
         if isinstance(item, DeadLetter):
             self.stats.records_skipped += 1
             log.warning("extractor skipped an invalid record at %s: %s", position, item.reason)

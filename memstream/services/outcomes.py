@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memstream.domain.events import DecisionRecorded, OutcomeObserved
+from memstream.domain.events import DecisionRecorded, OutcomeObserved, build_event
 from memstream.domain.reflection import provider_outcome_event_id, provider_outcome_id
 from memstream.settings import Settings
 
@@ -242,7 +242,8 @@ class PriceFileProvider:
                 return None
             bench_return = end_close / start_close - 1.0
             alpha = raw - bench_return
-        return OutcomeObserved(
+        return build_event(
+            OutcomeObserved,
             event_id=provider_outcome_event_id(self.name, decision.scope, decision.decision_id),
             occurred_at=_day_start(exit_day),
             recorded_at=now,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Protocol
 
-from memstream.domain.events import MemoryReflected, Provenance
+from memstream.domain.events import MemoryReflected, Provenance, build_event
 from memstream.domain.prompts import PromptLibrary
 from memstream.domain.reflection import (
     REFLECTION_ANSWER_SCHEMA,
@@ -58,7 +58,8 @@ def build_reflection(
     decision, outcome = settled.decision, settled.outcome
     measure, basis = performance(outcome)
     alpha = measure if basis == "alpha" else None
-    return MemoryReflected(
+    return build_event(
+        MemoryReflected,
         event_id=reflection_event_id(decision.scope, decision.decision_id),
         occurred_at=now,
         recorded_at=now,

@@ -16,6 +16,7 @@ from typing import Any
 
 from memstream.streams.log_ids import log_id
 from memstream.domain.events import (
+    build_event,
     DecisionExpired,
     DecisionRecorded,
     EventBase,
@@ -429,7 +430,8 @@ class ReflectorCore:
                 continue
             decision = self._decision(key, entry)
             due.append(
-                DecisionExpired(
+                build_event(
+                    DecisionExpired,
                     event_id=expiry_event_id(decision.scope, decision.decision_id),
                     occurred_at=decision.deadline,
                     recorded_at=now,

@@ -33,9 +33,9 @@ from memstream.services.reflection_runner import ReflectionRunner
 from memstream.services.reflection_sealing import ReflectorSeal, SealedEntries, SubjectGone
 from memstream.services.reflection_writers import ReflectionWriter, build_reflection_writer
 from memstream.services.reflector import ReflectorCore, ReflectorPolicy, SettledDecision
-from memstream.sealing import Subject, TamperedRecord
+from memstream.sealing import Subject, is_sealed
 from memstream.settings import Settings
-from memstream.streams.consumer import decode_or_dead_letter
+from memstream.streams.record_codec import read_record, screen
 from memstream.streams.deadletter import DeadLetter, dead_letter_record, seal_dead_letter
 from memstream.streams.keys import LazyKeys
 from memstream.streams.sealed_records import NotAnEvent, RecordOpener, header_of, ingress_header, seal_value, subject_of
@@ -286,19 +286,16 @@ class _Reflector:
             message = event.message
             value, headers = message.value, message.headers
             keys = await self.keyring.get()
+            opener = None
             if keys is not None:
                 await keys.prepare([(value, headers)])
-                try:
-                    opened = RecordOpener(keys.keyring).open(value, headers)
-                except TamperedRecord:
-                    opened = None  # not the reflector's to judge: skipped
-                if opened is None:  # a forgotten subject's decision or outcome
-                    self.handle.bump("unreadable")
-                    continue
-                if opened[0] is value and message.key:  # plaintext (a log from before sealing)
-                    await self.key_for_plaintext(keys, value)
-                value, headers = opened
-            item = decode_or_dead_letter(message.topic, message.partition, message.offset, message.key, value, headers)
+                opener = RecordOpener(keys.keyring)
+                if not is_sealed(value) and message.key and screen(message.key, headers) is None:
+                    await self.key_for_plaintext(keys, value)  # plaintext (a log from before sealing)
+            item = read_record(opener, message.topic, message.partition, message.offset, message.key, value, headers)
+            if item is None:  # a forgotten subject's decision or outcome
+                self.handle.bump("unreadable")
+                continue
             if isinstance(item, DeadLetter):
                 await self.dead_letter(item)
                 continue

@@ -23,15 +23,15 @@ pytestmark = pytest.mark.timeout(900)
 
 
 def test_bad_records_cover_every_kind_and_never_decode() -> None:
-    from memstream.streams.consumer import decode_or_dead_letter
     from memstream.streams.deadletter import DeadLetter
+    from memstream.streams.record_codec import read_record
 
     topics = Topics(prefix="x.")
     records = make_bad_records(70, random.Random(1), topics, tenants=3)
     assert {r.kind for r in records} == set(BAD_KINDS)
     assert {r.topic for r in records} == {topics.messages, topics.events}
     for i, r in enumerate(records):
-        verdict = decode_or_dead_letter(r.topic, 0, i, r.key, r.value, [])
+        verdict = read_record(None, r.topic, 0, i, r.key, r.value, list(r.headers), trusted=lambda v, h: False)
         assert isinstance(verdict, DeadLetter), r.kind
         assert verdict.reason.strip()
 
@@ -73,7 +73,11 @@ def test_short_chaos_run_loses_nothing(tmp_path: Path, monkeypatch: pytest.Monke
     assert result["worker_kills"] == 3 and result["broker_restarts"] == 1
     assert result["acked"] == 1_500 and result["in_log"] == 1_500
     assert result["lost"] == 0 and result["duplicated"] == 0
-    assert result["bad_inputs"] == 140 and result["dead_lettered"] == 140
+    # forged forget orders (one per data key) join the bad inputs: dead-lettered too
+    assert result["forged_forgets"] > 0 and result["bad_inputs"] == 140 + result["forged_forgets"]
+    assert result["dead_lettered"] == result["bad_inputs"]
+    # forged tombstones and a bogus key record: ignored, every subject keeps its keys
+    assert result["subjects_keyed_after_forgery"] == result["subjects_keyed"] > 0
     assert result["valid_dead_lettered"] == 0
     assert result["valid_not_projected"] == 0
     assert result["projection_matches_replay"] is True, result["replay_differences"]
