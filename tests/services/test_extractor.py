@@ -20,6 +20,7 @@ Covers ``memstream/cli/extract.py``, ``memstream/services/candidate_recall.py``,
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -470,7 +471,7 @@ async def test_merge_and_drop(env: Env) -> None:
     assert outcome.memories == ()
     (dup,) = outcome.links
     assert dup.relation is LinkRelation.duplicates and dup.to_memory_id == tea.memory_id
-    assert dup.from_memory_id == memory_id_for(SCOPE, content_hash("Green tea is Ana's favourite drink."))
+    assert dup.from_memory_id == memory_id_for(SCOPE, content_hash("Green tea is Ana's favourite drink."), env.extractor().id_key)
     dropped = [d for d in dup.provenance.decisions if d.get("action") == "drop"]  # type: ignore[union-attr]
     assert dropped[0]["content"] == "Ana said hello to tea." and dropped[0]["reason"] == "small talk"
     assert [d["action"] for d in outcome.decisions] == ["merge", "drop"]
@@ -623,7 +624,7 @@ async def test_a_batch_of_windows_shares_its_lookups_embedding_and_produce(env: 
     # each window is still its own run: the same events as alone, duplicates included
     assert [comparable(o) for o in batched] == [comparable(o) for o in alone]
     assert [len(o.memories) for o in batched] == [1, 1, 1, 0]
-    assert {"action": "exact_duplicate", "memory_id": memory_id_for(SCOPE, content_hash("Ana: I work in Leeds")),
+    assert {"action": "exact_duplicate", "memory_id": memory_id_for(SCOPE, content_hash("Ana: I work in Leeds"), env.extractor().id_key),
             "content": "Ana: I work in Leeds"} in batched[0].record
     assert len({o.correlation_id for o in batched}) == 4
     # every run gets the log positions of its own events
@@ -1089,3 +1090,21 @@ async def test_the_worker_extracts_dedups_links_and_survives_an_llm_outage(
             proc.kill()
             await asyncio.to_thread(proc.wait)
     assert proc.returncode == 0, log_path.read_text()[-3000:]
+
+
+async def test_another_agent_cannot_take_the_id_of_an_agents_next_memory(env: Env) -> None:
+    # the attacker guesses the text and computes the id as the plain hash of team,
+    # user, agent and content (what ids were): the agent's memory is still stored
+    text = "Ana: I work in Leeds"
+    guessed = "mem-" + hashlib.sha256(
+        "\x1f".join([SCOPE.team_id, SCOPE.user_id, SCOPE.agent_id, content_hash(text)]).encode()
+    ).hexdigest()[:32]
+    attacker = SCOPE.model_copy(update={"agent_id": "attacker"})
+    await env.producer.send_many([MemoryAdded(scope=attacker, memory_id=guessed, content="taken first")])
+    await env.project()
+    outcome = await env.extractor(llm=None).run_window(SCOPE, "s1", [turn("m1", "I work in Leeds")])
+    (memory,) = outcome.memories
+    assert memory.memory_id != guessed
+    await env.project()  # the projector refuses nothing
+    row = env.store.get_memory(SCOPE, memory.memory_id)
+    assert row is not None and (row["content"], row["agent_id"]) == (text, SCOPE.agent_id)
