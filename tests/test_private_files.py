@@ -40,11 +40,14 @@ async def test_a_worker_writes_its_home_and_tables_private(fresh_topics: Any, se
     settings = settings_for(fresh_topics, projector_batch_seconds=0.05)
     lance, home = Path(settings.lance_dir), Path(settings.home)
     log = open(tmp_path / "worker.log", "wb")  # noqa: SIM115 - closed below
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "memstream.services.worker", "--agents", "projector"],
-        env=child_env(settings), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        preexec_fn=lambda: os.umask(0o022),  # the usual default: group and others may read
-    )
+    before = os.umask(0o022)  # the child inherits the usual default: group and others may read
+    try:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "memstream.services.worker", "--agents", "projector"],
+            env=child_env(settings), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )
+    finally:
+        os.umask(before)
     try:
         async with MemstreamProducer(settings, topics=fresh_topics, client_id="private-files") as producer:
             await producer.send_many([MemoryAdded(scope=Scope(team_id="acme", user_id="ana"), memory_id="m1",
