@@ -21,11 +21,21 @@ The rule is pure (no I/O); the projections turn a :class:`ReadScope` into their 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from memstream.domain.events import EventBase, Identifier, MemoryAdded, MemoryLinked, Scope
+from memstream.domain.events import (
+    DecisionRecorded,
+    EventBase,
+    Identifier,
+    MemoryAdded,
+    MemoryLinked,
+    OutcomeObserved,
+    Scope,
+)
 from memstream.domain.quality import GateRule, injection_reason
 
 __all__ = [
@@ -38,6 +48,9 @@ __all__ = [
     "system_claim",
     "is_system_producer",
     "client_content_problem",
+    "client_texts",
+    "memory_texts",
+    "memory_content_problem",
 ]
 
 SYSTEM_EVENT_TYPES = frozenset({"MemoryReflected", "DecisionExpired", "SubjectForgotten"})
@@ -175,12 +188,58 @@ def is_system_producer(producer: str) -> bool:
 
 
 def client_content_problem(event: EventBase) -> str | None:
-    """Why a memory a client writes may not be stored, or ``None``: its text trips the
-    quality gate's ``prompt_injection`` rule (a memory is pasted into future prompts
-    verbatim). Turns are not refused here: they stay as evidence and the extractor's
-    gate keeps them out of memory."""
+    """Why a client event may not be stored, or ``None``: one of its texts that can
+    reach a prompt (:func:`client_texts`) trips the quality gate's ``prompt_injection``
+    rule. Turns are not refused here: they stay as evidence and the extractor's gate
+    keeps them out of memory. Every path a client writes through asks this (HTTP, MCP,
+    the SDK, and every consumer of Kafka for a record the worker did not sign)."""
+    return _first_injection(client_texts(event))
+
+
+def client_texts(event: EventBase) -> Iterator[tuple[str, str]]:
+    """``(field, text)`` of every text of a client event that a prompt may quote: a
+    memory's content, scene and metadata (search and MCP tools return them to agents),
+    a decision's text (the reflection prompt and every lesson quote it), a link's
+    reason and an outcome's source. Turns (``MessageObserved``) are not listed."""
     if isinstance(event, MemoryAdded):
-        reason = injection_reason(event.content)
+        yield from memory_texts(event.content, event.scene, event.metadata)
+    elif isinstance(event, DecisionRecorded):
+        yield "decision_text", event.decision_text
+    elif isinstance(event, MemoryLinked):
+        if event.reason:
+            yield "reason", event.reason
+    elif isinstance(event, OutcomeObserved):
+        yield "source", event.source
+
+
+def memory_texts(content: str, scene: str | None, metadata: Mapping[str, Any] | None) -> Iterator[tuple[str, str]]:
+    """The texts of a memory a prompt may quote (also read from the projector's fast
+    path, which has the values but no event): content, scene, and every string of
+    its metadata, keys included."""
+    yield "content", content
+    if scene:
+        yield "scene", scene
+    if metadata:
+        stack: list[Any] = [metadata]
+        while stack:  # no recursion: metadata may nest deeply
+            item = stack.pop()
+            if isinstance(item, str):
+                yield "metadata", item
+            elif isinstance(item, dict):
+                stack.extend(item.keys())
+                stack.extend(item.values())
+            elif isinstance(item, list):
+                stack.extend(item)
+
+
+def memory_content_problem(content: str, scene: str | None, metadata: Mapping[str, Any] | None) -> str | None:
+    """:func:`client_content_problem` of a memory given by its values."""
+    return _first_injection(memory_texts(content, scene, metadata))
+
+
+def _first_injection(texts: Iterable[tuple[str, str]]) -> str | None:
+    for name, text in texts:
+        reason = injection_reason(text)
         if reason is not None:
-            return f"{GateRule.prompt_injection.value}: {reason}"
+            return f"{GateRule.prompt_injection.value}: {name}: {reason}"
     return None

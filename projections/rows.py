@@ -194,12 +194,14 @@ def message_row(event: MessageObserved, position: Position) -> dict[str, Any]:
 
 
 def link_row(event: MemoryLinked, position: Position) -> dict[str, Any]:
-    """One ``links`` row; ``from_pk``/``to_pk`` are the scoped keys of both ends."""
+    """One ``links`` row; ``from_pk``/``to_pk`` are the scoped keys of both ends. A
+    link id belongs to its agent (the key holds it): another agent reusing the id
+    writes its own row and never replaces this one."""
     values = event_values(event)
     team, user = values["team_id"], values["user_id"]
     return {
         **_copied(LINKS, values),
-        "pk": scoped_key(team, user, values["link_id"]),
+        "pk": scoped_key(team, user, values["agent_id"], values["link_id"]),
         "from_pk": scoped_key(team, user, values["from_memory_id"]),
         "to_pk": scoped_key(team, user, values["to_memory_id"]),
         **_log(position),
@@ -223,10 +225,11 @@ def decision_update(
 ) -> dict[str, Any]:
     """One event's update of a decision's ledger row: the key and identity every
     decision event carries, plus the ``fields`` this event type knows (merged into the
-    stored row by the plan writer: a later event fills what it knows)."""
+    stored row by the plan writer: a later event fills what it knows). A decision id
+    belongs to its agent, as in the reflector (``decision_key``)."""
     scope = event.scope
     return {
-        "pk": scoped_key(scope.team_id, scope.user_id, event.decision_id),
+        "pk": scoped_key(scope.team_id, scope.user_id, scope.agent_id, event.decision_id),
         "decision_id": event.decision_id,
         "team_id": scope.team_id,
         "user_id": scope.user_id,

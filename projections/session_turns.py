@@ -58,11 +58,13 @@ def session_turns(store: Any, scope: Scope, session_id: str) -> list[MessageObse
 
 
 def turns_by_id(store: Any, scope: Scope, message_ids: Sequence[str]) -> list[MessageObserved]:
-    """The projected turns with these ids in the memory space, in the order given
-    (ids not projected are left out)."""
+    """The projected turns with these ids of the scope's own agent, in the order given
+    (ids not projected, or another agent's, are left out: whoever names a turn id
+    reads only its own agent's turns)."""
     found: dict[str, MessageObserved] = {}
+    own = f"{space_where(scope)} AND agent_id = {quote(scope.agent_id)}"
     for chunk in chunked(list(dict.fromkeys(message_ids))):
-        for row in store.rows(MESSAGES, f"{space_where(scope)} AND {in_list('message_id', chunk)}").to_pylist():
+        for row in store.rows(MESSAGES, f"{own} AND {in_list('message_id', chunk)}").to_pylist():
             found[row["message_id"]] = message_from_row(row)
     return [found[m] for m in message_ids if m in found]
 

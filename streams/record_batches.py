@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from memstream.codec.batch import PositionedMemories
+from memstream.domain.access import memory_content_problem
 from memstream.domain.log import PositionedEvent
-from memstream.domain.quality import injection_reason
 from memstream.streams.record_codec import decode_or_dead_letter, refused_letter, screen
 from memstream.streams.deadletter import DeadLetter
 from memstream.streams.legacy_trust import LegacyTrust
@@ -112,7 +112,7 @@ def decode_batch(
             continue
         signed = trusted is not None and header_value(rec.headers, WORKER_HEADER) is not None and trusted(rec.value, rec.headers)
         got = fast.decode(rec.value, rec.headers, trusted=signed or trusted is None) if fast is not None else None
-        if got is not None and not signed and trusted is not None and injection_reason(got.values.content) is not None:
+        if got is not None and not signed and trusted is not None and memory_content_problem(got.values.content, got.values.scene, got.values.metadata) is not None:
             got = None  # the general path dead-letters it, with the reason
         if got is None:
             general.append(rec)

@@ -107,10 +107,12 @@ def build_events(
     input_refs: Sequence[str],
     batch_record: Sequence[dict[str, Any]],
     recorded_at: datetime,
+    id_key: bytes,
     correlation_id: str | None = None,
     own_refs: bool = False,
 ) -> BuiltEvents:
-    """The ADD-only events for one run, in a stable order (each memory, then its links).
+    """The ADD-only events for one run, in a stable order (each memory, then its links);
+    memory ids are keyed by ``id_key`` (:func:`memory_id_for`).
 
     ``batch_record`` (exact duplicates, gate rejections, parser issues) and every
     ``drop`` decision are written into the provenance of each event, so a decision
@@ -127,7 +129,7 @@ def build_events(
     """
     if len(embeddings) != len(drafts):
         raise ValueError("one embedding slot per draft is required")
-    ids = [memory_id_for(scope, d.content_hash) for d in drafts]
+    ids = [memory_id_for(scope, d.content_hash, id_key) for d in drafts]
     envelope: dict[str, Any] = {
         "scope": scope,
         "session_id": session_id,

@@ -1,6 +1,6 @@
 """Ids derived from content, and exact dedup by content hash.
 
-Memory ids come from the memory space and the content hash, link ids from their
+Memory ids come from the scope and the content hash (keyed), link ids from their
 endpoints: a repeated run (a crash after producing, a rebalance) produces the same ids
 and the projection's upserts absorb it.
 """
@@ -8,25 +8,33 @@ and the projection's upserts absorb it.
 from __future__ import annotations
 
 import hashlib
+import hmac
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from memstream.domain.events import LinkRelation, Scope
 from memstream.domain.extraction.drafts import DraftIssue, MemoryDraft
 
-__all__ = ["memory_id_for", "link_id_for", "dedupe_batch", "split_known"]
+__all__ = ["memory_id_for", "memory_id_key", "link_id_for", "dedupe_batch", "split_known"]
 
 
-def memory_id_for(scope: Scope, digest: str) -> str:
+def memory_id_for(scope: Scope, digest: str, key: bytes) -> str:
     """The memory id of a content hash in a memory space and agent: the same statement
     of the same agent always gets the same id, so a repeated run is absorbed by
-    upserts, and two agents never share one (the "default" agent keeps the id it had
-    before agents were part of it)."""
-    parts = [scope.team_id, scope.user_id, digest]
-    if scope.agent_id != "default":
-        parts.insert(2, scope.agent_id)
-    key = "\x1f".join(parts).encode()
-    return "mem-" + hashlib.sha256(key).hexdigest()[:32]
+    upserts, and two agents never share one. Keyed (HMAC under ``key``, the worker's
+    :func:`memory_id_key`): a client that guesses another agent's text cannot compute
+    the id that agent's next memory will get, so it can neither probe for it nor take
+    it first (docs/security.md)."""
+    if not key:
+        raise ValueError("memory ids need the worker's id key")
+    parts = [scope.team_id, scope.user_id, scope.agent_id, digest]
+    return "mem-" + hmac.new(key, "\x1f".join(parts).encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def memory_id_key(worker_key: bytes) -> bytes:
+    """The key of extracted memory ids, derived from the worker key (its own use, so
+    no id is ever a signature of anything)."""
+    return hmac.new(worker_key, b"memstream memory ids v1", hashlib.sha256).digest()
 
 
 def link_id_for(from_id: str, to_id: str, relation: LinkRelation | str) -> str:

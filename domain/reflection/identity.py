@@ -28,9 +28,10 @@ def _space_parts(scope: Scope) -> str:
 
 
 def decision_key(scope: Scope, decision_id: str) -> str:
-    """The reflector's key for a decision: decision ids are unique within a memory
-    space, not across tenants, so the space is part of the key."""
-    return f"{_space_parts(scope)}|{decision_id}"
+    """The reflector's key for a decision: a decision id belongs to its scope (team,
+    user and agent), so another agent reusing it names another decision, and can
+    neither answer for this one nor make its later write a duplicate."""
+    return f"{_space_parts(scope)}|{scope.agent_id}|{decision_id}"
 
 
 def subject_key(scope: Scope, subject: str) -> str:

@@ -1,7 +1,8 @@
 """When an outcome settles a decision, when a decision expires, and whether the call was right.
 
 An outcome settles a decision only when it covers the decision's whole horizon, and only
-in the same memory space and subject; a decision with no outcome by its deadline expires."""
+in the same scope (team, user and agent) and subject; a decision with no outcome by its
+deadline expires."""
 
 from __future__ import annotations
 
@@ -64,7 +65,10 @@ def match_outcome(decision: DecisionRecorded, outcome: OutcomeObserved) -> Outco
 
     Rules, in order:
 
-    1. same memory space (team and user): an outcome never crosses tenants;
+    1. same scope (team, user and agent): an outcome never crosses tenants, and one
+       agent's outcome never judges another agent's call (a key that may write for
+       several agents settles an agent's decision by writing the outcome in that
+       agent's scope; docs/security.md);
     2. same subject;
     3. an outcome naming a ``decision_id`` settles that decision only;
     4. the outcome covers the whole horizon (:func:`covers_horizon`);
@@ -76,6 +80,8 @@ def match_outcome(decision: DecisionRecorded, outcome: OutcomeObserved) -> Outco
     d_scope, o_scope = decision.scope, outcome.scope
     if (d_scope.team_id, d_scope.user_id) != (o_scope.team_id, o_scope.user_id):
         return OutcomeMatch(False, "outcome belongs to another memory space")
+    if d_scope.agent_id != o_scope.agent_id:
+        return OutcomeMatch(False, "outcome belongs to another agent")
     if outcome.subject != decision.subject:
         return OutcomeMatch(False, f"outcome is for {outcome.subject}, not {decision.subject}")
     if outcome.decision_id is not None and outcome.decision_id != decision.decision_id:

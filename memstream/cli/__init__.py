@@ -24,6 +24,7 @@ from memstream.cli import (
     trust,
 )
 from memstream.cli._errors import CLIError, run_cli
+from memstream.private_files import private_by_default
 from memstream.settings import get_settings
 
 __all__ = ["app", "main", "CLIError"]
@@ -60,5 +61,6 @@ def _configure_logging() -> None:
 
 
 def main() -> None:
+    private_by_default()
     _configure_logging()
     sys.exit(run_cli(app))

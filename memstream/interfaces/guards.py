@@ -61,8 +61,9 @@ def forbidden(principal: Principal, what: str) -> ApiError:
 
 
 def check_client_event(event: EventBase) -> None:
-    """Keys write client events only (403 ``system_event``), and a client memory that
-    tries to instruct its future reader is refused (422 ``prompt_injection``)."""
+    """Keys write client events only (403 ``system_event``), and a client text that
+    tries to instruct the model that will read it (a memory, a decision, a link's
+    reason: ``client_texts``) is refused (422 ``prompt_injection``)."""
     claim = system_claim(event)
     if claim is not None:
         raise ApiError(403, "system_event", f"{claim}; a key writes client events only", {"type": event.type})

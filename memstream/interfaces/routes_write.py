@@ -168,5 +168,6 @@ async def post_decision(body: DecisionIn, request: Request, principal: Caller) -
     )
     event = event_from(raw, DecisionRecorded)
     assert isinstance(event, DecisionRecorded)
+    check_client_event(event)
     accepted = await append(service_of(request), event)
     return DecisionAccepted(decision_id=raw["decision_id"], deadline=event.deadline, **accepted.model_dump())

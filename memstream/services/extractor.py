@@ -67,6 +67,7 @@ from memstream.domain.extraction import (
     build_window,
     dedupe_batch,
     heuristic_drafts,
+    memory_id_key,
     parse_extraction,
     record_items,
     render_turns,
@@ -91,6 +92,7 @@ from memstream.services.extraction_run import (
     WindowRun,
 )
 from memstream.settings import Settings
+from memstream.streams.worker_identity import worker_key
 
 __all__ = [
     "Extractor",
@@ -140,6 +142,7 @@ class Extractor:
         events are sealed (set by the runner, which shares the producer's keyring)."""
         self.prompts = prompts or PromptLibrary(settings.prompts_dir)
         self.clock = clock
+        self.id_key = memory_id_key(worker_key(settings))  # ids no client can compute
         if recall is not None:
             self._recall: CandidateRecall | None = recall
         elif store is not None:
@@ -532,6 +535,7 @@ class Extractor:
                     input_refs=run.window.input_refs,
                     batch_record=record,
                     recorded_at=recorded_at,
+                    id_key=self.id_key,
                     correlation_id=run.run_id,
                     own_refs=self.llm is None or run.fallback is not None,
                 )

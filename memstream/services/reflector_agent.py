@@ -18,6 +18,7 @@ from typing import Any
 
 import faust
 
+from memstream.domain.access import client_content_problem
 from memstream.streams.log_ids import log_id
 from memstream.domain.events import (
     DecisionRecorded,
@@ -41,7 +42,7 @@ from memstream.streams.keys import LazyKeys
 from memstream.streams.sealed_records import NotAnEvent, RecordOpener, header_of, ingress_header, seal_value, subject_of
 from memstream.codec.wire import encode_event
 from memstream.streams.topics import Topics
-from memstream.streams.worker_identity import signed_headers, worker_key
+from memstream.streams.worker_identity import signed_headers, verifier, worker_key
 
 __all__ = [
     "clock",
@@ -138,6 +139,7 @@ class _Reflector:
         self.early = SealedEntries(early, self.seal, "early")
         self.core = ReflectorCore(self.decisions, subjects, self.early, policy=policy, subject_key=self.seal.subject_key)
         self.signing_key = worker_key(settings)  # its events are system events: signed
+        self.verify = verifier(self.signing_key)
         self.keyring = LazyKeys(settings, topics, client_id=f"{settings.app_id}-reflector-keys")
         # Reflections whose send is not confirmed yet: key -> (partition, event). The
         # entry is durably "emitting" meanwhile. The ack's callback queues the key on its
@@ -304,6 +306,10 @@ class _Reflector:
             if kind is None:
                 await self.dead_letter(_unexpected(decoded, message))
                 continue
+            problem = client_content_problem(decoded)  # the worker's own outcomes are signed
+            if problem is not None and not self.verify(message.value, message.headers):
+                await self.dead_letter(_refused(f"a client text refused by the quality gate: {problem}", message))
+                continue
             await self.sealing()
             try:
                 key = self.seal.subject_key(decoded.scope, decoded.subject)
@@ -416,11 +422,15 @@ def _input_kind(event: EventBase) -> str | None:
 
 
 def _unexpected(event: EventBase, message: Any) -> DeadLetter:
+    return _refused(
+        f"unexpected {event.type} on {message.topic}: the reflector reads DecisionRecorded and OutcomeObserved only",
+        message,
+    )
+
+
+def _refused(reason: str, message: Any) -> DeadLetter:
     return DeadLetter(
-        reason=(
-            f"unexpected {event.type} on {message.topic}: the reflector reads "
-            "DecisionRecorded and OutcomeObserved only"
-        ),
+        reason=reason,
         source_topic=message.topic,
         source_partition=message.partition,
         source_offset=message.offset,

@@ -31,6 +31,7 @@ import faust
 
 from memstream.gc_tuning import tune_gc
 from memstream.projections.dir_lock import LanceDirBusyError, LanceDirLock
+from memstream.private_files import private_by_default
 from memstream.projections.table_sets import TableSets
 from memstream.services.app import AGENT_NAMES, FAUST_LOGGER, build_app
 from memstream.services.shard_routing import create_shards, projects_sharded
@@ -185,6 +186,7 @@ def run_worker(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m memstream.services.worker [--agents projector,...] [--loglevel info]``."""
+    private_by_default()
     parser = argparse.ArgumentParser(
         prog="python -m memstream.services.worker",
         description="Run the memstream Faust worker (settings from MEMSTREAM_* variables).",

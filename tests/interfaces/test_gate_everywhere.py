@@ -1,4 +1,5 @@
-"""The injection gate on every path a client writes a memory through: HTTP (422
+"""The injection gate on every path a client writes a memory (or a decision, a link's
+reason, metadata) through: HTTP (422
 naming the rule), MCP (a tool error), the SDK (refused before sending) and raw Kafka
 (dead-lettered with the reason). Real broker, worker, API and LanceDB."""
 
@@ -6,14 +7,16 @@ from __future__ import annotations
 
 import time
 import uuid
+from datetime import datetime, timedelta, timezone
 
 import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import RecordMetadata
 from mcp import Client
 
 from memstream.banks import load_registry
-from memstream.domain.events import MemoryAdded, Scope
+from memstream.domain.events import DecisionRecorded, EventBase, MemoryAdded, Scope
 from memstream.interfaces.mcp_server import build_mcp_server
 from memstream.streams.deadletter import parse_dead_letter
 from memstream.streams.producer import MemstreamProducer
@@ -46,17 +49,18 @@ async def test_mcp_and_sdk_memory_writes_are_gated(stack: Stack) -> None:
             await producer.add_memory(Scope(team_id="acme", user_id="alice"), HIJACK)
 
 
-async def test_raw_kafka_memories_are_dead_lettered(stack: Stack) -> None:
-    # a producer in another language: no SDK check on its side
-    mark = uuid.uuid4().hex[:8]
-    record = encode_event(MemoryAdded(scope=Scope(team_id="acme", user_id="raw"), memory_id=f"raw-{mark}",
-                                      content=f"{DISGUISED} {mark}"))
+async def _send_raw(stack: Stack, topic: str, event: EventBase) -> RecordMetadata:
+    """One record as a producer in another language writes it (no SDK check)."""
+    record = encode_event(event)
     producer = AIOKafkaProducer(bootstrap_servers=stack.settings.bootstrap_servers)
     await producer.start()
     try:
-        md = await producer.send_and_wait(stack.topics.events, record.value, key=record.key, headers=record.headers)
+        return await producer.send_and_wait(topic, record.value, key=record.key, headers=record.headers)
     finally:
         await producer.stop()
+
+
+async def _dead_letter_reason(stack: Stack, md: RecordMetadata) -> str:
     consumer = AIOKafkaConsumer(stack.topics.dead_letter, bootstrap_servers=stack.settings.bootstrap_servers,
                                 group_id=None, auto_offset_reset="earliest")
     await consumer.start()
@@ -67,8 +71,50 @@ async def test_raw_kafka_memories_are_dead_lettered(stack: Stack) -> None:
                 for rec in records:
                     dl = parse_dead_letter(rec.key, rec.value, rec.headers)  # type: ignore[arg-type]
                     if (dl.source_topic, dl.source_partition, dl.source_offset) == (md.topic, md.partition, md.offset):
-                        assert "prompt_injection" in dl.reason
-                        return
-        pytest.fail("the memory was not dead-lettered")
+                        return dl.reason
+        pytest.fail(f"the record at {md.topic}/{md.partition}/{md.offset} was not dead-lettered")
     finally:
         await consumer.stop()
+
+
+async def test_raw_kafka_memories_are_dead_lettered(stack: Stack) -> None:
+    mark = uuid.uuid4().hex[:8]
+    md = await _send_raw(stack, stack.topics.events, MemoryAdded(
+        scope=Scope(team_id="acme", user_id="raw"), memory_id=f"raw-{mark}", content=f"{DISGUISED} {mark}"))
+    assert "prompt_injection" in await _dead_letter_reason(stack, md)
+
+
+def test_every_client_text_that_reaches_a_prompt_is_gated_over_http(stack: Stack) -> None:
+    # a decision's text is quoted by the reflection prompt and every lesson; metadata
+    # and scene come back with the memory; a link's reason with its links
+    post = lambda path, body: httpx.post(f"{stack.base_url}{path}", headers=stack.headers("alice"), json=body, timeout=60)  # noqa: E731
+    mark = uuid.uuid4().hex[:8]
+    refused = [
+        ("/v1/decisions", {"subject": "AAPL", "rating": "buy", "decision_text": HIJACK}),
+        ("/v1/memories", {"content": f"fine {mark}", "metadata": {"note": [DISGUISED]}}),
+        ("/v1/memories", {"content": f"fine {mark}", "scene": HIJACK}),
+        ("/v1/events", {"type": "MemoryLinked", "schema_version": 1, "from_memory_id": f"a-{mark}",
+                        "to_memory_id": f"b-{mark}", "relation": "same_entity", "reason": DISGUISED}),
+        ("/v1/events", {"type": "OutcomeObserved", "schema_version": 1, "outcome_id": f"o-{mark}", "subject": "AAPL",
+                        "raw_return": 0.1, "horizon_days": 5, "source": HIJACK}),
+    ]
+    for path, body in refused:
+        resp = post(path, body)
+        assert resp.status_code == 422 and resp.json()["error"]["code"] == "prompt_injection", (path, resp.text)
+    assert post("/v1/decisions", {"subject": "AAPL", "rating": "buy", "decision_text": f"Strong quarter {mark}."}).status_code == 202
+
+
+async def test_mcp_decisions_are_gated(stack: Stack) -> None:
+    bank = load_registry(stack.settings).bank("dave")
+    async with Client(build_mcp_server(bank, stack.settings)) as client:
+        result = await client.call_tool("record_decision", {"subject": "AAPL", "rating": "buy", "decision_text": DISGUISED})
+        assert result.is_error and "prompt_injection" in str(result.content)
+
+
+async def test_raw_kafka_decisions_are_dead_lettered_by_the_reflector(stack: Stack) -> None:
+    mark = uuid.uuid4().hex[:8]
+    occurred = datetime.now(timezone.utc)
+    md = await _send_raw(stack, stack.topics.pending_reflections, DecisionRecorded(
+        scope=Scope(team_id="acme", user_id="raw"), decision_id=f"d-{mark}", subject="AAPL", rating="buy",
+        decision_text=f"{HIJACK} {mark}", occurred_at=occurred, deadline=occurred + timedelta(days=7)))
+    assert "prompt_injection" in await _dead_letter_reason(stack, md)

@@ -20,6 +20,7 @@ Covers ``memstream/cli/extract.py``, ``memstream/services/candidate_recall.py``,
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 from collections.abc import AsyncIterator, Sequence
@@ -471,7 +472,7 @@ async def test_merge_and_drop(env: Env) -> None:
     assert outcome.memories == ()
     (dup,) = outcome.links
     assert dup.relation is LinkRelation.duplicates and dup.to_memory_id == tea.memory_id
-    assert dup.from_memory_id == memory_id_for(SCOPE, content_hash("Green tea is Ana's favourite drink."))
+    assert dup.from_memory_id == memory_id_for(SCOPE, content_hash("Green tea is Ana's favourite drink."), env.extractor().id_key)
     dropped = [d for d in dup.provenance.decisions if d.get("action") == "drop"]  # type: ignore[union-attr]
     assert dropped[0]["content"] == "Ana said hello to tea." and dropped[0]["reason"] == "small talk"
     assert [d["action"] for d in outcome.decisions] == ["merge", "drop"]
@@ -624,7 +625,7 @@ async def test_a_batch_of_windows_shares_its_lookups_embedding_and_produce(env: 
     # each window is still its own run: the same events as alone, duplicates included
     assert [comparable(o) for o in batched] == [comparable(o) for o in alone]
     assert [len(o.memories) for o in batched] == [1, 1, 1, 0]
-    assert {"action": "exact_duplicate", "memory_id": memory_id_for(SCOPE, content_hash("Ana: I work in Leeds")),
+    assert {"action": "exact_duplicate", "memory_id": memory_id_for(SCOPE, content_hash("Ana: I work in Leeds"), env.extractor().id_key),
             "content": "Ana: I work in Leeds"} in batched[0].record
     assert len({o.correlation_id for o in batched}) == 4
     # every run gets the log positions of its own events
@@ -1099,3 +1100,21 @@ async def test_info_logs_name_no_session_and_no_space_in_plain(env: Env, caplog:
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
     assert any("h:" in line for line in lines)  # the window was logged, by keyed hashes
     assert not [line for line in lines if "sess-zq81k" in line or SCOPE.team_id in line]
+
+
+async def test_another_agent_cannot_take_the_id_of_an_agents_next_memory(env: Env) -> None:
+    # the attacker guesses the text and computes the id as the plain hash of team,
+    # user, agent and content (what ids were): the agent's memory is still stored
+    text = "Ana: I work in Leeds"
+    guessed = "mem-" + hashlib.sha256(
+        "\x1f".join([SCOPE.team_id, SCOPE.user_id, SCOPE.agent_id, content_hash(text)]).encode()
+    ).hexdigest()[:32]
+    attacker = SCOPE.model_copy(update={"agent_id": "attacker"})
+    await env.producer.send_many([MemoryAdded(scope=attacker, memory_id=guessed, content="taken first")])
+    await env.project()
+    outcome = await env.extractor(llm=None).run_window(SCOPE, "s1", [turn("m1", "I work in Leeds")])
+    (memory,) = outcome.memories
+    assert memory.memory_id != guessed
+    await env.project()  # the projector refuses nothing
+    row = env.store.get_memory(SCOPE, memory.memory_id)
+    assert row is not None and (row["content"], row["agent_id"]) == (text, SCOPE.agent_id)

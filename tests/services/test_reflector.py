@@ -139,15 +139,18 @@ def test_partial_horizon_outcome_does_not_settle() -> None:
     assert [s.outcome.outcome_id for s in core.on_outcome(outcome("o-full"), 0, T0)] == ["o-full"]
 
 
-def test_subject_wide_outcome_settles_every_pending_decision_of_the_space() -> None:
+def test_subject_wide_outcome_settles_every_pending_decision_of_its_agent() -> None:
     core = new_core()
+    other_agent = Scope(team_id="acme", user_id="ana", agent_id="other")
     core.on_decision(decision("d1"), 0, T0)
-    core.on_decision(decision("d2", scope=Scope(team_id="acme", user_id="ana", agent_id="other")), 0, T0)
+    core.on_decision(decision("d0"), 0, T0)
+    core.on_decision(decision("d2", scope=other_agent), 0, T0)
     core.on_decision(decision("d3", scope=GLOBEX), 1, T0)
     core.on_decision(decision("d4", "MSFT"), 2, T0)
     wide = outcome("o-wide", decision_id=None)
     settled = core.on_outcome(wide, 0, T0)
-    assert sorted(s.decision.decision_id for s in settled) == ["d1", "d2"]
+    assert sorted(s.decision.decision_id for s in settled) == ["d0", "d1"]
+    assert core.state(decision_key(other_agent, "d2")) is DecisionState.pending
     assert core.state(decision_key(GLOBEX, "d3")) is DecisionState.pending
     assert core.state(decision_key(ACME, "d4")) is DecisionState.pending
     # kept for a later decision of the subject, and a duplicate changes nothing

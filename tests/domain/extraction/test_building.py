@@ -31,6 +31,7 @@ EXTRACTION = StageReport(
     latency_ms=12.5,
     token_usage={"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120},
 )
+KEY = b"k" * 32
 JUDGMENT = StageReport("llm", prompt_id="judgment", prompt_version="1", prompt_sha256="cd" * 32, model="m1", latency_ms=3.0)
 
 
@@ -47,6 +48,7 @@ def events_for(decisions: dict[int, Decision], drafts: list[MemoryDraft], **kw: 
         input_refs=("m0", "m1"),
         batch_record=kw.pop("batch_record", [{"gate": "slash_command", "message_id": "m9"}]),
         recorded_at=T0 + timedelta(seconds=5),
+        id_key=KEY,
         correlation_id="x-run",
         own_refs=kw.pop("own_refs", False),
     )
@@ -79,12 +81,12 @@ def test_actions_map_to_add_only_events() -> None:
     ]
     pepperoni, supersedes, pref, tea, merge = built.events
     assert isinstance(pepperoni, MemoryAdded) and isinstance(supersedes, MemoryLinked)
-    assert pepperoni.memory_id == memory_id_for(SCOPE, content_hash(drafts[0].content))
+    assert pepperoni.memory_id == memory_id_for(SCOPE, content_hash(drafts[0].content), KEY)
     assert supersedes.from_memory_id == pepperoni.memory_id and supersedes.to_memory_id == "mem-cheese"
     assert supersedes.decided_by == "llm" and supersedes.reason == "changed"
     assert supersedes.link_id == link_id_for(pepperoni.memory_id, "mem-cheese", LinkRelation.supersedes)
     assert isinstance(merge, MemoryLinked) and merge.to_memory_id == "mem-tea"
-    assert merge.from_memory_id == memory_id_for(SCOPE, content_hash("Ana loves green tea."))
+    assert merge.from_memory_id == memory_id_for(SCOPE, content_hash("Ana loves green tea."), KEY)
     # the event's own time is when it was said; all share the run's correlation id
     assert pepperoni.occurred_at == T0 + timedelta(minutes=1)
     assert {e.correlation_id for e in built.events} == {"x-run"}
@@ -168,7 +170,7 @@ def test_a_draft_that_cannot_be_an_event_is_rejected_alone() -> None:
     assert [e.content for e in built.events] == ["Bo likes rum."]  # type: ignore[attr-defined]
     assert built.rejected[0]["issue"] == "invalid_memory"
     assert built.events[0].provenance.output_refs == (  # type: ignore[attr-defined]
-        memory_id_for(SCOPE, content_hash("Bo likes rum.")),
+        memory_id_for(SCOPE, content_hash("Bo likes rum."), KEY),
     )
 
 

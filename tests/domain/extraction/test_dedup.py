@@ -2,23 +2,32 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from memstream.domain.content import content_hash
 from memstream.domain.events import LinkRelation, Scope
 from memstream.domain.extraction.dedup import dedupe_batch, link_id_for, memory_id_for, split_known
 from tests.domain.extraction.helpers import SCOPE, draft
 
+KEY = b"k" * 32
+
 
 def test_memory_ids_depend_on_the_space_and_the_normalised_content() -> None:
-    a = memory_id_for(SCOPE, content_hash("Ana likes tea."))
-    assert a == memory_id_for(SCOPE, content_hash("ANA  likes tea."))
+    a = memory_id_for(SCOPE, content_hash("Ana likes tea."), KEY)
+    assert a == memory_id_for(SCOPE, content_hash("ANA  likes tea."), KEY)
     # two agents of one user never share a memory id (a write of one can never replace
     # the other's row)
-    other = memory_id_for(Scope(team_id="acme", user_id="ana", agent_id="other"), content_hash("Ana likes tea."))
+    other = memory_id_for(Scope(team_id="acme", user_id="ana", agent_id="other"), content_hash("Ana likes tea."), KEY)
     assert other != a
-    assert other != memory_id_for(Scope(team_id="acme", user_id="ana", agent_id="third"), content_hash("Ana likes tea."))
-    assert a != memory_id_for(Scope(team_id="acme", user_id="bob"), content_hash("Ana likes tea."))
-    assert a != memory_id_for(SCOPE, content_hash("Ana likes tea"))
+    assert other != memory_id_for(Scope(team_id="acme", user_id="ana", agent_id="third"), content_hash("Ana likes tea."), KEY)
+    assert a != memory_id_for(Scope(team_id="acme", user_id="bob"), content_hash("Ana likes tea."), KEY)
+    assert a != memory_id_for(SCOPE, content_hash("Ana likes tea"), KEY)
     assert a.startswith("mem-") and len(a) == 36
+    # keyed: without the worker's key nobody computes the id another agent's next
+    # memory will get (the plain hash of team, user, agent and content was guessable)
+    assert a != memory_id_for(SCOPE, content_hash("Ana likes tea."), b"another key" * 3)
+    guessed = hashlib.sha256("\x1f".join([SCOPE.team_id, SCOPE.user_id, SCOPE.agent_id, content_hash("Ana likes tea.")]).encode())
+    assert a != "mem-" + guessed.hexdigest()[:32]
     assert link_id_for("a", "b", LinkRelation.supersedes) != link_id_for("b", "a", LinkRelation.supersedes)
 
 

@@ -33,12 +33,14 @@ def test_window_too_short_for_the_horizon_does_not_cover() -> None:
     assert covers_horizon(decision(), full)
 
 
-def test_outcome_never_crosses_memory_spaces() -> None:
+def test_outcome_never_crosses_memory_spaces_or_agents() -> None:
     other = Scope(team_id="globex", user_id="ana")
     assert not match_outcome(decision(), outcome(scope=other))
-    # another agent of the same space is the same space
-    same_space = Scope(team_id="acme", user_id="ana", agent_id="risk")
-    assert match_outcome(decision(), outcome(scope=same_space))
+    # another agent of the same space never judges this agent's call
+    other_agent = Scope(team_id="acme", user_id="ana", agent_id="risk")
+    verdict = match_outcome(decision(), outcome(scope=other_agent))
+    assert not verdict and verdict.reason == "outcome belongs to another agent"
+    assert match_outcome(decision(), outcome(scope=decision().scope))
 
 
 def test_outcome_for_another_decision_or_subject_does_not_settle() -> None:
