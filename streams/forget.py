@@ -23,6 +23,7 @@ from memstream.streams.keys import SubjectKeys
 from memstream.codec.wire import encode_event
 from memstream.streams.topics import Topics
 from memstream.streams.worker_identity import signed_headers, worker_key
+from memstream.streams.connect import kafka_options
 
 __all__ = ["ForgetReport", "forget"]
 
@@ -71,7 +72,7 @@ async def forget(settings: Settings, team_id: str, user_id: str | None = None) -
             return report
         signer = worker_key(settings)
         producer = AIOKafkaProducer(
-            bootstrap_servers=settings.bootstrap_servers, client_id="memstream-forget", enable_idempotence=True, acks="all"
+            **kafka_options(settings), client_id="memstream-forget", enable_idempotence=True, acks="all"
         )
         await producer.start()
         try:

@@ -35,6 +35,7 @@ from memstream.sealing import (
 from memstream.sealing.keyring import ROLL_KEY
 from memstream.settings import Settings
 from memstream.streams.topics import Topics
+from memstream.streams.connect import kafka_options
 
 __all__ = ["SubjectKeys", "LazyKeys", "master_key_path", "MasterKeyError", "forgotten_keys"]
 
@@ -121,13 +122,13 @@ class SubjectKeys:
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> "SubjectKeys":
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=self._settings.bootstrap_servers,
+            **kafka_options(self._settings),
             client_id=self._client_id,
             enable_auto_commit=False,
             group_id=None,
         )
         producer = AIOKafkaProducer(
-            bootstrap_servers=self._settings.bootstrap_servers,
+            **kafka_options(self._settings),
             client_id=self._client_id,
             enable_idempotence=True,
             acks="all",

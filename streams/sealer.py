@@ -23,7 +23,7 @@ from aiokafka.structs import ConsumerRecord
 from mode import Service
 
 from memstream.settings import Settings
-from memstream.streams.connect import until_started
+from memstream.streams.connect import kafka_options, until_started
 from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher
 from memstream.streams.inflation_bound import bound_inflation, refusal
 from memstream.streams.keys import SubjectKeys
@@ -53,14 +53,14 @@ class IngressSealer:
         bound_inflation(self._settings.max_inflated_batch_bytes)
         consumer = AIOKafkaConsumer(
             self._topics.ingress,
-            bootstrap_servers=self._settings.bootstrap_servers,
+            **kafka_options(self._settings),
             group_id=f"{self._settings.app_id}-sealer",
             client_id="memstream-sealer",
             enable_auto_commit=False,
             auto_offset_reset="earliest",
         )
         producer = AIOKafkaProducer(
-            bootstrap_servers=self._settings.bootstrap_servers,
+            **kafka_options(self._settings),
             client_id="memstream-sealer",
             enable_idempotence=True,
             acks="all",

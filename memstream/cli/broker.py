@@ -109,7 +109,7 @@ def create() -> None:
     settings = get_settings()
     topics = Topics.from_settings(settings)
     try:
-        result = asyncio.run(ensure_topics(settings.bootstrap_servers, topics))
+        result = asyncio.run(ensure_topics(settings, topics))
     except TopicCreationError as exc:
         raise CLIError(f"{exc} (is the broker running? `memstream broker status`)") from exc
     table = Table(title=f"topics at {settings.bootstrap_servers}")
