@@ -390,6 +390,10 @@ class Settings(BaseSettings):
     ``master_key_file``, which the first start creates when no wrapped key exists yet."""
     master_key_file: Path | None = None
     """Default ``<home>/master.key`` (mode 0600)."""
+    produce_via_ingress: bool = False
+    """Client writes (SDK producers, the API) go as plaintext to the ingress topic, which
+    the worker seals into the log: for a Kafka principal that may write nothing else
+    (ACL mode, docs/security.md). Such a producer needs no master key."""
     ingress_retention_ms: int = Field(default=7 * 24 * 3600 * 1000, ge=60_000)
     """How long the plaintext ingress topic (and the dead-letter topic) keep records."""
     keys_segment_ms: int = Field(default=60_000, ge=1_000)
