@@ -14,6 +14,11 @@ Layout under ``settings.resolved_broker_dir`` (data survives ``stop``)::
     logs/broker.out     the JVM's stdout and stderr (crashes before logging starts)
     broker.pid          the running broker's process id
     broker.json         what that process was started with (version, ports, paths)
+    acls.json           ACL mode: the ACL set last created (``acl.apply_acls``)
+    admin-client.properties  ACL mode: the admin's client login for AclCommand (0600)
+
+ACL mode (``broker_acl``, :mod:`.acl`): SASL listeners, the StandardAuthorizer and
+per-home principals; ``server.properties`` then holds their passwords (always 0600).
 
 These are plain synchronous functions, safe to call from the CLI, from pytest fixtures
 and from several processes at once (a file lock per broker directory and per jar cache
