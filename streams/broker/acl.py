@@ -51,6 +51,7 @@ __all__ = [
     "read_password",
     "sasl_properties",
     "apply_acls",
+    "forget_acls",
 ]
 
 ADMIN = "memstream-admin"
@@ -171,12 +172,21 @@ def _admin_config(settings: Settings, paths: BrokerPaths) -> Path:
     return path
 
 
+def _marker(paths: BrokerPaths) -> Path:
+    return paths.root / "acls.json"
+
+
+def forget_acls(paths: BrokerPaths) -> None:
+    """Drop the record of created ACLs (storage is about to be formatted afresh)."""
+    _marker(paths).unlink(missing_ok=True)
+
+
 def apply_acls(java: str, libs: Path, settings: Settings, paths: BrokerPaths, jvm: Sequence[str]) -> bool:
     """Create the ACL set with ``AclCommand`` (adding an existing ACL is a no-op), one
     JVM per rule, side by side. Skipped when this broker already got this very set
     (``acls.json``); returns whether it ran."""
     rules = acl_rules(settings)
-    marker = paths.root / "acls.json"
+    marker = _marker(paths)
     wanted = _fingerprint(rules, settings.broker_port)
     try:
         if json.loads(marker.read_text()).get("fingerprint") == wanted:

@@ -183,6 +183,7 @@ def start(settings: Settings) -> BrokerStatus:
             resources.files(PACKAGE).joinpath("log4j2.properties").read_bytes()
         )
         if not paths.formatted:
+            acl.forget_acls(paths)  # a fresh metadata log holds no ACLs yet
             format_storage(java, libs, settings, paths)
 
         pid, offsets = launch(java, libs, settings, paths)
