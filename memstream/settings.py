@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -34,6 +34,7 @@ __all__ = [
     "child_env",
     "parse_log_level",
     "ENV_PREFIX",
+    "LOCAL_WORKER_PRINCIPAL",
     "CONFIG_FILE",
     "HOME_RELATIVE_PATHS",
     "READER_GRACE_S",
@@ -56,9 +57,14 @@ HOME_RELATIVE_PATHS = (
     "banks_file",
     "keys_file",
     "master_key_file",
+    "kafka_password_file",
+    "kafka_ssl_cafile",
 )
 """Path settings that, when relative, are resolved under ``home``."""
 
+
+LOCAL_WORKER_PRINCIPAL = "memstream-worker"
+"""The local ACL-mode broker's worker principal (``streams/broker/acl.py`` has them all)."""
 
 READER_GRACE_S = 30.0
 """Default of ``Settings.reader_grace_s`` (also what a table set opened without settings keeps)."""
@@ -131,6 +137,20 @@ class Settings(BaseSettings):
     """Most that a consumer inflates from one fetch of one partition; a compressed batch
     past it alone is dead-lettered, not inflated (``memstream.streams.inflation_bound``)."""
 
+    # --- Kafka client security (every client: ``memstream.streams.connect``) -------------
+    kafka_security_protocol: Literal["PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "SSL"] = "PLAINTEXT"
+    """How every memstream client talks to Kafka. With ``broker_acl`` and no explicit
+    choice: SASL_PLAINTEXT (the local broker's ACL mode, docs/security.md)."""
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
+    kafka_username: str | None = None
+    """The Kafka principal (``User:<name>``) this process acts as. With ``broker_acl``
+    and none given: the local broker's worker principal."""
+    kafka_password: SecretStr | None = None
+    kafka_password_file: Path | None = None
+    """Read the password from this file (mode 0600) when ``kafka_password`` is unset."""
+    kafka_ssl_cafile: Path | None = None
+    """CA bundle for SSL / SASL_SSL (unset: the system's trust store)."""
+
     # --- local broker (`memstream broker`) ----------------------------------------
     home: Path = Path(".memstream")
     """memstream's own directory: the local broker's data and logs, banks, keys, the
@@ -152,6 +172,11 @@ class Settings(BaseSettings):
     ``~/.cache/memstream`` so every clone and CI run on a machine shares one download."""
     kafka_fetch_timeout_s: float = Field(default=900.0, gt=0)
     """Upper bound for the one-time ``mvn dependency:copy-dependencies`` run."""
+    broker_acl: bool = False
+    """Run the local broker with SASL and Kafka's StandardAuthorizer (ACL mode,
+    docs/security.md): per-home principals for the worker, producers and readers,
+    their passwords in ``<home>/kafka/`` (0600). Clients of this home then default to
+    SASL_PLAINTEXT as the worker principal (``kafka_*`` settings override)."""
 
     # --- Faust worker ---------------------------------------------------------------
     app_id: str = "memstream"
@@ -365,6 +390,10 @@ class Settings(BaseSettings):
     ``master_key_file``, which the first start creates when no wrapped key exists yet."""
     master_key_file: Path | None = None
     """Default ``<home>/master.key`` (mode 0600)."""
+    produce_via_ingress: bool = False
+    """Client writes (SDK producers, the API) go as plaintext to the ingress topic, which
+    the worker seals into the log: for a Kafka principal that may write nothing else
+    (ACL mode, docs/security.md). Such a producer needs no master key."""
     ingress_retention_ms: int = Field(default=7 * 24 * 3600 * 1000, ge=60_000)
     """How long the plaintext ingress topic (and the dead-letter topic) keep records."""
     keys_segment_ms: int = Field(default=60_000, ge=1_000)
@@ -416,6 +445,21 @@ class Settings(BaseSettings):
         if isinstance(data, dict) and data.get("bootstrap_servers") in (None, ""):
             port = data.get("broker_port") or 9092
             data = {**data, "bootstrap_servers": f"127.0.0.1:{port}"}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _acl_mode_defaults(cls, data: Any) -> Any:
+        """In ACL mode, clients that name no identity act as the local worker principal
+        (its password file under ``home``, resolved with the other home paths)."""
+        if not isinstance(data, dict) or str(data.get("broker_acl", "")).strip().lower() not in ("1", "true", "yes", "on"):
+            return data
+        data = dict(data)
+        if data.get("kafka_security_protocol") in (None, "", "PLAINTEXT"):
+            data["kafka_security_protocol"] = "SASL_PLAINTEXT"
+        if data.get("kafka_username") in (None, "") and data.get("kafka_password") in (None, ""):
+            data["kafka_username"] = LOCAL_WORKER_PRINCIPAL
+            data.setdefault("kafka_password_file", f"kafka/{LOCAL_WORKER_PRINCIPAL}.password")
         return data
 
     @model_validator(mode="after")

@@ -5,10 +5,13 @@ existing topics (``memstream tail``, replay) without ever creating one by accide
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, for_code
 
+from memstream.settings import Settings
+from memstream.streams.connect import kafka_options
 from memstream.streams.topics import Topics, TopicSpec
 
 __all__ = ["ensure_topics", "topic_partitions", "TopicCreationError"]
@@ -20,8 +23,13 @@ class TopicCreationError(RuntimeError):
     """A topic could not be created (and does not exist)."""
 
 
+def _connect(kafka: Settings | str) -> dict[str, Any]:
+    """Settings (address and security), or a bare address of a PLAINTEXT broker."""
+    return kafka_options(kafka) if isinstance(kafka, Settings) else {"bootstrap_servers": kafka}
+
+
 async def ensure_topics(
-    bootstrap_servers: str, topics: Topics, *, extra: list[TopicSpec] | None = None
+    kafka: Settings | str, topics: Topics, *, extra: list[TopicSpec] | None = None
 ) -> dict[str, str]:
     """Create every topic of the catalogue that does not exist yet.
 
@@ -29,7 +37,8 @@ async def ensure_topics(
     several processes at once: "already exists" is success.
     """
     specs = topics.catalogue() + list(extra or [])
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, client_id="memstream-admin")
+    options = _connect(kafka)
+    admin = AIOKafkaAdminClient(**options, client_id="memstream-admin")
     try:
         await admin.start()
     except BaseException:
@@ -63,13 +72,13 @@ async def ensure_topics(
                     )
         return result
     except KafkaError as exc:
-        raise TopicCreationError(f"cannot reach Kafka at {bootstrap_servers}: {exc}") from exc
+        raise TopicCreationError(f"cannot reach Kafka at {options['bootstrap_servers']}: {exc}") from exc
     finally:
         await admin.close()
 
 
 async def topic_partitions(
-    bootstrap_servers: str, names: Sequence[str], *, client_id: str = "memstream-admin"
+    kafka: Settings | str, names: Sequence[str], *, client_id: str = "memstream-admin"
 ) -> dict[str, list[int]]:
     """The sorted partition ids of each topic of ``names`` that exists; a missing topic
     is absent from the answer.
@@ -79,7 +88,7 @@ async def topic_partitions(
     typo must not become a topic. Raises aiokafka's ``KafkaError`` (or ``OSError``)
     when the cluster cannot be reached.
     """
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, client_id=client_id)
+    admin = AIOKafkaAdminClient(**_connect(kafka), client_id=client_id)
     try:
         await admin.start()
         existing = set(await admin.list_topics())

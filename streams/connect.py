@@ -1,4 +1,6 @@
-"""Starting the worker's Kafka clients while the broker may be briefly unreachable.
+"""How every memstream Kafka client connects: the one place its address and security
+(SASL, TLS) come from settings (:func:`kafka_options`, :func:`faust_credentials`), and
+starting clients while the broker may be briefly unreachable.
 
 Why: a worker restarted during a broker restart (a rolling upgrade, the chaos
 benchmark) found no broker for a few seconds and crashed at start-up, so a supervisor
@@ -12,13 +14,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
+from functools import lru_cache
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from aiokafka.errors import KafkaConnectionError
+from aiokafka.helpers import create_ssl_context
+from faust.auth import SASLCredentials, SSLCredentials
+from faust.types.auth import CredentialsT
 
-__all__ = ["until_reachable", "until_started"]
+from memstream.settings import Settings
+
+__all__ = ["kafka_options", "kafka_password", "faust_credentials", "KafkaSecurityError", "until_reachable", "until_started"]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +42,70 @@ class _Client(Protocol):
 
 
 C = TypeVar("C", bound=_Client)
+
+
+
+class KafkaSecurityError(ValueError):
+    """The client security settings are incomplete (a one-line reason)."""
+
+
+def kafka_password(settings: Settings) -> str | None:
+    """``kafka_password``, else the content of ``kafka_password_file`` (stripped)."""
+    if settings.kafka_password is not None:
+        return settings.kafka_password.get_secret_value()
+    if settings.kafka_password_file is None:
+        return None
+    try:
+        return settings.kafka_password_file.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise KafkaSecurityError(
+            f"cannot read the Kafka password of {settings.kafka_username!r} from {settings.kafka_password_file}: "
+            f"{exc.strerror or exc} (ACL mode: `memstream broker start --acl` creates it)"
+        ) from None
+
+
+@lru_cache(maxsize=8)
+def _ssl_context(cafile: Path | None) -> ssl.SSLContext:
+    return create_ssl_context(cafile=str(cafile) if cafile else None)
+
+
+def _sasl(settings: Settings) -> tuple[str, str]:
+    password = kafka_password(settings)
+    if not settings.kafka_username or password is None:
+        raise KafkaSecurityError(
+            f"MEMSTREAM_KAFKA_SECURITY_PROTOCOL={settings.kafka_security_protocol} needs "
+            "MEMSTREAM_KAFKA_USERNAME and MEMSTREAM_KAFKA_PASSWORD (or MEMSTREAM_KAFKA_PASSWORD_FILE)"
+        )
+    return settings.kafka_username, password
+
+
+def kafka_options(settings: Settings, *, bootstrap_servers: str | None = None) -> dict[str, Any]:
+    """Keyword arguments every aiokafka client (producer, consumer, admin) of memstream
+    is built with: the bootstrap address and the security settings."""
+    options: dict[str, Any] = {"bootstrap_servers": bootstrap_servers or settings.bootstrap_servers}
+    protocol = settings.kafka_security_protocol
+    if protocol == "PLAINTEXT":
+        return options
+    options["security_protocol"] = protocol
+    if protocol in ("SSL", "SASL_SSL"):
+        options["ssl_context"] = _ssl_context(settings.kafka_ssl_cafile)
+    if protocol.startswith("SASL_"):
+        username, password = _sasl(settings)
+        options.update(sasl_mechanism=settings.kafka_sasl_mechanism, sasl_plain_username=username, sasl_plain_password=password)
+    return options
+
+
+def faust_credentials(settings: Settings) -> CredentialsT | None:
+    """The same identity for faust (``App(broker_credentials=...)``)."""
+    protocol = settings.kafka_security_protocol
+    context = _ssl_context(settings.kafka_ssl_cafile) if protocol in ("SSL", "SASL_SSL") else None
+    if protocol == "PLAINTEXT":
+        return None
+    if protocol == "SSL":
+        return SSLCredentials(context)
+    username, password = _sasl(settings)
+    return SASLCredentials(username=username, password=password, mechanism=settings.kafka_sasl_mechanism, ssl_context=context)
+
 
 _FIRST_DELAY_S = 0.5
 _MAX_DELAY_S = 5.0

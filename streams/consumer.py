@@ -34,6 +34,7 @@ from memstream.streams.record_codec import MAX_SHARED_TURNS, decode_or_dead_lett
 from memstream.streams.sealed_records import RecordOpener
 from memstream.codec.wire import MAX_RECORD_BYTES, encode_event
 from memstream.streams.topics import Topics
+from memstream.streams.connect import kafka_options
 
 __all__ = ["ConsumedBatch", "decode_or_dead_letter", "EventConsumer", "MAX_SHARED_TURNS", "sharing_turns"]
 
@@ -146,7 +147,7 @@ class EventConsumer:
         if self._consumer is not None:
             return
         options: dict[str, Any] = {
-            "bootstrap_servers": self.bootstrap_servers,
+            **kafka_options(self.settings, bootstrap_servers=self.bootstrap_servers),
             "client_id": self._client_id,
             "group_id": self.group_id,
             "enable_auto_commit": False,

@@ -27,6 +27,7 @@ from memstream.streams.keys import SubjectKeys
 from memstream.codec.wire import encode_event
 from memstream.streams.topics import Topics
 from memstream.streams.worker_identity import signed_headers, worker_key
+from memstream.streams.connect import kafka_options
 
 __all__ = ["ForgetReport", "forget"]
 
@@ -86,7 +87,7 @@ async def forget(settings: Settings, team_id: str, user_id: str | None = None) -
             return report
         signer = worker_key(settings)
         producer = AIOKafkaProducer(
-            bootstrap_servers=settings.bootstrap_servers, client_id="memstream-forget", enable_idempotence=True, acks="all"
+            **kafka_options(settings), client_id="memstream-forget", enable_idempotence=True, acks="all"
         )
         await producer.start()
         try:
@@ -107,7 +108,7 @@ async def forget(settings: Settings, team_id: str, user_id: str | None = None) -
 async def ingress_lag_s(settings: Settings, topics: Topics) -> float | None:
     """The age of the oldest record left in the ingress (the sealer deletes what it
     has sealed), None when it holds none: the plaintext window a forget reports."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, group_id=None,
+    consumer = AIOKafkaConsumer(**kafka_options(settings), group_id=None,
                                 enable_auto_commit=False, client_id="memstream-forget-ingress")
     await consumer.start()
     try:

@@ -8,6 +8,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 
 from memstream.settings import Settings
+from memstream.streams.connect import kafka_options
 
 __all__ = ["KeyPartitioner", "create_kafka_producer"]
 
@@ -57,7 +58,7 @@ def create_kafka_producer(
     if transactional_id is not None:
         kwargs["transactional_id"] = transactional_id
     return AIOKafkaProducer(
-        bootstrap_servers=bootstrap_servers or settings.bootstrap_servers,
+        **kafka_options(settings, bootstrap_servers=bootstrap_servers),
         client_id=client_id,
         enable_idempotence=True,
         acks="all",

@@ -39,6 +39,7 @@ from memstream.streams.key_records import forget_order, forgotten_keys, key_reco
 from memstream.streams.legacy_trust import LegacyTrustError, load_legacy_trust, trusted_before
 from memstream.streams.topics import Topics
 from memstream.streams.worker_identity import HEADER as SIGNATURE_HEADER, key_record_signature, worker_key
+from memstream.streams.connect import kafka_options
 
 __all__ = ["SubjectKeys", "LazyKeys", "master_key_path", "MasterKeyError", "forgotten_keys"]
 
@@ -123,13 +124,13 @@ class SubjectKeys:
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> "SubjectKeys":
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=self._settings.bootstrap_servers,
+            **kafka_options(self._settings),
             client_id=self._client_id,
             enable_auto_commit=False,
             group_id=None,
         )
         producer = AIOKafkaProducer(
-            bootstrap_servers=self._settings.bootstrap_servers,
+            **kafka_options(self._settings),
             client_id=self._client_id,
             enable_idempotence=True,
             acks="all",

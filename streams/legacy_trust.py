@@ -29,6 +29,7 @@ from memstream.settings import Settings
 from memstream.streams.admin import topic_partitions
 from memstream.streams.topics import Topics
 from memstream.streams.worker_identity import worker_key_path
+from memstream.streams.connect import kafka_options
 
 __all__ = [
     "FILE_NAME",
@@ -95,10 +96,10 @@ async def record_legacy_trust(settings: Settings, *, extend: bool = False) -> di
             f"{path} already trusts unsigned system events below {_describe(held)}; pass --extend to move that to the log's end"
         )
     topic = Topics.from_settings(settings).events
-    partitions = (await topic_partitions(settings.bootstrap_servers, [topic])).get(topic)
+    partitions = (await topic_partitions(settings, [topic])).get(topic)
     if not partitions:
         raise LegacyTrustError(f"the topic {topic} does not exist at {settings.bootstrap_servers}")
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, client_id="memstream-trust-legacy")
+    consumer = AIOKafkaConsumer(**kafka_options(settings), client_id="memstream-trust-legacy")
     await consumer.start()
     keys_tp = TopicPartition(Topics.from_settings(settings).keys, 0)
     try:

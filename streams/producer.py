@@ -152,8 +152,10 @@ class MemstreamProducer:
         self.client_id = client_id
         self._compression_type = compression_type
         self._signing_key = signing_key
-        self._keys = keys
-        self._own_keys = keys is None and self.settings.sealing
+        # a client that may write only the ingress: plaintext there, sealed by the worker
+        self._via_ingress = self.settings.produce_via_ingress and signing_key is None
+        self._keys = None if self._via_ingress else keys
+        self._own_keys = keys is None and self.settings.sealing and not self._via_ingress
         self._producer: AIOKafkaProducer | None = None
         self._in_flight: asyncio.Semaphore | None = None
         self._pending: set[asyncio.Future[LogPosition]] = set()
@@ -269,8 +271,9 @@ class MemstreamProducer:
         return self._encode(event)
 
     def topic_of(self, event: EventBase, topic: str | None = None) -> str:
-        """The topic ``event`` goes to: ``topic`` if given, else its default topic."""
-        return topic or topic_for(event, self.topics)
+        """The topic ``event`` goes to: ``topic`` if given, else the ingress
+        (``produce_via_ingress``), else its default topic."""
+        return topic or (self.topics.ingress if self._via_ingress else topic_for(event, self.topics))
 
     async def send_encoded(self, topic: str, record: EncodedRecord) -> asyncio.Future[LogPosition]:
         """Enqueue an already encoded record; the returned future resolves on the ack.

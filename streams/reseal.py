@@ -29,6 +29,7 @@ from memstream.streams.keys import SubjectKeys
 from memstream.streams.sealed_records import PLAIN_TYPES, NotAnEvent, ingress_header, seal_value, signed_for
 from memstream.streams.topics import Topics
 from memstream.streams.worker_identity import HEADER as SIGNATURE_HEADER, verifier, worker_key
+from memstream.streams.connect import kafka_options
 
 __all__ = ["reseal", "ResealError"]
 
@@ -58,9 +59,9 @@ def _save_state(path: Path, state: dict[str, str]) -> None:
 class _Kafka:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers, client_id="memstream-reseal")
+        self.admin = AIOKafkaAdminClient(**kafka_options(settings), client_id="memstream-reseal")
         self.producer = AIOKafkaProducer(
-            bootstrap_servers=settings.bootstrap_servers, client_id="memstream-reseal", enable_idempotence=True, acks="all"
+            **kafka_options(settings), client_id="memstream-reseal", enable_idempotence=True, acks="all"
         )
 
     async def partitions(self, topic: str) -> int | None:
@@ -98,7 +99,7 @@ class _Kafka:
 
     async def copy(self, source: str, target: str, partitions: int, transform: Callable | None) -> int:  # type: ignore[type-arg]
         """Copy every record of ``source`` to the same partition of ``target``, in order."""
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.bootstrap_servers, group_id=None, enable_auto_commit=False)
+        consumer = AIOKafkaConsumer(**kafka_options(self.settings), group_id=None, enable_auto_commit=False)
         await consumer.start()
         copied = 0
         try:

@@ -29,7 +29,7 @@ from aiokafka.structs import ConsumerRecord
 from mode import Service
 
 from memstream.settings import Settings
-from memstream.streams.connect import until_started
+from memstream.streams.connect import kafka_options, until_started
 from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher
 from memstream.streams.inflation_bound import bound_inflation, refusal
 from memstream.streams.keys import SubjectKeys
@@ -65,21 +65,21 @@ class IngressSealer:
         bound_inflation(self._settings.max_inflated_batch_bytes)
         consumer = AIOKafkaConsumer(
             self._topics.ingress,
-            bootstrap_servers=self._settings.bootstrap_servers,
+            **kafka_options(self._settings),
             group_id=f"{self._settings.app_id}-sealer",
             client_id="memstream-sealer",
             enable_auto_commit=False,
             auto_offset_reset="earliest",
         )
         producer = AIOKafkaProducer(
-            bootstrap_servers=self._settings.bootstrap_servers,
+            **kafka_options(self._settings),
             client_id="memstream-sealer",
             enable_idempotence=True,
             acks="all",
             linger_ms=self._settings.producer_linger_ms,
             max_request_size=self._settings.max_request_bytes,
         )
-        admin = AIOKafkaAdminClient(bootstrap_servers=self._settings.bootstrap_servers, client_id="memstream-sealer-admin")
+        admin = AIOKafkaAdminClient(**kafka_options(self._settings), client_id="memstream-sealer-admin")
         await consumer.start()
         await producer.start()
         await admin.start()

@@ -10,13 +10,14 @@ write ``memstream broker status || memstream broker start``.
 from __future__ import annotations
 
 import asyncio
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from memstream.cli._errors import CLIError
-from memstream.settings import get_settings
+from memstream.settings import get_settings, load_settings
 from memstream.streams.admin import TopicCreationError, ensure_topics
 from memstream.streams.broker import local
 from memstream.streams.topics import Topics
@@ -45,6 +46,7 @@ def _describe(status: local.BrokerStatus) -> Table:
     table.add_row("kafka", status.version)
     table.add_row("bootstrap", status.bootstrap_servers)
     table.add_row("controller", f"127.0.0.1:{status.controller_port}")
+    table.add_row("acl", "on (SASL PLAIN, StandardAuthorizer)" if status.acl else "off")
     table.add_row("pid", str(status.pid) if status.pid is not None else "-")
     if status.cluster_id:
         table.add_row("cluster id", status.cluster_id)
@@ -53,25 +55,32 @@ def _describe(status: local.BrokerStatus) -> Table:
     return table
 
 
+_ACL_HELP = (
+    "Run with SASL and Kafka's ACLs (MEMSTREAM_BROKER_ACL=true): per-home principals for the worker, "
+    "producers and readers, passwords in <home>/kafka/ (docs/security.md)."
+)
+
+
 @broker_app.command("start")
-def start() -> None:
+def start(acl: Annotated[bool, typer.Option("--acl", help=_ACL_HELP)] = False) -> None:
     """Start the broker (fetching Kafka's jars with Maven on first use) and wait until it
     answers; does nothing if it already runs."""
-    settings = get_settings()
+    settings = load_settings(broker_acl=True) if acl else get_settings()
     try:
         status = local.start(settings)
     except local.BrokerError as exc:
         raise CLIError(str(exc)) from exc
+    mode = " with ACLs (SASL PLAIN)" if status.acl else ""
     if status.started:
         console.print(
-            f"[green]started[/green] Kafka {status.version} at {status.bootstrap_servers} "
+            f"[green]started[/green] Kafka {status.version}{mode} at {status.bootstrap_servers} "
             f"(pid {status.pid}, data {status.data_dir})",
             highlight=False,
             soft_wrap=True,
         )
     else:
         console.print(
-            f"already running: Kafka {status.version} at {status.bootstrap_servers} (pid {status.pid})",
+            f"already running: Kafka {status.version}{mode} at {status.bootstrap_servers} (pid {status.pid})",
             highlight=False,
             soft_wrap=True,
         )
@@ -109,7 +118,7 @@ def create() -> None:
     settings = get_settings()
     topics = Topics.from_settings(settings)
     try:
-        result = asyncio.run(ensure_topics(settings.bootstrap_servers, topics))
+        result = asyncio.run(ensure_topics(settings, topics))
     except TopicCreationError as exc:
         raise CLIError(f"{exc} (is the broker running? `memstream broker status`)") from exc
     table = Table(title=f"topics at {settings.bootstrap_servers}")

@@ -39,6 +39,7 @@ from memstream.streams.record_codec import read_record
 from memstream.streams.producer import MemstreamProducer
 from memstream.codec.wire import DecodeError, EncodeError, decode_record, encode_event
 from memstream.streams.topics import Topics
+from memstream.streams.connect import kafka_options
 
 __all__ = ["register", "resolve_topic", "produce", "tail"]
 
@@ -283,7 +284,7 @@ async def _partitions(topic: str, settings: Settings, *, hint: str = "") -> list
     missing topic makes a broker with ``auto.create.topics.enable`` create it, and a
     typo must not become a topic."""
     try:
-        found = await topic_partitions(settings.bootstrap_servers, [topic], client_id="memstream-cli")
+        found = await topic_partitions(settings, [topic], client_id="memstream-cli")
     except (KafkaConnectionError, KafkaError, OSError) as exc:
         raise _kafka_error(settings, exc) from None
     if topic not in found:
@@ -309,7 +310,7 @@ async def _tail(
             raise CLIError(f"topic {topic} has no partition {partition} (it has {len(parts)})")
         parts = [partition]
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers,
+        **kafka_options(settings),
         client_id="memstream-tail",
         group_id=None,
         enable_auto_commit=False,

@@ -53,7 +53,8 @@ from memstream.banks import (
     write_default_bank,
 )
 from memstream.cli._errors import CLIError
-from memstream.settings import Settings, child_env, get_settings, parse_log_level, settings_env
+from memstream.settings import Settings, child_env, get_settings, load_settings, parse_log_level, settings_env
+from memstream.streams.broker import acl
 
 __all__ = ["register", "settings_env", "child_env", "run_api", "run_mcp_stdio", "run_up", "Child", "Supervisor"]
 
@@ -290,6 +291,12 @@ def _ensure_broker(settings: Settings) -> bool:
     from memstream.streams.broker import local
 
     if local.bootstrap_reachable(settings.bootstrap_servers):
+        current = local.status(settings) if local.is_local_bootstrap(settings) else None
+        if current is not None and current.running and current.acl != settings.broker_acl:
+            raise CLIError(
+                f"the local broker runs {'with' if current.acl else 'without'} ACLs; stop it "
+                f"(`memstream broker stop`) or run `memstream up` {'with' if current.acl else 'without'} --acl"
+            )
         console.print(f"Kafka: using the broker at {settings.bootstrap_servers}")
         return False
     if not local.is_local_bootstrap(settings):
@@ -311,7 +318,7 @@ def _ensure_topics(settings: Settings) -> None:
     from memstream.streams.topics import Topics
 
     try:
-        result = asyncio.run(ensure_topics(settings.bootstrap_servers, Topics.from_settings(settings)))
+        result = asyncio.run(ensure_topics(settings, Topics.from_settings(settings)))
     except TopicCreationError as exc:
         raise CLIError(str(exc)) from None
     created = [name for name, state in result.items() if state == "created"]
@@ -356,6 +363,21 @@ def _ensure_store(settings: Settings) -> None:
     console.print(f"Store: LanceDB tables ready in {settings.lance_dir}")
 
 
+def api_settings(settings: Settings) -> Settings:
+    """The API's settings: in ACL mode it acts as the producer principal and writes only
+    the ingress (the worker seals it into the log); otherwise as given."""
+    if not settings.broker_acl:
+        return settings
+    return settings.model_copy(
+        update={
+            "kafka_username": acl.PRODUCER,
+            "kafka_password": None,
+            "kafka_password_file": acl.password_file(settings, acl.PRODUCER),
+            "produce_via_ingress": True,
+        }
+    )
+
+
 def run_up(settings: Settings, *, keep_broker: bool = False, loglevel: str = "info") -> int:
     """Broker, topics, banks, then worker + API until Ctrl-C. Returns the exit code.
     A broker started here is stopped on the way out (unless ``keep_broker``); one that
@@ -379,11 +401,8 @@ def _serve(settings: Settings, loglevel: str, *, stops_broker: bool) -> int:
     _ensure_topics(settings)
     _ensure_store(settings)
     _ensure_bank(settings)
-    env = {
-        **child_env(settings),
-        "PYTHONUNBUFFERED": "1",
-        "PROMETHEUS_MULTIPROC_DIR": str(_fresh_metrics_dir(settings)),
-    }
+    shared = {"PYTHONUNBUFFERED": "1", "PROMETHEUS_MULTIPROC_DIR": str(_fresh_metrics_dir(settings))}
+    env = {**child_env(settings), **shared}
     worker = Child(
         "worker",
         [sys.executable, "-m", "memstream.services.worker", "--loglevel", loglevel],
@@ -391,7 +410,8 @@ def _serve(settings: Settings, loglevel: str, *, stops_broker: bool) -> int:
         color=_COLORS[0],
         stop_timeout_s=60.0,
     )
-    api = Child("api", [sys.executable, "-m", "memstream", "api"], env, color=_COLORS[1], stop_timeout_s=20.0)
+    api_env = {**child_env(api_settings(settings)), **shared}
+    api = Child("api", [sys.executable, "-m", "memstream", "api"], api_env, color=_COLORS[1], stop_timeout_s=20.0)
     base = f"http://{'127.0.0.1' if settings.api_host in ('0.0.0.0', '::') else settings.api_host}:{settings.api_port}"
 
     def announce(sup: Supervisor) -> None:
@@ -446,9 +466,19 @@ def register(app: typer.Typer) -> None:
         host: Annotated[str | None, typer.Option(help="API bind address.")] = None,
         port: Annotated[int | None, typer.Option(help="API port.")] = None,
         loglevel: Annotated[str, typer.Option(help="Worker log level.")] = "info",
+        acl_mode: Annotated[
+            bool,
+            typer.Option(
+                "--acl",
+                help="Kafka enforces who writes what (MEMSTREAM_BROKER_ACL=true): the local broker runs SASL + "
+                "ACLs, the worker acts as the worker principal, the API as a producer that writes only the "
+                "ingress (docs/security.md).",
+            ),
+        ] = False,
     ) -> None:
         """Run everything one machine needs: broker, topics, worker and API (Ctrl-C stops)."""
-        code = run_up(_with(get_settings(), api_host=host, api_port=port), keep_broker=keep_broker, loglevel=loglevel)
+        base = load_settings(broker_acl=True) if acl_mode else get_settings()
+        code = run_up(_with(base, api_host=host, api_port=port), keep_broker=keep_broker, loglevel=loglevel)
         if code:
             raise typer.Exit(code)
 

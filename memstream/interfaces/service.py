@@ -48,6 +48,7 @@ from memstream.services.shard_routing import open_store, store_for
 from memstream.settings import Settings
 from memstream.streams.producer import MemstreamProducer
 from memstream.streams.topics import Topics
+from memstream.streams.connect import kafka_options
 
 __all__ = [
     "MemoryService",
@@ -353,7 +354,7 @@ class MemoryService:
         async with self._offsets_lock:
             if self._offsets is None:
                 consumer = AIOKafkaConsumer(
-                    bootstrap_servers=self.settings.bootstrap_servers,
+                    **kafka_options(self.settings),
                     client_id=f"{self.client_id}-offsets",
                     enable_auto_commit=False,
                     group_id=None,

@@ -32,6 +32,7 @@ from memstream.services.shard_owner import register_group_projector
 from memstream.services.shard_routing import projects_sharded
 from memstream.settings import Settings
 from memstream.streams.admin import topic_partitions
+from memstream.streams.connect import faust_credentials
 from memstream.streams.inflation_bound import bound_inflation
 from memstream.streams.sealer import register_sealer
 from memstream.streams.topics import Topics
@@ -68,6 +69,8 @@ class MemstreamApp(faust.App):
     """memstream's :class:`faust.App` (see the module docstring)."""
 
     logger = logging.getLogger(FAUST_LOGGER)
+    memstream_settings: Settings | None = None
+    """Set by :func:`build_app`: how this app's own admin calls connect."""
 
     async def on_first_start(self) -> None:
         # Faust creates its data directory without parents.
@@ -92,10 +95,10 @@ class MemstreamApp(faust.App):
         for topic in topics:
             await topic.maybe_declare()
         names = [name for topic in topics for name in topic.topics]
-        bootstrap = ",".join(f"{url.host}:{url.port}" for url in self.conf.broker)
+        kafka = self.memstream_settings or ",".join(f"{url.host}:{url.port}" for url in self.conf.broker)
         deadline = time.monotonic() + timeout
         while names:
-            visible = await topic_partitions(bootstrap, names, client_id=f"{self.conf.id}-declare")
+            visible = await topic_partitions(kafka, names, client_id=f"{self.conf.id}-declare")
             names = [name for name in names if name not in visible]
             if not names or time.monotonic() > deadline:
                 break
@@ -136,6 +139,7 @@ def build_app(
     app = MemstreamApp(
         settings.app_id,
         broker=broker_urls(settings.bootstrap_servers),
+        broker_credentials=faust_credentials(settings),
         store=settings.table_store,
         datadir=str(settings.home / "faust"),
         topic_partitions=settings.partitions,
@@ -155,6 +159,7 @@ def build_app(
         web_enabled=False,
         loop=loop,
     )
+    app.memstream_settings = settings
 
     # A sharded set is written by workers in a consumer group, each owning some shards.
     sharded = projects_sharded(settings, TableSets(settings.lance_dir).current())

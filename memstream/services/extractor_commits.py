@@ -14,6 +14,7 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError, Re
 from memstream.domain.resume_marks import decode_mark
 from memstream.services.turn_buffer import TurnBuffer
 from memstream.settings import Settings
+from memstream.streams.connect import kafka_options
 
 __all__ = ["ExtractorCommits", "consumer_group"]
 
@@ -58,7 +59,7 @@ class ExtractorCommits:
         try:
             if self._admin is None:
                 admin = AIOKafkaAdminClient(
-                    bootstrap_servers=self.settings.bootstrap_servers, client_id="memstream-extractor-admin"
+                    **kafka_options(self.settings), client_id="memstream-extractor-admin"
                 )
                 await admin.start()
                 self._admin = admin

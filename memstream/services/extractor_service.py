@@ -35,7 +35,7 @@ from memstream.services.extractor_tables import ExtractorTables
 from memstream.services.turn_buffer import TurnBuffer, WindowJob
 from memstream.sealing import Subject
 from memstream.settings import Settings
-from memstream.streams.connect import until_started
+from memstream.streams.connect import kafka_options, until_started
 from memstream.streams.record_codec import read_record, sharing_turns
 from memstream.streams.deadletter import DeadLetter
 from memstream.streams.producer import MemstreamProducer
@@ -228,7 +228,7 @@ class ExtractorRunner:
 
         def make_consumer() -> AIOKafkaConsumer:
             consumer = AIOKafkaConsumer(
-                bootstrap_servers=settings.bootstrap_servers,
+                **kafka_options(settings),
                 group_id=consumer_group(settings),
                 client_id="memstream-extractor",
                 enable_auto_commit=False,

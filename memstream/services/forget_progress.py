@@ -21,6 +21,7 @@ from memstream.projections.store import StoreError
 from memstream.projections.table_sets import TableSets
 from memstream.services import shard_routing
 from memstream.settings import Settings
+from memstream.streams.connect import kafka_options
 from memstream.streams.admin import topic_partitions
 from memstream.streams.keys import forgotten_keys
 from memstream.streams.topics import Topics
@@ -75,7 +76,7 @@ async def forget_positions(settings: Settings, team_id: str, user_id: str | None
     """The positions of the latest forget of the subject (a user, or every user of the
     team), found by reading the headers of the events and messages topics."""
     topics = Topics.from_settings(settings)
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, group_id=None,
+    consumer = AIOKafkaConsumer(**kafka_options(settings), group_id=None,
                                 enable_auto_commit=False, client_id="memstream-forget-status")
     await consumer.start()
     try:

@@ -48,7 +48,7 @@ from memstream.projections.table_sets import SwapRequest, TableSets
 from memstream.services.projector_runtime import ProjectorRuntime
 from memstream.settings import Settings
 from memstream.streams.admin import topic_partitions
-from memstream.streams.connect import until_started
+from memstream.streams.connect import kafka_options, until_started
 from memstream.streams.keys import SubjectKeys
 from memstream.streams.projector_feed import FeedBatch, ProjectorFeed
 from memstream.streams.topics import Topics
@@ -89,7 +89,7 @@ def feed_consumer(settings: Settings, client_id: str, *, group_id: str | None = 
     from aiokafka import AIOKafkaConsumer
 
     return AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers,
+        **kafka_options(settings),
         group_id=group_id,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
@@ -192,7 +192,7 @@ class ProjectorService(Service):
             start=start,
             on_decoded=rt.prepare_batch,
             list_partitions=lambda names: topic_partitions(
-                rt.settings.bootstrap_servers, names, client_id=f"{rt.settings.app_id}-projector-admin"
+                rt.settings, names, client_id=f"{rt.settings.app_id}-projector-admin"
             ),
             max_batch=rt.settings.projector_batch_size,
             fetch_records=min(2_000, rt.settings.projector_batch_size),

@@ -68,6 +68,7 @@ from memstream.streams.projector_feed import FeedBatch, ProjectorFeed
 from memstream.streams.rerouting import Rerouter
 from memstream.streams.topics import Topics
 from memstream.streams.worker_identity import worker_key as load_worker_key
+from memstream.streams.connect import kafka_options
 
 __all__ = [
     "ReplayError",
@@ -114,7 +115,7 @@ def _open_projector(store: Any, settings: Settings) -> Any:
 async def _partitions(settings: Settings, topic_names: Sequence[str]) -> list[TopicPartition]:
     try:
         found = await topic_partitions(
-            settings.bootstrap_servers, topic_names, client_id="memstream-replay-admin"
+            settings, topic_names, client_id="memstream-replay-admin"
         )
     except KafkaError as exc:
         raise ReplayError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from exc
@@ -383,7 +384,7 @@ class _Build:
         except LegacyTrustError as exc:
             raise ReplayError(str(exc)) from None
         self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.settings.bootstrap_servers, group_id=None, enable_auto_commit=False,
+            **kafka_options(self.settings), group_id=None, enable_auto_commit=False,
             auto_offset_reset="earliest", client_id="memstream-replay",
             max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024,
         )

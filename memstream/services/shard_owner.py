@@ -44,7 +44,7 @@ from memstream.services.projector_runtime import ProjectorRuntime
 from memstream.services.projector_service import ProjectorService, add_projector, feed_consumer, projector_group
 from memstream.services.shard_routing import open_projector, open_shards
 from memstream.settings import Settings
-from memstream.streams.connect import until_started
+from memstream.streams.connect import kafka_options, until_started
 from memstream.streams.projector_feed import FeedBatch
 from memstream.streams.topics import Topics
 
@@ -177,7 +177,7 @@ class _Listener(ConsumerRebalanceListener):
 def member_consumer(settings: Settings, client_id: str) -> AIOKafkaConsumer:
     """The group membership consumer (it reads nothing: its partitions stay paused)."""
     return AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers,
+        **kafka_options(settings),
         group_id=projector_group(settings),
         client_id=client_id,
         enable_auto_commit=False,

@@ -15,6 +15,7 @@ from memstream.projections.table_sets import TableSets
 from memstream.services.shard_routing import open_store
 from memstream.settings import Settings
 from memstream.streams.topics import Topics
+from memstream.streams.connect import kafka_options
 
 __all__ = ["ShardStatus", "NotShardedError", "shard_statuses", "end_offsets"]
 
@@ -38,7 +39,7 @@ class ShardStatus:
 
 
 async def end_offsets(settings: Settings, topics: list[str], partitions: int) -> dict[tuple[str, int], int]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, client_id=f"{settings.app_id}-shards")
+    consumer = AIOKafkaConsumer(**kafka_options(settings), client_id=f"{settings.app_id}-shards")
     await consumer.start()
     try:
         ends = await consumer.end_offsets([TopicPartition(t, p) for t in topics for p in range(partitions)])

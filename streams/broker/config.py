@@ -14,8 +14,11 @@ __all__ = ["server_properties", "render_properties", "cluster_id"]
 _NODE_ID = 1
 
 
-def server_properties(settings: Settings, data_dir: Path) -> dict[str, str]:
+def server_properties(settings: Settings, data_dir: Path, sasl: Mapping[str, str] | None = None) -> dict[str, str]:
     """The broker's configuration for one combined KRaft node on loopback.
+
+    ``sasl`` (ACL mode, :func:`memstream.streams.broker.acl.sasl_properties`): both
+    listeners speak SASL_PLAINTEXT and its entries (authorizer, users) are added.
 
     The controller quorum is given by ``controller.quorum.bootstrap.servers`` (dynamic
     quorum, KIP-853) and storage is formatted with ``--standalone``, so the node is its
@@ -23,15 +26,16 @@ def server_properties(settings: Settings, data_dir: Path) -> dict[str, str]:
     """
     host = "127.0.0.1"
     port, cport = settings.broker_port, settings.controller_port
-    return {
+    client, controller = ("SASL_PLAINTEXT", "SASL_PLAINTEXT") if sasl is not None else ("PLAINTEXT", "PLAINTEXT")
+    props = {
         "process.roles": "broker,controller",
         "node.id": str(_NODE_ID),
         "controller.quorum.bootstrap.servers": f"{host}:{cport}",
-        "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}",
-        "advertised.listeners": f"PLAINTEXT://{host}:{port}",
+        "listeners": f"{client}://{host}:{port},CONTROLLER://{host}:{cport}",
+        "advertised.listeners": f"{client}://{host}:{port}",
         "controller.listener.names": "CONTROLLER",
-        "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "inter.broker.listener.name": client,
+        "listener.security.protocol.map": f"CONTROLLER:{controller},{client}:{client}",
         "log.dirs": str(data_dir),
         "num.partitions": str(settings.partitions),
         "default.replication.factor": "1",
@@ -47,6 +51,7 @@ def server_properties(settings: Settings, data_dir: Path) -> dict[str, str]:
         "auto.create.topics.enable": "true" if settings.broker_auto_create_topics else "false",
         "delete.topic.enable": "true",
     }
+    return {**props, **(sasl or {})}
 
 
 def _escape(value: str) -> str:

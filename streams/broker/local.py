@@ -14,6 +14,11 @@ Layout under ``settings.resolved_broker_dir`` (data survives ``stop``)::
     logs/broker.out     the JVM's stdout and stderr (crashes before logging starts)
     broker.pid          the running broker's process id
     broker.json         what that process was started with (version, ports, paths)
+    acls.json           ACL mode: the ACL set last created (``acl.apply_acls``)
+    admin-client.properties  ACL mode: the admin's client login for AclCommand (0600)
+
+ACL mode (``broker_acl``, :mod:`.acl`): SASL listeners, the StandardAuthorizer and
+per-home principals; ``server.properties`` then holds their passwords (always 0600).
 
 These are plain synchronous functions, safe to call from the CLI, from pytest fixtures
 and from several processes at once (a file lock per broker directory and per jar cache
@@ -30,6 +35,7 @@ from importlib import resources
 from pathlib import Path
 
 from memstream.settings import Settings
+from memstream.streams.broker import acl
 from memstream.streams.broker.config import render_properties, server_properties
 from memstream.streams.broker.jars import PACKAGE, ensure_jars, jar_cache_complete, jar_dir, locked
 from memstream.streams.broker.logs import log_report
@@ -49,6 +55,7 @@ from memstream.streams.broker.process import (
     find_java,
     forget,
     format_storage,
+    jvm_options,
     launch,
     our_pid,
     read_state,
@@ -75,9 +82,21 @@ __all__ = [
     "stop",
 ]
 
+def _login(settings: Settings, acl_mode: bool) -> tuple[str, str] | None:
+    """The admin's PLAIN login for probing an ACL-mode broker (``None``: plain mode,
+    or no credentials in this home)."""
+    if not acl_mode:
+        return None
+    try:
+        return acl.ADMIN, acl.read_password(settings, acl.ADMIN)
+    except BrokerError:
+        return None
+
+
 def _status(settings: Settings, paths: BrokerPaths) -> BrokerStatus:
     state = read_state(paths)
     pid = our_pid(paths)
+    acl_mode = bool(state.get("acl")) if pid is not None and state.get("pid") == pid else settings.broker_acl
     base = BrokerStatus(
         "stopped",
         version=settings.kafka_version,
@@ -94,7 +113,8 @@ def _status(settings: Settings, paths: BrokerPaths) -> BrokerStatus:
             port=int(str(state.get("port", base.port))),
             controller_port=int(str(state.get("controller_port", base.controller_port))),
         )
-    probe = probe_metadata(base.port) if port_open(base.port) else None
+    probe = probe_metadata(base.port, plain=_login(settings, acl_mode)) if port_open(base.port) else None
+    base = replace(base, acl=acl_mode and (pid is not None or probe is not None))
     if pid is not None:
         if probe is not None:
             return replace(base, state="running", pid=pid, cluster_id=probe.cluster_id)
@@ -131,6 +151,11 @@ def start(settings: Settings) -> BrokerStatus:
     with locked(paths.lock_file):
         current = _status(settings, paths)
         if current.state == "running":
+            if current.acl != settings.broker_acl:
+                raise BrokerError(
+                    f"the local broker runs {'with' if current.acl else 'without'} ACLs (SASL); stop it "
+                    f"(`memstream broker stop`) to start it {'with' if settings.broker_acl else 'without'} them"
+                )
             return current
         if current.state == "external":
             raise BrokerError(
@@ -147,17 +172,25 @@ def start(settings: Settings) -> BrokerStatus:
         java = find_java()
         paths.logs_dir.mkdir(parents=True, exist_ok=True)
         paths.data_dir.mkdir(parents=True, exist_ok=True)
+        sasl = acl.sasl_properties(acl.ensure_credentials(settings)) if settings.broker_acl else None
+        # 0600: in ACL mode it holds the principals' passwords
+        paths.config_file.touch(mode=0o600)
+        paths.config_file.chmod(0o600)
         paths.config_file.write_text(
-            render_properties(server_properties(settings, paths.data_dir)), encoding="ascii"
+            render_properties(server_properties(settings, paths.data_dir, sasl)), encoding="ascii"
         )
         paths.log4j_file.write_bytes(
             resources.files(PACKAGE).joinpath("log4j2.properties").read_bytes()
         )
         if not paths.formatted:
+            acl.forget_acls(paths)  # a fresh metadata log holds no ACLs yet
             format_storage(java, libs, settings, paths)
 
         pid, offsets = launch(java, libs, settings, paths)
-        return _await_ready(settings, paths, pid, started=True, offsets=offsets)
+        ready = _await_ready(settings, paths, pid, started=True, offsets=offsets)
+        if settings.broker_acl:
+            acl.apply_acls(java, libs, settings, paths, jvm_options(settings, paths))
+        return ready
 
 
 def _await_ready(
@@ -186,7 +219,7 @@ def _await_ready(
                 f"{settings.controller_port}, data {paths.data_dir})\n{log_report(paths, offsets)}"
             )
         if port_open(port):
-            probe = probe_metadata(port)
+            probe = probe_metadata(port, plain=_login(settings, bool(state.get("acl", settings.broker_acl))))
             if probe is not None:
                 current = _status(settings, paths)
                 if current.state == "running":

@@ -91,6 +91,8 @@ class BrokerStatus:
     detail: str = ""
     started: bool = False
     """True only on the value returned by the ``start`` call that launched the process."""
+    acl: bool = False
+    """Runs in ACL mode (SASL listener, StandardAuthorizer; docs/security.md)."""
 
     @property
     def running(self) -> bool:

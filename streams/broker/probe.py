@@ -102,28 +102,49 @@ class _Reader:
         return text
 
 
-def probe_metadata(port: int, host: str = "127.0.0.1", timeout: float = 2.0) -> MetadataProbe | None:
+def _call(sock: socket.socket, api_key: int, version: int, correlation: int, payload: bytes) -> _Reader | None:
+    """One request with a v1 header (non-flexible); the answer after its correlation id."""
+    client_id = b"memstream-broker-probe"
+    body = struct.pack(">hhih", api_key, version, correlation, len(client_id)) + client_id + payload
+    sock.sendall(struct.pack(">i", len(body)) + body)
+    (size,) = struct.unpack(">i", _recv_exact(sock, 4))
+    if not 4 <= size <= 1_048_576:
+        return None
+    reader = _Reader(_recv_exact(sock, size))
+    return reader if reader.take(">i") == correlation else None
+
+
+def _plain_login(sock: socket.socket, username: str, password: str) -> bool:
+    """SASL PLAIN: SaslHandshake v1, then SaslAuthenticate v0 with ``\0user\0password``."""
+    mechanism = b"PLAIN"
+    answer = _call(sock, 17, 1, 1, struct.pack(">h", len(mechanism)) + mechanism)
+    if answer is None or answer.take(">h") != 0:
+        return False
+    token = b"\0" + username.encode() + b"\0" + password.encode()
+    answer = _call(sock, 36, 0, 2, struct.pack(">i", len(token)) + token)
+    return answer is not None and answer.take(">h") == 0
+
+
+def probe_metadata(
+    port: int, host: str = "127.0.0.1", timeout: float = 2.0, *, plain: tuple[str, str] | None = None
+) -> MetadataProbe | None:
     """Ask the broker at ``host:port`` for cluster metadata (no topics) and return its
-    answer, or ``None`` if nothing there answers like Kafka.
+    answer, or ``None`` if nothing there answers like Kafka (or refuses the login).
 
     A hand-written Metadata v4 request keeps this synchronous, silent and dependency
     free: v4 is understood by every broker from 0.11 to 4.x and needs no flexible
     encoding. A broker answers only once it has finished starting up, so this is the
-    readiness check.
+    readiness check. ``plain``: log in first with SASL PLAIN (the ACL mode's listener).
     """
-    client_id = b"memstream-broker-probe"
     correlation = 0x6D656D
-    body = struct.pack(">hhih", 3, 4, correlation, len(client_id)) + client_id
-    body += struct.pack(">ib", 0, 0)  # no topics; allow_auto_topic_creation=false
     try:
         with socket.create_connection((host, port), timeout=timeout) as sock:
             sock.settimeout(timeout)
-            sock.sendall(struct.pack(">i", len(body)) + body)
-            (size,) = struct.unpack(">i", _recv_exact(sock, 4))
-            if not 8 <= size <= 1_048_576:
+            if plain is not None and not _plain_login(sock, *plain):
                 return None
-            reader = _Reader(_recv_exact(sock, size))
-            if reader.take(">i") != correlation:
+            # no topics; allow_auto_topic_creation=false
+            reader = _call(sock, 3, 4, correlation, struct.pack(">ib", 0, 0))
+            if reader is None:
                 return None
             reader.take(">i")  # throttle_time_ms
             brokers = []

@@ -210,6 +210,7 @@ def launch(java: str, libs: Path, settings: Settings, paths: BrokerPaths) -> tup
                 "version": settings.kafka_version,
                 "port": settings.broker_port,
                 "controller_port": settings.controller_port,
+                "acl": settings.broker_acl,
                 "jars": str(libs),
                 "started_at": time.time(),
             },
