@@ -144,6 +144,7 @@ def _hybrid(
     text_query = lexical_query(query, named) if w.query_processing else query
     context_on = w.context_forward > 0 or w.context_forward_statement > 0 or w.context_backward > 0
     conversational = context_on or w.speaker_weight > 0 or w.temporal_weight > 0 or w.question_penalty < 1
+    conversational = conversational or w.turn_prior < 1
     refine = VECTOR_REFINE_FACTOR if store.has_vector_index() else None
     # one wait: both lists (the query embedded meanwhile), then what their
     # candidates need that the space's cache does not hold
@@ -154,7 +155,7 @@ def _hybrid(
         )
     )
     rows = g.rows
-    ev = fuse(scope, g.vector, g.text, w)
+    ev = fuse(scope, g.vector, g.text, w, rows, text_query)
     if conversational:
         turns, lines, members = conversation(g)
         src = CandidateTurns(turns)
@@ -162,7 +163,7 @@ def _hybrid(
             join = joiner(store, scope, g.view, extra)
             previous, questions = neighbours(rows, src, lines, members, ev.fused, join)
             ev.context = propagate_context(ev.fused, previous, questions, w)
-        ev.priors = priors(query, rows, src, w)
+        ev.priors = priors(query, rows, src, w, named)
     for pk in rows:
         ev.fused.setdefault(pk, 0.0)
     return rows, ev, entity_boosts(rows, g.entity_keys, g.entity_stats, w), successors
