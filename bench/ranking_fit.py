@@ -35,9 +35,7 @@ from memstream.domain.ranking import RankingWeights
 __all__ = ["GRID", "variants", "objective", "main"]
 
 GRID: dict[str, list[Any]] = {
-    "explicit_lexical": [0.5, 1.0],
     "lexical_coverage": [0.0, 1.0],
-    "turn_prior": [1.0, 0.8],
     "speaker_about": [False, True],
     "entity_weight": [0.0, 0.3],
 }

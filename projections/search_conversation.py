@@ -14,7 +14,6 @@ from typing import Any
 from memstream.domain.events import Scope
 from memstream.domain.ranking import (
     RankingWeights,
-    asks_about_conversation,
     asks_for_time,
     mentions_time,
     prior_factor,
@@ -204,12 +203,11 @@ def priors(
 ) -> dict[str, float]:
     """The speaker prior (the query names the source turn's speaker; for a memory not
     drawn from turns, a speaker of the space the query names that the memory names
-    too: it is about that person as much as the person's turns are), the time prior
-    (the query asks when, the memory states a time), the question penalty (its source
-    turns only ask) and the turn prior (a memory drawn from turns, unless the query
-    asks about the conversation) of each candidate, where not 1."""
+    too, or a name the query asks about (:func:`query_names`): it is about that person
+    as much as the person's turns are), the time prior (the query asks when, the
+    memory states a time) and the question penalty (its source turns only ask) of
+    each candidate, where not 1."""
     wants_time = asks_for_time(query)
-    turn_prior = w.turn_prior != 1.0 and not asks_about_conversation(query)
     spoken: dict[str, set[str]] = {}  # pk -> the speakers of its source turns
     asking: set[str] = set()  # the candidates whose source turns all ask something
     turns: set[str] = set()  # the candidates drawn from turns
@@ -234,10 +232,9 @@ def priors(
         else:
             speaker_named = bool(about and w.speaker_weight and query_mentions(r.get("content") or "", about))
         time_match = wants_time and mentions_time(r.get("content") or "")
-        is_turn = turn_prior and pk in turns
-        if not (speaker_named or time_match or pk in asking or is_turn):
+        if not (speaker_named or time_match or pk in asking):
             continue  # prior_factor is 1.0 exactly
-        factor = prior_factor(speaker_named, time_match, w, pk in asking, is_turn)
+        factor = prior_factor(speaker_named, time_match, w, pk in asking)
         if factor != 1.0:
             out[pk] = factor
     return out

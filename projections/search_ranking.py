@@ -66,22 +66,12 @@ def fuse(
         if w.lexical_coverage and rows is not None and tscore:
             lexical = _weighed(tscore, rows, _terms(text_query), w.lexical_coverage)
             top = max(tscore.values())  # the weighing must not be scaled away
-        if w.explicit_lexical < 1.0 and rows is not None and tscore:
-            lexical = {pk: s * _explicit(rows.get(pk), w.explicit_lexical) for pk, s in lexical.items()}
-            top = max(tscore.values())
-        fused = score_fusion(
-            lexical, vsim, w.text_weight, w.fusion_vector_weight, w.vector_scaling, top, w.lexical_agreement
-        )
+        fused = score_fusion(lexical, vsim, w.text_weight, w.fusion_vector_weight, w.vector_scaling, top)
     else:
         fused = normalised_rrf(
             {"vector": vpks, "text": tpks}, {"vector": w.vector_weight, "text": w.text_weight}, w.rrf_k
         )
     return Evidence(vsim=vsim, tscore=tscore, fused=fused)
-
-
-def _explicit(row: Mapping[str, Any] | None, share: float) -> float:
-    """``share`` for a memory not drawn from turns (no source turn), else 1."""
-    return 1.0 if row is None or row.get("source_message_ids") else share
 
 
 def _weighed(
@@ -95,7 +85,7 @@ def _weighed(
     hub = {t for t in query if 2 * sum(t in h for h in held.values()) > len(held)}
     wanted = query - hub
     return {
-        pk: score if rows[pk].get("source_message_ids") else
+        pk: score if (rows.get(pk) or {}).get("source_message_ids") else
         score * (1.0 - strength + strength * coverage(wanted, held.get(pk, frozenset())))
         for pk, score in tscore.items()
     }

@@ -55,7 +55,6 @@ __all__ = [
     "mentions_time",
     "propagate_context",
     "prior_factor",
-    "asks_about_conversation",
     "coverage",
     "query_names",
 ]
@@ -110,14 +109,12 @@ def score_fusion(
     vector_weight: float = FUSION_VECTOR_WEIGHT,
     vector_scaling: str = "raw",
     text_top: float | None = None,
-    agreement: float = 0.0,
 ) -> dict[str, float]:
     """``(wt * bm25 / max_bm25 + wv * sim) / (wt + wv)`` per document, in [0, 1]; a
     document missing from one list scores 0 there. ``sim`` is ``max(0, cosine)``
     ("raw"), or that min-max scaled over the vector list ("minmax": the best candidate
     1, the worst 0; a list whose similarities are all equal keeps them raw).
-    ``text_top``: what BM25 scores are divided by (default: their maximum);
-    ``agreement``: how far a BM25 score counts by the document's own ``sim``."""
+    ``text_top``: what BM25 scores are divided by (default: their maximum)."""
     total = float(text_weight) + float(vector_weight)
     if total <= 0:
         raise ValueError("at least one weight must be positive")
@@ -132,7 +129,6 @@ def score_fusion(
     for doc in set(text_scores) | set(sims):
         t = float(text_scores.get(doc, 0.0)) / top if top > 0 else 0.0
         sim = sims.get(doc, 0.0)
-        t *= 1.0 - agreement + agreement * sim
         out[doc] = (text_weight * max(0.0, t) + vector_weight * sim) / total
     return out
 
@@ -152,19 +148,6 @@ _TIME_WORDS = re.compile(
     r"(1[89]|20)\d\d|\d{1,2}(st|nd|rd|th)|\d{1,2}[/.-]\d{1,2}([/.-]\d{2,4})?)\b",
     re.IGNORECASE,
 )
-
-
-_ASKS_CONVERSATION = re.compile(
-    r"\b(say|says|said|tell|tells|told|mention|mentions|mentioned|talk|talks|talked|discuss|discussed|"
-    r"chat|chatted|conversation|conversations|ask|asks|asked|reply|replied|answer|answered)\b",
-    re.IGNORECASE,
-)
-
-
-def asks_about_conversation(query: str) -> bool:
-    """Whether the query asks what was said ("what did Alice say about...", "when did
-    we talk about..."): then a turn is the answer itself, not a weaker copy of a fact."""
-    return bool(_ASKS_CONVERSATION.search(query))
 
 
 _NAME = re.compile(r"(?<=[\w,;:'\"] )[A-Z][\w'-]*[a-z][\w'-]*")
@@ -239,17 +222,12 @@ def prior_factor(
     time_match: bool,
     weights: RankingWeights = RankingWeights(),
     only_asks: bool = False,
-    turn: bool = False,
 ) -> float:
     """``(1 + speaker_weight)`` if the query names the memory's speaker (or, for a
     memory not drawn from turns, a speaker the memory names), times ``(1 +
     temporal_weight)`` if the query asks for a time the memory states, times
-    ``question_penalty`` if the memory's source turns only ask (``only_asks``), times
-    ``turn_prior`` for a memory drawn from turns (``turn``: the caller leaves it
-    False when the query asks about the conversation)."""
+    ``question_penalty`` if the memory's source turns only ask (``only_asks``)."""
     factor = weights.question_penalty if only_asks else 1.0
-    if turn:
-        factor *= weights.turn_prior
     if speaker_named:
         factor *= 1.0 + weights.speaker_weight
     if time_match:

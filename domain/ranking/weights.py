@@ -22,9 +22,7 @@ __all__ = [
     "SPEAKER_WEIGHT",
     "TEMPORAL_WEIGHT",
     "QUESTION_PENALTY",
-    "TURN_PRIOR",
     "LEXICAL_COVERAGE",
-    "EXPLICIT_LEXICAL",
     "RankingWeights",
 ]
 
@@ -35,7 +33,8 @@ RECENCY_WEIGHT = 0.1
 HALF_LIFE_SECONDS = 30 * 86_400.0
 SUPERSEDED_PENALTY = 0.5
 DUPLICATE_PENALTY = 0.5
-ENTITY_WEIGHT = 0.3
+ENTITY_WEIGHT = 0.0
+"""Off: fitted on four shapes, the entity boost helped on none (bench/data/ranking_fit.json)."""
 SUCCESSOR_MARGIN = 1e-3
 """A capped memory scores ``(1 - SUCCESSOR_MARGIN)`` times its successor's score."""
 FUSION_VECTOR_WEIGHT = 0.7
@@ -54,21 +53,11 @@ QUESTION_PENALTY = 0.7
 """A memory drawn only from turns that ask something scores this share of itself: a
 question states little; its answer, which the neighbouring-turn rule finds, does."""
 
-TURN_PRIOR = 0.8
-"""A memory drawn from conversation turns (a heuristic memory, a raw turn) scores this
-share of itself unless the query asks about the conversation: an explicit memory of
-equal relevance ranks first. Constant over a space of turns only, where it orders
-nothing."""
 
 LEXICAL_COVERAGE = 1.0
 """A BM25 hit counts by its confidence: the share of the query's content terms the
 memory holds (1.0: fully; 0.0: not weighed)."""
 
-EXPLICIT_LEXICAL = 0.3
-"""The share of its BM25 score an explicit memory (one not drawn from turns) keeps. A
-turn is said in passing and often only its words match the question; an explicit
-memory is one clean statement, which the embedder reads well, and a question asked
-in other words shares words mostly with the wrong ones (docs/benchmarks.md)."""
 
 
 @dataclass(frozen=True)
@@ -97,14 +86,6 @@ class RankingWeights:
     temporal_weight: float = TEMPORAL_WEIGHT
     question_penalty: float = QUESTION_PENALTY
     """The prior of a memory whose source turns all ask something (1.0: off)."""
-    turn_prior: float = TURN_PRIOR
-    """The prior of a memory drawn from turns when the query does not ask about the
-    conversation (1.0: off)."""
-    explicit_lexical: float = EXPLICIT_LEXICAL
-    """The share of its BM25 score a memory not drawn from turns keeps (1.0: all)."""
-    lexical_agreement: float = 0.0
-    """How far a BM25 hit counts by its own (min-max scaled) vector similarity:
-    ``1 - s + s * sim`` (0: not at all)."""
     speaker_about: bool = True
     """The speaker prior also for a memory not drawn from turns that names the speaker
     the query names (False: turns only)."""
@@ -123,12 +104,11 @@ class RankingWeights:
             raise ValueError("recency_weight must be in [0, 1]")
         if self.half_life_s <= 0:
             raise ValueError("half_life_s must be positive")
-        for name in ("superseded_penalty", "duplicate_penalty", "question_penalty", "turn_prior"):
+        for name in ("superseded_penalty", "duplicate_penalty", "question_penalty"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1]")
-        for name in ("lexical_coverage", "explicit_lexical", "lexical_agreement"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1]")
+        if not 0.0 <= self.lexical_coverage <= 1.0:
+            raise ValueError("lexical_coverage must be in [0, 1]")
         if self.entity_weight < 0:
             raise ValueError("entity_weight must be >= 0")
         if self.fusion not in ("score", "rrf"):

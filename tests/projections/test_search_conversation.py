@@ -13,7 +13,7 @@ from pathlib import Path
 from tests.projections.projection_helpers import DIM, T0, memory, positioned
 
 from memstream.domain.events import MessageObserved, Scope
-from memstream.domain.ranking import QUESTION_PENALTY, TURN_PRIOR, RankingWeights
+from memstream.domain.ranking import QUESTION_PENALTY, RankingWeights
 from memstream.projections.embedder import LocalEmbedder
 from memstream.projections.projector import Projector
 from memstream.projections.search import search
@@ -119,12 +119,10 @@ def test_a_turn_that_only_asks_ranks_below_the_statement(tmp_path: Path) -> None
     store = _store(tmp_path, _conversation(ANN, turns))
     query = "pottery class"
     results = {r.memory_id: r for r in search(store, EMB, ANN, query, k=2)}
-    # both are turns (the turn prior applies to both alike); only the question pays the penalty
-    assert results["m-s1-0"].parts.prior == QUESTION_PENALTY * TURN_PRIOR
-    assert results["m-s1-1"].parts.prior == TURN_PRIOR
+    assert results["m-s1-0"].parts.prior == QUESTION_PENALTY and results["m-s1-1"].parts.prior == 1.0
     assert results["m-s1-0"].score < results["m-s1-1"].score
     off = {r.memory_id: r for r in search(store, EMB, ANN, query, k=2, weights=RankingWeights(question_penalty=1.0))}
-    assert off["m-s1-0"].parts.prior == TURN_PRIOR
+    assert off["m-s1-0"].parts.prior == 1.0
 
 
 def test_an_explicit_fact_outranks_small_talk_of_the_person_it_is_about(tmp_path: Path) -> None:
@@ -138,6 +136,6 @@ def test_an_explicit_fact_outranks_small_talk_of_the_person_it_is_about(tmp_path
     results = search(store, EMB, ANN, "Is Alice vegetarian or not?", k=3)
     assert results[0].memory_id == "fact"
     first_turn = next(r for r in results if r.source_message_ids)
-    assert first_turn.parts.prior < results[0].parts.prior  # a turn ranks below an explicit memory
+    assert first_turn.parts.prior == results[0].parts.prior == 1.0 + RankingWeights().speaker_weight
     asked = search(store, EMB, ANN, "What did Alice say about being vegetarian?", k=5)
     assert next(r for r in asked if r.source_message_ids).parts.prior == 1.0 + RankingWeights().speaker_weight
