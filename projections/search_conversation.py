@@ -9,6 +9,7 @@ only this way join the candidates when they pass the search's filters."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 from memstream.domain.events import Scope
@@ -19,6 +20,7 @@ from memstream.domain.ranking import (
     prior_factor,
     query_mentions,
     query_names,
+    tokens,
 )
 from memstream.projections import search_queries as q
 from memstream.projections.lance_async import wait
@@ -194,6 +196,23 @@ def joiner(
     return filtered if extra else from_view
 
 
+@lru_cache(maxsize=65_536)
+def _words(text: str) -> tuple[str, ...]:
+    # the same candidates come back query after query: each is split once
+    return tuple(tokens(text))
+
+
+def _names_any(text: str, names: set[str]) -> bool:
+    """Whether ``text`` names any of ``names`` (whole words, in order)."""
+    words = _words(text)
+    present = frozenset(words)
+    for name in names:
+        t = tokens(name)
+        if t and t[0] in present and (len(t) == 1 or any(words[i : i + len(t)] == tuple(t) for i in range(len(words)))):
+            return True
+    return False
+
+
 def priors(
     query: str,
     rows: Mapping[str, Mapping[str, Any]],
@@ -230,7 +249,7 @@ def priors(
         if pk in turns:
             speaker_named = bool(said and not named.isdisjoint(said))
         else:
-            speaker_named = bool(about and w.speaker_weight and query_mentions(r.get("content") or "", about))
+            speaker_named = bool(about and w.speaker_weight and _names_any(r.get("content") or "", about))
         time_match = wants_time and mentions_time(r.get("content") or "")
         if not (speaker_named or time_match or pk in asking):
             continue  # prior_factor is 1.0 exactly
