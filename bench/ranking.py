@@ -92,7 +92,7 @@ class Bench:
         from memstream.projections import search as s
 
         self.cache = s.SearchCache()
-        self._vectors: dict[Scope, tuple[list[str], np.ndarray, list[str]]] = {}
+        self._vectors: dict[Scope, tuple[list[str], np.ndarray, list[Sequence[str]]]] = {}
 
     def memstream(self, weights: RankingWeights | None = None) -> Callable[[Query, int], list[Any]]:
         from memstream.projections import search as s
@@ -112,7 +112,7 @@ class Bench:
         order = np.argsort(-(matrix @ v), kind="stable")[:k]
         return [_Hit(ids[i], sources[i]) for i in order]
 
-    def _space(self, scope: Scope) -> tuple[list[str], np.ndarray, list[str]]:
+    def _space(self, scope: Scope) -> tuple[list[str], np.ndarray, list[Sequence[str]]]:
         from memstream.projections.schema import MEMORIES
         from memstream.projections.store import space_where
 
@@ -195,7 +195,7 @@ def _print(result: Mapping[str, Any]) -> None:
 def run(data: Path, embedder: str | None = None, workdir: Path | None = None) -> dict[str, Any]:
     """Ingest every shape (or reuse ``workdir``'s ingest), evaluate, return the summary."""
     own = workdir is None
-    work = Path(tempfile.mkdtemp(prefix="memstream-bench-ranking-")) if own else Path(workdir)
+    work = Path(tempfile.mkdtemp(prefix="memstream-bench-ranking-")) if workdir is None else Path(workdir)
     try:
         bench = open_bench(data, work, embedder)
         result: dict[str, Any] = {"embedder": bench.embedder.model_id, **bench.evaluate()}
