@@ -80,6 +80,7 @@ __all__ = [
     "scope_of",
     "IngestReport",
     "ingest",
+    "ingest_events",
     "SYSTEMS",
     "PLAIN_RANKING",
     "cleanup_run",
@@ -351,6 +352,12 @@ class IngestReport:
 
 def ingest(settings: Settings, conversations: Sequence[Conversation], workdir: Path) -> IngestReport:
     """Run the worker, send every turn, wait until all is extracted and projected."""
+    return ingest_events(settings, [e for c in conversations for e in conversation_events(c)], workdir)
+
+
+def ingest_events(settings: Settings, events: Sequence[Any], workdir: Path) -> IngestReport:
+    """Run the worker, send ``events`` (turns and memories), wait until every turn is
+    extracted and everything projected."""
     from memstream.projections.schema import MEMORIES
     from memstream.projections.store import LanceStore
     from memstream.streams.admin import ensure_topics
@@ -358,7 +365,6 @@ def ingest(settings: Settings, conversations: Sequence[Conversation], workdir: P
     from memstream.streams.topics import Topics
 
     asyncio.run(ensure_topics(settings.bootstrap_servers, Topics.from_settings(settings)))
-    events = [e for c in conversations for e in conversation_events(c)]
     worker = WorkerProcess(settings, workdir / "worker", loglevel="info")
     started = time.perf_counter()
     worker.start()

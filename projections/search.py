@@ -151,10 +151,11 @@ def _hybrid(
         read_candidates(
             cache, store, scope, lambda: asyncio.wrap_future(embedding), refine, query, text_query, where, n,
             conversational=conversational, successor_filters=extra if follow else None,
+            entities=w.entity_weight > 0,
         )
     )
     rows = g.rows
-    ev = fuse(scope, g.vector, g.text, w)
+    ev = fuse(scope, g.vector, g.text, w, rows, text_query)
     if conversational:
         turns, lines, members = conversation(g)
         src = CandidateTurns(turns)
@@ -162,7 +163,7 @@ def _hybrid(
             join = joiner(store, scope, g.view, extra)
             previous, questions = neighbours(rows, src, lines, members, ev.fused, join)
             ev.context = propagate_context(ev.fused, previous, questions, w)
-        ev.priors = priors(query, rows, src, w)
+        ev.priors = priors(query, rows, src, w, named)
     for pk in rows:
         ev.fused.setdefault(pk, 0.0)
     return rows, ev, entity_boosts(rows, g.entity_keys, g.entity_stats, w), successors

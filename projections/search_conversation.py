@@ -9,10 +9,19 @@ only this way join the candidates when they pass the search's filters."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 from memstream.domain.events import Scope
-from memstream.domain.ranking import RankingWeights, asks_for_time, mentions_time, prior_factor, query_mentions
+from memstream.domain.ranking import (
+    RankingWeights,
+    asks_for_time,
+    mentions_time,
+    prior_factor,
+    query_mentions,
+    query_names,
+    tokens,
+)
 from memstream.projections import search_queries as q
 from memstream.projections.lance_async import wait
 from memstream.projections.schema import MEMORIES
@@ -187,30 +196,60 @@ def joiner(
     return filtered if extra else from_view
 
 
+@lru_cache(maxsize=65_536)
+def _words(text: str) -> tuple[str, ...]:
+    # the same candidates come back query after query: each is split once
+    return tuple(tokens(text))
+
+
+def _names_any(text: str, names: set[str]) -> bool:
+    """Whether ``text`` names any of ``names`` (whole words, in order)."""
+    words = _words(text)
+    present = frozenset(words)
+    for name in names:
+        t = tokens(name)
+        if t and t[0] in present and (len(t) == 1 or any(words[i : i + len(t)] == tuple(t) for i in range(len(words)))):
+            return True
+    return False
+
+
 def priors(
-    query: str, rows: Mapping[str, Mapping[str, Any]], src: CandidateTurns, w: RankingWeights
+    query: str,
+    rows: Mapping[str, Mapping[str, Any]],
+    src: CandidateTurns,
+    w: RankingWeights,
+    space_named: frozenset[str] | set[str] = frozenset(),
 ) -> dict[str, float]:
-    """The speaker prior (the query names the source turn's speaker), the time prior
-    (the query asks when, the memory states a time) and the question penalty (its
-    source turns only ask) of each candidate, where not 1."""
+    """The speaker prior (the query names the source turn's speaker; for a memory not
+    drawn from turns, a speaker of the space the query names that the memory names
+    too, or a name the query asks about (:func:`query_names`): it is about that person
+    as much as the person's turns are), the time prior (the query asks when, the
+    memory states a time) and the question penalty (its source turns only ask) of
+    each candidate, where not 1."""
     wants_time = asks_for_time(query)
     spoken: dict[str, set[str]] = {}  # pk -> the speakers of its source turns
     asking: set[str] = set()  # the candidates whose source turns all ask something
+    turns: set[str] = set()  # the candidates drawn from turns
     for pk, r in rows.items():
         found = src.of(pk, r)
         if not found:
             continue
+        turns.add(pk)
         names = {t.speaker for t in found if t.speaker}
         if names:
             spoken[pk] = names
         if all(t.question for t in found):
             asking.add(pk)
     # only the candidates' own speakers can match: the query is matched against those few
-    named = query_mentions(query, {n for names in spoken.values() for n in names})
+    named = query_mentions(query, {n for names in spoken.values() for n in names}) | set(space_named)
+    about = named | query_names(query) if w.speaker_about else set()
     out: dict[str, float] = {}
     for pk, r in rows.items():
         said = spoken.get(pk)
-        speaker_named = bool(said and not named.isdisjoint(said))
+        if pk in turns:
+            speaker_named = bool(said and not named.isdisjoint(said))
+        else:
+            speaker_named = bool(about and w.speaker_weight and _names_any(r.get("content") or "", about))
         time_match = wants_time and mentions_time(r.get("content") or "")
         if not (speaker_named or time_match or pk in asking):
             continue  # prior_factor is 1.0 exactly

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from datetime import datetime
 from typing import Any
 
@@ -13,6 +14,7 @@ from memstream.domain.events import Scope
 from memstream.domain.priority import priority_factor
 from memstream.domain.ranking import (
     RankingWeights,
+    coverage,
     entity_boost,
     entity_idf,
     final_score,
@@ -23,6 +25,7 @@ from memstream.domain.ranking import (
     supersession_factor,
 )
 from memstream.projections.schema import scoped_key
+from memstream.projections.search_lexical import terms
 from memstream.projections.search_results import ScoreParts, SearchResult, to_result
 
 __all__ = ["Evidence", "fuse", "entity_boosts", "ranked"]
@@ -42,22 +45,56 @@ class Evidence:
 
 
 def fuse(
-    scope: Scope, vector: list[tuple[str, float]], text: list[tuple[str, float]], w: RankingWeights
+    scope: Scope,
+    vector: list[tuple[str, float]],
+    text: list[tuple[str, float]],
+    w: RankingWeights,
+    rows: Mapping[str, Mapping[str, Any]] | None = None,
+    text_query: str = "",
 ) -> Evidence:
     """Score fusion (or weighted RRF with ``fusion="rrf"``) of the vector list
-    (``memory_id``, cosine distance) and the BM25 list (``memory_id``, score)."""
+    (``memory_id``, cosine distance) and the BM25 list (``memory_id``, score). With
+    ``lexical_coverage``, ``rows`` and the BM25 leg's ``text_query``, each BM25 score
+    is weighed by the share of the query's terms its memory holds (:func:`coverage`)."""
     team, user = scope.team_id, scope.user_id
     vpks = [scoped_key(team, user, mid) for mid, _ in vector]
     tpks = [scoped_key(team, user, mid) for mid, _ in text]
     vsim = {pk: 1.0 - distance for pk, (_, distance) in zip(vpks, vector)}
     tscore = {pk: score for pk, (_, score) in zip(tpks, text)}
     if w.fusion == "score":
-        fused = score_fusion(tscore, vsim, w.text_weight, w.fusion_vector_weight, w.vector_scaling)
+        lexical, top = tscore, None
+        if w.lexical_coverage and rows is not None and tscore:
+            lexical = _weighed(tscore, rows, _terms(text_query), w.lexical_coverage)
+            top = max(tscore.values())  # the weighing must not be scaled away
+        fused = score_fusion(lexical, vsim, w.text_weight, w.fusion_vector_weight, w.vector_scaling, top)
     else:
         fused = normalised_rrf(
             {"vector": vpks, "text": tpks}, {"vector": w.vector_weight, "text": w.text_weight}, w.rrf_k
         )
     return Evidence(vsim=vsim, tscore=tscore, fused=fused)
+
+
+def _weighed(
+    tscore: Mapping[str, float], rows: Mapping[str, Mapping[str, Any]], query: frozenset[str], strength: float
+) -> dict[str, float]:
+    """Each BM25 score of an explicit memory (one not drawn from turns: a turn's words
+    are all it has) times ``1 - strength + strength * coverage`` over the query's
+    discriminating terms: a term held by most candidates (the name of the person every
+    memory here is about) is constant over them and tells none apart."""
+    held = {pk: _terms(r.get("content") or "") for pk, r in rows.items()}
+    hub = {t for t in query if 2 * sum(t in h for h in held.values()) > len(held)}
+    wanted = query - hub
+    return {
+        pk: score if (rows.get(pk) or {}).get("source_message_ids") else
+        score * (1.0 - strength + strength * coverage(wanted, held.get(pk, frozenset())))
+        for pk, score in tscore.items()
+    }
+
+
+@lru_cache(maxsize=65_536)
+def _terms(text: str) -> frozenset[str]:
+    # the same memories come back query after query: each is stemmed once
+    return frozenset(terms(text))
 
 
 def entity_boosts(

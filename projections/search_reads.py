@@ -266,12 +266,13 @@ async def candidates(
     *,
     conversational: bool,
     successor_filters: Sequence[str] | None,
+    entities: bool = True,
 ) -> tuple[Gathered, Successors | None]:
     """The vector and BM25 lists (:func:`lists`), then every read their candidates
     need that the space's cache cannot answer (:func:`fill`), then the statistics of
     the entities the query names and the successors' first hop, in one wait.
     ``successor_filters``: the filters successors must pass (``None``: successors are
-    not followed)."""
+    not followed); ``entities``: whether the entity boost needs the statistics."""
     root = str(store.root)
     whole = cache.lists_need_rows(root, scope)
     # the space's kept vectors serve where LanceDB's flat search would give the same list
@@ -302,7 +303,8 @@ async def candidates(
             ]
         )
     rows = await _candidate_rows(store, scope, view, listed, sessions, loose)
-    keys, stats, successors = await _follow(cache, store, scope, query, rows, view, ev, successor_filters)
+    named = query if entities else ""  # no boost: no entity the query names is looked up
+    keys, stats, successors = await _follow(cache, store, scope, named, rows, view, ev, successor_filters)
     gathered = Gathered(
         _scores(vtable, "_distance"), _scores(ttable, "_score"), rows, sessions, loose, keys, stats, view
     )

@@ -9,6 +9,8 @@ candidate's score (fusion, recency, supersession, entity boost: steps 1-4);
 from memstream.domain.ranking.conversation import (
     QUERY_STOP_WORDS,
     asks_for_time,
+    coverage,
+    query_names,
     is_question,
     lexical_query,
     mentions_time,
@@ -85,6 +87,8 @@ __all__ = [
     "score_fusion",
     "is_question",
     "asks_for_time",
+    "coverage",
+    "query_names",
     "mentions_time",
     "propagate_context",
     "prior_factor",

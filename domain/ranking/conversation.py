@@ -55,6 +55,8 @@ __all__ = [
     "mentions_time",
     "propagate_context",
     "prior_factor",
+    "coverage",
+    "query_names",
 ]
 
 
@@ -106,17 +108,19 @@ def score_fusion(
     text_weight: float = TEXT_WEIGHT,
     vector_weight: float = FUSION_VECTOR_WEIGHT,
     vector_scaling: str = "raw",
+    text_top: float | None = None,
 ) -> dict[str, float]:
     """``(wt * bm25 / max_bm25 + wv * sim) / (wt + wv)`` per document, in [0, 1]; a
     document missing from one list scores 0 there. ``sim`` is ``max(0, cosine)``
     ("raw"), or that min-max scaled over the vector list ("minmax": the best candidate
-    1, the worst 0; a list whose similarities are all equal keeps them raw)."""
+    1, the worst 0; a list whose similarities are all equal keeps them raw).
+    ``text_top``: what BM25 scores are divided by (default: their maximum)."""
     total = float(text_weight) + float(vector_weight)
     if total <= 0:
         raise ValueError("at least one weight must be positive")
     if vector_scaling not in ("raw", "minmax"):
         raise ValueError('vector_scaling must be "raw" or "minmax"')
-    top = max((float(v) for v in text_scores.values()), default=0.0)
+    top = max((float(v) for v in text_scores.values()), default=0.0) if text_top is None else float(text_top)
     sims = {doc: max(0.0, float(v)) for doc, v in vector_similarities.items()}
     low, high = min(sims.values(), default=0.0), max(sims.values(), default=0.0)
     if vector_scaling == "minmax" and high > low:
@@ -124,7 +128,8 @@ def score_fusion(
     out: dict[str, float] = {}
     for doc in set(text_scores) | set(sims):
         t = float(text_scores.get(doc, 0.0)) / top if top > 0 else 0.0
-        out[doc] = (text_weight * max(0.0, t) + vector_weight * sims.get(doc, 0.0)) / total
+        sim = sims.get(doc, 0.0)
+        out[doc] = (text_weight * max(0.0, t) + vector_weight * sim) / total
     return out
 
 
@@ -143,6 +148,24 @@ _TIME_WORDS = re.compile(
     r"(1[89]|20)\d\d|\d{1,2}(st|nd|rd|th)|\d{1,2}[/.-]\d{1,2}([/.-]\d{2,4})?)\b",
     re.IGNORECASE,
 )
+
+
+_NAME = re.compile(r"(?<=[\w,;:'\"] )[A-Z][\w'-]*[a-z][\w'-]*")
+
+
+def query_names(query: str) -> frozenset[str]:
+    """The capitalised words of the query that do not start a sentence: the names it
+    asks about ("What did Caroline research?" -> Caroline), possessives stripped."""
+    return frozenset(m.group(0).removesuffix("'s") for m in _NAME.finditer(query))
+
+
+def coverage(query_terms: frozenset[str], memory_terms: frozenset[str]) -> float:
+    """The share of the query's content terms a memory holds: how far a BM25 hit can be
+    trusted. A hit on one common word of a long question is weak evidence; a hit on
+    all of them is strong. 1 for a query without terms: nothing to weigh."""
+    if not query_terms:
+        return 1.0
+    return len(query_terms & memory_terms) / len(query_terms)
 
 
 def is_question(text: str) -> bool:
@@ -195,9 +218,13 @@ def propagate_context(
 
 
 def prior_factor(
-    speaker_named: bool, time_match: bool, weights: RankingWeights = RankingWeights(), only_asks: bool = False
+    speaker_named: bool,
+    time_match: bool,
+    weights: RankingWeights = RankingWeights(),
+    only_asks: bool = False,
 ) -> float:
-    """``(1 + speaker_weight)`` if the query names the memory's speaker, times ``(1 +
+    """``(1 + speaker_weight)`` if the query names the memory's speaker (or, for a
+    memory not drawn from turns, a speaker the memory names), times ``(1 +
     temporal_weight)`` if the query asks for a time the memory states, times
     ``question_penalty`` if the memory's source turns only ask (``only_asks``)."""
     factor = weights.question_penalty if only_asks else 1.0

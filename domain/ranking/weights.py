@@ -22,6 +22,7 @@ __all__ = [
     "SPEAKER_WEIGHT",
     "TEMPORAL_WEIGHT",
     "QUESTION_PENALTY",
+    "LEXICAL_COVERAGE",
     "RankingWeights",
 ]
 
@@ -32,7 +33,8 @@ RECENCY_WEIGHT = 0.1
 HALF_LIFE_SECONDS = 30 * 86_400.0
 SUPERSEDED_PENALTY = 0.5
 DUPLICATE_PENALTY = 0.5
-ENTITY_WEIGHT = 0.3
+ENTITY_WEIGHT = 0.0
+"""Off: fitted on four shapes, the entity boost helped on none (bench/data/ranking_fit.json)."""
 SUCCESSOR_MARGIN = 1e-3
 """A capped memory scores ``(1 - SUCCESSOR_MARGIN)`` times its successor's score."""
 FUSION_VECTOR_WEIGHT = 0.7
@@ -50,6 +52,12 @@ TEMPORAL_WEIGHT = 1.0
 QUESTION_PENALTY = 0.7
 """A memory drawn only from turns that ask something scores this share of itself: a
 question states little; its answer, which the neighbouring-turn rule finds, does."""
+
+
+LEXICAL_COVERAGE = 1.0
+"""A BM25 hit counts by its confidence: the share of the query's content terms the
+memory holds (1.0: fully; 0.0: not weighed)."""
+
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,12 @@ class RankingWeights:
     temporal_weight: float = TEMPORAL_WEIGHT
     question_penalty: float = QUESTION_PENALTY
     """The prior of a memory whose source turns all ask something (1.0: off)."""
+    speaker_about: bool = True
+    """The speaker prior also for a memory not drawn from turns that names the speaker
+    the query names (False: turns only)."""
+    lexical_coverage: float = LEXICAL_COVERAGE
+    """How far each BM25 hit is weighed by the share ``c`` of the query's content terms
+    it holds: by ``1 - s + s * c`` (0: BM25 normalised by its best hit only)."""
     query_processing: bool = True
     """Search the BM25 leg with :func:`lexical_query` (False: the query as written)."""
 
@@ -93,6 +107,8 @@ class RankingWeights:
         for name in ("superseded_penalty", "duplicate_penalty", "question_penalty"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1]")
+        if not 0.0 <= self.lexical_coverage <= 1.0:
+            raise ValueError("lexical_coverage must be in [0, 1]")
         if self.entity_weight < 0:
             raise ValueError("entity_weight must be >= 0")
         if self.fusion not in ("score", "rrf"):

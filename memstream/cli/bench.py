@@ -167,6 +167,16 @@ def bench_locomo(
     _run("locomo", data=data, k=cutoffs, embedder=embedder or None, rerank_url=rerank_url or None)
 
 
+@bench_app.command("ranking")
+def bench_ranking(
+    data: Path = typer.Option(..., exists=True, dir_okay=False, help="LoCoMo JSON (read in place, never copied)."),
+    embedder: str = typer.Option("", help="onnx | local | minilm | openai (default: the configured one)"),
+    workdir: Path = typer.Option(None, help="Keep the ingest here and reuse it (default: a temporary one)."),
+) -> None:
+    """memstream, its embedder alone and BM25 alone on four shapes of memory store."""
+    _run("ranking", data=data, embedder=embedder or None, workdir=workdir)
+
+
 @bench_app.command("paraphrase")
 def bench_paraphrase(
     embedder: str = typer.Option("", help="Comma-separated embedders (default: the configured one, then local)."),

@@ -109,7 +109,9 @@ def test_memories_without_turns_still_rank(tmp_path: Path) -> None:
     store.optimize()
     results = search(store, EMB, ANN, "What tea does Ann like?", k=2)
     assert results[0].memory_id == "x"
-    assert results[0].parts.context == 0.0 and results[0].parts.prior == 1.0
+    # no turn, no context; the query names Ann and so does the memory: it is about her
+    assert results[0].parts.context == 0.0 and results[0].parts.prior == 1.0 + RankingWeights().speaker_weight
+    assert all(r.parts.prior == 1.0 for r in results if r.memory_id == "y")
 
 
 def test_a_turn_that_only_asks_ranks_below_the_statement(tmp_path: Path) -> None:
@@ -121,3 +123,19 @@ def test_a_turn_that_only_asks_ranks_below_the_statement(tmp_path: Path) -> None
     assert results["m-s1-0"].score < results["m-s1-1"].score
     off = {r.memory_id: r for r in search(store, EMB, ANN, query, k=2, weights=RankingWeights(question_penalty=1.0))}
     assert off["m-s1-0"].parts.prior == 1.0
+
+
+def test_an_explicit_fact_outranks_small_talk_of_the_person_it_is_about(tmp_path: Path) -> None:
+    # the person's turns name her as their speaker; the fact names her in its text: both
+    # are about her, so neither prior lifts small talk above the fact that answers
+    chat = [("Alice", "Yes please, short and polite."), ("Bob", "See you at eight then."),
+            ("Alice", "I am running late again."), ("Bob", "No worries at all.")]
+    messages, turns = _conversation(ANN, chat)
+    facts = [memory(ANN, "fact", "Alice is vegetarian"), memory(ANN, "other", "Bob plays the cello")]
+    store = _store(tmp_path, (messages, turns + facts))
+    results = search(store, EMB, ANN, "Is Alice vegetarian or not?", k=3)
+    assert results[0].memory_id == "fact"
+    first_turn = next(r for r in results if r.source_message_ids)
+    assert first_turn.parts.prior == results[0].parts.prior == 1.0 + RankingWeights().speaker_weight
+    asked = search(store, EMB, ANN, "What did Alice say about being vegetarian?", k=5)
+    assert next(r for r in asked if r.source_message_ids).parts.prior == 1.0 + RankingWeights().speaker_weight

@@ -19,7 +19,7 @@ import pytest
 from tests.projections.projection_helpers import DIM, T0, link, memory, positioned
 
 from memstream.domain.events import MessageObserved, Scope
-from memstream.domain.ranking import ENTITY_WEIGHT, entity_boost, entity_idf
+from memstream.domain.ranking import RankingWeights, entity_boost, entity_idf
 from memstream.projections import search_facts, search_queries, search_reads
 from memstream.projections.lance_async import wait
 from memstream.projections.search_cache import SearchCache, space_key
@@ -150,6 +150,10 @@ def test_a_failed_list_leaves_no_query_running(tmp_path: Path, monkeypatch: pyte
     assert stopped == (["asked", "text"] if filters else [])
 
 
+BOOST = RankingWeights(entity_weight=0.3)
+"""The entity boost is off by default; these tests weigh it to see its counts."""
+
+
 def test_the_counts_behind_the_entity_boost_follow_writes(tmp_path: Path) -> None:
     store = LanceStore(tmp_path / "lance", embedding_dim=DIM)
     projector = Projector(store, EMB)
@@ -158,13 +162,13 @@ def test_the_counts_behind_the_entity_boost_follow_writes(tmp_path: Path) -> Non
                                 memory(EVE, "e", "Zed sails", entities=[("Zed", "person")])]))
 
     def boost() -> float:
-        hit = search(store, EMB, ANN, "What does Zed restore?", k=1, cache=CACHE)[0]
+        hit = search(store, EMB, ANN, "What does Zed restore?", k=1, cache=CACHE, weights=BOOST)[0]
         assert hit.memory_id == "z"
         return hit.parts.entity
 
     def expected() -> float:
         df = store.entity_frequencies(ANN, ["zed"])["zed"]
-        return entity_boost([entity_idf(df, store.count_memories(ANN))], ENTITY_WEIGHT)
+        return entity_boost([entity_idf(df, store.count_memories(ANN))], BOOST.entity_weight)
 
     first = boost()
     assert first == pytest.approx(expected()) and boost() == first  # the second search uses the cached counts

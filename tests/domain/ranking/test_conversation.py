@@ -9,11 +9,13 @@ from hypothesis import strategies as st
 
 from memstream.domain.ranking.conversation import (
     asks_for_time,
+    coverage,
     is_question,
     lexical_query,
     mentions_time,
     prior_factor,
     propagate_context,
+    query_names,
     score_fusion,
 )
 from memstream.domain.ranking.weights import RankingWeights
@@ -126,3 +128,16 @@ def test_new_weights_are_validated() -> None:
     for bad in (0.0, 1.5):
         with pytest.raises(ValueError):
             RankingWeights(question_penalty=bad)
+
+
+def test_coverage_is_the_share_of_query_terms_held() -> None:
+    q = frozenset({"sit", "plane", "travel"})
+    assert coverage(q, frozenset({"sit", "cinema"})) == pytest.approx(1 / 3)
+    assert coverage(q, frozenset({"window", "seat"})) == 0.0
+    assert coverage(frozenset(), frozenset({"x"})) == 1.0  # nothing to weigh: no reordering
+
+
+def test_query_names_are_capitalised_words_inside_the_sentence() -> None:
+    assert query_names("What did Caroline research?") == {"Caroline"}
+    assert query_names("Where is Bruno's sister based, Alice?") == {"Bruno", "Alice"}
+    assert query_names("Does anyone eat meat?") == frozenset()  # a sentence's first word is no name
