@@ -672,6 +672,7 @@ def _verify_log(records: list[Any], topics: Topics, ledger: Ledger, valid: list[
         "bad_inputs": len(ledger.bad),
         "dead_lettered": len(bad_found),
         "valid_dead_lettered": len(valid_positions & set(dead)),
+        "valid_dead_letter_reasons": sorted({dead[p] for p in valid_positions & set(dead)})[:5],
         "dead_letter_records": sum(1 for r in records if r.topic == topics.dead_letter),
     }
 

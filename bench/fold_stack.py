@@ -28,7 +28,6 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from memstream.bench._common import WorkerProcess
-from memstream.codec.wire import decode_json_body
 from memstream.domain.access import ReadScope
 from memstream.domain.events import (
     DecisionRecorded,
@@ -40,10 +39,9 @@ from memstream.domain.events import (
     Scope,
     SubjectForgotten,
     build_event,
-    parse_event,
 )
 from memstream.domain.fold import Folded, MemoryAnswer, fold
-from memstream.domain.log import LogPosition
+from memstream.domain.log import LogPosition, PositionedEvent
 from memstream.interfaces.service import MemoryService
 from memstream.projections.search import SearchFilters
 from memstream.services.replay import ReplayError, replay
@@ -51,6 +49,7 @@ from memstream.settings import Settings
 from memstream.streams.admin import ensure_topics
 from memstream.streams.forget import forget
 from memstream.streams.keys import SubjectKeys
+from memstream.streams.record_codec import read_record
 from memstream.streams.sealed_records import RecordOpener
 from memstream.streams.topics import Topics, topic_for
 
@@ -345,12 +344,11 @@ class FoldStack:
                 for rec in (await self._consumer.getmany(tp, timeout_ms=1000)).get(tp, ()):
                     if rec.offset >= end:
                         break
-                    opened = opener.open(rec.value, rec.headers)
-                    if opened is None:
-                        continue  # sealed under a forgotten key: its subject's earlier life
-                    event = parse_event(decode_json_body(opened[0]))
-                    if event.event_id not in mine:
-                        self.worker_log[(partition, rec.offset)] = event
+                    got = read_record(opener, topic, partition, rec.offset, rec.key, rec.value, rec.headers)
+                    if not isinstance(got, PositionedEvent):
+                        continue  # None: sealed under a forgotten key, its subject's earlier life
+                    if got.event.event_id not in mine:
+                        self.worker_log[(partition, rec.offset)] = got.event
             self._read_to[partition] = end
 
     # ------------------------------------------------------------------ the comparison

@@ -19,9 +19,7 @@ background) through the steps of :mod:`memstream.domain.extraction`:
 :meth:`Extractor.run_windows` runs several windows as one batch: each window stays its
 own run (steps 1-2 and 5-6, its own provenance and correlation id), while steps 3, 4
 and 7 are shared: one exact-dedup lookup per memory space, one embedding call, one
-produce. Without an LLM those shared round trips were nearly all of the cost of a
-window (a LanceDB query, an embedding request and a broker acknowledgement for a
-dozen turns), so the agent batches whatever it has read across sessions.
+produce: without an LLM those round trips were nearly all of a window's cost.
 
 Failure rules: if the extraction call fails (timeout, HTTP error, an answer that stays
 unparsable after repair, after its retry), or the memory space cannot be read, or the
@@ -46,7 +44,6 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-from memstream.streams.log_ids import log_id
 from memstream.domain.access import ReadScope
 from memstream.domain.events import (
     EmbeddingPayload,
@@ -92,6 +89,7 @@ from memstream.services.extraction_run import (
     WindowRun,
 )
 from memstream.settings import Settings
+from memstream.streams.log_ids import log_id
 from memstream.streams.worker_identity import worker_key
 
 __all__ = [

@@ -23,12 +23,12 @@ from memstream.services import shard_routing
 from memstream.settings import Settings
 from memstream.streams.connect import kafka_options
 from memstream.streams.admin import topic_partitions
-from memstream.streams.keys import forgotten_keys
+from memstream.streams.key_records import forget_order
 from memstream.streams.topics import Topics
+from memstream.streams.worker_identity import worker_key, worker_key_path
 
 __all__ = ["ForgetProgress", "progress", "forget_positions", "wait_applied"]
 
-_FORGOTTEN = b"SubjectForgotten"
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,10 @@ def projected_positions(settings: Settings) -> dict[tuple[str, int], int]:
 
 async def forget_positions(settings: Settings, team_id: str, user_id: str | None) -> list[LogPosition]:
     """The positions of the latest forget of the subject (a user, or every user of the
-    team), found by reading the headers of the events and messages topics."""
+    team), found by reading the events and messages topics: only forgets the worker
+    signed count (a forged one forgets nothing, so it must not read as progress)."""
     topics = Topics.from_settings(settings)
+    key = worker_key(settings, create=False) if worker_key_path(settings).exists() else None
     consumer = AIOKafkaConsumer(**kafka_options(settings), group_id=None,
                                 enable_auto_commit=False, client_id="memstream-forget-status")
     await consumer.start()
@@ -90,9 +92,7 @@ async def forget_positions(settings: Settings, team_id: str, user_id: str | None
         for tp in tps:
             while await consumer.position(tp) < ends[tp]:
                 for r in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, ()):
-                    if not any(k == "memstream-type" and v == _FORGOTTEN for k, v in r.headers or ()):
-                        continue
-                    named = forgotten_keys(r.value or b"")
+                    named = forget_order(r.value, r.headers, key)
                     if named is None or named[0].team_id != team_id or user_id not in (None, named[0].user_id):
                         continue
                     latest[(r.topic, named[0].team_id, named[0].user_id)] = LogPosition(

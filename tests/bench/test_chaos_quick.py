@@ -78,7 +78,7 @@ def test_short_chaos_run_loses_nothing(tmp_path: Path, monkeypatch: pytest.Monke
     assert result["dead_lettered"] == result["bad_inputs"]
     # forged tombstones and a bogus key record: ignored, every subject keeps its keys
     assert result["subjects_keyed_after_forgery"] == result["subjects_keyed"] > 0
-    assert result["valid_dead_lettered"] == 0
+    assert result["valid_dead_lettered"] == 0, result["valid_dead_letter_reasons"]
     assert result["valid_not_projected"] == 0
     assert result["projection_matches_replay"] is True, result["replay_differences"]
     assert result["llm_failures"] > 0

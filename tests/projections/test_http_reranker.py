@@ -46,17 +46,19 @@ def test_the_reranker_orders_the_top_results_by_the_endpoints_scores(tmp_path: P
     store = _store(tmp_path)
     plain = search(store, EMB, ALICE, QUERY, k=4)
     # scores that reverse memstream's order: the reranker alone decides
-    fake_llm.rerank.push(Reply(scores=[float(i) for i in range(len(plain))]))
+    fake_llm.rerank.push(Reply(scores=[float(i) for i in range(len(MEMORIES))]))
     reranker = HttpReranker(fake_llm.base_url, model="bge-reranker", api_key="secret", top_n=4)
     try:
         reranked = search(store, EMB, ALICE, QUERY, k=4, reranker=reranker)
     finally:
         reranker.close()
-    assert [r.memory_id for r in reranked] == [r.memory_id for r in reversed(plain)]
-    assert [r.parts.rerank for r in reranked] == [3.0, 2.0, 1.0, 0.0]
     (body,) = fake_llm.rerank.requests
     assert body["query"] == QUERY and body["model"] == "bge-reranker" and body["top_n"] == 4
-    assert body["documents"] == [r.content for r in plain]
+    # the reranker sees every candidate in memstream's order (plain search drops the unscored)
+    docs = body["documents"]
+    assert len(docs) == len(MEMORIES) and docs[: len(plain)] == [r.content for r in plain]
+    assert [r.content for r in reranked] == list(reversed(docs))
+    assert [r.parts.rerank for r in reranked] == [3.0, 2.0, 1.0, 0.0]
 
 
 def test_only_the_top_n_are_reranked_and_the_rest_keep_their_order(tmp_path: Path, fake_llm: FakeOpenAI) -> None:
@@ -69,8 +71,9 @@ def test_only_the_top_n_are_reranked_and_the_rest_keep_their_order(tmp_path: Pat
     finally:
         reranker.close()
     ids = [r.memory_id for r in plain]
-    assert [r.memory_id for r in reranked] == [ids[1], ids[0], *ids[2:]]
-    assert [r.parts.rerank for r in reranked[2:]] == [None, None]
+    got = [r.memory_id for r in reranked]
+    assert got[:2] == [ids[1], ids[0]] and got[2 : len(ids)] == ids[2:]  # the rest keep their order
+    assert [r.parts.rerank for r in reranked[2:]] == [None] * (len(reranked) - 2)
     assert len(fake_llm.rerank.requests[0]["documents"]) == 2
 
 

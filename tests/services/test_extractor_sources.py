@@ -159,6 +159,7 @@ async def test_an_llm_call_in_flight_when_the_subject_is_forgotten_writes_nothin
         assert runner.extractor is not None and runner.extractor.sources is not None
         assert runner.extractor.sources.dropped_windows == 1
         assert await _keys_of(settings, fresh_topics, Subject("acme", "alice")) == []
-        await wait_until(lambda: sum(runner.committed().values()) == 2, what="the commit past the dropped turns")
+        # the forget is written to messages too (a barrier there): the commit passes it and the turns
+        await wait_until(lambda: sum(runner.committed().values()) >= 2, what="the commit past the dropped turns")
     finally:
         await runner.stop()
