@@ -28,9 +28,9 @@ hypothesis_settings.load_profile("memstream")
 # Sealing is on by default in the product. Most tests read the log's raw bytes to check
 # the wire format, so they run on a plaintext log; the sealing tests (tests/sealing,
 # tests/streams/test_keys.py, test_sealer.py, test_reseal.py, test_forget_e2e.py and
-# the tests that pass ``sealing=True``) turn it on. Set MEMSTREAM_SEALING=true to run
+# the tests that pass ``sealing=True``) turn it on. Set MEMSTREAM_SECURITY_SEALING=true to run
 # the whole suite sealed.
-os.environ.setdefault("MEMSTREAM_SEALING", "false")
+os.environ.setdefault("MEMSTREAM_SECURITY_SEALING", "false")
 
 
 @pytest.fixture(scope="session")
