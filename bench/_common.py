@@ -35,12 +35,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pydantic import SecretStr
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from memstream.settings import Settings
+from memstream.settings import Settings, settings_env
 from memstream.streams.topics import Topics
 
 __all__ = [
@@ -141,30 +140,6 @@ def progress() -> Progress:
 
 
 # ------------------------------------------------------------------------------ worker
-def settings_env(settings: Settings) -> dict[str, str]:
-    """The ``MEMSTREAM_*`` variables that rebuild ``settings`` in a child process.
-
-    Every field is written (not only the changed ones), so a variable inherited from
-    the parent's environment, or a ``.env`` file, cannot change what the child runs.
-    ``None`` values are left out (unset), secrets are revealed for the child only.
-    """
-    env: dict[str, str] = {}
-    for name in Settings.model_fields:
-        value = getattr(settings, name)
-        if value is None:
-            continue
-        if isinstance(value, SecretStr):
-            value = value.get_secret_value()
-        if isinstance(value, bool):
-            text = "true" if value else "false"
-        elif isinstance(value, Path):
-            text = str(value.resolve())
-        else:
-            text = str(value)
-        env[f"MEMSTREAM_{name.upper()}"] = text
-    return env
-
-
 class WorkerProcess:
     """One memstream worker (``python -m memstream.services.worker``) as a child process.
 
@@ -341,8 +316,8 @@ class LogWatch:
 
         self.topics = Topics.from_settings(settings)
         self.group = consumer_group(settings)
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False)
-        self.admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+        self.consumer = AIOKafkaConsumer(bootstrap_servers=settings.broker.bootstrap_servers, enable_auto_commit=False)
+        self.admin = AIOKafkaAdminClient(bootstrap_servers=settings.broker.bootstrap_servers)
 
     async def __aenter__(self) -> "LogWatch":
         await self.consumer.start()

@@ -344,8 +344,8 @@ def run(quick: bool = False, turns: int | None = None, known: int | None = None)
             status(f"could not delete the benchmark topics: {exc}")
         shutil.rmtree(workdir, ignore_errors=True)
     figures["machine"] = machine_info()
-    figures["window_turns"] = settings.extract_max_new_turns
-    figures["known_memories_shown"] = settings.extract_known_memories
+    figures["window_turns"] = settings.extraction.max_new_turns
+    figures["known_memories_shown"] = settings.extraction.known_memories
     print_table(
         f"extractor pipeline, {n:,} turns, instant scripted LLM",
         [

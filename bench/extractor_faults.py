@@ -235,7 +235,7 @@ def run_faults(quick: bool = False) -> dict[str, Any]:
                 llm_model="scripted-faults",
                 llm_timeout_s=10.0,
             )
-            budget = settings.extract_retry_budget_s
+            budget = settings.extraction.retry_budget_s
             restart_after = None if restart is None else max(1, len(runs[0].windows) // 2)
             status(f"fault run {label}: {n:,} turns")
             try:

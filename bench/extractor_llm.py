@@ -256,7 +256,7 @@ async def _measure(settings: Settings, sessions: int, deadline_s: float) -> dict
         runner = ExtractorRunner(settings, topics, llm=chat, embedder=embedder, store=store, producer=producer)
         runner.stats.recent = deque()  # every outcome, for the account
         meter = StallMeter(ends)
-        status(f"extracting {len(turns)} turns in {sessions} sessions with {settings.llm_model} at {settings.llm_base_url}")
+        status(f"extracting {len(turns)} turns in {sessions} sessions with {settings.extraction.llm_model} at {settings.extraction.llm_base_url}")
         t0 = time.monotonic()
         await runner.start()
         try:
@@ -298,7 +298,7 @@ async def _measure(settings: Settings, sessions: int, deadline_s: float) -> dict
         "seconds": round(seconds, 2),
         "output_mode": client.output_mode,
         "refused_modes": list(client.refused_modes),
-        "model": settings.llm_model,
+        "model": settings.extraction.llm_model,
     }
 
 
@@ -333,7 +333,7 @@ def run(
         shutil.rmtree(workdir, ignore_errors=True)
     figures["machine"] = machine_info()
     print_table(
-        f"extraction against {settings.llm_model} at {llm_url}, {figures['turns']} turns",
+        f"extraction against {settings.extraction.llm_model} at {llm_url}, {figures['turns']} turns",
         [
             ("turns_lost", str(figures["turns_lost"]), f"{figures['turns_pending']} still pending"),
             ("windows_with_memories", f"{figures['windows_with_memories']} / {figures['windows']}",

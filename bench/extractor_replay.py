@@ -116,7 +116,7 @@ def run(data: Path, conversations: int = 2) -> dict[str, Any]:
         status(f"replaying {sum(map(len, sessions)):,} turns in {len(sessions)} sessions ({label})")
         try:
             figures[label] = asyncio.run(_replay(settings, sessions))
-            figures[label]["known_memories_shown"] = settings.extract_known_memories
+            figures[label]["known_memories_shown"] = settings.extraction.known_memories
         finally:
             try:
                 asyncio.run(delete_topics(settings))

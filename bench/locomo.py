@@ -364,7 +364,7 @@ def ingest_events(settings: Settings, events: Sequence[Any], workdir: Path) -> I
     from memstream.streams.producer import MemstreamProducer
     from memstream.streams.topics import Topics
 
-    asyncio.run(ensure_topics(settings.bootstrap_servers, Topics.from_settings(settings)))
+    asyncio.run(ensure_topics(settings.broker.bootstrap_servers, Topics.from_settings(settings)))
     worker = WorkerProcess(settings, workdir / "worker", loglevel="info")
     started = time.perf_counter()
     worker.start()
@@ -559,12 +559,12 @@ def run(
     conversations = load_locomo(Path(data))
     workdir = Path(tempfile.mkdtemp(prefix="memstream-bench-locomo-"))
     base = Settings()
-    settings = bench_settings(base, workdir, embedder=embedder or base.embedder, tag="locomo")
-    emb = build_embedder(settings)
+    settings = bench_settings(base, workdir, embedder=embedder or base.embeddings.provider, tag="locomo")
+    emb = build_embedder(settings.embeddings)
     console.print(
         f"LoCoMo: {len(conversations)} conversations, {sum(len(c.turns) for c in conversations)} turns, "
         f"{sum(len(c.qa) for c in conversations)} QA items; embedder {emb.model_id}; "
-        f"broker {settings.bootstrap_servers}, topics {settings.topic_prefix}*"
+        f"broker {settings.broker.bootstrap_servers}, topics {settings.broker.topic_prefix}*"
     )
     try:
         report = ingest(settings, conversations, workdir)
@@ -633,7 +633,7 @@ def _reranker(url: str | None) -> Iterator[Any]:
     with contextlib.ExitStack() as stack:
         if url == "fake":
             url = stack.enter_context(OpenAICompatServer()).base_url
-        reranker = HttpReranker(url, top_n=Settings().rerank_candidates)
+        reranker = HttpReranker(url, top_n=Settings().embeddings.rerank_candidates)
         stack.callback(reranker.close)
         yield reranker
 
@@ -661,7 +661,7 @@ def cleanup_run(settings: Settings, workdir: Path, keep: bool) -> None:
     from memstream.streams.topics import Topics
 
     try:
-        asyncio.run(delete_topics(settings.bootstrap_servers, Topics.from_settings(settings), settings.app_id))
+        asyncio.run(delete_topics(settings.broker.bootstrap_servers, Topics.from_settings(settings), settings.worker.app_id))
     except Exception as exc:  # noqa: BLE001 - cleanup must not hide the result
         err_console.print(f"[yellow]could not delete the bench topics: {exc}[/yellow]")
     if keep:

@@ -199,7 +199,7 @@ class ApiProcess:
     def __init__(self, settings: Settings, workdir: Path) -> None:
         self.settings = settings
         self.log_path = workdir / "api.log"
-        self.url = f"http://{settings.api_host}:{settings.api_port}"
+        self.url = f"http://{settings.api.host}:{settings.api.port}"
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -463,7 +463,7 @@ class Load:
 def _broker_pid(settings: Settings) -> int | None:
     """The local broker's process id (``None``: an external broker). The benchmark's
     settings have a home of their own: the broker's is the environment's."""
-    found = broker_status(Settings(bootstrap_servers=settings.bootstrap_servers))
+    found = broker_status(Settings(bootstrap_servers=settings.broker.bootstrap_servers))
     return found.pid if found.state == "running" else None
 
 

@@ -19,7 +19,15 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-__all__ = ["trim_supported", "release_free_memory", "release_every", "pin_mmap_threshold"]
+__all__ = ["trim_supported", "release_free_memory", "release_every", "pin_mmap_threshold", "MMAP_THRESHOLD_BYTES", "RELEASE_EVERY_S"]
+
+MMAP_THRESHOLD_BYTES = 256 * 1024
+"""Allocations this large get their own mapping, returned to the system when freed:
+with glibc's moving threshold, large freed buffers fragmented the API's heap under writes."""
+
+RELEASE_EVERY_S = 10.0
+"""How often the API and the worker hand free memory back (without it their resident
+memory kept growing after their caches were full)."""
 
 log = logging.getLogger(__name__)
 

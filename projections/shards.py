@@ -10,7 +10,7 @@ own writer (issue 19). Layout of a sharded set::
     <set>/shards/<p>/           shard ``p``: the usual tables (positions included)
 
 A set without ``shards/`` is the legacy, unsharded layout (one database holding
-every partition); ``memstream replay`` with ``MEMSTREAM_SHARDED=true`` migrates it.
+every partition); ``memstream replay`` with ``MEMSTREAM_STORAGE_SHARDED=true`` migrates it.
 Event ``(topic, p, offset)`` of the events or messages topic goes to shard ``p``.
 """
 

@@ -109,14 +109,14 @@ class StoreTables:
         create: bool = True,
     ) -> Self:
         return cls(
-            root if root is not None else TableSets(settings.lance_dir).current(),
-            embedding_dim=settings.embedding_dim,
+            root if root is not None else TableSets(settings.storage.root).current(),
+            embedding_dim=settings.embeddings.dim,
             read_consistency_interval=read_consistency_interval,
-            vector_index_threshold=settings.vector_index_threshold,
-            reader_grace=timedelta(seconds=settings.reader_grace_s),
+            vector_index_threshold=settings.storage.vector_index_threshold,
+            reader_grace=timedelta(seconds=settings.storage.reader_grace_s),
             create=create,
-            metadata_cache_bytes=settings.lance_metadata_cache_mb << 20,
-            index_cache_bytes=settings.lance_index_cache_mb << 20,
+            metadata_cache_bytes=settings.storage.lance_metadata_cache_mb << 20,
+            index_cache_bytes=settings.storage.lance_index_cache_mb << 20,
         )
 
     def _open(self, name: str) -> Any | None:
@@ -182,7 +182,7 @@ class StoreTables:
         if stored is not None and stored != model_id:
             raise EmbedderMismatchError(
                 f"{self.root}/memories holds vectors of embedding model {stored!r} but the "
-                f"configured embedder is {model_id!r}: switch back (MEMSTREAM_EMBEDDER), or "
+                f"configured embedder is {model_id!r}: switch back (MEMSTREAM_EMBEDDINGS_PROVIDER), or "
                 "replay the log into a fresh directory with the new embedder (memstream replay)"
             )
 

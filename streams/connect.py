@@ -51,15 +51,15 @@ class KafkaSecurityError(ValueError):
 
 def kafka_password(settings: Settings) -> str | None:
     """``kafka_password``, else the content of ``kafka_password_file`` (stripped)."""
-    if settings.kafka_password is not None:
-        return settings.kafka_password.get_secret_value()
-    if settings.kafka_password_file is None:
+    if settings.broker.password is not None:
+        return settings.broker.password.get_secret_value()
+    if settings.broker.password_file is None:
         return None
     try:
-        return settings.kafka_password_file.read_text(encoding="utf-8").strip()
+        return settings.broker.password_file.read_text(encoding="utf-8").strip()
     except OSError as exc:
         raise KafkaSecurityError(
-            f"cannot read the Kafka password of {settings.kafka_username!r} from {settings.kafka_password_file}: "
+            f"cannot read the Kafka password of {settings.broker.username!r} from {settings.broker.password_file}: "
             f"{exc.strerror or exc} (ACL mode: `memstream broker start --acl` creates it)"
         ) from None
 
@@ -71,40 +71,40 @@ def _ssl_context(cafile: Path | None) -> ssl.SSLContext:
 
 def _sasl(settings: Settings) -> tuple[str, str]:
     password = kafka_password(settings)
-    if not settings.kafka_username or password is None:
+    if not settings.broker.username or password is None:
         raise KafkaSecurityError(
-            f"MEMSTREAM_KAFKA_SECURITY_PROTOCOL={settings.kafka_security_protocol} needs "
-            "MEMSTREAM_KAFKA_USERNAME and MEMSTREAM_KAFKA_PASSWORD (or MEMSTREAM_KAFKA_PASSWORD_FILE)"
+            f"MEMSTREAM_BROKER_SECURITY_PROTOCOL={settings.broker.security_protocol} needs "
+            "MEMSTREAM_BROKER_USERNAME and MEMSTREAM_BROKER_PASSWORD (or MEMSTREAM_BROKER_PASSWORD_FILE)"
         )
-    return settings.kafka_username, password
+    return settings.broker.username, password
 
 
 def kafka_options(settings: Settings, *, bootstrap_servers: str | None = None) -> dict[str, Any]:
     """Keyword arguments every aiokafka client (producer, consumer, admin) of memstream
     is built with: the bootstrap address and the security settings."""
-    options: dict[str, Any] = {"bootstrap_servers": bootstrap_servers or settings.bootstrap_servers}
-    protocol = settings.kafka_security_protocol
+    options: dict[str, Any] = {"bootstrap_servers": bootstrap_servers or settings.broker.bootstrap_servers}
+    protocol = settings.broker.security_protocol
     if protocol == "PLAINTEXT":
         return options
     options["security_protocol"] = protocol
     if protocol in ("SSL", "SASL_SSL"):
-        options["ssl_context"] = _ssl_context(settings.kafka_ssl_cafile)
+        options["ssl_context"] = _ssl_context(settings.broker.ssl_cafile)
     if protocol.startswith("SASL_"):
         username, password = _sasl(settings)
-        options.update(sasl_mechanism=settings.kafka_sasl_mechanism, sasl_plain_username=username, sasl_plain_password=password)
+        options.update(sasl_mechanism=settings.broker.sasl_mechanism, sasl_plain_username=username, sasl_plain_password=password)
     return options
 
 
 def faust_credentials(settings: Settings) -> CredentialsT | None:
     """The same identity for faust (``App(broker_credentials=...)``)."""
-    protocol = settings.kafka_security_protocol
-    context = _ssl_context(settings.kafka_ssl_cafile) if protocol in ("SSL", "SASL_SSL") else None
+    protocol = settings.broker.security_protocol
+    context = _ssl_context(settings.broker.ssl_cafile) if protocol in ("SSL", "SASL_SSL") else None
     if protocol == "PLAINTEXT":
         return None
     if protocol == "SSL":
         return SSLCredentials(context)
     username, password = _sasl(settings)
-    return SASLCredentials(username=username, password=password, mechanism=settings.kafka_sasl_mechanism, ssl_context=context)
+    return SASLCredentials(username=username, password=password, mechanism=settings.broker.sasl_mechanism, ssl_context=context)
 
 
 _FIRST_DELAY_S = 0.5

@@ -112,7 +112,7 @@ async def ingress_lag_s(settings: Settings, topics: Topics) -> float | None:
                                 enable_auto_commit=False, client_id="memstream-forget-ingress")
     await consumer.start()
     try:
-        found = await topic_partitions(settings.bootstrap_servers, [topics.ingress], client_id="memstream-forget-ingress")
+        found = await topic_partitions(settings.broker.bootstrap_servers, [topics.ingress], client_id="memstream-forget-ingress")
         tps = [TopicPartition(topics.ingress, p) for p in sorted(found.get(topics.ingress, ()))]
         if not tps:
             return None

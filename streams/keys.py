@@ -58,19 +58,19 @@ def tombstoned_subject(key: bytes | None) -> Subject | None:
 
 
 def master_key_path(settings: Settings) -> Path:
-    return settings.master_key_file or (settings.home / "master.key")
+    return settings.security.master_key_file or (settings.home / "master.key")
 
 
 def _master_key(settings: Settings, keys_exist: bool) -> bytes:
-    if settings.master_key is not None:
-        return decode_master_key(settings.master_key.get_secret_value(), source="MEMSTREAM_MASTER_KEY")
+    if settings.security.master_key is not None:
+        return decode_master_key(settings.security.master_key.get_secret_value(), source="MEMSTREAM_SECURITY_MASTER_KEY")
     path = master_key_path(settings)
     found = read_master_key_file(path)
     if found is not None:
         return found
     if keys_exist:
         raise MasterKeyError(
-            f"master key lost: {path} does not exist and MEMSTREAM_MASTER_KEY is unset, but "
+            f"master key lost: {path} does not exist and MEMSTREAM_SECURITY_MASTER_KEY is unset, but "
             "memstream.keys holds wrapped data keys; restore the master key (refusing to start)"
         )
     return write_master_key_file(path, new_master_key())
@@ -333,7 +333,7 @@ class SubjectKeys:
             self._roll = asyncio.create_task(self._roll_later(), name="memstream-keys-roll")
 
     async def _roll_later(self) -> None:
-        await asyncio.sleep(self._settings.keys_segment_ms / 1000 + 1)
+        await asyncio.sleep(self._settings.security.keys_segment_ms / 1000 + 1)
         try:
             await self._send(ROLL_KEY, b"{}")
         except Exception:
@@ -352,7 +352,7 @@ class LazyKeys:
         self._lock = asyncio.Lock()
 
     async def get(self) -> SubjectKeys | None:
-        if self._keys is None and self._settings.sealing:
+        if self._keys is None and self._settings.security.sealing:
             async with self._lock:
                 if self._keys is None:
                     self._keys = await SubjectKeys(self._settings, self._topics, client_id=self._client_id).start()

@@ -74,7 +74,7 @@ class _Kafka:
         for _ in range(120):  # a topic just deleted takes a moment to be gone
             try:
                 response = await self.admin.create_topics(
-                    [NewTopic(topic, partitions, self.settings.replication_factor, topic_configs=config)]
+                    [NewTopic(topic, partitions, self.settings.broker.replication_factor, topic_configs=config)]
                 )
             except TopicAlreadyExistsError:
                 response = None

@@ -62,11 +62,11 @@ class IngressSealer:
 
     async def run(self, *, until_idle: bool = False) -> None:
         """Seal until cancelled (or, with ``until_idle``, until a poll finds nothing)."""
-        bound_inflation(self._settings.max_inflated_batch_bytes)
+        bound_inflation(self._settings.broker.max_inflated_batch_bytes)
         consumer = AIOKafkaConsumer(
             self._topics.ingress,
             **kafka_options(self._settings),
-            group_id=f"{self._settings.app_id}-sealer",
+            group_id=f"{self._settings.worker.app_id}-sealer",
             client_id="memstream-sealer",
             enable_auto_commit=False,
             auto_offset_reset="earliest",
@@ -76,8 +76,8 @@ class IngressSealer:
             client_id="memstream-sealer",
             enable_idempotence=True,
             acks="all",
-            linger_ms=self._settings.producer_linger_ms,
-            max_request_size=self._settings.max_request_bytes,
+            linger_ms=self._settings.broker.producer_linger_ms,
+            max_request_size=self._settings.broker.max_request_bytes,
         )
         admin = AIOKafkaAdminClient(**kafka_options(self._settings), client_id="memstream-sealer-admin")
         await consumer.start()
@@ -188,7 +188,7 @@ class SealerService(Service):
     async def on_start(self) -> None:
         settings = self.settings
         self._keys = await until_started(
-            lambda: SubjectKeys(settings, self.topics, client_id=f"{settings.app_id}-sealer-keys"), "sealer keyring"
+            lambda: SubjectKeys(settings, self.topics, client_id=f"{settings.worker.app_id}-sealer-keys"), "sealer keyring"
         )
         self.sealer = IngressSealer(settings, self._keys, self.topics)
         self._task = asyncio.ensure_future(self._run())
@@ -215,5 +215,5 @@ class SealerService(Service):
 def register_sealer(app: Any, settings: Settings, topics: Topics) -> None:
     """Add the ingress sealer to ``app`` (only with sealing on: without it the log is
     plaintext and producers write to it directly)."""
-    if settings.sealing:
+    if settings.security.sealing:
         app.service(SealerService(app, settings, topics))

@@ -71,11 +71,11 @@ class Topics:
     @classmethod
     def from_settings(cls, settings: Settings) -> "Topics":
         return cls(
-            settings.topic_prefix,
-            settings.partitions,
-            settings.replication_factor,
-            settings.ingress_retention_ms,
-            settings.keys_segment_ms,
+            settings.broker.topic_prefix,
+            settings.broker.partitions,
+            settings.broker.replication_factor,
+            settings.security.ingress_retention_ms,
+            settings.security.keys_segment_ms,
         )
 
     @property

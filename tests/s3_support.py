@@ -44,7 +44,7 @@ def storage_settings(prefix: str) -> dict[str, object]:
 
 def storage_env(settings: Settings) -> dict[str, str]:
     """The ``MEMSTREAM_*`` variables naming ``settings``' storage root for a child process."""
-    return {k: v for k, v in settings_env(settings).items() if k.startswith(("MEMSTREAM_STORAGE_", "MEMSTREAM_LANCE_DIR"))}
+    return {k: v for k, v in settings_env(settings).items() if k.startswith(("MEMSTREAM_STORAGE_", "MEMSTREAM_STORAGE_ROOT"))}
 
 
 @pytest.fixture

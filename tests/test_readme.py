@@ -92,12 +92,12 @@ def test_the_readme_runs_line_by_line(kafka_bootstrap: str, tmp_path: Path) -> N
     env.update(
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
         MEMSTREAM_HOME=str(home),
-        MEMSTREAM_BOOTSTRAP_SERVERS=kafka_bootstrap,
-        MEMSTREAM_TOPIC_PREFIX=f"t{uuid.uuid4().hex[:10]}.",
-        MEMSTREAM_APP_ID=f"app-{uuid.uuid4().hex[:8]}",
+        MEMSTREAM_BROKER_BOOTSTRAP_SERVERS=kafka_bootstrap,
+        MEMSTREAM_BROKER_TOPIC_PREFIX=f"t{uuid.uuid4().hex[:10]}.",
+        MEMSTREAM_WORKER_APP_ID=f"app-{uuid.uuid4().hex[:8]}",
         MEMSTREAM_API_PORT=str(api_port),
-        MEMSTREAM_PROJECTOR_BATCH_SECONDS="0.05",
-        MEMSTREAM_READ_WAIT_MAX_S="60",
+        MEMSTREAM_WORKER_PROJECTOR_BATCH_SECONDS="0.05",
+        MEMSTREAM_API_READ_WAIT_MAX_S="60",
         PYTHONUNBUFFERED="1",
     )
     background = next(b for b in blocks if b.mode == "background")

@@ -56,7 +56,7 @@ def resolve_topic(name: str, topics: Topics) -> str:
 
 
 def _kafka_error(settings: Settings, exc: BaseException) -> CLIError:
-    return CLIError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}")
+    return CLIError(f"cannot reach Kafka at {settings.broker.bootstrap_servers}: {exc}")
 
 
 # --- produce ---------------------------------------------------------------------------

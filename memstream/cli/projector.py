@@ -89,7 +89,7 @@ def replay(
     from memstream.gc_tuning import tune_gc
 
     settings = get_settings()
-    tune_gc(settings.gc_threshold)  # as the worker does: decoding allocates heavily
+    tune_gc()  # as the worker does: decoding allocates heavily
     try:
         if progress:
             with RichProgress() as bar:

@@ -51,7 +51,7 @@ from memstream.interfaces.mcp_server import build_mcp_server
 from memstream.interfaces.ratelimit import RateLimiter
 from memstream.interfaces.routes_ops import ops_router
 from memstream.interfaces.service import MemoryService
-from memstream.memory_release import pin_mmap_threshold, release_every
+from memstream.memory_release import MMAP_THRESHOLD_BYTES, RELEASE_EVERY_S, pin_mmap_threshold, release_every
 from memstream.settings import Settings
 
 __all__ = ["create_api", "openapi_spec", "main"]
@@ -80,12 +80,12 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
         responses={500: {"model": ErrorResponse, "description": "Unexpected error."}},
     )
     app.state.registry = source
-    app.state.limiter = RateLimiter(settings.api_rate_per_s, settings.api_rate_burst)
+    app.state.limiter = RateLimiter(settings.api.rate_per_s, settings.api.rate_burst)
     app.state.service = None
     app.state.mcp_servers = {}
     install_error_handlers(app)
     app.add_middleware(LeanWrites, api=app)  # inside the body limit
-    app.add_middleware(BodyLimit, max_bytes=settings.api_max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
     app.router.routes.append(Route("/mcp", endpoint=McpEndpoint(app), methods=["GET", "POST", "DELETE"], include_in_schema=False))
     app.include_router(routes_write.router)
     app.include_router(routes_read.router)
@@ -118,17 +118,17 @@ def _lifespan(
                     bank, settings, service=service,
                     live=lambda name=name: source.current().bank(name),  # type: ignore[misc]
                 )
-                server.streamable_http_app(streamable_http_path="/mcp", host=settings.api_host)
+                server.streamable_http_app(streamable_http_path="/mcp", host=settings.api.host)
                 await stack.enter_async_context(server.session_manager.run())
                 servers[name] = server
             app.state.service = service
             app.state.mcp_servers = servers
-            pin_mmap_threshold(settings.malloc_mmap_threshold_kb * 1024)
-            releasing = asyncio.create_task(release_every(settings.release_memory_every_s), name="release-memory")
+            pin_mmap_threshold(MMAP_THRESHOLD_BYTES)
+            releasing = asyncio.create_task(release_every(RELEASE_EVERY_S), name="release-memory")
             stack.callback(releasing.cancel)
             log.info(
                 "API ready: %d bank(s) [%s], topics %s*, store %s",
-                len(servers), ", ".join(servers) or "none", settings.topic_prefix, settings.lance_dir,
+                len(servers), ", ".join(servers) or "none", settings.broker.topic_prefix, settings.storage.root,
             )
             try:
                 yield

@@ -23,7 +23,13 @@ from typing import Any
 
 import faust
 
-from memstream.memory_release import pin_mmap_threshold, release_free_memory, trim_supported
+from memstream.memory_release import (
+    MMAP_THRESHOLD_BYTES,
+    RELEASE_EVERY_S,
+    pin_mmap_threshold,
+    release_free_memory,
+    trim_supported,
+)
 from memstream.projections.table_sets import TableSets
 from memstream.services.extractor_service import register_extractor
 from memstream.services.projector_service import register_projector
@@ -113,8 +119,8 @@ class MemstreamApp(faust.App):
 
 def group_instance_id(settings: Settings) -> str:
     """The worker's static consumer-group member id: app id and host name."""
-    suffix = f"-{settings.worker_instance}" if settings.worker_instance else ""
-    return f"{settings.app_id}@{socket.gethostname()}{suffix}"
+    suffix = f"-{settings.worker.instance}" if settings.worker.instance else ""
+    return f"{settings.worker.app_id}@{socket.gethostname()}{suffix}"
 
 
 def build_app(
@@ -135,15 +141,15 @@ def build_app(
         raise ValueError(f"unknown agent(s) {', '.join(unknown)} (known: {', '.join(AGENT_NAMES)})")
 
     topics = Topics.from_settings(settings)
-    bound_inflation(settings.max_inflated_batch_bytes)  # every consumer of the worker
+    bound_inflation(settings.broker.max_inflated_batch_bytes)  # every consumer of the worker
     app = MemstreamApp(
-        settings.app_id,
-        broker=broker_urls(settings.bootstrap_servers),
+        settings.worker.app_id,
+        broker=broker_urls(settings.broker.bootstrap_servers),
         broker_credentials=faust_credentials(settings),
-        store=settings.table_store,
+        store="memory://",  # tables are rebuilt from their changelog topics
         datadir=str(settings.home / "faust"),
-        topic_partitions=settings.partitions,
-        topic_replication_factor=settings.replication_factor,
+        topic_partitions=settings.broker.partitions,
+        topic_replication_factor=settings.broker.replication_factor,
         # The log is the source of truth: a new consumer group starts at the beginning.
         consumer_auto_offset_reset="earliest",
         # Static membership: a worker restarted on the same host (after a crash, a
@@ -154,15 +160,15 @@ def build_app(
         producer_acks=-1,
         # Agents emit many small records (reflections, expiries, re-keyed work); a
         # short linger lets the producer batch them instead of one request each.
-        producer_linger=settings.producer_linger_ms / 1000.0,
-        producer_max_batch_size=settings.producer_max_batch_bytes,
+        producer_linger=settings.broker.producer_linger_ms / 1000.0,
+        producer_max_batch_size=settings.broker.producer_max_batch_bytes,
         web_enabled=False,
         loop=loop,
     )
     app.memstream_settings = settings
 
     # A sharded set is written by workers in a consumer group, each owning some shards.
-    sharded = projects_sharded(settings, TableSets(settings.lance_dir).current())
+    sharded = projects_sharded(settings, TableSets(settings.storage.root).current())
     register: dict[str, Callable[[MemstreamApp, Settings, Topics], object]] = {
         "projector": register_group_projector if sharded else register_projector,
         "extractor": register_extractor,
@@ -172,11 +178,11 @@ def build_app(
     for name in AGENT_NAMES:
         if name in requested:
             register[name](app, settings, topics)
-    pin_mmap_threshold(settings.malloc_mmap_threshold_kb * 1024)
-    if settings.release_memory_every_s > 0 and trim_supported():
+    pin_mmap_threshold(MMAP_THRESHOLD_BYTES)
+    if trim_supported():
 
         async def release_memory() -> None:
             await asyncio.to_thread(release_free_memory)
 
-        app.timer(settings.release_memory_every_s, name="memstream.release-memory")(release_memory)
+        app.timer(RELEASE_EVERY_S, name="memstream.release-memory")(release_memory)
     return app

@@ -10,7 +10,7 @@ background) through the steps of :mod:`memstream.domain.extraction`:
    in their memory space (``LanceStore.find_hashes_in_spaces``);
 4. ONE embedding call for the remaining memories;
 5. candidate recall per memory, inside the memory's own space and agent: the top
-   ``dedup_candidates_k`` current memories by vector (with the vector just computed,
+   ``DEDUP_CANDIDATES`` current memories by vector (with the vector just computed,
    no second embedding call), else by full text, else none;
 6. ONE batched LLM judgment for every memory that has candidates (skipped when none
    has); if it fails after its retry, every memory is stored;
@@ -98,6 +98,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+MAX_MEMORIES = 10
+"""Most memories one extraction call may return."""
+DEDUP_CANDIDATES = 5
+"""Current memories a draft is compared with for duplicates."""
+
 _T = TypeVar("_T")
 
 
@@ -138,7 +143,7 @@ class Extractor:
         self.sources: SourceKeys | None = None
         """With sealing on: the check that a window's keys are still held before its
         events are sealed (set by the runner, which shares the producer's keyring)."""
-        self.prompts = prompts or PromptLibrary(settings.prompts_dir)
+        self.prompts = prompts or PromptLibrary(settings.extraction.prompts_dir)
         self.clock = clock
         self.id_key = memory_id_key(worker_key(settings))  # ids no client can compute
         if recall is not None:
@@ -206,7 +211,7 @@ class Extractor:
                 w.session_id,
                 w.turns,
                 w.background,
-                max_background=self.settings.extract_background_turns,
+                max_background=self.settings.extraction.background_turns,
             )
             run = WindowRun("x-" + new_event_id().hex, window, tuple(record_items(window, (), ())))
             run.attempt, run.final, run.extra_record = w.attempt, w.final, tuple(w.record)
@@ -271,13 +276,13 @@ class Extractor:
                     "background": background_text,
                     "turns": new_text,
                     "known": render_known(run.known),
-                    "max_memories": self.settings.extract_max_memories,
+                    "max_memories": MAX_MEMORIES,
                 }
             )
         except PromptError as exc:
             self._fail(run, f"prompt: {exc}")
             return
-        max_memories = self.settings.extract_max_memories
+        max_memories = MAX_MEMORIES
         left = run.budget_left()
         if left is not None and left <= 0:
             self._fall_back(run, FallbackReason.budget, "the retry budget ran out before the call")
@@ -291,10 +296,10 @@ class Extractor:
                     EXTRACTION_SCHEMA,
                     "memstream_extraction",
                     lambda value: counted(parse_extraction, value, window, max_memories),
-                    retries=self.settings.llm_max_retries,
+                    retries=self.settings.extraction.llm_max_retries,
                 )
         except TimeoutError:
-            budget = self.settings.extract_retry_budget_s
+            budget = self.settings.extraction.retry_budget_s
             self._fall_back(run, FallbackReason.budget, f"the retry budget ({budget:g} s) ran out during the call")
             return
         except LLMError as exc:
@@ -320,7 +325,7 @@ class Extractor:
         """The memories of the turns' agent closest to the window's new turns, for the
         extraction call: the judgment's candidate recall (same scope), by the turns' vectors (one
         embedding call) else by full text; none if recall is off or fails."""
-        limit = self.settings.extract_known_memories
+        limit = self.settings.extraction.known_memories
         turns = run.window.new_turns
         if not limit or self._recall is None or not turns:
             return []
@@ -445,7 +450,7 @@ class Extractor:
     async def _candidates_and_judgment(self, run: WindowRun) -> None:
         """Candidate recall, then ONE batched judgment for the window's new memories."""
         assert self._recall is not None
-        k = self.settings.dedup_candidates_k
+        k = DEDUP_CANDIDATES
         contents = [d.content for d in run.new]
         vectors: list[Sequence[float] | None] = [None if v is None else v.tolist() for v in run.vectors]
         try:
@@ -458,7 +463,7 @@ class Extractor:
         assert self.llm is not None  # judged only with an LLM
         left = uncertain(candidates, run.known, decided)
         run.decisions, run.judgment, calls = await judge(
-            self.llm, self.prompts, run.scope, run.new, left, run.budget_left(), retries=self.settings.llm_max_retries
+            self.llm, self.prompts, run.scope, run.new, left, run.budget_left(), retries=self.settings.extraction.llm_max_retries
         )
         for i, found in enumerate(candidates):
             if found and not left[i] and i not in decided:

@@ -25,7 +25,7 @@ _COMMIT_EVERY_S = 1.0
 
 def consumer_group(settings: Settings) -> str:
     """The extractor's own consumer group (its commits mean "extracted up to here")."""
-    return f"{settings.app_id}.extractor"
+    return f"{settings.worker.app_id}.extractor"
 
 
 class ExtractorCommits:

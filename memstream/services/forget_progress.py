@@ -62,7 +62,7 @@ class ForgetProgress:
 
 def projected_positions(settings: Settings) -> dict[tuple[str, int], int]:
     """The current table set's stored positions (empty before the first projection)."""
-    current = TableSets(settings.lance_dir).current()
+    current = TableSets(settings.storage.root).current()
     if not shard_routing.has_projection(current):
         return {}
     try:
@@ -83,7 +83,7 @@ async def forget_positions(settings: Settings, team_id: str, user_id: str | None
     await consumer.start()
     try:
         names = (topics.events, topics.messages)
-        found = await topic_partitions(settings.bootstrap_servers, names, client_id="memstream-forget-status")
+        found = await topic_partitions(settings.broker.bootstrap_servers, names, client_id="memstream-forget-status")
         tps = [TopicPartition(t, p) for t in names for p in sorted(found.get(t, ()))]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)

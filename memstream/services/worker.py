@@ -15,7 +15,7 @@ log. The worker takes the directory's lock (``<lance_dir>.lock``, see
 :class:`~memstream.services.projector_service.LanceDirLock`) and refuses to start when
 another worker or a replay's swap holds it. Scale reads with more API processes, not
 more projector workers. Workers running other agent sets (``--agents extractor``)
-should use their own ``MEMSTREAM_APP_ID``: one Faust app, one set of agents.
+should use their own ``MEMSTREAM_WORKER_APP_ID``: one Faust app, one set of agents.
 """
 
 from __future__ import annotations
@@ -73,10 +73,10 @@ class _Worker(faust.Worker):
         s = self.memstream_settings
         log.info(
             "memstream worker %s: broker %s, topics %s*, LanceDB %s",
-            s.app_id,
-            s.bootstrap_servers,
-            s.topic_prefix,
-            s.lance_dir,
+            s.worker.app_id,
+            s.broker.bootstrap_servers,
+            s.broker.topic_prefix,
+            s.storage.root,
         )
 
 
@@ -109,7 +109,7 @@ def worker_settings(settings: Settings) -> Settings:
     """The settings a worker process opens its tables with: LanceDB's metadata cache
     bounded by ``worker_lance_metadata_cache_mb`` (the writer reads at its newest
     version; old versions' manifests in a larger cache are only memory)."""
-    return settings.model_copy(update={"lance_metadata_cache_mb": settings.worker_lance_metadata_cache_mb})
+    return settings.model_copy(update={"storage.lance_metadata_cache_mb": settings.storage.worker_lance_metadata_cache_mb})
 
 
 def run_worker(
@@ -139,14 +139,14 @@ def run_worker(
         loop.close()
         raise WorkerError(str(exc)) from exc
 
-    lock = LanceDirLock(settings.lance_dir, lease_ttl_s=settings.storage_lease_ttl_s)
+    lock = LanceDirLock(settings.storage.root, lease_ttl_s=settings.storage.lease_ttl_s)
     if agents is None or "projector" in agents:
         # Workers writing shards share the root (each shard has its own lease); a
         # worker writing an unsharded set, or a replay's swap, holds it alone.
-        current = TableSets(settings.lance_dir).current()
+        current = TableSets(settings.storage.root).current()
         sharded = projects_sharded(settings, current)
         try:
-            lock.acquire(f"memstream worker {settings.app_id}", shared=sharded)
+            lock.acquire(f"memstream worker {settings.worker.app_id}", shared=sharded)
             if sharded:
                 create_shards(settings, current)
         except LanceDirBusyError as exc:
@@ -160,7 +160,7 @@ def run_worker(
         loop.close()
         raise WorkerError(str(exc)) from exc
 
-    tune_gc(settings.gc_threshold)
+    tune_gc()
     worker = _Worker(
         app,
         settings,
@@ -174,7 +174,7 @@ def run_worker(
         worker.execute_from_commandline()
     except SystemExit as exc:
         code = int(exc.code or 0)
-        log.info("memstream worker %s stopped (exit code %d)", settings.app_id, code)
+        log.info("memstream worker %s stopped (exit code %d)", settings.worker.app_id, code)
         return code
     except Exception as exc:  # noqa: BLE001 - report the crash as one line + exit 1
         log.debug("worker crashed", exc_info=True)

@@ -117,7 +117,7 @@ def find_java() -> str:
 
 def jvm_options(settings: Settings, paths: BrokerPaths) -> list[str]:
     return [
-        f"-Xmx{settings.broker_heap}",
+        f"-Xmx{settings.broker.heap}",
         "-XX:+UseG1GC",
         "-XX:MaxGCPauseMillis=20",
         "-XX:+ExplicitGCInvokesConcurrent",
@@ -207,10 +207,10 @@ def launch(java: str, libs: Path, settings: Settings, paths: BrokerPaths) -> tup
         json.dumps(
             {
                 "pid": process.pid,
-                "version": settings.kafka_version,
-                "port": settings.broker_port,
-                "controller_port": settings.controller_port,
-                "acl": settings.broker_acl,
+                "version": settings.broker.kafka_version,
+                "port": settings.broker.port,
+                "controller_port": settings.broker.controller_port,
+                "acl": settings.broker.acl,
                 "jars": str(libs),
                 "started_at": time.time(),
             },

@@ -59,7 +59,7 @@ async def test_stdio_follows_the_bank_file_without_a_restart(stack: Stack, tmp_p
     beta, gamma = f"beta{mark}", f"gamma{mark}"
     banks = tmp_path / "banks.toml"
     banks.write_text(_bank(beta))
-    env = {**stack.env, "MEMSTREAM_BANKS_FILE": str(banks), "MEMSTREAM_KEYS_FILE": str(tmp_path / "keys.toml")}
+    env = {**stack.env, "MEMSTREAM_API_BANKS_FILE": str(banks), "MEMSTREAM_API_KEYS_FILE": str(tmp_path / "keys.toml")}
     params = StdioServerParameters(command=sys.executable, args=["-m", "memstream", "mcp", "--bank", "mover"], env=env)
     async with Client(params, read_timeout_seconds=60) as client:
         await _call(client, "add_memory", {"content": f"beta secret {mark}"})

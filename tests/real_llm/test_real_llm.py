@@ -128,7 +128,7 @@ async def test_conversations_through_the_extractor_lose_no_turn_and_store_only_v
         for p in positions:
             ends[(p.topic, p.partition)] = max(ends.get((p.topic, p.partition), 0), p.offset + 1)
         runner = ExtractorRunner(
-            settings, fresh_topics, llm=client, embedder=LocalEmbedder(settings.embedding_dim),
+            settings, fresh_topics, llm=client, embedder=LocalEmbedder(settings.embeddings.dim),
             store=store, producer=producer,
         )
         runner.stats.recent = deque()  # every outcome, for the account
@@ -147,12 +147,12 @@ async def test_conversations_through_the_extractor_lose_no_turn_and_store_only_v
     account = account_turns(session_of, outcomes, set(session_of) - consumed)
     assert account.lost == set(), f"turns consumed without a memory or an explicit 'nothing': {sorted(account.lost)}"
     assert account.pending == set(), f"turns never extracted nor fallen back: {sorted(account.pending)}"
-    assert meter.max_stall_s <= settings.extract_retry_budget_s + STALL_SLACK_S
+    assert meter.max_stall_s <= settings.extraction.retry_budget_s + STALL_SLACK_S
     assert client.output_mode != "plain"
 
     produced = [m for o in outcomes for m in o.memories]
     on_log = await events_on(
-        settings.bootstrap_servers, fresh_topics.events,
+        settings.broker.bootstrap_servers, fresh_topics.events,
         lambda evs: sum(isinstance(e, MemoryAdded) for e in evs) >= len(produced), timeout=60.0,
     )
     stored = [e for e in on_log if isinstance(e, MemoryAdded)]
@@ -178,7 +178,7 @@ async def test_a_decision_and_its_outcome_give_one_reflection_of_two_to_four_sen
             )
             await producer.observe_outcome(scope, "o1", "AAPL", 0.05, 5, decision_id="d1", benchmark_return=0.02, alpha=0.03)
         events = await events_on(
-            settings.bootstrap_servers, fresh_topics.events,
+            settings.broker.bootstrap_servers, fresh_topics.events,
             lambda evs: any(isinstance(e, MemoryReflected) for e in evs), timeout=WAIT_S,
         )
     finally:

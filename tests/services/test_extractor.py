@@ -118,7 +118,7 @@ async def env(fresh_topics: Topics, settings_for: Any, fake_llm: FakeOpenAI) -> 
     await producer.start()
     llm = LLMClient.from_settings(settings)
     try:
-        yield Env(settings, fresh_topics, store, LocalEmbedder(settings.embedding_dim), producer, llm, fake_llm, {})
+        yield Env(settings, fresh_topics, store, LocalEmbedder(settings.embeddings.dim), producer, llm, fake_llm, {})
     finally:
         await llm.close()
         await producer.stop()
@@ -128,10 +128,10 @@ async def read_topic(
     settings: Settings, topic: str, start: dict[tuple[str, int], int] | None = None
 ) -> list[PositionedEvent]:
     """Everything in ``topic`` up to its current end (from ``start`` offsets)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.broker.bootstrap_servers, enable_auto_commit=False)
     await consumer.start()
     try:
-        parts = [TopicPartition(topic, p) for p in range(settings.partitions)]
+        parts = [TopicPartition(topic, p) for p in range(settings.broker.partitions)]
         consumer.assign(parts)
         ends = await consumer.end_offsets(parts)
         for tp in parts:
@@ -689,12 +689,12 @@ async def produce_turns(env: Env, turns: Sequence[MessageObserved]) -> None:
 
 async def committed(settings: Settings, topic: str) -> dict[int, int]:
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers, group_id=consumer_group(settings), enable_auto_commit=False
+        bootstrap_servers=settings.broker.bootstrap_servers, group_id=consumer_group(settings), enable_auto_commit=False
     )
     await consumer.start()
     try:
         out = {}
-        for p in range(settings.partitions):
+        for p in range(settings.broker.partitions):
             off = await consumer.committed(TopicPartition(topic, p))
             if off is not None:
                 out[p] = off
@@ -885,7 +885,7 @@ async def test_provenance_and_extract_commands(env: Env) -> None:
     await asyncio.to_thread(Projector(env.store, env.embedder).apply, messages)
 
     runner = CliRunner()
-    base = ["--team", "acme", "--user", "ana", "--lance-dir", str(env.settings.lance_dir)]
+    base = ["--team", "acme", "--user", "ana", "--lance-dir", str(env.settings.storage.root)]
     result = await asyncio.to_thread(runner.invoke, app, ["provenance", memory.memory_id, *base, "--json"])
     assert result.exit_code == 0, result.output
     shown = json.loads(result.output)
@@ -900,7 +900,7 @@ async def test_provenance_and_extract_commands(env: Env) -> None:
     assert result.exit_code == 0, result.output
     assert "extraction v2" in result.output and "fake-model" in result.output and "I like cheese pizza" in result.output
 
-    result = await asyncio.to_thread(runner.invoke, app, ["provenance", memory.memory_id, "--team", "other", "--lance-dir", str(env.settings.lance_dir)])
+    result = await asyncio.to_thread(runner.invoke, app, ["provenance", memory.memory_id, "--team", "other", "--lance-dir", str(env.settings.storage.root)])
     assert result.exit_code != 0
 
     # a dry-run extraction of the session with the configured (heuristic: no LLM) extractor
@@ -1023,7 +1023,7 @@ async def test_the_worker_extracts_dedups_links_and_survives_an_llm_outage(
     def memories() -> list[dict[str, Any]]:
         nonlocal store
         if store is None:
-            if not (settings.lance_dir / "memories.lance").exists():
+            if not (settings.storage.root / "memories.lance").exists():
                 return []
             store = LanceStore.from_settings(settings, read_consistency_interval=timedelta(0))
         return store.rows(MEMORIES, space_where(SCOPE)).to_pylist()
@@ -1045,7 +1045,7 @@ async def test_the_worker_extracts_dedups_links_and_survives_an_llm_outage(
         assert by_content[CHEESE]["source_message_ids"] == ["m1"]
         assert by_content["Ana said: I work as a nurse in Leeds"]["source_message_ids"] == ["m3"]
         assert store is not None
-        results = await asyncio.to_thread(search, store, LocalEmbedder(settings.embedding_dim), SCOPE, "nurse Leeds", 3)
+        results = await asyncio.to_thread(search, store, LocalEmbedder(settings.embeddings.dim), SCOPE, "nurse Leeds", 3)
         assert results[0].content == "Ana said: I work as a nurse in Leeds"
         assert results[0].source_message_ids == ("m3",)
         cheese_id = by_content[CHEESE]["memory_id"]
@@ -1065,7 +1065,7 @@ async def test_the_worker_extracts_dedups_links_and_survives_an_llm_outage(
             "the supersedes link in the view",
         )
         new_id = next(m["memory_id"] for m in memories() if m["content"] == PEPPERONI)
-        results = await asyncio.to_thread(search, store, LocalEmbedder(settings.embedding_dim), SCOPE, "cheese pizza", 5)
+        results = await asyncio.to_thread(search, store, LocalEmbedder(settings.embeddings.dim), SCOPE, "cheese pizza", 5)
         ids = [r.memory_id for r in results]
         assert ids.index(new_id) < ids.index(cheese_id)
         older = store.get_memory(SCOPE, cheese_id)

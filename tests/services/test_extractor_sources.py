@@ -64,7 +64,7 @@ def _one_memory_per_turn(delay: float) -> Any:
 
 async def _event_records(settings: Settings, topics: Topics) -> list[tuple[bytes, bytes]]:
     """(record key, value) of everything in the events topic."""
-    records = await read_to_end(settings.bootstrap_servers, [topics.events], topics.partitions)
+    records = await read_to_end(settings.broker.bootstrap_servers, [topics.events], topics.partitions)
     return [(r.key or b"", r.value or b"") for r in records]
 
 
@@ -105,7 +105,7 @@ async def sealed(fresh_topics: Topics, settings_for: Any, fake_llm: FakeOpenAI) 
 async def _runner(settings: Settings, topics: Topics) -> ExtractorRunner:
     store = await asyncio.to_thread(LanceStore.from_settings, settings)
     runner = ExtractorRunner(
-        settings, topics, llm=LLMClient.from_settings(settings), embedder=LocalEmbedder(settings.embedding_dim), store=store
+        settings, topics, llm=LLMClient.from_settings(settings), embedder=LocalEmbedder(settings.embeddings.dim), store=store
     )
     await runner.start()
     return runner

@@ -730,17 +730,17 @@ def _worker_env(settings: Settings, llm_url: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         {
-            "MEMSTREAM_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-            "MEMSTREAM_TOPIC_PREFIX": settings.topic_prefix,
-            "MEMSTREAM_PARTITIONS": str(settings.partitions),
-            "MEMSTREAM_APP_ID": settings.app_id,
+            "MEMSTREAM_BROKER_BOOTSTRAP_SERVERS": settings.broker.bootstrap_servers,
+            "MEMSTREAM_BROKER_TOPIC_PREFIX": settings.broker.topic_prefix,
+            "MEMSTREAM_BROKER_PARTITIONS": str(settings.broker.partitions),
+            "MEMSTREAM_WORKER_APP_ID": settings.worker.app_id,
             "MEMSTREAM_HOME": str(settings.home),
-            "MEMSTREAM_LANCE_DIR": str(settings.lance_dir),
-            "MEMSTREAM_LLM_BASE_URL": llm_url,
-            "MEMSTREAM_LLM_MODEL": "fake-model",
-            "MEMSTREAM_LLM_TIMEOUT_S": "300",
-            "MEMSTREAM_LLM_MAX_RETRIES": "0",
-            "MEMSTREAM_REFLECTION_POLL_SECONDS": "0.5",
+            "MEMSTREAM_STORAGE_ROOT": str(settings.storage.root),
+            "MEMSTREAM_EXTRACTION_LLM_BASE_URL": llm_url,
+            "MEMSTREAM_EXTRACTION_LLM_MODEL": "fake-model",
+            "MEMSTREAM_EXTRACTION_LLM_TIMEOUT_S": "300",
+            "MEMSTREAM_EXTRACTION_LLM_MAX_RETRIES": "0",
+            "MEMSTREAM_WORKER_REFLECTION_POLL_SECONDS": "0.5",
             # Faust reads these itself: a killed member leaves the group within seconds
             "BROKER_SESSION_TIMEOUT": "6",
             "BROKER_HEARTBEAT_INTERVAL": "1",
@@ -821,8 +821,8 @@ def test_cli_decide_and_outcome_write_to_the_log(
 
     topics = Topics(prefix=topic_prefix, partitions=3)
     asyncio.run(ensure_topics(kafka_bootstrap, topics))
-    monkeypatch.setenv("MEMSTREAM_BOOTSTRAP_SERVERS", kafka_bootstrap)
-    monkeypatch.setenv("MEMSTREAM_TOPIC_PREFIX", topic_prefix)
+    monkeypatch.setenv("MEMSTREAM_BROKER_BOOTSTRAP_SERVERS", kafka_bootstrap)
+    monkeypatch.setenv("MEMSTREAM_BROKER_TOPIC_PREFIX", topic_prefix)
     get_settings.cache_clear()
     cli = typer.Typer()
     reflect.register(cli)

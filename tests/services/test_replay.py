@@ -65,7 +65,7 @@ async def produce_log(settings: Settings, start: int, count: int) -> None:
         )
     async with MemstreamProducer(settings) as producer:
         await producer.send_many(events)
-    raw = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    raw = AIOKafkaProducer(bootstrap_servers=settings.broker.bootstrap_servers)
     await raw.start()
     try:
         await raw.send_and_wait(Topics.from_settings(settings).events, value=b"{oops", key=b"acme/alice")
@@ -82,7 +82,7 @@ async def test_replay_builds_verifies_compares_and_swaps(
     fresh_topics: Topics, settings_for, tmp_path: Path  # type: ignore[no-untyped-def]
 ) -> None:
     settings = settings_for(fresh_topics, lance_dir=tmp_path / "data" / "lance")
-    sets = TableSets(settings.lance_dir)
+    sets = TableSets(settings.storage.root)
     await produce_log(settings, 0, 30)
 
     seen: list[ReplayProgress] = []
@@ -111,7 +111,7 @@ async def test_replay_builds_verifies_compares_and_swaps(
     second = await replay(settings, on_phase=phases.append, now=clock(2))
     assert phases == [PHASE_COMPACT, PHASE_VERIFY, PHASE_SWAP]
     assert second.swapped and sets.current_name() == "20250102T030402000Z"
-    assert second.replay_dir == sets.current() and second.old_dir == Path(settings.lance_dir)
+    assert second.replay_dir == sets.current() and second.old_dir == Path(settings.storage.root)
     assert second.replay_digest == first.replay_digest
     assert LanceStore.from_settings(settings).table_digest() == first.replay_digest
     superseded = LanceStore.from_settings(settings).get_memories(ALICE, ["mem0"])[0]
@@ -136,7 +136,7 @@ async def test_replay_builds_verifies_compares_and_swaps(
     # ...until the next replay removes it.
     fifth = await replay(settings, now=clock(5))
     assert not second.replay_dir.exists() and fourth.replay_dir.exists() and fifth.replay_dir == sets.current()
-    assert sorted(p.name for p in (Path(settings.lance_dir) / "sets").iterdir()) == [
+    assert sorted(p.name for p in (Path(settings.storage.root) / "sets").iterdir()) == [
         fourth.replay_dir.name, fifth.replay_dir.name
     ]
 
@@ -146,17 +146,17 @@ async def test_a_second_replay_is_refused_while_one_runs(
 ) -> None:
     settings = settings_for(fresh_topics)
     await produce_log(settings, 0, 3)
-    held = LanceDirLock(Path(settings.lance_dir) / "replay")
+    held = LanceDirLock(Path(settings.storage.root) / "replay")
     held.acquire("memstream replay")
     try:
         with pytest.raises(ReplayError, match="another replay is running"):
             await replay(settings, now=clock(1))
     finally:
         held.release()
-    assert not (Path(settings.lance_dir) / "sets").exists() or not any((Path(settings.lance_dir) / "sets").iterdir())
+    assert not (Path(settings.storage.root) / "sets").exists() or not any((Path(settings.storage.root) / "sets").iterdir())
     # A replay holds the worker lock only while it runs.
     await replay(settings, now=clock(4))
-    again = LanceDirLock(settings.lance_dir)
+    again = LanceDirLock(settings.storage.root)
     again.acquire("check")
     again.release()
 
@@ -203,7 +203,7 @@ async def test_a_replay_that_diverges_from_live_is_listed_by_space_and_never_swa
     fresh_topics: Topics, settings_for, tmp_path: Path  # type: ignore[no-untyped-def]
 ) -> None:
     settings = settings_for(fresh_topics, lance_dir=tmp_path / "lance")
-    sets = TableSets(settings.lance_dir)
+    sets = TableSets(settings.storage.root)
     await produce_log(settings, 0, 10)
     built = await replay(settings, now=clock(1))
     assert built.swapped and not built.diverged

@@ -37,7 +37,7 @@ BOB = Scope(team_id="acme", user_id="bob")
 
 
 def _store(settings) -> LanceStore:  # type: ignore[no-untyped-def]
-    return LanceStore.from_settings(settings, TableSets(settings.lance_dir).current(), create=False)
+    return LanceStore.from_settings(settings, TableSets(settings.storage.root).current(), create=False)
 
 
 def _count(settings, scope: Scope) -> int:  # type: ignore[no-untyped-def]
@@ -80,7 +80,7 @@ async def _until(check, what: str, timeout_s: float = 90.0) -> None:  # type: ig
 
 
 async def _raw_records(settings, topics: Topics, extra: list[str] = ()) -> list[bytes]:  # type: ignore[no-untyped-def,assignment]
-    records = await read_to_end(settings.bootstrap_servers, [*topics.kept_forever(), *extra], topics.partitions)
+    records = await read_to_end(settings.broker.bootstrap_servers, [*topics.kept_forever(), *extra], topics.partitions)
     return [record_bytes(r) for r in records]
 
 
@@ -95,7 +95,7 @@ async def test_forget_converges_across_a_killed_worker_and_leaves_nothing(
         events += [MessageObserved(scope=scope, message_id=f"t{i}", content=f"{canary}{scope.user_id} said {i}") for i in range(5)]
     async with MemstreamProducer(settings) as producer:
         await producer.send_many(events)
-    raw = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)  # a producer that cannot seal
+    raw = AIOKafkaProducer(bootstrap_servers=settings.broker.bootstrap_servers)  # a producer that cannot seal
     await raw.start()
     try:
         rec = encode_event(MemoryAdded(scope=ALICE, memory_id="via-ingress", content=f"{canary}alice via kcat"))
@@ -265,9 +265,9 @@ async def test_a_forget_after_a_replay_leaves_no_copy_in_the_replaced_set(
     worker.start()
     try:
         await _until(lambda: _count(settings, ALICE) >= 5 and _count(settings, BOB) >= 5, "projection")
-        replaced = TableSets(settings.lance_dir).current()
+        replaced = TableSets(settings.storage.root).current()
         result = await replay(settings)  # beside the running worker: the old set is kept for its readers
-        assert result.swapped and replaced != TableSets(settings.lance_dir).current()
+        assert result.swapped and replaced != TableSets(settings.storage.root).current()
         await forget(settings, "acme", "alice")
         await _until(lambda: _count(settings, ALICE) == 0, "alice's rows gone")
         await _until(lambda: not _files_holding(tmp_path / "lance", f"{canary}alice".encode()), "alice's bytes gone everywhere", 60)

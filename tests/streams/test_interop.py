@@ -82,9 +82,9 @@ def memstream_cli(args: list[str], settings: Settings, cwd: Path, stdin: bytes |
     """Run the real command line in a child process (``python -m memstream``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSTREAM_")}
     env.update(
-        MEMSTREAM_BOOTSTRAP_SERVERS=settings.bootstrap_servers,
-        MEMSTREAM_TOPIC_PREFIX=settings.topic_prefix,
-        MEMSTREAM_PARTITIONS=str(settings.partitions),
+        MEMSTREAM_BROKER_BOOTSTRAP_SERVERS=settings.broker.bootstrap_servers,
+        MEMSTREAM_BROKER_TOPIC_PREFIX=settings.broker.topic_prefix,
+        MEMSTREAM_BROKER_PARTITIONS=str(settings.broker.partitions),
         COLUMNS="200",
     )
     done = subprocess.run(

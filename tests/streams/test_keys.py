@@ -110,7 +110,7 @@ async def test_a_forgotten_key_leaves_the_brokers_disk_within_the_bound(topic_pr
     async with SubjectKeys(settings) as node:
         await node.key_for(BOB)
         key = await node.key_for(ALICE)
-        wrapped = next(v for k, v in await _key_records(settings.bootstrap_servers, topics.keys) if k and key.kid.hex().encode() in k)
+        wrapped = next(v for k, v in await _key_records(settings.broker.bootstrap_servers, topics.keys) if k and key.kid.hex().encode() in k)
         needle = json.loads(wrapped)["wrapped"].encode()
         assert holding(needle)
         await node.forget("acme", "alice")

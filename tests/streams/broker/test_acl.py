@@ -141,7 +141,7 @@ async def test_a_reader_reads_the_sealed_log_only(acl_settings: Settings) -> Non
         await _write(reader, topics.ingress, idempotent=False)
     await _write(acl_settings, topics.events)  # the worker writes one record to each
     await _write(acl_settings, topics.ingress)
-    partitions = acl_settings.partitions
+    partitions = acl_settings.broker.partitions
     assert await _read_from_start(reader, topics.events, partitions) >= 1
     assert await _read_from_start(acl_settings, topics.ingress, partitions) >= 1
     assert await _read_from_start(reader, topics.ingress, partitions) == 0  # plaintext: not for readers
@@ -155,11 +155,11 @@ async def test_a_wrong_password_or_no_login_gets_nothing(acl_settings: Settings,
     await producer.stop()
     assert "Invalid username or password" in caplog.text  # the broker's SaslAuthenticationFailed
     # no login at all: the listener speaks SASL only
-    anonymous = AIOKafkaProducer(bootstrap_servers=acl_settings.bootstrap_servers, request_timeout_ms=5000)
+    anonymous = AIOKafkaProducer(bootstrap_servers=acl_settings.broker.bootstrap_servers, request_timeout_ms=5000)
     with pytest.raises(KafkaConnectionError):
         await anonymous.start()
     await anonymous.stop()
-    assert local.probe_metadata(acl_settings.broker_port) is None  # unauthenticated probe: nothing
+    assert local.probe_metadata(acl_settings.broker.port) is None  # unauthenticated probe: nothing
 
 
 def test_a_write_through_the_ingress_as_the_api_makes_it_is_projected(acl_settings: Settings, tmp_path: Path) -> None:

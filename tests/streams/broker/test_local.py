@@ -25,11 +25,11 @@ from tests.streams.broker.helpers import broker_settings
 
 
 def test_bootstrap_servers_follow_the_broker_port_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("MEMSTREAM_BOOTSTRAP_SERVERS", raising=False)
+    monkeypatch.delenv("MEMSTREAM_BROKER_BOOTSTRAP_SERVERS", raising=False)
     monkeypatch.setenv("MEMSTREAM_BROKER_PORT", "29300")
     assert Settings(_env_file=None).bootstrap_servers == "127.0.0.1:29300"  # type: ignore[call-arg]
     assert Settings(_env_file=None, broker_port=29400).bootstrap_servers == "127.0.0.1:29400"  # type: ignore[call-arg]
-    monkeypatch.setenv("MEMSTREAM_BOOTSTRAP_SERVERS", "kafka:9092")
+    monkeypatch.setenv("MEMSTREAM_BROKER_BOOTSTRAP_SERVERS", "kafka:9092")
     assert Settings(_env_file=None).bootstrap_servers == "kafka:9092"  # type: ignore[call-arg]
 
 
@@ -55,7 +55,7 @@ def test_status_of_a_never_started_broker_is_stopped(tmp_path: Path) -> None:
     current = local.status(settings)
     assert current.state == "stopped"
     assert current.pid is None
-    assert current.port == settings.broker_port
+    assert current.port == settings.broker.port
     assert local.stop(settings) is False
 
 
@@ -86,7 +86,7 @@ def test_second_broker_starts_once_serves_stops_and_keeps_its_data(tmp_path: Pat
         first = local.start(settings)
         assert first.state == "running" and first.started
         assert first.pid is not None and paths.pid_file.read_text().strip() == str(first.pid)
-        assert first.port == settings.broker_port
+        assert first.port == settings.broker.port
         meta = (paths.data_dir / "meta.properties").read_text()
         assert f"cluster.id={first.cluster_id}" in meta
 
@@ -108,7 +108,7 @@ def test_second_broker_starts_once_serves_stops_and_keeps_its_data(tmp_path: Pat
         assert "brokertest.events" in created.stdout and "created" in created.stdout
         repeated = _cli(settings, "topics", "create")
         assert repeated.returncode == 0 and "exists" in repeated.stdout and "created" not in repeated.stdout
-        described = asyncio.run(_describe(settings.bootstrap_servers, "brokertest.events"))
+        described = asyncio.run(_describe(settings.broker.bootstrap_servers, "brokertest.events"))
         assert described["error_code"] == 0 and len(described["partitions"]) == 2  # type: ignore[arg-type]
 
         cli_stop = _cli(settings, "broker", "stop")
@@ -122,7 +122,7 @@ def test_second_broker_starts_once_serves_stops_and_keeps_its_data(tmp_path: Pat
         restarted = local.start(settings)
         assert restarted.started and restarted.cluster_id == first.cluster_id
         topics = Topics.from_settings(settings)
-        after = asyncio.run(ensure_topics(settings.bootstrap_servers, topics))
+        after = asyncio.run(ensure_topics(settings.broker.bootstrap_servers, topics))
         assert set(after.values()) == {"exists"}  # the data survived the stop
     finally:
         local.stop(settings)
