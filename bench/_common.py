@@ -314,7 +314,7 @@ class LogWatch:
 
         from memstream.services.extractor_service import consumer_group
 
-        self.topics = Topics.from_settings(settings)
+        self.topics = Topics.from_settings(settings.broker)
         self.group = consumer_group(settings)
         self.consumer = AIOKafkaConsumer(bootstrap_servers=settings.broker.bootstrap_servers, enable_auto_commit=False)
         self.admin = AIOKafkaAdminClient(bootstrap_servers=settings.broker.bootstrap_servers)

@@ -566,7 +566,7 @@ def bench_settings(workdir: Path, **overrides: Any) -> Settings:
 
 
 async def create_topics(settings: Settings) -> Topics:
-    topics = Topics.from_settings(settings)
+    topics = Topics.from_settings(settings.broker)
     await ensure_topics(settings.broker.bootstrap_servers, topics)
     return topics
 
@@ -575,7 +575,7 @@ async def delete_topics(settings: Settings) -> list[str]:
     """Delete every topic of the benchmark's prefix and of its app ids (Faust's internal
     topics of ``<app_id>-r<N>`` included): benchmark logs are large and kept forever
     otherwise."""
-    return await _delete_topics(settings.broker.bootstrap_servers, Topics.from_settings(settings), settings.worker.app_id)
+    return await _delete_topics(settings.broker.bootstrap_servers, Topics.from_settings(settings.broker), settings.worker.app_id)
 
 
 @dataclass
@@ -606,7 +606,7 @@ async def produce_events(
 ) -> ProduceStats:
     """Encode and send ``events`` to ``<prefix>events`` as fast as the durable producer
     goes; returns when every record is acknowledged."""
-    topics = Topics.from_settings(settings)
+    topics = Topics.from_settings(settings.broker)
     started = time.perf_counter()
     size = 0
     sent = 0

@@ -444,7 +444,7 @@ async def _produce(
     from memstream.streams.producer import MemstreamProducer, create_kafka_producer
 
     producer = MemstreamProducer(settings, client_id="memstream-chaos")
-    raw = create_kafka_producer(settings, client_id="memstream-chaos-raw")
+    raw = create_kafka_producer(settings.broker, client_id="memstream-chaos-raw")
     await producer.start()
     await raw.start()
     start = time.monotonic()
@@ -601,7 +601,7 @@ async def _forge_keys(settings: Settings, topics: Topics, ledger: Ledger) -> dic
         ring = keys.keyring
         assert ring is not None
         held = {s: ring.kids_of(s) for s in ring.known_subjects()}
-    raw = create_kafka_producer(settings, client_id="memstream-chaos-forger")
+    raw = create_kafka_producer(settings.broker, client_id="memstream-chaos-forger")
     await raw.start()
     forged = 0
     try:
@@ -820,7 +820,7 @@ def run_plan(
     llm = FlakyLLM(plan.llm_failure_rate, plan.seed, timeout_s)
     server = OpenAICompatServer(chat=llm, timeout_hint_s=timeout_s).start()
     settings = chaos_settings(root, server.base_url, timeout_s=timeout_s, sharded=sharded)
-    topics = Topics.from_settings(settings)
+    topics = Topics.from_settings(settings.broker)
     run_id = uuid.uuid4().hex[:6]
     valid = make_valid_events(plan, rng, run_id)
     bad = make_bad_records(plan.bad_inputs, rng, topics, plan.tenants)

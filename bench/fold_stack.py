@@ -461,7 +461,7 @@ def _prefix_answers(log: list[EventBase], start: int, scope: ReadScope, memory_i
 async def new_stack(base: Settings, workdir: Path, **overrides: Any) -> FoldStack:
     """Create the topics and start a stack on them."""
     settings = stack_settings(base, workdir, **overrides)
-    await ensure_topics(settings.broker.bootstrap_servers, Topics.from_settings(settings))
+    await ensure_topics(settings.broker.bootstrap_servers, Topics.from_settings(settings.broker))
     stack = FoldStack(settings, workdir)
     await stack.start()
     return stack

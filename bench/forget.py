@@ -110,7 +110,7 @@ def _events(scope: Scope, canaries: Canaries, n: int, dim: int, model: str, rng:
 async def _produce(settings: Settings, events: list[Any], ingress: list[Any]) -> None:
     async with MemstreamProducer(settings, client_id="memstream-bench-forget") as producer:
         await producer.send_many(events)
-    topics = Topics.from_settings(settings)
+    topics = Topics.from_settings(settings.broker)
     raw = AIOKafkaProducer(bootstrap_servers=settings.broker.bootstrap_servers, acks="all")
     await raw.start()
     try:
@@ -162,7 +162,7 @@ async def _wait_rows(settings: Settings, expected: dict[tuple[str, str], int], t
 async def _raw_hits(settings: Settings, needles: list[bytes]) -> tuple[int, int]:
     """(records holding a needle, records read) over every kept-forever topic and the
     reflector's state topics."""
-    topics = Topics.from_settings(settings)
+    topics = Topics.from_settings(settings.broker)
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.broker.bootstrap_servers, group_id=None, enable_auto_commit=False)
     await consumer.start()
     hits = read = 0
@@ -202,7 +202,7 @@ async def _forget_one(settings: Settings, embedder: Any, team: str, user: str | 
 
 
 async def _run(settings: Settings, workdir: Path, n: int) -> dict[str, Any]:
-    topics = Topics.from_settings(settings)
+    topics = Topics.from_settings(settings.broker)
     await ensure_topics(settings.broker.bootstrap_servers, topics)
     embedder = build_embedder(settings.embeddings)
     rng = np.random.default_rng(7)

@@ -364,7 +364,7 @@ def ingest_events(settings: Settings, events: Sequence[Any], workdir: Path) -> I
     from memstream.streams.producer import MemstreamProducer
     from memstream.streams.topics import Topics
 
-    asyncio.run(ensure_topics(settings.broker.bootstrap_servers, Topics.from_settings(settings)))
+    asyncio.run(ensure_topics(settings.broker.bootstrap_servers, Topics.from_settings(settings.broker)))
     worker = WorkerProcess(settings, workdir / "worker", loglevel="info")
     started = time.perf_counter()
     worker.start()
@@ -661,7 +661,7 @@ def cleanup_run(settings: Settings, workdir: Path, keep: bool) -> None:
     from memstream.streams.topics import Topics
 
     try:
-        asyncio.run(delete_topics(settings.broker.bootstrap_servers, Topics.from_settings(settings), settings.worker.app_id))
+        asyncio.run(delete_topics(settings.broker.bootstrap_servers, Topics.from_settings(settings.broker), settings.worker.app_id))
     except Exception as exc:  # noqa: BLE001 - cleanup must not hide the result
         err_console.print(f"[yellow]could not delete the bench topics: {exc}[/yellow]")
     if keep:

@@ -58,7 +58,7 @@ from memstream.bench.locomo import (
     scope_of,
 )
 from memstream.bench.openai_fake import OpenAICompatServer
-from memstream.settings import Settings
+from memstream.settings import EmbeddingSettings, Settings
 
 __all__ = ["mem0_config", "Mem0Notes", "Mem0Runner", "run"]
 
@@ -148,7 +148,7 @@ class Mem0Runner:
 def _embedder(name: str) -> Any:
     from memstream.projections.embedder import build_embedder
 
-    return build_embedder(Settings(embedder=name, llm_base_url=None).embeddings)
+    return build_embedder(EmbeddingSettings(provider=name))
 
 
 def _ratio(a: float, b: float) -> float | None:

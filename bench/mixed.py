@@ -463,7 +463,7 @@ class Load:
 def _broker_pid(settings: Settings) -> int | None:
     """The local broker's process id (``None``: an external broker). The benchmark's
     settings have a home of their own: the broker's is the environment's."""
-    found = broker_status(Settings(bootstrap_servers=settings.broker.bootstrap_servers))
+    found = broker_status(Settings(broker={"bootstrap_servers": settings.broker.bootstrap_servers}))
     return found.pid if found.state == "running" else None
 
 

@@ -121,7 +121,7 @@ def _one_embedder(kind: str, facts: Sequence[Fact]) -> tuple[str, dict[str, dict
     from memstream.projections.embedder import build_embedder
     from memstream.projections.store import LanceStore
 
-    settings = Settings(embedder=kind)
+    settings = Settings(embeddings={"provider": kind})
     embedder = build_embedder(settings.embeddings)
     workdir = Path(tempfile.mkdtemp(prefix="memstream-bench-paraphrase-"))
     try:

@@ -174,7 +174,7 @@ async def _run(n: int) -> dict[str, Any]:
             "reflection_poll_seconds": 1.0,
         }
     )
-    topics = Topics.from_settings(settings)
+    topics = Topics.from_settings(settings.broker)
     await ensure_topics(settings.broker.bootstrap_servers, topics)
     chat = ScriptedChat()
     app = build_app(settings, agents=[])

@@ -135,6 +135,10 @@ class BrokerSettings(_Group):
     max_inflated_batch_bytes: int = advanced(64 * 1024 * 1024, ge=1024 * 1024)
     """Most that a consumer inflates from one fetch of one partition; a compressed batch
     past it alone is dead-lettered, not inflated."""
+    ingress_retention_ms: int = advanced(7 * 24 * 3600 * 1000, ge=60_000)
+    """How long the plaintext ingress topic (and the dead-letter topic) keep records."""
+    keys_segment_ms: int = advanced(60_000, ge=1_000)
+    """Segment roll of the key topic: bounds how long a forgotten key stays on the broker's disk."""
 
     @model_validator(mode="before")
     @classmethod
@@ -363,7 +367,3 @@ class SecuritySettings(_Group):
     """The master key's file (default ``<home>/master.key``, mode 0600; the first start creates it)."""
     worker_key_file: Path | None = advanced(None)
     """The worker's signing key (default ``<home>/worker.key``)."""
-    ingress_retention_ms: int = advanced(7 * 24 * 3600 * 1000, ge=60_000)
-    """How long the plaintext ingress topic (and the dead-letter topic) keep records."""
-    keys_segment_ms: int = advanced(60_000, ge=1_000)
-    """Segment roll of the key topic: bounds how long a forgotten key stays on the broker's disk."""

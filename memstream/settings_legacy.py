@@ -147,8 +147,8 @@ RENAMED: dict[str, str | None] = {
     "master_key": "security.master_key",
     "master_key_file": "security.master_key_file",
     "worker_key_file": "security.worker_key_file",
-    "ingress_retention_ms": "security.ingress_retention_ms",
-    "keys_segment_ms": "security.keys_segment_ms",
+    "ingress_retention_ms": "broker.ingress_retention_ms",
+    "keys_segment_ms": "broker.keys_segment_ms",
 }
 
 

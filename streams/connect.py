@@ -26,7 +26,7 @@ from aiokafka.helpers import create_ssl_context
 from faust.auth import SASLCredentials, SSLCredentials
 from faust.types.auth import CredentialsT
 
-from memstream.settings import Settings
+from memstream.settings import BrokerSettings
 
 __all__ = ["kafka_options", "kafka_password", "faust_credentials", "KafkaSecurityError", "until_reachable", "until_started"]
 
@@ -49,17 +49,17 @@ class KafkaSecurityError(ValueError):
     """The client security settings are incomplete (a one-line reason)."""
 
 
-def kafka_password(settings: Settings) -> str | None:
+def kafka_password(broker: BrokerSettings) -> str | None:
     """``kafka_password``, else the content of ``kafka_password_file`` (stripped)."""
-    if settings.broker.password is not None:
-        return settings.broker.password.get_secret_value()
-    if settings.broker.password_file is None:
+    if broker.password is not None:
+        return broker.password.get_secret_value()
+    if broker.password_file is None:
         return None
     try:
-        return settings.broker.password_file.read_text(encoding="utf-8").strip()
+        return broker.password_file.read_text(encoding="utf-8").strip()
     except OSError as exc:
         raise KafkaSecurityError(
-            f"cannot read the Kafka password of {settings.broker.username!r} from {settings.broker.password_file}: "
+            f"cannot read the Kafka password of {broker.username!r} from {broker.password_file}: "
             f"{exc.strerror or exc} (ACL mode: `memstream broker start --acl` creates it)"
         ) from None
 
@@ -69,42 +69,42 @@ def _ssl_context(cafile: Path | None) -> ssl.SSLContext:
     return create_ssl_context(cafile=str(cafile) if cafile else None)
 
 
-def _sasl(settings: Settings) -> tuple[str, str]:
-    password = kafka_password(settings)
-    if not settings.broker.username or password is None:
+def _sasl(broker: BrokerSettings) -> tuple[str, str]:
+    password = kafka_password(broker)
+    if not broker.username or password is None:
         raise KafkaSecurityError(
-            f"MEMSTREAM_BROKER_SECURITY_PROTOCOL={settings.broker.security_protocol} needs "
+            f"MEMSTREAM_BROKER_SECURITY_PROTOCOL={broker.security_protocol} needs "
             "MEMSTREAM_BROKER_USERNAME and MEMSTREAM_BROKER_PASSWORD (or MEMSTREAM_BROKER_PASSWORD_FILE)"
         )
-    return settings.broker.username, password
+    return broker.username, password
 
 
-def kafka_options(settings: Settings, *, bootstrap_servers: str | None = None) -> dict[str, Any]:
+def kafka_options(broker: BrokerSettings, *, bootstrap_servers: str | None = None) -> dict[str, Any]:
     """Keyword arguments every aiokafka client (producer, consumer, admin) of memstream
     is built with: the bootstrap address and the security settings."""
-    options: dict[str, Any] = {"bootstrap_servers": bootstrap_servers or settings.broker.bootstrap_servers}
-    protocol = settings.broker.security_protocol
+    options: dict[str, Any] = {"bootstrap_servers": bootstrap_servers or broker.bootstrap_servers}
+    protocol = broker.security_protocol
     if protocol == "PLAINTEXT":
         return options
     options["security_protocol"] = protocol
     if protocol in ("SSL", "SASL_SSL"):
-        options["ssl_context"] = _ssl_context(settings.broker.ssl_cafile)
+        options["ssl_context"] = _ssl_context(broker.ssl_cafile)
     if protocol.startswith("SASL_"):
-        username, password = _sasl(settings)
-        options.update(sasl_mechanism=settings.broker.sasl_mechanism, sasl_plain_username=username, sasl_plain_password=password)
+        username, password = _sasl(broker)
+        options.update(sasl_mechanism=broker.sasl_mechanism, sasl_plain_username=username, sasl_plain_password=password)
     return options
 
 
-def faust_credentials(settings: Settings) -> CredentialsT | None:
+def faust_credentials(broker: BrokerSettings) -> CredentialsT | None:
     """The same identity for faust (``App(broker_credentials=...)``)."""
-    protocol = settings.broker.security_protocol
-    context = _ssl_context(settings.broker.ssl_cafile) if protocol in ("SSL", "SASL_SSL") else None
+    protocol = broker.security_protocol
+    context = _ssl_context(broker.ssl_cafile) if protocol in ("SSL", "SASL_SSL") else None
     if protocol == "PLAINTEXT":
         return None
     if protocol == "SSL":
         return SSLCredentials(context)
-    username, password = _sasl(settings)
-    return SASLCredentials(username=username, password=password, mechanism=settings.broker.sasl_mechanism, ssl_context=context)
+    username, password = _sasl(broker)
+    return SASLCredentials(username=username, password=password, mechanism=broker.sasl_mechanism, ssl_context=context)
 
 
 _FIRST_DELAY_S = 0.5

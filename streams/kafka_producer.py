@@ -7,7 +7,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 
-from memstream.settings import Settings
+from memstream.settings import BrokerSettings
 from memstream.streams.connect import kafka_options
 
 __all__ = ["KeyPartitioner", "create_kafka_producer"]
@@ -38,7 +38,7 @@ class KeyPartitioner:
 
 
 def create_kafka_producer(
-    settings: Settings,
+    broker: BrokerSettings,
     *,
     bootstrap_servers: str | None = None,
     client_id: str = "memstream-sdk",
@@ -58,13 +58,13 @@ def create_kafka_producer(
     if transactional_id is not None:
         kwargs["transactional_id"] = transactional_id
     return AIOKafkaProducer(
-        **kafka_options(settings, bootstrap_servers=bootstrap_servers),
+        **kafka_options(broker, bootstrap_servers=bootstrap_servers),
         client_id=client_id,
         enable_idempotence=True,
         acks="all",
-        linger_ms=settings.broker.producer_linger_ms,
-        max_batch_size=settings.broker.producer_max_batch_bytes,
-        max_request_size=settings.broker.max_request_bytes,
+        linger_ms=broker.producer_linger_ms,
+        max_batch_size=broker.producer_max_batch_bytes,
+        max_request_size=broker.max_request_bytes,
         compression_type=compression_type,
         partitioner=partitioner or KeyPartitioner(),
         **kwargs,

@@ -91,7 +91,7 @@ class SubjectKeys:
         self._signed_keys: set[bytes] = set()
         """Record keys of key records taken in unsigned (they unwrapped: written before
         signatures, or by a master-key holder without the worker key)."""
-        self._topics = topics or Topics.from_settings(settings)
+        self._topics = topics or Topics.from_settings(settings.broker)
         self._tp = TopicPartition(self._topics.keys, 0)
         self._client_id = client_id
         self._consumer: AIOKafkaConsumer | None = None
@@ -124,13 +124,13 @@ class SubjectKeys:
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> "SubjectKeys":
         consumer = AIOKafkaConsumer(
-            **kafka_options(self._settings),
+            **kafka_options(self._settings.broker),
             client_id=self._client_id,
             enable_auto_commit=False,
             group_id=None,
         )
         producer = AIOKafkaProducer(
-            **kafka_options(self._settings),
+            **kafka_options(self._settings.broker),
             client_id=self._client_id,
             enable_idempotence=True,
             acks="all",
@@ -333,7 +333,7 @@ class SubjectKeys:
             self._roll = asyncio.create_task(self._roll_later(), name="memstream-keys-roll")
 
     async def _roll_later(self) -> None:
-        await asyncio.sleep(self._settings.security.keys_segment_ms / 1000 + 1)
+        await asyncio.sleep(self._settings.broker.keys_segment_ms / 1000 + 1)
         try:
             await self._send(ROLL_KEY, b"{}")
         except Exception:

@@ -148,7 +148,7 @@ class MemstreamProducer:
         ``keys`` is a started keyring to share, else the producer follows its own."""
         self.settings = settings or get_settings()
         self.bootstrap_servers = bootstrap_servers or self.settings.broker.bootstrap_servers
-        self.topics = topics or Topics.from_settings(self.settings)
+        self.topics = topics or Topics.from_settings(self.settings.broker)
         self.client_id = client_id
         self._compression_type = compression_type
         self._signing_key = signing_key
@@ -175,7 +175,7 @@ class MemstreamProducer:
         if self._closed:
             raise ProducerClosedError("this producer was stopped; create a new one")
         producer = create_kafka_producer(
-            self.settings,
+            self.settings.broker,
             bootstrap_servers=self.bootstrap_servers,
             client_id=self.client_id,
             compression_type=self._compression_type,

@@ -53,7 +53,7 @@ class IngressSealer:
     def __init__(self, settings: Settings, keys: SubjectKeys, topics: Topics | None = None) -> None:
         self._settings = settings
         self._keys = keys
-        self._topics = topics or Topics.from_settings(settings)
+        self._topics = topics or Topics.from_settings(settings.broker)
         self.sealed = 0
         self.dead_lettered = 0
         self._sealed_to: dict[TopicPartition, int] = {}
@@ -65,21 +65,21 @@ class IngressSealer:
         bound_inflation(self._settings.broker.max_inflated_batch_bytes)
         consumer = AIOKafkaConsumer(
             self._topics.ingress,
-            **kafka_options(self._settings),
+            **kafka_options(self._settings.broker),
             group_id=f"{self._settings.worker.app_id}-sealer",
             client_id="memstream-sealer",
             enable_auto_commit=False,
             auto_offset_reset="earliest",
         )
         producer = AIOKafkaProducer(
-            **kafka_options(self._settings),
+            **kafka_options(self._settings.broker),
             client_id="memstream-sealer",
             enable_idempotence=True,
             acks="all",
             linger_ms=self._settings.broker.producer_linger_ms,
             max_request_size=self._settings.broker.max_request_bytes,
         )
-        admin = AIOKafkaAdminClient(**kafka_options(self._settings), client_id="memstream-sealer-admin")
+        admin = AIOKafkaAdminClient(**kafka_options(self._settings.broker), client_id="memstream-sealer-admin")
         await consumer.start()
         await producer.start()
         await admin.start()

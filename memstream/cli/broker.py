@@ -116,7 +116,7 @@ def status() -> None:
 def create() -> None:
     """Create every topic of the catalogue that does not exist yet (safe to repeat)."""
     settings = get_settings()
-    topics = Topics.from_settings(settings)
+    topics = Topics.from_settings(settings.broker)
     try:
         result = asyncio.run(ensure_topics(settings, topics))
     except TopicCreationError as exc:

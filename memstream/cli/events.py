@@ -124,7 +124,7 @@ class _LineSource:
 
 
 async def _produce(source: _LineSource, topic: str | None, settings: Settings) -> int:
-    topics = Topics.from_settings(settings)
+    topics = Topics.from_settings(settings.broker)
     target = resolve_topic(topic, topics) if topic else None
     producer: MemstreamProducer | None = None
     pending: list[tuple[int, asyncio.Future[LogPosition]]] = []
@@ -310,7 +310,7 @@ async def _tail(
             raise CLIError(f"topic {topic} has no partition {partition} (it has {len(parts)})")
         parts = [partition]
     consumer = AIOKafkaConsumer(
-        **kafka_options(settings),
+        **kafka_options(settings.broker),
         client_id="memstream-tail",
         group_id=None,
         enable_auto_commit=False,
@@ -372,7 +372,7 @@ def tail(
     if from_beginning and offset is not None:
         raise CLIError("use either --from-beginning or --offset, not both")
     settings = get_settings()
-    name = resolve_topic(topic, Topics.from_settings(settings))
+    name = resolve_topic(topic, Topics.from_settings(settings.broker))
     asyncio.run(
         _tail(
             name,

@@ -31,7 +31,7 @@ def shards_cmd(
     from memstream.streams.topics import Topics
 
     settings = get_settings()
-    topics = Topics.from_settings(settings)
+    topics = Topics.from_settings(settings.broker)
     ends = None
     if not offline:
         try:

@@ -113,7 +113,7 @@ class MemoryService:
 
     def __init__(self, settings: Settings, *, client_id: str = "memstream-api") -> None:
         self.settings = settings
-        self.topics = Topics.from_settings(settings)
+        self.topics = Topics.from_settings(settings.broker)
         self.client_id = client_id
         self.producer: MemstreamProducer | None = None
         self._store: CurrentStore[LanceStore] | None = None  # follows a replay's swap
@@ -354,7 +354,7 @@ class MemoryService:
         async with self._offsets_lock:
             if self._offsets is None:
                 consumer = AIOKafkaConsumer(
-                    **kafka_options(self.settings),
+                    **kafka_options(self.settings.broker),
                     client_id=f"{self.client_id}-offsets",
                     enable_auto_commit=False,
                     group_id=None,

@@ -140,12 +140,12 @@ def build_app(
     if unknown:
         raise ValueError(f"unknown agent(s) {', '.join(unknown)} (known: {', '.join(AGENT_NAMES)})")
 
-    topics = Topics.from_settings(settings)
+    topics = Topics.from_settings(settings.broker)
     bound_inflation(settings.broker.max_inflated_batch_bytes)  # every consumer of the worker
     app = MemstreamApp(
         settings.worker.app_id,
         broker=broker_urls(settings.broker.bootstrap_servers),
-        broker_credentials=faust_credentials(settings),
+        broker_credentials=faust_credentials(settings.broker),
         store="memory://",  # tables are rebuilt from their changelog topics
         datadir=str(settings.home / "faust"),
         topic_partitions=settings.broker.partitions,

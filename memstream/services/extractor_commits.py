@@ -59,7 +59,7 @@ class ExtractorCommits:
         try:
             if self._admin is None:
                 admin = AIOKafkaAdminClient(
-                    **kafka_options(self.settings), client_id="memstream-extractor-admin"
+                    **kafka_options(self.settings.broker), client_id="memstream-extractor-admin"
                 )
                 await admin.start()
                 self._admin = admin

@@ -228,7 +228,7 @@ class ExtractorRunner:
 
         def make_consumer() -> AIOKafkaConsumer:
             consumer = AIOKafkaConsumer(
-                **kafka_options(settings),
+                **kafka_options(settings.broker),
                 group_id=consumer_group(settings),
                 client_id="memstream-extractor",
                 enable_auto_commit=False,

@@ -76,9 +76,9 @@ async def forget_positions(settings: Settings, team_id: str, user_id: str | None
     """The positions of the latest forget of the subject (a user, or every user of the
     team), found by reading the events and messages topics: only forgets the worker
     signed count (a forged one forgets nothing, so it must not read as progress)."""
-    topics = Topics.from_settings(settings)
+    topics = Topics.from_settings(settings.broker)
     key = worker_key(settings, create=False) if worker_key_path(settings).exists() else None
-    consumer = AIOKafkaConsumer(**kafka_options(settings), group_id=None,
+    consumer = AIOKafkaConsumer(**kafka_options(settings.broker), group_id=None,
                                 enable_auto_commit=False, client_id="memstream-forget-status")
     await consumer.start()
     try:

@@ -91,7 +91,7 @@ def feed_consumer(settings: Settings, client_id: str, *, group_id: str | None = 
     from aiokafka import AIOKafkaConsumer
 
     return AIOKafkaConsumer(
-        **kafka_options(settings),
+        **kafka_options(settings.broker),
         group_id=group_id,
         enable_auto_commit=False,
         auto_offset_reset="earliest",

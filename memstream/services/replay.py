@@ -244,7 +244,7 @@ class _MisroutedBeyond:
         if not todo:
             return
         if self._producer is None:
-            self._producer = create_kafka_producer(self._settings, client_id="memstream-replay-reroute")
+            self._producer = create_kafka_producer(self._settings.broker, client_id="memstream-replay-reroute")
             await self._producer.start()
         await Rerouter(self._producer).publish(todo)
         self._report.rerouted += len(todo)
@@ -384,7 +384,7 @@ class _Build:
         except LegacyTrustError as exc:
             raise ReplayError(str(exc)) from None
         self.consumer = AIOKafkaConsumer(
-            **kafka_options(self.settings), group_id=None, enable_auto_commit=False,
+            **kafka_options(self.settings.broker), group_id=None, enable_auto_commit=False,
             auto_offset_reset="earliest", client_id="memstream-replay",
             max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024,
         )
@@ -445,7 +445,7 @@ async def _replay(
     build = _Build(settings, report, batch_size, on_progress)
     try:
         handled = await loop.run_in_executor(None, _live_positions, live_dir, settings)
-        begins = await build.open(Topics.from_settings(settings), handled)
+        begins = await build.open(Topics.from_settings(settings.broker), handled)
         assert build.consumer is not None
         ends = await build.consumer.end_offsets(build.partitions)
         report.end_offsets = {(tp.topic, tp.partition): ends[tp] for tp in build.partitions}

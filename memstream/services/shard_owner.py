@@ -177,7 +177,7 @@ class _Listener(ConsumerRebalanceListener):
 def member_consumer(settings: Settings, client_id: str) -> AIOKafkaConsumer:
     """The group membership consumer (it reads nothing: its partitions stay paused)."""
     return AIOKafkaConsumer(
-        **kafka_options(settings),
+        **kafka_options(settings.broker),
         group_id=projector_group(settings),
         client_id=client_id,
         enable_auto_commit=False,

@@ -39,7 +39,7 @@ class ShardStatus:
 
 
 async def end_offsets(settings: Settings, topics: list[str], partitions: int) -> dict[tuple[str, int], int]:
-    consumer = AIOKafkaConsumer(**kafka_options(settings), client_id=f"{settings.worker.app_id}-shards")
+    consumer = AIOKafkaConsumer(**kafka_options(settings.broker), client_id=f"{settings.worker.app_id}-shards")
     await consumer.start()
     try:
         ends = await consumer.end_offsets([TopicPartition(t, p) for t in topics for p in range(partitions)])
@@ -57,7 +57,7 @@ def shard_statuses(settings: Settings, ends: dict[tuple[str, int], int] | None) 
         )
     store = open_store(settings, current, create=False)
     assert isinstance(store, ShardedStore)
-    topics = Topics.from_settings(settings)
+    topics = Topics.from_settings(settings.broker)
     out = []
     for p, shard in store.shards.items():
         stored = shard.positions()

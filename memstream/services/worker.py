@@ -129,7 +129,7 @@ def run_worker(
     settings = worker_settings(settings)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    topics = Topics.from_settings(settings)
+    topics = Topics.from_settings(settings.broker)
     try:
         # A worker started while the broker (re)starts waits for it instead of dying.
         loop.run_until_complete(

@@ -148,7 +148,7 @@ def acl_rules(settings: Settings) -> list[AclRule]:
     """The ACL set of one deployment (docs/security.md lists the same for a managed
     cluster). Readers get the kept-forever topics only: ingress and dead letters hold
     plaintext."""
-    topics = Topics.from_settings(settings)
+    topics = Topics.from_settings(settings.broker)
     prefixes = tuple(dict.fromkeys((settings.broker.topic_prefix, settings.worker.app_id)))
     sealed = tuple(topics.kept_forever())
     return [

@@ -180,19 +180,19 @@ def start(settings: Settings) -> BrokerStatus:
         paths.config_file.touch(mode=0o600)
         paths.config_file.chmod(0o600)
         paths.config_file.write_text(
-            render_properties(server_properties(settings, paths.data_dir, sasl)), encoding="ascii"
+            render_properties(server_properties(settings.broker, paths.data_dir, sasl)), encoding="ascii"
         )
         paths.log4j_file.write_bytes(
             resources.files(PACKAGE).joinpath("log4j2.properties").read_bytes()
         )
         if not paths.formatted:
             acl.forget_acls(paths)  # a fresh metadata log holds no ACLs yet
-            format_storage(java, libs, settings, paths)
+            format_storage(java, libs, settings.broker, paths)
 
-        pid, offsets = launch(java, libs, settings, paths)
+        pid, offsets = launch(java, libs, settings.broker, paths)
         ready = _await_ready(settings, paths, pid, started=True, offsets=offsets)
         if settings.broker.acl:
-            acl.apply_acls(java, libs, settings, paths, jvm_options(settings, paths))
+            acl.apply_acls(java, libs, settings, paths, jvm_options(settings.broker, paths))
         return ready
 
 

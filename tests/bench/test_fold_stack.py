@@ -69,7 +69,7 @@ class FoldMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         try:
             self.run(self.stack.stop())
-            self.run(delete_topics(self.stack.settings.broker.bootstrap_servers, Topics.from_settings(self.stack.settings),
+            self.run(delete_topics(self.stack.settings.broker.bootstrap_servers, Topics.from_settings(self.stack.settings.broker),
                                    self.stack.settings.worker.app_id))
         finally:
             self.loop.close()
@@ -179,7 +179,7 @@ def test_a_write_after_a_forget_made_while_the_worker_was_down_survives(kafka_bo
             return stack
         finally:
             await stack.stop()
-            await delete_topics(kafka_bootstrap, Topics.from_settings(stack.settings), stack.settings.worker.app_id)
+            await delete_topics(kafka_bootstrap, Topics.from_settings(stack.settings.broker), stack.settings.worker.app_id)
 
     stack = asyncio.run(scenario())
     assert stack.reads > 100

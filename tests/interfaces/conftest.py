@@ -50,7 +50,7 @@ def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         reflection_poll_seconds=0.5,
         rerank_url=rerank.base_url,
     )
-    asyncio.run(ensure_topics(kafka_bootstrap, Topics.from_settings(settings)))
+    asyncio.run(ensure_topics(kafka_bootstrap, Topics.from_settings(settings.broker)))
     from memstream.projections.store import LanceStore
 
     LanceStore.from_settings(settings)  # create the tables before two processes open them

@@ -85,7 +85,7 @@ class Stack:
 
     @property
     def topics(self) -> Topics:
-        return Topics.from_settings(self.settings)
+        return Topics.from_settings(self.settings.broker)
 
     def headers(self, bank: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.keys[bank]}"}

@@ -507,7 +507,7 @@ async def quiet_ticks(handle: ReflectorHandle, partitions: int, rounds: int = 3)
 async def reflector_app(settings: Settings, **kwargs: Any) -> AsyncIterator[ReflectorHandle]:
     """A worker in this process running only the reflector (with injectable parts)."""
     app = build_app(settings, agents=[])
-    handle = register_reflector(app, settings, Topics.from_settings(settings), **kwargs)
+    handle = register_reflector(app, settings, Topics.from_settings(settings.broker), **kwargs)
     await app.start()
     try:
         yield handle

@@ -68,7 +68,7 @@ async def produce_log(settings: Settings, start: int, count: int) -> None:
     raw = AIOKafkaProducer(bootstrap_servers=settings.broker.bootstrap_servers)
     await raw.start()
     try:
-        await raw.send_and_wait(Topics.from_settings(settings).events, value=b"{oops", key=b"acme/alice")
+        await raw.send_and_wait(Topics.from_settings(settings.broker).events, value=b"{oops", key=b"acme/alice")
     finally:
         await raw.stop()
 

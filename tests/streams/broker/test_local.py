@@ -121,7 +121,7 @@ def test_second_broker_starts_once_serves_stops_and_keeps_its_data(tmp_path: Pat
 
         restarted = local.start(settings)
         assert restarted.started and restarted.cluster_id == first.cluster_id
-        topics = Topics.from_settings(settings)
+        topics = Topics.from_settings(settings.broker)
         after = asyncio.run(ensure_topics(settings.broker.bootstrap_servers, topics))
         assert set(after.values()) == {"exists"}  # the data survived the stop
     finally:
