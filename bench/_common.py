@@ -153,14 +153,14 @@ class WorkerProcess:
         settings: Settings,
         workdir: Path,
         *,
-        agents: Sequence[str] | None = None,
+        services: Sequence[str] | None = None,
         loglevel: str = "warning",
         python: str | None = None,
     ) -> None:
         self.settings = settings
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.agents = list(agents) if agents else None
+        self.services = list(services) if services else None
         self.loglevel = loglevel
         self.python = python or sys.executable
         self.log_path = self.workdir / "worker.log"
@@ -186,8 +186,8 @@ class WorkerProcess:
         if self.alive():
             return
         cmd = [self.python, "-m", "memstream.services.worker", "--loglevel", self.loglevel]
-        if self.agents:
-            cmd += ["--agents", ",".join(self.agents)]
+        if self.services:
+            cmd += ["--services", ",".join(self.services)]
         with open(self.log_path, "ab") as out:
             out.write(f"\n--- start {self.starts + 1} at {time.strftime('%H:%M:%S')}\n".encode())
             out.flush()

@@ -828,7 +828,7 @@ class WorkerProcess(_CommonWorker):
     stored positions: the moment it starts reading."""
 
     def __init__(self, settings: Settings, workdir: Path) -> None:
-        super().__init__(settings, workdir, agents=["projector"], loglevel="info")
+        super().__init__(settings, workdir, services=["projector"], loglevel="info")
         self.started_at = 0.0
 
     def start(self) -> None:

@@ -833,7 +833,7 @@ def run_plan(
     )
     ledger = Ledger()
     faults = Faults()
-    worker = WorkerProcess(settings, root / "worker", agents=["projector", "extractor"], loglevel="info")
+    worker = WorkerProcess(settings, root / "worker", services=["projector", "extractor"], loglevel="info")
     started = time.monotonic()
     figures: dict[str, Any] = {}
     try:

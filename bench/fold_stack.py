@@ -163,7 +163,7 @@ class FoldStack:
         settings = self.settings
         if settings.storage.sharded:
             settings = settings.model_copy(update={"worker.instance": instance})
-        return WorkerProcess(settings, self.workdir / instance, agents=["projector", "reflector"])
+        return WorkerProcess(settings, self.workdir / instance, services=["projector", "reflector"])
 
     def _alive_or_raise(self) -> None:
         for w in self.workers:

@@ -208,7 +208,7 @@ async def _run(settings: Settings, workdir: Path, n: int) -> dict[str, Any]:
     rng = np.random.default_rng(7)
     canaries = Canaries(uuid.uuid4().hex[:8])
     worker = WorkerProcess(settings, workdir)
-    worker.agents = ["projector", "sealer", "reflector"]
+    worker.services = ["projector", "sealer", "reflector"]
     worker.start()
     try:
         sdk: list[Any] = []

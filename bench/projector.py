@@ -9,7 +9,7 @@ are produced to a fresh topic prefix over 16 memory spaces. Then, interleaved
   nothing (:func:`memstream.bench._events.raw_consume`);
 * ``raw_lance_add_eps``: one LanceDB bulk ``add`` of the very rows the projector
   writes for these events into a fresh table;
-* ``projector_eps``: the real worker (``python -m memstream.services.worker --agents
+* ``projector_eps``: the real worker (``python -m memstream.services.worker --services
   projector``, a subprocess with the product's default batch size, batch time and
   maintenance cadence) on a fresh LanceDB directory and consumer group, from the
   moment it has sought its partitions to offset 0 until a separate reader counts all

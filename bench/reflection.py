@@ -177,7 +177,7 @@ async def _run(n: int) -> dict[str, Any]:
     topics = Topics.from_settings(settings.broker)
     await ensure_topics(settings.broker.bootstrap_servers, topics)
     chat = ScriptedChat()
-    app = build_app(settings, agents=[])
+    app = build_app(settings, services=[])
     handle: ReflectorHandle = register_reflector(
         app, settings, topics, writer=LLMReflectionWriter(chat, retries=0), provider=None, concurrency=8
     )

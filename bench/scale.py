@@ -74,7 +74,7 @@ def _workers(settings: Settings, root: Path, n: int) -> list[WorkerProcess]:
     out = []
     for i in range(n):
         s = settings.model_copy(update={"worker.instance": f"w{i}"})
-        out.append(WorkerProcess(s, root / f"worker{i}", agents=["projector"], loglevel="info"))
+        out.append(WorkerProcess(s, root / f"worker{i}", services=["projector"], loglevel="info"))
     return out
 
 

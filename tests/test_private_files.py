@@ -43,7 +43,7 @@ async def test_a_worker_writes_its_home_and_tables_private(fresh_topics: Any, se
     before = os.umask(0o022)  # the child inherits the usual default: group and others may read
     try:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "memstream.services.worker", "--agents", "projector"],
+            [sys.executable, "-m", "memstream.services.worker", "--services", "projector"],
             env=child_env(settings), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
     finally:

@@ -2,14 +2,15 @@
 
 Why a subclass of :class:`faust.App`: the worker's Faust data directory is created
 with its parents, its internal topics exist before its consumer first joins, and the
-start line names the agents. The projector does not read
+start line names the services it runs. The projector does not read
 through Faust at all: it owns every partition of its topics and resumes from the
 positions stored with its rows (see :mod:`memstream.streams.projector_feed`), so it
 runs as a service of this app with its own group-less consumer.
 
-Which processors run is picked per worker (``--agents``): the projector and the
-extractor are ``mode`` services with their own consumers, the reflector is a Faust
-agent; each registers itself through ``register_<name>(app, settings, topics)``.
+Which services run is picked per worker (``--services``): the projector, the extractor
+and the sealer are ``mode`` services with their own plain consumers, the reflector is
+implemented as Faust agents over Faust tables; each registers itself through
+``register_<name>(app, settings, topics)`` (docs/architecture.md says why).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from memstream.streams.sealer import register_sealer
 from memstream.streams.topics import Topics
 
 __all__ = [
-    "AGENT_NAMES",
+    "SERVICE_NAMES",
     "MemstreamApp",
     "FAUST_LOGGER",
     "build_app",
@@ -54,8 +55,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-AGENT_NAMES: tuple[str, ...] = ("projector", "extractor", "reflector", "sealer")
-"""Every agent a worker can run, in registration order."""
+SERVICE_NAMES: tuple[str, ...] = ("projector", "extractor", "reflector", "sealer")
+"""Every service a worker can run, in registration order."""
 
 
 def broker_urls(bootstrap_servers: str) -> list[str]:
@@ -114,7 +115,7 @@ class MemstreamApp(faust.App):
 
     async def on_started(self) -> None:
         await super().on_started()
-        log.info("worker %s started; agents: %s", self.conf.id, ", ".join(sorted(self.agents)))
+        log.info("worker %s started; Faust agents: %s", self.conf.id, ", ".join(sorted(self.agents)))
 
 
 def group_instance_id(settings: Settings) -> str:
@@ -126,19 +127,19 @@ def group_instance_id(settings: Settings) -> str:
 def build_app(
     settings: Settings,
     *,
-    agents: Sequence[str] | None = None,
+    services: Sequence[str] | None = None,
     loop: asyncio.AbstractEventLoop | None = None,
 ) -> MemstreamApp:
-    """The configured Faust app with its agents registered.
+    """The configured Faust app with its services registered.
 
-    ``agents`` picks which processors to run (default: all of them).
+    ``services`` picks which to run (default: all of them).
     Faust's own web server stays off (it needs aiohttp, which memstream does not
     ship); health and metrics are served by memstream's HTTP API.
     """
-    requested = list(agents) if agents is not None else list(AGENT_NAMES)
-    unknown = [a for a in requested if a not in AGENT_NAMES]
+    requested = list(services) if services is not None else list(SERVICE_NAMES)
+    unknown = [a for a in requested if a not in SERVICE_NAMES]
     if unknown:
-        raise ValueError(f"unknown agent(s) {', '.join(unknown)} (known: {', '.join(AGENT_NAMES)})")
+        raise ValueError(f"unknown service(s) {', '.join(unknown)} (known: {', '.join(SERVICE_NAMES)})")
 
     topics = Topics.from_settings(settings.broker)
     bound_inflation(settings.broker.max_inflated_batch_bytes)  # every consumer of the worker
@@ -175,7 +176,7 @@ def build_app(
         "reflector": register_reflector,
         "sealer": register_sealer,
     }
-    for name in AGENT_NAMES:
+    for name in SERVICE_NAMES:
         if name in requested:
             register[name](app, settings, topics)
     pin_mmap_threshold(MMAP_THRESHOLD_BYTES)

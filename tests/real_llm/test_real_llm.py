@@ -168,7 +168,7 @@ async def test_a_decision_and_its_outcome_give_one_reflection_of_two_to_four_sen
 ) -> None:
     settings = settings_for(fresh_topics, reflection_poll_seconds=0.5, **LLM_SETTINGS)
     scope = Scope(team_id="acme", user_id="ana", agent_id="trader")
-    app = build_app(settings, agents=["reflector"])
+    app = build_app(settings, services=["reflector"])
     await app.start()
     try:
         async with MemstreamProducer(settings=settings) as producer:

@@ -1000,7 +1000,7 @@ async def test_the_worker_extracts_dedups_links_and_survives_an_llm_outage(
     log_path = tmp_path / "worker.log"
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "memstream.services.worker", "--agents", "projector,extractor"],
+            [sys.executable, "-m", "memstream.services.worker", "--services", "projector,extractor"],
             env=worker_env(settings),
             cwd=tmp_path,
             stdout=log_file,

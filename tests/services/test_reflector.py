@@ -506,7 +506,7 @@ async def quiet_ticks(handle: ReflectorHandle, partitions: int, rounds: int = 3)
 @contextlib.asynccontextmanager
 async def reflector_app(settings: Settings, **kwargs: Any) -> AsyncIterator[ReflectorHandle]:
     """A worker in this process running only the reflector (with injectable parts)."""
-    app = build_app(settings, agents=[])
+    app = build_app(settings, services=[])
     handle = register_reflector(app, settings, Topics.from_settings(settings.broker), **kwargs)
     await app.start()
     try:
@@ -531,7 +531,7 @@ async def test_decision_outcome_one_reflection_projected_and_injected(
     from memstream.projections.store import LanceStore
 
     settings = settings_for(fresh_topics, reflection_poll_seconds=0.3)
-    app = build_app(settings, agents=["projector", "reflector"])
+    app = build_app(settings, services=["projector", "reflector"])
     await app.start()
     try:
         handle: ReflectorHandle = app.reflector  # type: ignore[attr-defined]
@@ -752,7 +752,7 @@ def _worker_env(settings: Settings, llm_url: str) -> dict[str, str]:
 def _start_worker(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
     with open(log_path, "ab") as out:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(
-            [sys.executable, "-m", "memstream.services.worker", "--agents", "reflector", "--loglevel", "info"],
+            [sys.executable, "-m", "memstream.services.worker", "--services", "reflector", "--loglevel", "info"],
             env=env,
             cwd=log_path.parent,
             stdout=out,

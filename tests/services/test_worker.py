@@ -86,7 +86,7 @@ class WorkerProcess:
         self.starts += 1
         log = open(self.workdir / f"worker-{self.starts}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "memstream.services.worker", "--agents", "projector"],
+            [sys.executable, "-m", "memstream.services.worker", "--services", "projector"],
             cwd=self.workdir,  # no stray .env file is read
             env=self.env(),
             stdout=log,
@@ -537,7 +537,7 @@ async def test_worker_refuses_a_directory_another_worker_holds(
     held = LanceDirLock(settings.storage.root)
     held.acquire("memstream worker elsewhere")
     try:
-        done = _run_worker_cli(settings, tmp_path, "--agents", "projector")
+        done = _run_worker_cli(settings, tmp_path, "--services", "projector")
     finally:
         held.release()
     assert done.returncode == 1
@@ -545,9 +545,18 @@ async def test_worker_refuses_a_directory_another_worker_holds(
     assert done.stderr.strip().count("\n") == 0, "one readable line, no traceback"
 
 
-async def test_worker_rejects_unknown_agents(
+async def test_worker_rejects_unknown_services(
+    fresh_topics: Topics, settings_for, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    done = _run_worker_cli(settings_for(fresh_topics), tmp_path, "--services", "projector,telepathy")
+    assert done.returncode == 1
+    assert "unknown service(s) telepathy" in done.stderr
+
+
+async def test_the_old_agents_flag_still_picks_services_with_a_warning(
     fresh_topics: Topics, settings_for, tmp_path: Path  # type: ignore[no-untyped-def]
 ) -> None:
     done = _run_worker_cli(settings_for(fresh_topics), tmp_path, "--agents", "projector,telepathy")
     assert done.returncode == 1
-    assert "unknown agent(s) telepathy" in done.stderr
+    assert "--agents is deprecated, use --services" in done.stderr
+    assert "unknown service(s) telepathy" in done.stderr

@@ -129,7 +129,7 @@ async def test_hostile_records_on_a_live_worker_leave_every_tenant_whole(
     settings = settings_for(fresh_topics, embedder="local", embedding_dim=32, sealing=True)
     async with MemstreamProducer(settings) as producer:
         await producer.send_many([MemoryAdded(scope=s, memory_id="m1", content=f"{s.user_id} likes tea") for s in (ALICE, BOB)])
-    worker = WorkerProcess(settings, tmp_path / "worker", agents=["projector", "sealer"])
+    worker = WorkerProcess(settings, tmp_path / "worker", services=["projector", "sealer"])
     worker.start()
     try:
         await _until(lambda: _memories(settings, ALICE) == {"m1"} and _memories(settings, BOB) == {"m1"}, "first memories")

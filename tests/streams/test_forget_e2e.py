@@ -103,7 +103,7 @@ async def test_forget_converges_across_a_killed_worker_and_leaves_nothing(
     finally:
         await raw.stop()
 
-    worker = WorkerProcess(settings, tmp_path / "worker", agents=["projector", "sealer"])
+    worker = WorkerProcess(settings, tmp_path / "worker", services=["projector", "sealer"])
     worker.start()
     try:
         await _until(lambda: _count(settings, ALICE) >= 21 + 5 and _count(settings, BOB) >= 25, "projection")
@@ -175,7 +175,7 @@ async def test_forget_under_concurrent_writers_leaves_nothing_and_loses_no_other
     canary = f"zq{uuid.uuid4().hex[:10]}"
     carol = Scope(team_id="acme", user_id="carol")
     writers = {s.user_id: _Writer(settings, s, canary) for s in (ALICE, BOB, carol)}
-    worker = WorkerProcess(settings, tmp_path / "worker", agents=["projector", "sealer", "reflector"])
+    worker = WorkerProcess(settings, tmp_path / "worker", services=["projector", "sealer", "reflector"])
     worker.start()
     tasks = {name: asyncio.create_task(w.run()) for name, w in writers.items()}
     try:
@@ -229,7 +229,7 @@ async def test_a_write_after_a_forget_survives_a_worker_started_after_both(
     canary = f"zq{uuid.uuid4().hex[:10]}"
     old = [MemoryAdded(scope=ALICE, memory_id="m-old", content=f"{canary} old fact"),
            MessageObserved(scope=ALICE, message_id="t-old", content=f"{canary} old turn")]
-    worker = WorkerProcess(settings, tmp_path / "worker", agents=["projector", "sealer"])
+    worker = WorkerProcess(settings, tmp_path / "worker", services=["projector", "sealer"])
     async with MemstreamProducer(settings) as producer:
         await producer.send_many(old)
     worker.start()
@@ -261,7 +261,7 @@ async def test_a_forget_after_a_replay_leaves_no_copy_in_the_replaced_set(
     async with MemstreamProducer(settings) as producer:
         await producer.send_many([MemoryAdded(scope=s, memory_id=f"m{i}", content=f"{canary}{s.user_id} fact {i}")
                                   for s in (ALICE, BOB) for i in range(5)])
-    worker = WorkerProcess(settings, tmp_path / "worker", agents=["projector", "sealer"])
+    worker = WorkerProcess(settings, tmp_path / "worker", services=["projector", "sealer"])
     worker.start()
     try:
         await _until(lambda: _count(settings, ALICE) >= 5 and _count(settings, BOB) >= 5, "projection")
