@@ -6,9 +6,7 @@ must equal the reference model's answer (:mod:`memstream.domain.fold`).
 
 Real broker, sealed log, the worker (projector and reflector) as its own process,
 the API's read path in this process. Seeded and bounded (a few examples of a dozen
-steps); ``memstream bench fold --seconds N`` runs the same steps for longer.
-
-Covers ``memstream/bench/fold_stack.py``."""
+steps); ``memstream bench fold --seconds N`` runs the same steps for longer."""
 
 from __future__ import annotations
 

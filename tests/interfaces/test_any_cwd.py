@@ -2,9 +2,7 @@
 ``memstream mcp`` started the way an MCP host starts it (the official MCP client, the
 JSON snippet ``memstream mcp --print-config`` printed, another working directory, only
 the snippet's environment), and ``search`` / ``sql`` from a third directory, all read
-and write the same projection on the same broker.
-
-Covers ``memstream/cli/projector.py``."""
+and write the same projection on the same broker."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """The HTTP API on a real uvicorn server (loopback, random port) with real Kafka, a real
-worker projecting into LanceDB, and tenant-bound keys.
-
-Covers ``api``, ``api_auth``, ``api_models``, ``api_requests``, ``asgi`` (the ``/mcp``
-endpoint) and ``routes_write`` / ``routes_read`` / ``routes_ops``.
-
-Covers ``memstream/interfaces/errors.py``, ``memstream/interfaces/guards.py``, ``memstream/interfaces/routes_ops.py``, ``memstream/interfaces/routes_read.py``, ``memstream/interfaces/routes_write.py``."""
+worker projecting into LanceDB, and tenant-bound keys."""
 
 from __future__ import annotations
 

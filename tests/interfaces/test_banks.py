@@ -1,6 +1,4 @@
-"""Memory banks and API keys: parsing, access rules, hashing-only storage, reloads.
-
-Covers ``memstream/banks.py``."""
+"""Memory banks and API keys: parsing, access rules, hashing-only storage, reloads."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
 """Real MCP client sessions (the SDK's ``Client``) against memstream's MCP server: in
 process, over stdio (``python -m memstream mcp --bank NAME``) and over streamable HTTP
-inside the API server, with the real broker and the real worker projecting.
-
-Covers ``mcp_server`` and ``mcp_tools``.
-
-Covers ``memstream/cli/serve.py``."""
+inside the API server, with the real broker and the real worker projecting."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """The embedder interface and registry: checked matrices (``embedder_api``) and
-``build_embedder`` (``memstream.projections.embedder``).
-
-Covers ``embedder`` and ``embedder_api``."""
+``build_embedder`` (``memstream.projections.embedder``)."""
 
 from __future__ import annotations
 

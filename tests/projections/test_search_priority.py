@@ -1,7 +1,5 @@
 """Priority in ranking: it orders near-equals and never outweighs relevance; --explain
-shows it. Real LanceDB tables on disk, the local embedder.
-
-Covers ``domain/priority.py``."""
+shows it. Real LanceDB tables on disk, the local embedder."""
 
 from __future__ import annotations
 

@@ -11,10 +11,6 @@ Three levels (the scheduling, :class:`TurnBuffer`, is tested in ``test_turn_buff
   once it is back, nothing lost; the ``provenance`` and ``extract`` commands;
 * the whole worker (``python -m memstream.services.worker``, projector + extractor) end
   to end: an outage, a repeated fact, a changed preference.
-
-Covers ``domain/log.py``, ``extraction_run``, ``extractor_service``.
-
-Covers ``memstream/cli/extract.py``, ``memstream/services/candidate_recall.py``, ``memstream/services/extraction_calls.py``, ``memstream/services/extractor_commits.py``, ``memstream/services/extractor_tables.py``.
 """
 
 from __future__ import annotations

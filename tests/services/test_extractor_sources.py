@@ -3,9 +3,6 @@ window waiting for more turns, not from an LLM call in flight. Nothing of them i
 written, no key is made for the forgotten subject, and the subject's later writes (a
 new life, under a new key) are extracted as usual. Real broker, real LanceDB, the
 scripted LLM endpoint behind the real ``openai`` client; the log is sealed.
-
-Covers ``memstream/services/extractor_sources.py`` and the forget path of
-``turn_buffer`` and ``extractor_service``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """Deferred reflection: the state machine, the retry runner, the writers, the price-file
 provider, and the Faust reflector on the real broker (including a SIGKILL between
-settling and reflecting).
-
-Covers ``memstream/cli/reflect.py``, ``app``, ``outcomes``, ``reflection_runner``, ``reflection_writers``, ``reflector_agent``."""
+settling and reflecting)."""
 
 from __future__ import annotations
 

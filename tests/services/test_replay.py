@@ -9,8 +9,6 @@ Real broker, real LanceDB directories under ``tmp_path``. What must hold:
   a real replay points ``CURRENT`` at the new set, reports how the old live set
   differed, and the next replay removes the replaced set;
 * one replay at a time (tests/services/test_replay_serving.py: while a worker runs).
-
-Covers ``projections/dir_lock.py``, ``projections/table_sets.py``, ``replay_report``, ``replay_diff``.
 """
 
 from __future__ import annotations

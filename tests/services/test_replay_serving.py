@@ -3,9 +3,7 @@ built, caught up, swapped in atomically; every search during it answers, whole; 
 worker then writes into the new set. And a replay interrupted by Ctrl-C cleans up.
 
 Real broker, the worker as its own process, the API's own read path
-(:class:`~memstream.interfaces.service.MemoryService`) in this process.
-
-Covers ``memstream/interfaces/service.py``."""
+(:class:`~memstream.interfaces.service.MemoryService`) in this process."""
 
 from __future__ import annotations
 

@@ -5,11 +5,7 @@ lost or duplicated, every shard equals a replay of its partitions, searches duri
 the rebalances never failed nor crossed spaces, and records put on the wrong
 partition by kcat's default (crc32) partitioner are projected in the right shard.
 
-Real broker, real LanceDB under ``tmp_path``, the workers as their own processes.
-
-Covers ``shard_routing``.
-
-Covers ``memstream/services/shard_owner.py``."""
+Real broker, real LanceDB under ``tmp_path``, the workers as their own processes."""
 
 from __future__ import annotations
 

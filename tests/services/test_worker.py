@@ -8,8 +8,6 @@ What must hold:
 * SIGKILL at arbitrary moments under load loses and duplicates nothing: after the last
   restart the tables equal a full replay of the log (same rows, same content hashes),
   and the replay swaps in.
-
-Covers ``projector_service``.
 """
 
 from __future__ import annotations

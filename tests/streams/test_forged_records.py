@@ -1,9 +1,7 @@
 """Holes 1-3 of the Kafka side, tried as an attacker would on the real broker: a
 forged ``SubjectForgotten``, forged key records and tombstones, and hostile headers.
 Each does nothing to any tenant: dead-lettered or ignored (and counted), never a
-dropped key, a deleted row, a stalled partition or a process that cannot start.
-
-Covers ``key_records``, ``record_codec``, ``keys``."""
+dropped key, a deleted row, a stalled partition or a process that cannot start."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """Forgetting end to end on the real broker and LanceDB: a worker (projector and
 sealer) killed around a forget converges after restart, no byte of the forgotten user
 is left in the kept-forever topics or the table files, a replay brings nothing back,
-and the other user's rows are untouched.
-
-Covers ``forget``."""
+and the other user's rows are untouched."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """Interoperability: records from a non-Python client (Kafka's own Java console
-producer) are accepted, and the ``produce`` / ``tail`` commands work end to end.
-
-Covers ``memstream/cli/events.py``."""
+producer) are accepted, and the ``produce`` / ``tail`` commands work end to end."""
 
 from __future__ import annotations
 

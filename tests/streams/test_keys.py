@@ -1,8 +1,4 @@
-"""The shared keyring on the real broker: two nodes follow ``memstream.keys``.
-
-Covers ``admin``, ``topics``.
-
-Covers ``memstream/sealing/keyring.py``, ``memstream/sealing/master.py``."""
+"""The shared keyring on the real broker: two nodes follow ``memstream.keys``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """Trust in a log's unsigned past (``memstream.streams.legacy_trust``): an unsigned
 system event below the partition's recorded end replays into the projection; after it,
 or with no record at all, it is dead-lettered as before. The record is a private file
-that cannot be moved by accident.
-
-Covers ``legacy_trust``."""
+that cannot be moved by accident."""
 
 from __future__ import annotations
 

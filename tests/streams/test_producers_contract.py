@@ -1,9 +1,7 @@
 """docs/producers.md against a real broker: kcat with the documented flags puts a
 space on the SDK's partition, and a record on another partition (kcat's crc32
 default) is re-published to its key's partition by the worker, then projected, never
-dead-lettered.
-
-Covers ``rerouting``."""
+dead-lettered."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""`memstream reseal` on the real broker: a plaintext log becomes a sealed one in place.
-
-Covers ``sealed_records``."""
+"""`memstream reseal` on the real broker: a plaintext log becomes a sealed one in place."""
 
 from __future__ import annotations
 

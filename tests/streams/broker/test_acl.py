@@ -4,10 +4,7 @@ principal write everything it needs, and a write through the ingress made as the
 makes it in ACL mode is sealed and projected by a worker running as the worker principal.
 
 One SASL + StandardAuthorizer broker is started for the module on free ports (data
-under a temporary home), next to the session's broker.
-
-Covers ``streams/broker/acl.py``, ``streams/broker/config.py`` (ACL entries),
-``streams/broker/probe.py`` (SASL login), ``streams/connect.py`` (client security)."""
+under a temporary home), next to the session's broker."""
 
 from __future__ import annotations
 

@@ -3,9 +3,7 @@ reused, stopped and restarted next to the session's broker, and the ports it wil
 
 The lifecycle tests launch their own JVM on free ports with data under ``tmp_path``;
 the jars come from the shared cache (fetched by Maven on first use), so these are real
-starts, not simulations.
-
-Covers ``streams/broker/logs.py``, ``streams/broker/paths.py``, ``streams/broker/process.py``, ``memstream/cli/broker.py``."""
+starts, not simulations."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """Every path setting is absolute: ``home`` against the working directory, the rest
-under ``home``; ``<home>/config.env`` is read from any working directory.
-
-Covers ``settings``."""
+under ``home``; ``<home>/config.env`` is read from any working directory."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The storage-root setting: a local path under MEMSTREAM_HOME as before, or an S3 URI
+"""The storage group's root: a local path under MEMSTREAM_HOME as before, or an S3 URI
 whose connection settings become LanceDB's ``storage_options``."""
 
 from __future__ import annotations
