@@ -183,7 +183,7 @@ class StorageSettings(_Group):
     compact_after_commits: int = advanced(8, ge=1)
     """Between maintenance runs, the projector also compacts after this many commits."""
     lance_metadata_cache_mb: int = advanced(LANCE_METADATA_CACHE_MB, ge=1)
-    """LanceDB metadata cache per open table set in a serving process (docs/benchmarks.md)."""
+    """LanceDB metadata cache per open table set in a serving process (docs/benchmarks-history.md)."""
     lance_index_cache_mb: int = advanced(LANCE_INDEX_CACHE_MB, ge=1)
     """LanceDB index cache per open table set (raise it when the current indexes are larger)."""
     worker_lance_metadata_cache_mb: int = advanced(16, ge=1)

@@ -6,7 +6,7 @@ copied (llama.cpp's ``llama-server --reranking``, vLLM, Infinity, text-embedding
 inference): ``POST <base>/rerank`` with ``{"model", "query", "documents", "top_n"}``,
 answered with ``{"results": [{"index", "relevance_score"}, ...]}`` (a bare list of
 ``{"index", "score"}`` is read too). No model is bundled: no registry package ships a
-cross-encoder with a clear licence in a form onnxruntime runs (docs/benchmarks.md),
+cross-encoder with a clear licence in a form onnxruntime runs (docs/benchmarks-history.md),
 and nothing may download one at run time.
 
 Only the first ``top_n`` candidates are sent (the rest keep memstream's order after

@@ -24,7 +24,7 @@ root's :class:`~memstream.services.projector_service.LanceDirLock`): the replay 
 stops applying and answers ``swap.paused`` with the same id; the replay catches the
 new set up to the paused worker's positions, verifies, points ``CURRENT`` at it and
 the worker resumes writing into the new set. A request whose replay died, or that is
-withdrawn, lets the worker resume on its set. Issue 19's shards can make a set a
+withdrawn, lets the worker resume on its set. Sharding (``projections/shards.py``) can make a set a
 directory of per-partition databases without changing any of this.
 
 The root may be an object-store prefix (``s3://bucket/prefix``): the small files are

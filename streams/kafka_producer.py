@@ -17,7 +17,7 @@ class KeyPartitioner:
     """aiokafka's default partitioning, the Java client's (murmur2 of the key bytes, so
     every client puts a memory space on the same partition), with each key's hash
     remembered: a producer sends many records per memory space and murmur2 is pure
-    Python (the saving is in docs/benchmarks.md, issue 18). Records without a key go
+    Python (the saving is in docs/benchmarks-history.md). Records without a key go
     where aiokafka's default puts them."""
 
     _MAX_KEYS = 65_536

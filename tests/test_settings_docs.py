@@ -3,6 +3,7 @@ part stays small."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from memstream.settings import setting_fields
@@ -29,3 +30,22 @@ def test_every_setting_appears_in_exactly_one_table() -> None:
     for path, _info, _value in setting_fields():
         variable = "`MEMSTREAM_" + path.replace(".", "_").upper() + "` |"
         assert rendered.count("| " + variable) == 1, path
+
+
+NOT_SETTINGS = {
+    "MEMSTREAM_TEST_S3", "MEMSTREAM_TEST_S3_ENDPOINT", "MEMSTREAM_TEST_S3_BUCKET", "MEMSTREAM_TEST_S3_ACCESS_KEY",
+    "MEMSTREAM_TEST_S3_ACCESS_KEY_ID", "MEMSTREAM_TEST_S3_SECRET_KEY", "MEMSTREAM_TEST_S3_SECRET_ACCESS_KEY",
+    "MEMSTREAM_TEST_LLM_URL", "MEMSTREAM_TEST_LLM_MODEL", "MEMSTREAM_WEED", "MEMSTREAM_WEED_VERSION",
+}
+"""Variables the test and CI scripts read, not settings."""
+
+
+def test_the_documentation_names_only_settings_that_exist() -> None:
+    root = DOC.parents[1]
+    current = {"MEMSTREAM_" + path.replace(".", "_").upper() for path, _info, _v in setting_fields()}
+    for doc in [root / "README.md", root / "CONTRIBUTING.md", *sorted((root / "docs").glob("*.md"))]:
+        if doc.name in ("benchmarks-history.md", "configuration.md"):
+            continue  # the history records the settings of its day; the reference has the old-names table
+        named = set(re.findall(r"MEMSTREAM_[A-Z0-9_]*[A-Z0-9]", doc.read_text(encoding="utf-8")))
+        unknown = sorted(n for n in named - current - NOT_SETTINGS if not any(c.startswith(n + "_") for c in current))
+        assert unknown == [], f"{doc.name} names variables that are not settings: {unknown}"

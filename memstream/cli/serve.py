@@ -110,7 +110,7 @@ def run_api(settings: Settings) -> None:
         log_config=_log_config(),
         access_log=settings.api.access_log,
         # the C request parser and libuv's event loop: the Python ones cost a write
-        # more CPU than its own checks (docs/benchmarks.md, issue 23)
+        # more CPU than its own checks (docs/benchmarks-history.md)
         http="httptools",
         loop="uvloop",
         proxy_headers=False,

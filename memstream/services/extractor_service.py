@@ -67,7 +67,7 @@ MAX_CONCURRENT_BATCHES = 3
 """Without an LLM: batches of windows in flight at once. A batch is interpreter work
 but for its lookup, embedding call and produce; other batches fill those waits, and
 beyond that they only take turns on the interpreter lock (the choice is measured in
-docs/benchmarks.md)."""
+docs/benchmarks-history.md)."""
 _POLL_MS = 200
 _STOP_GRACE_S = 5.0
 

@@ -325,7 +325,7 @@ class ProjectorRuntime:
         (minutes at a million rows). Beside the writer because the writer now mostly
         *appends* (new keys, positions), and LanceDB rebases an append over a
         compaction: on the writer thread, compaction paused projection long enough to
-        set the freshness p99 (docs/benchmarks.md). A compaction that loses to a
+        set the freshness p99 (docs/benchmarks-history.md). A compaction that loses to a
         conflicting write (an upsert of known keys) is simply retried at the next call.
         Nothing starts while the indexer is busy.
 

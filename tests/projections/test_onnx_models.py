@@ -36,7 +36,7 @@ from memstream.settings import Settings
 ALICE = Scope(team_id="acme", user_id="alice")
 
 # measured on the paraphrase set's 192 facts and questions: min 0.9856, mean 0.9929
-# (600 LoCoMo turns: min 0.9787, mean 0.9912; docs/benchmarks.md, issue 21, session 16)
+# (600 LoCoMo turns: min 0.9787, mean 0.9912; docs/benchmarks-history.md)
 COSINE_FLOOR = 0.98
 MEAN_COSINE_FLOOR = 0.99
 
