@@ -259,7 +259,7 @@ def test_cli_banks_add_then_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     from memstream.cli import main
     from memstream.settings import get_settings
 
-    for name in ("BANKS_FILE", "KEYS_FILE"):
+    for name in ("API_BANKS_FILE", "API_KEYS_FILE"):
         monkeypatch.delenv(f"MEMSTREAM_{name}", raising=False)
     monkeypatch.setenv("MEMSTREAM_HOME", str(tmp_path / "home"))
 

@@ -42,7 +42,7 @@ from memstream.projections.projector import Projector
 from memstream.projections.search import SearchFilters, search
 from memstream.projections.schema import MEMORIES
 from memstream.projections.store import LanceStore, space_where
-from memstream.settings import Settings
+from memstream.settings import Settings, child_env
 from memstream.streams.consumer import decode_or_dead_letter
 from memstream.services.extractor import Extractor
 from memstream.services.extraction_run import ExtractionOutcome, WindowInput
@@ -911,20 +911,8 @@ async def test_provenance_and_extract_commands(env: Env) -> None:
 
 
 def worker_env(settings: Settings) -> dict[str, str]:
-    """The ``MEMSTREAM_*`` variables that rebuild ``settings`` in the worker process."""
-    import os
-
-    from pydantic import SecretStr
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSTREAM_")}
-    for name in Settings.model_fields:
-        value = getattr(settings, name)
-        if value is None:
-            continue
-        if isinstance(value, SecretStr):
-            value = value.get_secret_value()
-        env[f"MEMSTREAM_{name.upper()}"] = str(value).lower() if isinstance(value, bool) else str(value)
-    return env
+    """The environment that rebuilds ``settings`` in the worker process."""
+    return child_env(settings)
 
 
 PEPPERONI = "Ana now likes pepperoni pizza instead of cheese pizza."
