@@ -251,7 +251,7 @@ async def _measure(settings: Settings, n: int) -> dict[str, Any]:
     from memstream.streams.producer import MemstreamProducer
 
     topics = await create_topics(settings)
-    embedder = await asyncio.to_thread(build_embedder, settings)
+    embedder = await asyncio.to_thread(build_embedder, settings.embeddings)
     status(f"seeding {_SPACES} spaces with {_SEED_MEMORIES} memories each")
     store = await asyncio.to_thread(_seed, settings, embedder)
 

@@ -168,7 +168,7 @@ async def _extract(settings: Settings, turns: list[MessageObserved], restart_aft
     from memstream.streams.producer import MemstreamProducer
 
     topics = await create_topics(settings)
-    embedder = await asyncio.to_thread(build_embedder, settings)
+    embedder = await asyncio.to_thread(build_embedder, settings.embeddings)
     store = await asyncio.to_thread(LanceStore.from_settings, settings)
     await _project_turns(settings, store, embedder, turns)
     run = _Run()

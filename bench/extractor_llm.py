@@ -239,7 +239,7 @@ async def _measure(settings: Settings, sessions: int, deadline_s: float) -> dict
     from memstream.streams.producer import MemstreamProducer
 
     topics = await create_topics(settings)
-    embedder = await asyncio.to_thread(build_embedder, settings)
+    embedder = await asyncio.to_thread(build_embedder, settings.embeddings)
     store = await asyncio.to_thread(LanceStore.from_settings, settings)
     turns = [t for conversation in conversations(sessions) for t in conversation]
     client = LLMClient.from_settings(settings)

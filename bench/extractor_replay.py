@@ -43,7 +43,7 @@ async def _replay(settings: Settings, sessions: list[list[MessageObserved]]) -> 
     from memstream.streams.producer import MemstreamProducer
 
     topics = await create_topics(settings)
-    embedder = await asyncio.to_thread(build_embedder, settings)
+    embedder = await asyncio.to_thread(build_embedder, settings.embeddings)
     store = await asyncio.to_thread(LanceStore.from_settings, settings)
     model = ScriptedExtractionModel()
     produced: list[PositionedEvent] = []

@@ -40,7 +40,7 @@ def kafka_bootstrap() -> Iterator[str]:
     settings = Settings()
     started = False
     if not local.bootstrap_reachable(settings.broker.bootstrap_servers):
-        if not local.is_local_bootstrap(settings):
+        if not local.is_local_bootstrap(settings.broker):
             raise RuntimeError(
                 f"no Kafka broker answers at MEMSTREAM_BROKER_BOOTSTRAP_SERVERS={settings.broker.bootstrap_servers}, "
                 f"and the local broker would listen on 127.0.0.1:{settings.broker.port}; start that "

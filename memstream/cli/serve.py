@@ -291,7 +291,7 @@ def _ensure_broker(settings: Settings) -> bool:
     from memstream.streams.broker import local
 
     if local.bootstrap_reachable(settings.broker.bootstrap_servers):
-        current = local.status(settings) if local.is_local_bootstrap(settings) else None
+        current = local.status(settings) if local.is_local_bootstrap(settings.broker) else None
         if current is not None and current.running and current.acl != settings.broker.acl:
             raise CLIError(
                 f"the local broker runs {'with' if current.acl else 'without'} ACLs; stop it "
@@ -299,8 +299,8 @@ def _ensure_broker(settings: Settings) -> bool:
             )
         console.print(f"Kafka: using the broker at {settings.broker.bootstrap_servers}")
         return False
-    if not local.is_local_bootstrap(settings):
-        raise CLIError(local.unreachable_message(settings))
+    if not local.is_local_bootstrap(settings.broker):
+        raise CLIError(local.unreachable_message(settings.broker))
     console.print(f"Kafka: starting the local broker on 127.0.0.1:{settings.broker.port} (first start downloads it)")
     try:
         status = local.start(settings)
@@ -370,10 +370,10 @@ def api_settings(settings: Settings) -> Settings:
         return settings
     return settings.model_copy(
         update={
-            "kafka_username": acl.PRODUCER,
-            "kafka_password": None,
-            "kafka_password_file": acl.password_file(settings, acl.PRODUCER),
-            "produce_via_ingress": True,
+            "broker.username": acl.PRODUCER,
+            "broker.password": None,
+            "broker.password_file": acl.password_file(settings, acl.PRODUCER),
+            "security.produce_via_ingress": True,
         }
     )
 

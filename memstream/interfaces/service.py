@@ -144,7 +144,7 @@ class MemoryService:
             )
             await asyncio.to_thread(following.get)
             self._store = following
-            self.embedder = await asyncio.to_thread(build_embedder, self.settings)
+            self.embedder = await asyncio.to_thread(build_embedder, self.settings.embeddings)
         except BaseException:
             await producer.stop()
             raise

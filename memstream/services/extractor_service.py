@@ -187,7 +187,7 @@ class ExtractorRunner:
         llm = build_llm(settings) if isinstance(self._llm_arg, str) else self._llm_arg
         self._llm = llm
         if self._embedder is None:
-            self._embedder = await asyncio.to_thread(build_embedder, settings)
+            self._embedder = await asyncio.to_thread(build_embedder, settings.embeddings)
             await asyncio.to_thread(warm_up, self._embedder)  # before its first batch, not in it
         if settings.security.sealing:
             self._keys = await until_started(

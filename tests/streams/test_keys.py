@@ -92,7 +92,7 @@ async def test_a_forgotten_key_leaves_the_brokers_disk_within_the_bound(topic_pr
     (``keys_segment_ms``) + the roll record's second + the cleaner's back-off (15 s) +
     ``file.delete.delay.ms`` (1 s)."""
     env = Settings()
-    if not local.is_local_bootstrap(env):
+    if not local.is_local_bootstrap(env.broker):
         pytest.skip("needs the local broker's data directory")
     segment_ms = 3000
     topics = Topics(topic_prefix, 3, 1, keys_segment_ms=segment_ms)
