@@ -139,6 +139,11 @@ class Settings(BaseSettings):
     embeddings: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
     security: SecuritySettings = Field(default_factory=SecuritySettings)
 
+    def __init__(self, **values: Any) -> None:
+        # Old flat keywords go into their groups before the sources are merged, so a
+        # keyword still beats the environment whichever name either uses.
+        super().__init__(**nest(values))
+
     @classmethod
     def settings_customise_sources(
         cls,

@@ -84,6 +84,13 @@ def test_the_new_names_alone_warn_nothing(clean_env: Path, monkeypatch: pytest.M
     assert settings.storage.root == settings.home / "tables"
 
 
+def test_an_old_keyword_beats_a_new_variable_as_any_keyword_beats_the_environment(
+    clean_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEMSTREAM_SECURITY_SEALING", "false")
+    assert Settings(sealing=True).security.sealing is True
+
+
 def test_old_keywords_attributes_and_copies_reach_the_groups(clean_env: Path) -> None:
     settings = Settings(partitions=6, embedder="local", extract_known_memories=2)
     assert (settings.broker.partitions, settings.embeddings.provider, settings.extraction.known_memories) == (6, "local", 2)
