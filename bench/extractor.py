@@ -231,7 +231,7 @@ def _seed(settings: Settings, embedder: Any) -> Any:
     from memstream.projections.projector import Projector
     from memstream.projections.store import LanceStore
 
-    store = LanceStore.from_settings(settings)
+    store = LanceStore.from_settings(settings.storage, settings.embeddings.dim)
     events: list[PositionedEvent] = []
     for space in range(_SPACES):
         for j, text in enumerate(_seed_texts(space)):

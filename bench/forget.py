@@ -123,7 +123,7 @@ async def _produce(settings: Settings, events: list[Any], ingress: list[Any]) ->
 
 
 def _open(settings: Settings, root: Path | None = None) -> LanceStore:
-    return LanceStore.from_settings(settings, root or TableSets(settings.storage.root).current(), create=False)
+    return LanceStore.from_settings(settings.storage, settings.embeddings.dim, root or TableSets(settings.storage.root).current(), create=False)
 
 
 def _rows(store: LanceStore, scope: Scope) -> dict[str, dict[str, Any]]:

@@ -202,7 +202,7 @@ def _by_window(keys: list[str], acked_at: list[float], seen: dict[str, float], r
 
 def _search_check(settings: Settings, corpus: Any, indices: list[int]) -> int:
     """How many of the sampled events the product's search finds by their content."""
-    store = LanceStore.from_settings(settings)
+    store = LanceStore.from_settings(settings.storage, settings.embeddings.dim)
     embedder = build_embedder(settings.embeddings)
     found = 0
     cache = SearchCache()

@@ -377,7 +377,7 @@ def ingest_events(settings: Settings, events: Sequence[Any], workdir: Path) -> I
             if not store_box:
                 if not (settings.local_lance_dir / "positions.lance").exists():
                     return {}
-                store_box.append(LanceStore.from_settings(settings, read_consistency_interval=_ZERO))
+                store_box.append(LanceStore.from_settings(settings.storage, settings.embeddings.dim, read_consistency_interval=_ZERO))
             return store_box[0].positions()
 
         with progress() as bar:
@@ -420,7 +420,7 @@ def ingest_events(settings: Settings, events: Sequence[Any], workdir: Path) -> I
         raise
     finally:
         worker.stop()
-    store = LanceStore.from_settings(settings)
+    store = LanceStore.from_settings(settings.storage, settings.embeddings.dim)
     memories = store.count(MEMORIES)
     return IngestReport(len(events), memories, ingest_s, worker_start_s, produce_s)
 
@@ -572,7 +572,7 @@ def run(
             f"ingest: {report.turns} turns -> {report.memories} memories in {report.ingest_s:.1f} s "
             f"(produce {report.produce_s:.1f} s; worker start {report.worker_start_s:.1f} s, not counted)"
         )
-        store = LanceStore.from_settings(settings)
+        store = LanceStore.from_settings(settings.storage, settings.embeddings.dim)
         store.optimize()
         embed_s = embed_alone_s(emb, store)
         console.print(

@@ -188,7 +188,7 @@ def run(data: Path, embedder: str | None = None, k: tuple[int, ...] = (5, 10, 20
         from memstream.projections.embedder import build_embedder
         from memstream.projections.search import SearchCache, search
 
-        store = LanceStore.from_settings(settings)
+        store = LanceStore.from_settings(settings.storage, settings.embeddings.dim)
         store.optimize()
         query_embedder = build_embedder(settings.embeddings)
         ms_eval = evaluate(

@@ -282,7 +282,7 @@ async def _produce(settings: Settings, events: list[EventBase]) -> None:
 
 
 def _wait_projected(settings: Settings, keys: list[str], worker: WorkerProcess, timeout_s: float = 300.0) -> None:
-    store = LanceStore.from_settings(settings, read_consistency_interval=timedelta(0), create=False)
+    store = LanceStore.from_settings(settings.storage, settings.embeddings.dim, read_consistency_interval=timedelta(0), create=False)
     deadline = time.monotonic() + timeout_s
     while True:
         worker.check_alive()
@@ -469,7 +469,7 @@ def _broker_pid(settings: Settings) -> int | None:
 
 def _missing(settings: Settings, tenants: list[Tenant]) -> int:
     """Memories written (acknowledged) that the store does not hold."""
-    store = LanceStore.from_settings(settings, read_consistency_interval=timedelta(0), create=False)
+    store = LanceStore.from_settings(settings.storage, settings.embeddings.dim, read_consistency_interval=timedelta(0), create=False)
     missing = 0
     for tenant in tenants:
         keys = [scoped_key(tenant.team, tenant.user, m) for m in sorted(tenant.memory_ids)]
@@ -516,7 +516,7 @@ def run(
         for t in tenants:
             t.key = create_key(settings, t.name)[0]
         asyncio.run(create_topics(settings))
-        LanceStore.from_settings(settings)  # the tables exist before two processes open them
+        LanceStore.from_settings(settings.storage, settings.embeddings.dim)  # the tables exist before two processes open them
         worker = WorkerProcess(settings, wd.path / "worker")
         api = ApiProcess(settings, wd.path)
         sampler: ProcessSampler | None = None

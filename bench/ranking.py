@@ -179,7 +179,7 @@ def open_bench(data: Path, workdir: Path, embedder: str | None = None) -> Bench:
             locomo.cleanup_run(settings, workdir, keep=True)
         console.print(f"ingest: {len(events)} events -> {report.memories} memories in {report.ingest_s:.1f} s")
         marker.write_text(json.dumps({"lance_dir": str(settings.storage.root), "embedder": settings.embeddings.provider}))
-    store = LanceStore.from_settings(settings)
+    store = LanceStore.from_settings(settings.storage, settings.embeddings.dim)
     return Bench(store, build_embedder(settings.embeddings), shapes)
 
 

@@ -116,7 +116,7 @@ def measure_size(size: int, *, queries: int, k: int, keep: bool = False) -> dict
             vectors=np.zeros((size, settings.embeddings.dim), dtype=np.float32),
         )
         embed_contents(corpus, embedder, label=f"embedding ({embedder.model_id})")
-        store = LanceStore.from_settings(settings)
+        store = LanceStore.from_settings(settings.storage, settings.embeddings.dim)
         built = _build(store, corpus, embedder.model_id)
         del corpus
         indexed = store.has_vector_index()

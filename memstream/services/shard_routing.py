@@ -67,7 +67,8 @@ def open_store(
         # an existing shard is its owner's to change (indexes included): readers open it as it is
         made = (path / "positions.lance").exists() and path != as_path(set_dir)
         return LanceStore.from_settings(
-            settings, path, create=create and not made, read_consistency_interval=read_consistency_interval
+            settings.storage, settings.embeddings.dim, path,
+            create=create and not made, read_consistency_interval=read_consistency_interval
         )
 
     if not is_sharded(set_dir) and create and settings.storage.sharded and not _legacy(set_dir):
@@ -93,7 +94,8 @@ def open_shards(settings: Settings, set_dir: Any, partitions: Iterable[int], reu
     kept = reuse.shards if isinstance(reuse, ShardedStore) else {}
     init_layout(set_dir, settings.broker.partitions)
     shards = {
-        p: kept.get(p) or LanceStore.from_settings(settings, shard_dir(set_dir, p)) for p in sorted(set(partitions))
+        p: kept.get(p) or LanceStore.from_settings(settings.storage, settings.embeddings.dim, shard_dir(set_dir, p))
+        for p in sorted(set(partitions))
     }
     count = shard_count(set_dir)
     return ShardedStore(
@@ -122,5 +124,5 @@ def create_shards(settings: Settings, set_dir: Any, partitions: int | None = Non
             count = shard_count(set_dir)
         for p in range(count):
             if not (shard_dir(set_dir, p) / "positions.lance").exists():
-                LanceStore.from_settings(settings, shard_dir(set_dir, p))
+                LanceStore.from_settings(settings.storage, settings.embeddings.dim, shard_dir(set_dir, p))
         init_layout(set_dir, count)

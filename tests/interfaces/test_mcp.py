@@ -40,7 +40,7 @@ async def call(client: Client, tool: str, args: dict[str, Any]) -> dict[str, Any
 @pytest.fixture
 def reader(stack: Stack) -> LanceStore:
     """A second reader of the projection, to check where writes really landed."""
-    return LanceStore.from_settings(stack.settings, read_consistency_interval=timedelta(0))
+    return LanceStore.from_settings(stack.settings.storage, stack.settings.embeddings.dim, read_consistency_interval=timedelta(0))
 
 
 async def test_in_process_session_pins_the_bank(stack: Stack, reader: LanceStore) -> None:

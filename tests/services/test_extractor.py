@@ -1009,7 +1009,7 @@ async def test_the_worker_extracts_dedups_links_and_survives_an_llm_outage(
         if store is None:
             if not (settings.storage.root / "memories.lance").exists():
                 return []
-            store = LanceStore.from_settings(settings, read_consistency_interval=timedelta(0))
+            store = LanceStore.from_settings(settings.storage, settings.embeddings.dim, read_consistency_interval=timedelta(0))
         return store.rows(MEMORIES, space_where(SCOPE)).to_pylist()
 
     try:

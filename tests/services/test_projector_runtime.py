@@ -55,7 +55,7 @@ def test_the_worker_writing_many_commits_keeps_lancedbs_metadata_cache_within_it
     settings = worker_settings(
         Settings(home=tmp_path, embedding_dim=DIM, embedder="local", worker_lance_metadata_cache_mb=1)
     )
-    bounded = LanceStore.from_settings(settings, tmp_path / "bounded")
+    bounded = LanceStore.from_settings(settings.storage, settings.embeddings.dim, tmp_path / "bounded")
     reader_bound = LanceStore(tmp_path / "default", embedding_dim=DIM)  # Settings' default bound
     for store in (bounded, reader_bound):
         projector = Projector(store, LocalEmbedder(DIM))

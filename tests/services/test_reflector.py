@@ -546,11 +546,11 @@ async def test_decision_outcome_one_reflection_projected_and_injected(
         assert handle.core.state(decision_key(ACME, "d1")) is DecisionState.reflected
 
         def projected() -> bool:
-            store = LanceStore.from_settings(settings, read_consistency_interval=timedelta(0))
+            store = LanceStore.from_settings(settings.storage, settings.embeddings.dim, read_consistency_interval=timedelta(0))
             return store.count("reflections") == 1
 
         await wait_for(projected, what="the reflection projected")
-        store = LanceStore.from_settings(settings, read_consistency_interval=timedelta(0))
+        store = LanceStore.from_settings(settings.storage, settings.embeddings.dim, read_consistency_interval=timedelta(0))
         ctx = context_for(store, ACME, "AAPL", 600)
         assert [r.reflection_id for r in ctx.same_subject] == [reflection.reflection_id]
         assert "Buy AAPL: services keep compounding." in ctx.text

@@ -111,8 +111,8 @@ async def test_replay_builds_verifies_compares_and_swaps(
     assert second.swapped and sets.current_name() == "20250102T030402000Z"
     assert second.replay_dir == sets.current() and second.old_dir == Path(settings.storage.root)
     assert second.replay_digest == first.replay_digest
-    assert LanceStore.from_settings(settings).table_digest() == first.replay_digest
-    superseded = LanceStore.from_settings(settings).get_memories(ALICE, ["mem0"])[0]
+    assert LanceStore.from_settings(settings.storage, settings.embeddings.dim).table_digest() == first.replay_digest
+    superseded = LanceStore.from_settings(settings.storage, settings.embeddings.dim).get_memories(ALICE, ["mem0"])[0]
     assert superseded["superseded_by"] == "mem29"
 
     # The log grows; the live set now lags and the comparison says where.
@@ -127,9 +127,9 @@ async def test_replay_builds_verifies_compares_and_swaps(
     fourth = await replay(settings, now=clock(4))
     assert fourth.swapped and fourth.old_dir == second.replay_dir
     assert fourth.replay_digest == third.replay_digest
-    assert LanceStore.from_settings(settings).table_digest() == third.replay_digest
+    assert LanceStore.from_settings(settings.storage, settings.embeddings.dim).table_digest() == third.replay_digest
     # The replaced set is kept, untouched, for readers still on it...
-    assert LanceStore.from_settings(settings, fourth.old_dir).table_digest() == first.replay_digest
+    assert LanceStore.from_settings(settings.storage, settings.embeddings.dim, fourth.old_dir).table_digest() == first.replay_digest
     assert "swapped in" in fourth.summary()
     # ...until the next replay removes it.
     fifth = await replay(settings, now=clock(5))
@@ -206,7 +206,7 @@ async def test_a_replay_that_diverges_from_live_is_listed_by_space_and_never_swa
     built = await replay(settings, now=clock(1))
     assert built.swapped and not built.diverged
     # The live set loses rows the log still holds (as a forget applied out of order did).
-    LanceStore.from_settings(settings, sets.current()).table("memories").delete("user_id = 'alice' AND memory_id IN ('mem3', 'mem4')")
+    LanceStore.from_settings(settings.storage, settings.embeddings.dim, sets.current()).table("memories").delete("user_id = 'alice' AND memory_id IN ('mem3', 'mem4')")
     await produce_log(settings, 10, 2)  # the live set now also lags: that part the log explains
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -221,5 +221,5 @@ async def test_a_replay_that_diverges_from_live_is_listed_by_space_and_never_swa
     forced = cli("--force")
     assert forced.returncode == 0, forced.stdout + forced.stderr
     assert "FORCED: swapped in" in forced.stdout and sets.current_name() != built.replay_dir.name
-    memories = LanceStore.from_settings(settings, sets.current()).get_memories(ALICE, ["mem3", "mem11"])
+    memories = LanceStore.from_settings(settings.storage, settings.embeddings.dim, sets.current()).get_memories(ALICE, ["mem3", "mem11"])
     assert sorted(m["memory_id"] for m in memories) == ["mem11", "mem3"]

@@ -308,7 +308,7 @@ async def test_events_become_searchable_bad_records_are_dead_lettered(
     await wait_caught_up(worker, fresh_topics)
     assert worker.stop(signal.SIGINT) == 0, worker.log_text()[-3000:]
 
-    store = LanceStore.from_settings(settings)
+    store = LanceStore.from_settings(settings.storage, settings.embeddings.dim)
     embedder = build_embedder(settings.embeddings)
     hits = search(store, embedder, alice, "where does Alice live", k=3)
     assert hits and hits[0].memory_id == "a-city"
@@ -337,7 +337,7 @@ async def test_events_become_searchable_bad_records_are_dead_lettered(
     worker.start()
     await wait_caught_up(worker, fresh_topics)
     assert worker.stop(signal.SIGTERM) == 0, worker.log_text()[-3000:]
-    assert LanceStore.from_settings(settings).table_digest() == first_digest
+    assert LanceStore.from_settings(settings.storage, settings.embeddings.dim).table_digest() == first_digest
 
 
 async def _produce_load(
@@ -452,7 +452,7 @@ async def test_sigkill_under_load_equals_a_full_replay(
     await wait_caught_up(worker, fresh_topics)
     assert worker.stop(signal.SIGTERM) == 0, worker.log_text()[-3000:]
 
-    live = LanceStore.from_settings(settings)
+    live = LanceStore.from_settings(settings.storage, settings.embeddings.dim)
     memories = live.rows("memories", None, ["pk"]).column("pk").to_pylist()
     messages = live.rows("messages", None, ["pk"]).column("pk").to_pylist()
     assert len(memories) == len(set(memories)), "duplicate memory rows"
@@ -468,7 +468,7 @@ async def test_sigkill_under_load_equals_a_full_replay(
     assert report.replay_digest == live_digest, report.differences
     assert report.live_matches is True and report.swapped
     assert report.old_dir is not None and report.old_dir.exists()
-    assert LanceStore.from_settings(settings).table_digest() == live_digest
+    assert LanceStore.from_settings(settings.storage, settings.embeddings.dim).table_digest() == live_digest
 
     # Every poison record was dead-lettered (a kill may have duplicated some; none lost).
     dead = await read_dead_letters(settings, fresh_topics.dead_letter)
@@ -510,7 +510,7 @@ async def test_a_trickle_of_writes_is_committed_together_within_the_linger(
     rows = position_rows(settings.storage.root, fresh_topics.events)
     assert len(rows) == 2, f"the four trickle writes took {len(rows) - 1} commits, not one"
     assert rows[-1] == sum(v for (t, _), v in positions.items() if t == fresh_topics.events)
-    store = LanceStore.from_settings(settings)
+    store = LanceStore.from_settings(settings.storage, settings.embeddings.dim)
     assert sorted(store.rows("memories", None, ["memory_id"]).column("memory_id").to_pylist()) == [
         f"m{i}" for i in range(5)
     ]

@@ -98,7 +98,7 @@ async def test_forged_key_records_never_shred_and_never_stop_a_start(fresh_topic
 
 def _memories(settings, scope: Scope) -> set[str]:  # type: ignore[no-untyped-def]
     try:
-        store = LanceStore.from_settings(settings, TableSets(settings.storage.root).current(), create=False)
+        store = LanceStore.from_settings(settings.storage, settings.embeddings.dim, TableSets(settings.storage.root).current(), create=False)
         rows = store.table("memories").search().where(subject_where(scope.team_id, scope.user_id)).limit(None).to_list()
     except StoreError:
         return set()

@@ -35,7 +35,7 @@ BOB = Scope(team_id="acme", user_id="bob")
 
 
 def _store(settings) -> LanceStore:  # type: ignore[no-untyped-def]
-    return LanceStore.from_settings(settings, TableSets(settings.storage.root).current(), create=False)
+    return LanceStore.from_settings(settings.storage, settings.embeddings.dim, TableSets(settings.storage.root).current(), create=False)
 
 
 def _count(settings, scope: Scope) -> int:  # type: ignore[no-untyped-def]

@@ -243,5 +243,5 @@ async def test_a_worker_dead_letters_a_200_mib_bomb_within_its_bound(
     assert [d.original_value for d in dead] == [b"not json", None]
     assert dead[1].source_topic == fresh_topics.events
     assert "gzip batch inflating past the bound of 16777216 bytes" in dead[1].reason
-    store = LanceStore.from_settings(settings)
+    store = LanceStore.from_settings(settings.storage, settings.embeddings.dim)
     assert {m["memory_id"] for m in store.get_memories(ALICE, ["before", "after"])} == {"before", "after"}

@@ -128,7 +128,7 @@ async def test_a_record_on_the_wrong_partition_is_rerouted_and_projected(
         while time.monotonic() < deadline:
             worker.assert_alive()
             try:
-                store = LanceStore.from_settings(settings, create=False)
+                store = LanceStore.from_settings(settings.storage, settings.embeddings.dim, create=False)
             except StoreError:  # the worker is still making its tables, one after another
                 store = None
             if store is not None:

@@ -162,7 +162,7 @@ async def test_a_wrong_password_or_no_login_gets_nothing(acl_settings: Settings,
 def test_a_write_through_the_ingress_as_the_api_makes_it_is_projected(acl_settings: Settings, tmp_path: Path) -> None:
     """The API's ACL-mode settings (producer principal, ingress only, no master key) and
     a worker subprocess as the worker principal: the memory reaches the view."""
-    LanceStore.from_settings(acl_settings)  # tables created before the worker opens them
+    LanceStore.from_settings(acl_settings.storage, acl_settings.embeddings.dim)  # tables created before the worker opens them
     log_file = tmp_path / "worker.log"
     with open(log_file, "wb") as out:
         worker = subprocess.Popen(
@@ -182,7 +182,7 @@ def test_a_write_through_the_ingress_as_the_api_makes_it_is_projected(acl_settin
             return sent.event.memory_id
 
         memory_id = asyncio.run(write())
-        store = LanceStore.from_settings(acl_settings, read_consistency_interval=timedelta(0))
+        store = LanceStore.from_settings(acl_settings.storage, acl_settings.embeddings.dim, read_consistency_interval=timedelta(0))
         # a readiness bound for a worker starting on a loaded machine, not a speed check
         deadline = time.monotonic() + 240
         while (row := store.get_memory(scope, memory_id)) is None:
