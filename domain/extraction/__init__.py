@@ -33,7 +33,7 @@ from memstream.domain.extraction.judgment import (
     render_judgment,
     store_all,
 )
-from memstream.domain.extraction.parsing import EmptyExtraction, ExtractionFormatError, parse_extraction
+from memstream.domain.extraction.parsing import MAX_MEMORIES, EmptyExtraction, ExtractionFormatError, parse_extraction
 from memstream.domain.extraction.schema import EXTRACTION_SCHEMA
 from memstream.domain.extraction.times import resolve_time
 from memstream.domain.extraction.window import MAX_TURN_CHARS_IN_PROMPT, Window, WindowTurn, build_window, render_turns
@@ -41,6 +41,7 @@ from memstream.domain.extraction.window import MAX_TURN_CHARS_IN_PROMPT, Window,
 __all__ = [
     "MAX_TURN_CHARS_IN_PROMPT",
     "MAX_ENTITIES",
+    "MAX_MEMORIES",
     "DEFAULT_PRIORITY",
     "EXTRACTION_SCHEMA",
     "JUDGMENT_SCHEMA",

@@ -56,6 +56,7 @@ from memstream.domain.events import (
 )
 from memstream.domain.extraction import (
     EXTRACTION_SCHEMA,
+    MAX_MEMORIES,
     Action,
     Candidate,
     Decision,
@@ -77,7 +78,7 @@ from memstream.domain.prompts import PromptError, PromptLibrary
 from memstream.llm import ChatModel, LLMError
 from memstream.metrics import record_extraction_fallback
 from memstream.projections.embedder import embed_array
-from memstream.services.candidate_recall import CandidateRecall, store_recall
+from memstream.services.candidate_recall import DEDUP_CANDIDATES, CandidateRecall, store_recall
 from memstream.services.extraction_calls import ask, counted, judge, llm_stage, with_note
 from memstream.services.extractor_sources import SourceKeys
 from memstream.services.extraction_run import (
@@ -97,11 +98,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-MAX_MEMORIES = 10
-"""Most memories one extraction call may return."""
-DEDUP_CANDIDATES = 5
-"""Current memories a draft is compared with for duplicates."""
 
 _T = TypeVar("_T")
 
@@ -282,7 +278,6 @@ class Extractor:
         except PromptError as exc:
             self._fail(run, f"prompt: {exc}")
             return
-        max_memories = MAX_MEMORIES
         left = run.budget_left()
         if left is not None and left <= 0:
             self._fall_back(run, FallbackReason.budget, "the retry budget ran out before the call")
@@ -295,7 +290,7 @@ class Extractor:
                     user,
                     EXTRACTION_SCHEMA,
                     "memstream_extraction",
-                    lambda value: counted(parse_extraction, value, window, max_memories),
+                    lambda value: counted(parse_extraction, value, window, MAX_MEMORIES),
                     retries=self.settings.extraction.llm_max_retries,
                 )
         except TimeoutError:
@@ -450,12 +445,11 @@ class Extractor:
     async def _candidates_and_judgment(self, run: WindowRun) -> None:
         """Candidate recall, then ONE batched judgment for the window's new memories."""
         assert self._recall is not None
-        k = DEDUP_CANDIDATES
         contents = [d.content for d in run.new]
         vectors: list[Sequence[float] | None] = [None if v is None else v.tolist() for v in run.vectors]
         try:
             # pinned to the turns' agent: other agents' memories never reach the judgment prompt
-            candidates = await asyncio.to_thread(self._recall, ReadScope.pinned(run.scope), contents, vectors, k)
+            candidates = await asyncio.to_thread(self._recall, ReadScope.pinned(run.scope), contents, vectors, DEDUP_CANDIDATES)
         except Exception as exc:  # noqa: BLE001 - recall degrades to "no candidates"
             log.warning("extraction %s: candidate recall failed, storing: %s", run.run_id, exc)
             candidates = [[] for _ in run.new]
