@@ -169,7 +169,7 @@ async def _extract(settings: Settings, turns: list[MessageObserved], restart_aft
 
     topics = await create_topics(settings)
     embedder = await asyncio.to_thread(build_embedder, settings.embeddings)
-    store = await asyncio.to_thread(LanceStore.from_settings, settings)
+    store = await asyncio.to_thread(LanceStore.from_settings, settings.storage, settings.embeddings.dim)
     await _project_turns(settings, store, embedder, turns)
     run = _Run()
     clock = _StallClock()

@@ -240,7 +240,7 @@ async def _measure(settings: Settings, sessions: int, deadline_s: float) -> dict
 
     topics = await create_topics(settings)
     embedder = await asyncio.to_thread(build_embedder, settings.embeddings)
-    store = await asyncio.to_thread(LanceStore.from_settings, settings)
+    store = await asyncio.to_thread(LanceStore.from_settings, settings.storage, settings.embeddings.dim)
     turns = [t for conversation in conversations(sessions) for t in conversation]
     client = LLMClient.from_settings(settings)
     chat = TimedChat(client)

@@ -44,7 +44,7 @@ async def _replay(settings: Settings, sessions: list[list[MessageObserved]]) -> 
 
     topics = await create_topics(settings)
     embedder = await asyncio.to_thread(build_embedder, settings.embeddings)
-    store = await asyncio.to_thread(LanceStore.from_settings, settings)
+    store = await asyncio.to_thread(LanceStore.from_settings, settings.storage, settings.embeddings.dim)
     model = ScriptedExtractionModel()
     produced: list[PositionedEvent] = []
     producer = MemstreamProducer(settings, topics=topics, client_id="bench-replay")

@@ -120,7 +120,7 @@ async def test_conversations_through_the_extractor_lose_no_turn_and_store_only_v
     sessions = conversations(3)
     turns = [t for session in sessions for t in session]
     session_of = {t.message_id: t.session_id for t in turns}
-    store = await asyncio.to_thread(LanceStore.from_settings, settings)
+    store = await asyncio.to_thread(LanceStore.from_settings, settings.storage, settings.embeddings.dim)
     client = LLMClient.from_settings(settings)
     async with MemstreamProducer(settings=settings, topics=fresh_topics) as producer:
         positions = await producer.send_many(turns)

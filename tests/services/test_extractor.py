@@ -109,7 +109,7 @@ async def env(fresh_topics: Topics, settings_for: Any, fake_llm: FakeOpenAI) -> 
         # memories (tests/services/test_extractor_known.py covers that path)
         extract_known_memories=0,
     )
-    store = await asyncio.to_thread(LanceStore.from_settings, settings)
+    store = await asyncio.to_thread(LanceStore.from_settings, settings.storage, settings.embeddings.dim)
     producer = MemstreamProducer(settings, topics=fresh_topics, client_id="test-extractor")
     await producer.start()
     llm = LLMClient.from_settings(settings)

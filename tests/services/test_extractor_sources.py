@@ -100,7 +100,7 @@ async def sealed(fresh_topics: Topics, settings_for: Any, fake_llm: FakeOpenAI) 
 
 
 async def _runner(settings: Settings, topics: Topics) -> ExtractorRunner:
-    store = await asyncio.to_thread(LanceStore.from_settings, settings)
+    store = await asyncio.to_thread(LanceStore.from_settings, settings.storage, settings.embeddings.dim)
     runner = ExtractorRunner(
         settings, topics, llm=LLMClient.from_settings(settings), embedder=LocalEmbedder(settings.embeddings.dim), store=store
     )
