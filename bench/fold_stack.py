@@ -412,7 +412,8 @@ class FoldStack:
         turns = await asyncio.to_thread(store.get_messages, scope, list(TURN_IDS))
         self._compare(f"turns {where}", model.turns(scope), {t["message_id"]: t["content"] for t in turns})
         decisions = await asyncio.to_thread(store.decisions_for, scope)
-        self._compare(f"decisions {where}", model.decisions(scope), {d["decision_id"]: d["status"] for d in decisions})
+        self._compare(f"decisions {where}", model.decisions(scope),
+                      {(d["agent_id"], d["decision_id"]): d["status"] for d in decisions})
         lessons = await asyncio.to_thread(store.reflections_for, scope, subject="ACME", limit=1000)
         self._compare(f"lessons {where}", model.lessons(scope, "ACME"), {r["reflection_id"]: r["content"] for r in lessons})
         for name in ENTITIES:
