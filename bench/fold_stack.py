@@ -248,6 +248,7 @@ class FoldStack:
     def kill_worker(self, index: int = 0) -> None:
         self.steps.append(f"kill worker {index}")
         self.workers[index].kill()
+        self.workers[index].stop()  # reaped: a killed worker is no worker that died by itself
 
     def start_worker(self, index: int = 0) -> None:
         self.steps.append(f"start worker {index}")
