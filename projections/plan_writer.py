@@ -7,8 +7,9 @@ The view is derived when a batch is written, from the links table, so a link tha
 arrives before its memory still takes effect; the link latest in the log wins, and only
 links written in the memory's own agent's scope count. A link id belongs to its agent;
 the agent's later link of that id replaces the earlier one whole, so the memory the
-earlier one set gets its view recomputed too (the fold's rule, ``domain/fold.py``). Decisions combine into one
-ledger row whose status only moves up (pending < expired < reflected).
+earlier one set gets its view recomputed too (the fold's rule, ``domain/fold.py``).
+Decisions combine into one ledger row whose status only moves up (pending < expired <
+reflected).
 """
 
 from __future__ import annotations
