@@ -77,10 +77,10 @@ class StorePositions(StoreTables):
         if not next_offsets:
             return
         stamp = now or datetime.now(timezone.utc)
-        if self._published is None:
-            self._published = self.published_versions()
+        known: dict[str, int] | None = self._published  # type: ignore[has-type]  # (an import cycle hides it)
+        published = self.published_versions() if known is None else known
         versions = {name: int(self.table(name).version) for name in _PUBLISHED}
-        moved = {(VERSION_TOPIC + n, 0): v for n, v in versions.items() if v != self._published.get(n)}
+        moved = {(VERSION_TOPIC + n, 0): v for n, v in versions.items() if v != published.get(n)}
         items = sorted(next_offsets.items()) + sorted(moved.items())
         rows = pa.Table.from_pydict(
             {
@@ -93,7 +93,7 @@ class StorePositions(StoreTables):
             schema=schema_for(POSITIONS, self.embedding_dim),
         )
         self.table(POSITIONS).add(rows)
-        self._published.update(versions)
+        self._published = {**published, **versions}
 
     def prune_positions(self) -> int:
         """Delete position rows behind the furthest one of their partition; returns

@@ -41,6 +41,9 @@ class StoreTables:
     """The projection's tables under ``root``: memories, messages, links, entities,
     reflections, decisions, positions (schemas in ``memstream.projections.schema``)."""
 
+    _published: dict[str, int] | None
+    _pinned: OrderedDict[tuple[str, int], Any]
+
     def __init__(
         self,
         root: RootPath,
@@ -97,10 +100,9 @@ class StoreTables:
         self._key_filters: dict[str, KeyFilter] = {}
         # The table versions this writer last published with its positions (read on
         # its first save), and a reader's handles checked out at published versions.
-        self._published: dict[str, int] | None = None
-        self._pinned: OrderedDict[tuple[str, int], Any] = OrderedDict()
+        self._published = None
+        self._pinned = OrderedDict()
         self._pinned_lock = threading.Lock()
-
 
     def cache_bytes(self) -> int:
         """What LanceDB's caches of these tables hold now (diagnostics and tests)."""
