@@ -7,7 +7,7 @@ user or a team; replays while serving; kills and restarts of the worker; reads w
 ``min_position`` under concurrent writes; on a sharded set, a second worker joining
 and leaving the group), and after each step every read of every space and read
 scope is compared with the reference model. A run is cut into episodes of at most
-``EPISODE_STEPS`` steps on fresh topics, every second one on a sharded set; an
+``EPISODE_STEPS`` steps on fresh topics, the first and every second on a sharded set; an
 episode also ends at its first mismatch (the state has diverged; later reads would
 repeat it).
 
@@ -87,7 +87,7 @@ async def _run(root: Path, seconds: float, seed: int, track: Any) -> dict[str, A
     while time.monotonic() < deadline:
         totals["episodes"] += 1
         settings = track(bench_settings(root / f"e{totals['episodes']}"))
-        sharded = totals["episodes"] % 2 == 0
+        sharded = totals["episodes"] % 2 == 1  # the first one too: a short run rebalances
         totals["sharded_episodes"] += sharded
         stack = await new_stack(settings, root / f"e{totals['episodes']}", sharded=sharded)
         try:
