@@ -34,6 +34,7 @@ from memstream.projections.embedder import build_embedder
 from memstream.services.replay import replay
 from memstream.projections.search import search
 from memstream.projections.store import LanceStore
+from memstream.projections.store_positions import VERSION_TOPIC
 from memstream.settings import Settings
 from memstream.projections.schema import scoped_key
 from memstream.streams.deadletter import parse_dead_letter
@@ -150,14 +151,13 @@ def read_positions(lance_dir: Path) -> dict[tuple[str, int], int]:
         table = lancedb.connect(str(lance_dir)).open_table("positions").to_arrow()
     except (ValueError, FileNotFoundError):
         return {}
-    return {
-        (t, int(p)): int(o)
-        for t, p, o in zip(
-            table.column("topic").to_pylist(),
-            table.column("partition").to_pylist(),
-            table.column("next_offset").to_pylist(),
-        )
-    }
+    furthest: dict[tuple[str, int], int] = {}
+    for t, p, o in zip(
+        table.column("topic").to_pylist(), table.column("partition").to_pylist(), table.column("next_offset").to_pylist()
+    ):
+        if not t.startswith(VERSION_TOPIC):  # the table versions published with the positions
+            furthest[(t, int(p))] = max(int(o), furthest.get((t, int(p)), 0))
+    return furthest
 
 
 async def end_offsets(settings: Settings, topic_names: list[str]) -> dict[tuple[str, int], int]:
