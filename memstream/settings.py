@@ -369,6 +369,13 @@ class Settings(BaseSettings):
     extraction slot counts). When it is spent the window falls back (a call still
     running is cut short; a waiting window needs no slot), so one stalled window never
     holds other sessions' turns back longer. Attempts and budgets survive restarts."""
+    extract_declared_empty_fallback: bool = True
+    """With an LLM: a window the model declares empty ("nothing to remember") although
+    some of its turns plainly state facts (a first-person statement, see
+    ``memstream.domain.extraction.stateable``) is counted as ``declared_empty_with_facts``
+    and, when this is true (the default), stored by the heuristic fallback (reason
+    ``declared_empty``) rather than dropped: a small model's wrong "nothing" would
+    otherwise lose the facts. False trusts the model's "nothing"."""
     dedup_candidates_k: int = Field(default=5, ge=1)
     extract_known_memories: int = Field(default=10, ge=0)
     """With an LLM: the space's memories most similar to a window's new turns shown in
