@@ -149,6 +149,17 @@ def _run_against_endpoint(*, quick: bool, llm_url: str, llm_model: str) -> None:
         raise typer.Exit(3)  # the figures above measured the fallback, not the model
 
 
+@bench_app.command("extraction-quality")
+def bench_extraction_quality(
+    llm_url: str = typer.Option("", "--llm-url", help="This OpenAI-compatible endpoint instead of the scripted fake."),
+    llm_model: str = typer.Option("", "--llm-model", help="The model name to ask for (with --llm-url)."),
+) -> None:
+    """Precision and recall of the extraction call on the labelled set (bench/data)."""
+    if llm_url and not llm_url.startswith(("http://", "https://")):
+        raise CLIError(f"--llm-url must be an http(s) URL, got {llm_url!r}")
+    _run("extraction_quality", llm_url=llm_url or None, llm_model=llm_model or None)
+
+
 @bench_app.command("reflection")
 def bench_reflection(quick: bool = typer.Option(False, "--quick")) -> None:
     """Settling 10,000 pending decisions with an instant scripted LLM."""
