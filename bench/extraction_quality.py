@@ -161,8 +161,11 @@ async def _measure(settings: Settings, sessions: list[dict[str, Any]]) -> dict[s
     return figures
 
 
-def run(llm_url: str | None = None, llm_model: str | None = None, timeout_s: float = 120.0) -> dict[str, Any]:
-    sessions = load_sessions()
+def run(
+    llm_url: str | None = None, llm_model: str | None = None, timeout_s: float = 120.0, sessions_n: int | None = None
+) -> dict[str, Any]:
+    """Run the set (its first ``sessions_n`` sessions when given); prints a table."""
+    sessions = load_sessions()[:sessions_n]
     with tempfile.TemporaryDirectory(prefix="memstream-bench-quality-") as tmp, OpenAICompatServer() as fake:
         fake.chat.responder = scripted_turns
         overrides: dict[str, Any] = {

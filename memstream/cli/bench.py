@@ -153,11 +153,12 @@ def _run_against_endpoint(*, quick: bool, llm_url: str, llm_model: str) -> None:
 def bench_extraction_quality(
     llm_url: str = typer.Option("", "--llm-url", help="This OpenAI-compatible endpoint instead of the scripted fake."),
     llm_model: str = typer.Option("", "--llm-model", help="The model name to ask for (with --llm-url)."),
+    sessions: int = typer.Option(0, "--sessions", min=0, help="Only the set's first N sessions (0: all 20)."),
 ) -> None:
     """Precision and recall of the extraction call on the labelled set (bench/data)."""
     if llm_url and not llm_url.startswith(("http://", "https://")):
         raise CLIError(f"--llm-url must be an http(s) URL, got {llm_url!r}")
-    _run("extraction_quality", llm_url=llm_url or None, llm_model=llm_model or None)
+    _run("extraction_quality", llm_url=llm_url or None, llm_model=llm_model or None, sessions_n=sessions or None)
 
 
 @bench_app.command("reflection")
