@@ -55,7 +55,7 @@ from memstream.domain.events import (
     utcnow,
 )
 from memstream.domain.extraction import (
-    EXTRACTION_SCHEMA,
+    EXTRACTION_PROMPTS,
     Action,
     Candidate,
     Decision,
@@ -63,6 +63,7 @@ from memstream.domain.extraction import (
     build_events,
     build_window,
     dedupe_batch,
+    extraction_schema,
     heuristic_drafts,
     memory_id_key,
     parse_extraction,
@@ -262,7 +263,7 @@ class Extractor:
             return
         run.known = await self._known_memories(run)
         try:
-            prompt = self.prompts.get("extraction", window.scope)
+            prompt = self.prompts.get(EXTRACTION_PROMPTS[self.settings.extract_prompt], window.scope)
             background_text, new_text = render_turns(window)
             system, user = prompt.render(
                 {
@@ -286,7 +287,7 @@ class Extractor:
                     self.llm,
                     system,
                     user,
-                    EXTRACTION_SCHEMA,
+                    extraction_schema(self.settings.extract_prompt, max_memories),
                     "memstream_extraction",
                     lambda value: counted(parse_extraction, value, window, max_memories),
                     retries=self.settings.llm_max_retries,
