@@ -265,18 +265,12 @@ class Extractor:
         try:
             prompt = self.prompts.get(EXTRACTION_PROMPTS[self.settings.extract_prompt], window.scope)
             background_text, new_text = render_turns(window)
-            system, user = prompt.render(
-                {
-                    "background": background_text,
-                    "turns": new_text,
-                    "known": render_known(run.known),
-                    "max_memories": self.settings.extract_max_memories,
-                }
-            )
+            max_memories = self.settings.extract_max_memories
+            values = {"background": background_text, "turns": new_text, "known": render_known(run.known)}
+            system, user = prompt.render({**values, "max_memories": max_memories})
         except PromptError as exc:
             self._fail(run, f"prompt: {exc}")
             return
-        max_memories = self.settings.extract_max_memories
         left = run.budget_left()
         if left is not None and left <= 0:
             self._fall_back(run, FallbackReason.budget, "the retry budget ran out before the call")
