@@ -38,7 +38,7 @@ import numpy as np
 from memstream.bench._events import print_table, status
 from memstream.bench.openai_fake import OpenAICompatServer, Reply
 from memstream.domain.events import MessageObserved, Scope
-from memstream.domain.extraction import EXTRACTION_SCHEMA, build_window, parse_extraction, render_turns
+from memstream.domain.extraction import EXTRACTION_PROMPTS, build_window, extraction_schema, parse_extraction, render_turns
 from memstream.domain.prompts import PromptLibrary
 from memstream.llm import LLMClient, LLMError
 from memstream.projections.embedder import build_embedder, embed_array
@@ -79,14 +79,16 @@ def scripted_turns(body: dict[str, Any]) -> Reply:
     return Reply(json_value={"scenes": [{"title": "chat", "message_ids": [], "memories": memories}]})
 
 
-async def _extract(client: LLMClient, prompts: PromptLibrary, turns: list[MessageObserved], retries: int) -> tuple[str, list[Any]]:
+async def _extract(
+    client: LLMClient, prompts: PromptLibrary, turns: list[MessageObserved], retries: int, variant: str
+) -> tuple[str, list[Any]]:
     window = build_window(_SCOPE, turns[0].session_id, turns, (), max_background=0)
     background, new = render_turns(window)
-    system, user = prompts.get("extraction", _SCOPE).render(
+    system, user = prompts.get(EXTRACTION_PROMPTS[variant], _SCOPE).render(
         {"background": background, "turns": new, "known": "", "max_memories": 10}
     )
     try:
-        call = await ask(client, system, user, EXTRACTION_SCHEMA, "memstream_extraction",
+        call = await ask(client, system, user, extraction_schema(variant, 10), "memstream_extraction",
                          lambda v: parse_extraction(v, window, max_memories=10), retries=retries)
     except LLMError:  # no usable answer after the call's retry: the fallback's window
         return "failed", []
@@ -143,7 +145,7 @@ async def _measure(settings: Settings, sessions: list[dict[str, Any]]) -> dict[s
     extracted: list[list[Any]] = []
     try:
         for i, session in enumerate(sessions):
-            kind, drafts = await _extract(client, prompts, _turns(i, session), settings.llm_max_retries)
+            kind, drafts = await _extract(client, prompts, _turns(i, session), settings.llm_max_retries, settings.extract_prompt)
             status(f"session {i}: {kind}, {len(drafts)} memories")
             kinds.append(kind)
             extracted.append(drafts)
@@ -157,6 +159,7 @@ async def _measure(settings: Settings, sessions: list[dict[str, Any]]) -> dict[s
         windows_failed=kinds.count("failed"),
         output_mode=client.output_mode,
         model=settings.llm_model,
+        prompt=EXTRACTION_PROMPTS[settings.extract_prompt],
     )
     return figures
 
