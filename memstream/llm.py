@@ -253,12 +253,14 @@ class LLMClient:
         output_mode: OutputMode = "json_schema",
         memory: ModeMemory | None = None,
         max_tokens: int | None = None,
+        temperature: float | None = None,
     ) -> None:
         self.model = model
         self.base_url = base_url
         self.timeout_s = float(timeout_s)
         self.max_retries = int(max_retries)
         self.max_tokens = max_tokens
+        self.temperature = temperature
         self._initial: OutputMode = output_mode
         self._memory = memory or ModeMemory(None, MODES)
         self._key = endpoint_key(base_url, model)
@@ -281,6 +283,7 @@ class LLMClient:
             max_retries=settings.llm_max_retries,
             memory=ModeMemory(modes_path(settings), MODES, ttl_s=settings.llm_mode_ttl_s),
             max_tokens=settings.llm_max_tokens,
+            temperature=settings.llm_temperature,
         )
 
     @property
@@ -317,7 +320,8 @@ class LLMClient:
         if schema is None and MODES.index(mode) < MODES.index("json_object"):
             mode = "json_object"  # the schema modes have nothing to send without a schema
         refused: list[OutputMode] = []
-        extra: dict[str, Any] = {} if self.max_tokens is None else {"max_tokens": self.max_tokens}
+        extra: dict[str, Any] = {"max_tokens": self.max_tokens, "temperature": self.temperature}
+        extra = {k: v for k, v in extra.items() if v is not None}
         while True:
             response_format = _response_format(mode, schema, schema_name)
             kwargs = dict(extra) if response_format is None else {**extra, "response_format": response_format}

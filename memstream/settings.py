@@ -338,6 +338,9 @@ class Settings(BaseSettings):
     llm_max_tokens: int | None = Field(default=None, ge=1)
     """Sent as ``max_tokens`` when set: bounds a small model that loops inside its JSON
     (a cut answer is repaired: its unfinished memory is dropped)."""
+    llm_temperature: float | None = Field(default=None, ge=0, le=2)
+    """Sent as ``temperature`` when set (unset: the server's default, 0.8 on llama.cpp
+    servers). 0 makes a small local model's JSON answers steadier and repeatable."""
     llm_mode_ttl_s: float = Field(default=7 * 86400.0, gt=0)
     """How long an endpoint's learned output mode is kept before it is probed again
     (``<home>/llm-modes.json``; servers gain modes when upgraded)."""
@@ -369,6 +372,19 @@ class Settings(BaseSettings):
     extraction slot counts). When it is spent the window falls back (a call still
     running is cut short; a waiting window needs no slot), so one stalled window never
     holds other sessions' turns back longer. Attempts and budgets survive restarts."""
+    extract_declared_empty_fallback: bool = True
+    """With an LLM: a window the model declares empty ("nothing to remember") although
+    some of its turns plainly state facts (a first-person statement, see
+    ``memstream.domain.extraction.stateable``) is counted as ``declared_empty_with_facts``
+    and, when this is true (the default), stored by the heuristic fallback (reason
+    ``declared_empty``) rather than dropped: a small model's wrong "nothing" would
+    otherwise lose the facts. False trusts the model's "nothing"."""
+    extract_prompt: Literal["full", "compact"] = "full"
+    """Which extraction prompt the model gets. ``full`` (``extraction``, written for
+    models of about 7B parameters and up): scenes, times, entities and links to known
+    memories. ``compact`` (``extraction_compact``, for small local models of about
+    100M-1B): a quarter of the tokens and a flat answer (content, type, source ids),
+    sent as a schema a llama.cpp server turns into a grammar."""
     dedup_candidates_k: int = Field(default=5, ge=1)
     extract_known_memories: int = Field(default=10, ge=0)
     """With an LLM: the space's memories most similar to a window's new turns shown in

@@ -34,7 +34,12 @@ from memstream.domain.extraction.judgment import (
     store_all,
 )
 from memstream.domain.extraction.parsing import EmptyExtraction, ExtractionFormatError, parse_extraction
-from memstream.domain.extraction.schema import EXTRACTION_SCHEMA
+from memstream.domain.extraction.schema import (
+    EXTRACTION_PROMPTS,
+    EXTRACTION_SCHEMA,
+    compact_extraction_schema,
+    extraction_schema,
+)
 from memstream.domain.extraction.times import resolve_time
 from memstream.domain.extraction.window import MAX_TURN_CHARS_IN_PROMPT, Window, WindowTurn, build_window, render_turns
 
@@ -42,7 +47,10 @@ __all__ = [
     "MAX_TURN_CHARS_IN_PROMPT",
     "MAX_ENTITIES",
     "DEFAULT_PRIORITY",
+    "EXTRACTION_PROMPTS",
     "EXTRACTION_SCHEMA",
+    "compact_extraction_schema",
+    "extraction_schema",
     "JUDGMENT_SCHEMA",
     "JUDGE_LINK_RELATIONS",
     "WindowTurn",

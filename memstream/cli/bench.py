@@ -22,17 +22,18 @@ __all__ = ["register", "bench_app"]
 bench_app = typer.Typer(help="Run a benchmark; the last line printed is one JSON object.", no_args_is_help=True)
 
 
-def _run(name: str, **options: Any) -> None:
-    _run_named(name, "run", **options)
+def _run(name: str, **options: Any) -> Any:
+    return _run_named(name, "run", **options)
 
 
-def _run_named(name: str, function: str, **options: Any) -> None:
+def _run_named(name: str, function: str, **options: Any) -> Any:
     try:
         module = importlib.import_module(f"memstream.bench.{name}")
     except ModuleNotFoundError as exc:
         raise CLIError(f"benchmark {name!r} is not available: {exc}") from exc
     result = getattr(module, function)(**options)
     typer.echo(json.dumps(result, sort_keys=True, default=str))
+    return result
 
 
 @bench_app.command("projector")
@@ -143,7 +144,21 @@ def bench_extractor(
 def _run_against_endpoint(*, quick: bool, llm_url: str, llm_model: str) -> None:
     if not llm_url.startswith(("http://", "https://")):
         raise CLIError(f"--llm-url must be an http(s) URL, got {llm_url!r}")
-    _run("extractor_llm", llm_url=llm_url, llm_model=llm_model or None, quick=quick)
+    figures = _run("extractor_llm", llm_url=llm_url, llm_model=llm_model or None, quick=quick)
+    if not figures["model_answered"]:
+        raise typer.Exit(3)  # the figures above measured the fallback, not the model
+
+
+@bench_app.command("extraction-quality")
+def bench_extraction_quality(
+    llm_url: str = typer.Option("", "--llm-url", help="This OpenAI-compatible endpoint instead of the scripted fake."),
+    llm_model: str = typer.Option("", "--llm-model", help="The model name to ask for (with --llm-url)."),
+    sessions: int = typer.Option(0, "--sessions", min=0, help="Only the set's first N sessions (0: all 20)."),
+) -> None:
+    """Precision and recall of the extraction call on the labelled set (bench/data)."""
+    if llm_url and not llm_url.startswith(("http://", "https://")):
+        raise CLIError(f"--llm-url must be an http(s) URL, got {llm_url!r}")
+    _run("extraction_quality", llm_url=llm_url or None, llm_model=llm_model or None, sessions_n=sessions or None)
 
 
 @bench_app.command("reflection")
