@@ -23,6 +23,8 @@ __all__ = [
     "TEMPORAL_WEIGHT",
     "QUESTION_PENALTY",
     "LEXICAL_COVERAGE",
+    "TURN_PRIOR",
+    "DATE_WEIGHT",
     "RankingWeights",
 ]
 
@@ -53,6 +55,16 @@ QUESTION_PENALTY = 0.7
 """A memory drawn only from turns that ask something scores this share of itself: a
 question states little; its answer, which the neighbouring-turn rule finds, does."""
 
+
+TURN_PRIOR = 0.6
+"""A turn memory (its source turn word for word, as the no-LLM extractor stores it)
+scores this share of itself unless the query asks what was said: a fact stated apart
+answers better than small talk of equal relevance. Constant over a space of turns
+only, so it reorders nothing there."""
+
+DATE_WEIGHT = 1.0
+"""A memory whose time is on a day the query names ("on 16 November, 2023") scores
+``1 + DATE_WEIGHT`` times itself."""
 
 LEXICAL_COVERAGE = 1.0
 """A BM25 hit counts by its confidence: the share of the query's content terms the
@@ -86,6 +98,9 @@ class RankingWeights:
     temporal_weight: float = TEMPORAL_WEIGHT
     question_penalty: float = QUESTION_PENALTY
     """The prior of a memory whose source turns all ask something (1.0: off)."""
+    date_weight: float = DATE_WEIGHT
+    turn_prior: float = TURN_PRIOR
+    """The prior of a turn memory when the query does not ask what was said (1.0: off)."""
     speaker_about: bool = True
     """The speaker prior also for a memory not drawn from turns that names the speaker
     the query names (False: turns only)."""
@@ -104,7 +119,7 @@ class RankingWeights:
             raise ValueError("recency_weight must be in [0, 1]")
         if self.half_life_s <= 0:
             raise ValueError("half_life_s must be positive")
-        for name in ("superseded_penalty", "duplicate_penalty", "question_penalty"):
+        for name in ("superseded_penalty", "duplicate_penalty", "question_penalty", "turn_prior"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1]")
         if not 0.0 <= self.lexical_coverage <= 1.0:
@@ -122,6 +137,7 @@ class RankingWeights:
             "context_backward",
             "speaker_weight",
             "temporal_weight",
+            "date_weight",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
