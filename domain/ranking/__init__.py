@@ -3,7 +3,8 @@ candidates from LanceDB and hands their ranks, ages and links to these functions
 
 :mod:`.weights` holds every constant and :class:`RankingWeights`; :mod:`.fusion` builds a
 candidate's score (fusion, recency, supersession, entity boost: steps 1-4);
-:mod:`.conversation` adds the conversation-aware steps 5-8. The names are re-exported here.
+:mod:`.conversation` adds the conversation-aware steps 5-8; :mod:`.diversity` chooses
+the first places among near-repeats. The names are re-exported here.
 """
 
 from memstream.domain.ranking.conversation import (
@@ -11,6 +12,7 @@ from memstream.domain.ranking.conversation import (
     asks_about_conversation,
     asks_for_time,
     coverage,
+    lexical_confidence,
     query_names,
     is_question,
     is_turn_copy,
@@ -22,6 +24,7 @@ from memstream.domain.ranking.conversation import (
     propagate_context,
     score_fusion,
 )
+from memstream.domain.ranking.diversity import diversify, jaccard
 from memstream.domain.ranking.fusion import (
     entity_boost,
     entity_idf,
@@ -40,6 +43,7 @@ from memstream.domain.ranking.weights import (
     CONTEXT_FORWARD,
     CONTEXT_FORWARD_STATEMENT,
     DATE_WEIGHT,
+    DIVERSITY_WEIGHT,
     DUPLICATE_PENALTY,
     ENTITY_WEIGHT,
     FUSION_VECTOR_WEIGHT,
@@ -88,6 +92,9 @@ __all__ = [
     "SPEAKER_WEIGHT",
     "TEMPORAL_WEIGHT",
     "DATE_WEIGHT",
+    "DIVERSITY_WEIGHT",
+    "diversify",
+    "jaccard",
     "QUESTION_PENALTY",
     "TURN_PRIOR",
     "QUERY_STOP_WORDS",
@@ -98,6 +105,7 @@ __all__ = [
     "asks_for_time",
     "asks_about_conversation",
     "coverage",
+    "lexical_confidence",
     "query_names",
     "mentions_time",
     "named_dates",

@@ -61,6 +61,7 @@ __all__ = [
     "named_dates",
     "on_named_day",
     "coverage",
+    "lexical_confidence",
     "query_names",
 ]
 
@@ -180,6 +181,18 @@ def coverage(query_terms: frozenset[str], memory_terms: frozenset[str]) -> float
     if not query_terms:
         return 1.0
     return len(query_terms & memory_terms) / len(query_terms)
+
+
+def lexical_confidence(held: Iterable[int], wanted: int) -> float:
+    """How far BM25 may reorder the vector list for one query, from how many of its
+    ``wanted`` content terms each memory holds (``held``): fully when some memory holds
+    two of them or all; else the best share any holds. A hit on one word of a
+    three-word question ("live" in "which animals live with Alice at home?") is a
+    topic match, not an answer: 1/3 of its weight."""
+    best = max(held, default=0)
+    if wanted <= 0 or best >= min(2, wanted):
+        return 1.0
+    return best / wanted
 
 
 def is_question(text: str) -> bool:
