@@ -55,10 +55,10 @@ def diversify(
     redundancy = dict.fromkeys(left, 0.0)
     placed: list[str] = []
     while left and len(placed) < places:
-        waiting = {after[d] for d in left if d in after}
+        unplaced = set(left)
         best, value = None, 0.0
         for d in left:
-            if after.get(d) in waiting:
+            if after.get(d) in unplaced:
                 continue
             v = scores[d] * (1.0 - weight * redundancy[d])
             if best is None or v > value:
