@@ -41,18 +41,9 @@ from memstream.codec.wire import DecodeError, EncodeError, decode_record, encode
 from memstream.streams.topics import Topics
 from memstream.streams.connect import kafka_options
 
-__all__ = ["register", "resolve_topic", "produce", "tail"]
+__all__ = ["register", "produce", "tail"]
 
-_SHORT_NAMES = ("messages", "events", "pending-reflections", "outcomes", "dead-letter")
 _PREVIEW_CHARS = 400
-
-
-def resolve_topic(name: str, topics: Topics) -> str:
-    """``events`` -> ``<prefix>events`` for the catalogue's short names; others as given."""
-    short = name.strip().replace("_", "-")
-    if short in _SHORT_NAMES:
-        return f"{topics.prefix}{short}"
-    return name.strip()
 
 
 def _kafka_error(settings: Settings, exc: BaseException) -> CLIError:
@@ -125,7 +116,7 @@ class _LineSource:
 
 async def _produce(source: _LineSource, topic: str | None, settings: Settings) -> int:
     topics = Topics.from_settings(settings)
-    target = resolve_topic(topic, topics) if topic else None
+    target = topics.resolve(topic) if topic else None
     producer: MemstreamProducer | None = None
     pending: list[tuple[int, asyncio.Future[LogPosition]]] = []
     rejected = 0
@@ -357,7 +348,7 @@ async def _tail(
 
 
 def tail(
-    topic: Annotated[str, typer.Argument(help="Topic name, or a short name: events, messages, outcomes, pending-reflections, dead-letter.")],
+    topic: Annotated[str, typer.Argument(help="Topic name, or a short name: ingress, events, messages, outcomes, pending-reflections, dead-letter, keys.")],
     from_beginning: Annotated[bool, typer.Option("--from-beginning", help="Start at the oldest record.")] = False,
     offset: Annotated[int | None, typer.Option("--offset", min=0, help="Start at this offset (in every partition read).")] = None,
     partition: Annotated[int | None, typer.Option("--partition", "-p", min=0, help="Read only this partition.")] = None,
@@ -372,7 +363,7 @@ def tail(
     if from_beginning and offset is not None:
         raise CLIError("use either --from-beginning or --offset, not both")
     settings = get_settings()
-    name = resolve_topic(topic, Topics.from_settings(settings))
+    name = Topics.from_settings(settings).resolve(topic)
     asyncio.run(
         _tail(
             name,
