@@ -3,7 +3,7 @@ ingress (sealing on, the default) is listed with its full reason opened by the m
 key of the host, counted by stable code and stage, filtered by topic, time and space;
 without the master key it stays sealed. ``memstream tail ingress`` takes the short name.
 
-Covers ``dead_letter_reader``."""
+Covers ``streams/dead_letter_reader.py``."""
 
 from __future__ import annotations
 
