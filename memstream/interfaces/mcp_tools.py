@@ -187,7 +187,8 @@ class BankTools:
         stored = bank.render_memory(content, self.now())
         # The same content in the bank's scope is the same memory (the id follows from both).
         memory_id = service.content_memory_id(bank.scope, stored)
-        found = await service.stored_memory(bank.scope, memory_id)
+        owner = await service.memory_owner(bank.scope, memory_id)
+        found = await service.stored_memory(bank.scope, memory_id) if owner == bank.scope.agent_id else None
         if found is not None:
             return AddMemoryResult(
                 memory_id=memory_id, event_id=found[0], position=str(found[1]), content=stored, bank=bank.name, duplicate=True

@@ -106,11 +106,11 @@ async def write_memory(app: Any, principal: Principal, body: MemoryIn) -> Memory
     view already holds is answered as a duplicate (nothing written); one written again
     before it is projected gets the same id, which the projection folds into one row."""
     scope = _scope_of(principal, body.scope)
-    service = service_in(app)
+    running = getattr(app.state, "service", None)  # None: service_in answers 503 below, after the input checks
     raw = body.model_dump(exclude={"scope"}, exclude_none=True, mode="json")
     raw.update(
         scope=scope.model_dump(),
-        memory_id=body.memory_id or service.content_memory_id(scope, body.content),
+        memory_id=body.memory_id or (running.content_memory_id(scope, body.content) if running else uuid.uuid4().hex),
         producer=f"api:{principal.bank.name}",
         provenance={"method": "api", "note": f"POST /v1/memories, bank {principal.bank.name}"},
     )
@@ -119,8 +119,9 @@ async def write_memory(app: Any, principal: Principal, body: MemoryIn) -> Memory
             raw.pop(name, None)
     event = event_from(raw, MemoryAdded)
     check_client_event(event)
-    if body.memory_id is None:
-        stored = await service.stored_memory(event.scope, event.memory_id)
+    service = service_in(app)
+    if body.memory_id is None and await service.memory_owner(event.scope, event.memory_id) == event.scope.agent_id:
+        stored = await service.stored_memory(event.scope, event.memory_id)  # a duplicate: the rare path reads its row
         if stored is not None:
             return MemoryAccepted(memory_id=event.memory_id, event_id=stored[0], position=str(stored[1]), duplicate=True)
     await check_owners(service, principal, event)
