@@ -124,7 +124,7 @@ async def test_accepted_writes_answer_in_the_routes_shape_and_are_stored(
     resp = await _same(clients, "/v1/memories", headers, json.dumps(memory).encode())
     assert resp.status_code == 202 and resp.headers["content-type"] == "application/json"
     body = resp.json()
-    assert list(body) == ["event_id", "position", "memory_id"] and body["memory_id"] == mid
+    assert list(body) == ["event_id", "position", "memory_id", "duplicate"] and body["memory_id"] == mid
     turns = {"messages": [{"content": "first turn"}, {"content": "second", "speaker": "ann"}], "session_id": "s-lean"}
     sent = await _same(clients, "/v1/messages", headers, json.dumps(turns).encode())
     assert sent.status_code == 202
