@@ -6,8 +6,8 @@ from __future__ import annotations
 import inspect
 import logging
 import sys
+from typing import Any
 
-import click
 import typer
 from typer.core import TyperOption
 from pydantic import ValidationError
@@ -45,14 +45,14 @@ for module in (broker, events, dead_letters, projector, shards, analytics, extra
     module.register(app)
 
 
-def _flag_type(self: TyperOption, ctx: click.Context) -> str | None:
+def _flag_type(self: TyperOption, ctx: Any) -> str | None:
     """No ``<bool>`` beside a flag in ``--help`` (typer shows every option's type; a
     flag takes no value, so it has none to show)."""
     return None if self.is_flag else _typed(self, ctx)
 
 
 _typed = TyperOption.display_type_rich
-TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
+TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign,assignment]
 
 
 def _unwrap(text: str) -> str:

@@ -21,25 +21,20 @@ import threading
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Annotated
+from typing import IO, TYPE_CHECKING, Annotated
 
 import typer
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.errors import KafkaConnectionError, KafkaError
 from rich.console import Console
-from rich.json import JSON
 from rich.text import Text
 
 from memstream.cli._errors import CLIError
-from memstream.domain.log import LogPosition, PositionedEvent
 from memstream.settings import Settings, get_settings
-from memstream.streams.admin import topic_partitions
-from memstream.streams.deadletter import is_dead_letter, parse_dead_letter
-from memstream.streams.record_codec import read_record
-from memstream.streams.producer import MemstreamProducer
-from memstream.codec.wire import DecodeError, EncodeError, decode_record, encode_event
-from memstream.streams.topics import Topics
-from memstream.streams.connect import kafka_options
+
+if TYPE_CHECKING:  # the Kafka side is imported where a command runs, not for `--help`
+    from aiokafka import ConsumerRecord
+
+    from memstream.domain.log import LogPosition
+    from memstream.streams.producer import MemstreamProducer
 
 __all__ = ["register", "produce", "tail"]
 
@@ -115,6 +110,12 @@ class _LineSource:
 
 
 async def _produce(source: _LineSource, topic: str | None, settings: Settings) -> int:
+    from aiokafka.errors import KafkaConnectionError, KafkaError
+
+    from memstream.codec.wire import DecodeError, EncodeError, decode_record, encode_event
+    from memstream.streams.producer import MemstreamProducer
+    from memstream.streams.topics import Topics
+
     topics = Topics.from_settings(settings)
     target = topics.resolve(topic) if topic else None
     producer: MemstreamProducer | None = None
@@ -228,6 +229,12 @@ def _when(timestamp_ms: int) -> str:
 
 
 def _print_record(console: Console, rec: ConsumerRecord[bytes, bytes], raw: bool) -> None:
+    from rich.json import JSON
+
+    from memstream.domain.log import PositionedEvent
+    from memstream.streams.deadletter import is_dead_letter, parse_dead_letter
+    from memstream.streams.record_codec import read_record
+
     if raw:
         value = rec.value.decode("utf-8", "backslashreplace") if rec.value is not None else ""
         sys.stdout.write(value + "\n")
@@ -274,6 +281,10 @@ async def _partitions(topic: str, settings: Settings, *, hint: str = "") -> list
     Existence is checked in the full topic list first: a metadata request naming a
     missing topic makes a broker with ``auto.create.topics.enable`` create it, and a
     typo must not become a topic."""
+    from aiokafka.errors import KafkaConnectionError, KafkaError
+
+    from memstream.streams.admin import topic_partitions
+
     try:
         found = await topic_partitions(settings, [topic], client_id="memstream-cli")
     except (KafkaConnectionError, KafkaError, OSError) as exc:
@@ -294,6 +305,11 @@ async def _tail(
     raw: bool,
     settings: Settings,
 ) -> int:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.errors import KafkaConnectionError, KafkaError
+
+    from memstream.streams.connect import kafka_options
+
     console = Console(highlight=False, soft_wrap=True)
     parts = await _partitions(topic, settings)
     if partition is not None:
@@ -360,6 +376,8 @@ def tail(
 
     Events are pretty-printed; dead letters show their reason and source position.
     """
+    from memstream.streams.topics import Topics
+
     if from_beginning and offset is not None:
         raise CLIError("use either --from-beginning or --offset, not both")
     settings = get_settings()
