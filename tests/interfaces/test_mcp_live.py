@@ -1,7 +1,9 @@
 """MCP tools read their bank from the live registry on every call (the API server's
 wiring and ``memstream mcp`` over stdio): a bank moved to another team reads and writes the new team at once, and a
 removed bank answers a tool error; a bank declared while the API runs is served over
-MCP at its first request. Real broker, real worker, real LanceDB."""
+MCP at its first request. Real broker, real worker, real LanceDB.
+
+Covers ``mcp_http``."""
 
 from __future__ import annotations
 
