@@ -1,5 +1,6 @@
 """How every memstream Kafka client connects: the one place its address and security
-(SASL, TLS) come from settings (:func:`kafka_options`, :func:`faust_credentials`), and
+(SASL, TLS) come from settings (:func:`kafka_options`; faust's from the same, in
+``memstream.services.app``), and
 starting clients while the broker may be briefly unreachable.
 
 Why: a worker restarted during a broker restart (a rolling upgrade, the chaos
@@ -23,12 +24,10 @@ from typing import Any, Protocol, TypeVar
 
 from aiokafka.errors import KafkaConnectionError
 from aiokafka.helpers import create_ssl_context
-from faust.auth import SASLCredentials, SSLCredentials
-from faust.types.auth import CredentialsT
 
 from memstream.settings import Settings
 
-__all__ = ["kafka_options", "kafka_password", "faust_credentials", "KafkaSecurityError", "until_reachable", "until_started"]
+__all__ = ["kafka_options", "kafka_password", "KafkaSecurityError", "until_reachable", "until_started"]
 
 log = logging.getLogger(__name__)
 
@@ -93,18 +92,6 @@ def kafka_options(settings: Settings, *, bootstrap_servers: str | None = None) -
         username, password = _sasl(settings)
         options.update(sasl_mechanism=settings.kafka_sasl_mechanism, sasl_plain_username=username, sasl_plain_password=password)
     return options
-
-
-def faust_credentials(settings: Settings) -> CredentialsT | None:
-    """The same identity for faust (``App(broker_credentials=...)``)."""
-    protocol = settings.kafka_security_protocol
-    context = _ssl_context(settings.kafka_ssl_cafile) if protocol in ("SSL", "SASL_SSL") else None
-    if protocol == "PLAINTEXT":
-        return None
-    if protocol == "SSL":
-        return SSLCredentials(context)
-    username, password = _sasl(settings)
-    return SASLCredentials(username=username, password=password, mechanism=settings.kafka_sasl_mechanism, ssl_context=context)
 
 
 _FIRST_DELAY_S = 0.5

@@ -167,6 +167,7 @@ class ProjectorFeed:
     (``opener.counts``) and its position passed.
     ``partitions`` limits the feed to those partition numbers of every topic (the
     shards a worker in a consumer group owns); re-routing still counts them all.
+    ``on_reading`` is called with the number of partitions once they are assigned.
     """
 
     def __init__(
@@ -191,6 +192,7 @@ class ProjectorFeed:
         keys: SubjectKeys | None = None,
         partitions: frozenset[int] | None = None,
         legacy_trust: LegacyTrust | None = None,
+        on_reading: Callable[[int], None] | None = None,
     ) -> None:
         if max_batch < 1 or fetch_records < 1:
             raise ValueError("batch sizes must be at least 1")
@@ -230,6 +232,7 @@ class ProjectorFeed:
             maxsize=2
         )
         self.fetched = 0
+        self._on_reading = on_reading  # told the partition count once they are assigned
         # Fetched batches not yet in ``_queue`` (being decoded, or waiting to be).
         self._undecoded = 0
 
@@ -408,6 +411,8 @@ class ProjectorFeed:
             len(self.consumer.assignment()),
             ", ".join(self.topics),
         )
+        if self._on_reading is not None:
+            self._on_reading(len(self.consumer.assignment()))
         tasks = [
             asyncio.ensure_future(self._fetch()),
             asyncio.ensure_future(self._decoded_in_order()),

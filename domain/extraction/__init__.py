@@ -10,7 +10,7 @@ package as a whole.
 """
 
 from memstream.domain.extraction.building import BuiltEvents, StageReport, build_events, record_items
-from memstream.domain.extraction.dedup import dedupe_batch, link_id_for, memory_id_for, memory_id_key, split_known
+from memstream.domain.extraction.dedup import content_memory_id, dedupe_batch, link_id_for, memory_id_for, memory_id_key, split_known
 from memstream.domain.extraction.drafts import (
     DEFAULT_PRIORITY,
     MAX_ENTITIES,
@@ -65,6 +65,7 @@ __all__ = [
     "parse_extraction",
     "resolve_time",
     "memory_id_for",
+    "content_memory_id",
     "memory_id_key",
     "link_id_for",
     "dedupe_batch",

@@ -297,11 +297,17 @@ def _ensure_broker(settings: Settings) -> bool:
                 f"the local broker runs {'with' if current.acl else 'without'} ACLs; stop it "
                 f"(`memstream broker stop`) or run `memstream up` {'with' if current.acl else 'without'} --acl"
             )
-        console.print(f"Kafka: using the broker at {settings.bootstrap_servers}")
+        from memstream.cli.up_guard import cluster_id
+
+        mine = " (the local broker of this home)" if current is not None and current.running else ", not started by memstream up here"
+        console.print(f"Kafka: using the broker at {settings.bootstrap_servers}, cluster id {cluster_id(settings)}{mine}")
         return False
     if not local.is_local_bootstrap(settings):
         raise CLIError(local.unreachable_message(settings))
-    console.print(f"Kafka: starting the local broker on 127.0.0.1:{settings.broker_port} (first start downloads it)")
+    from memstream.streams.broker.jars import jar_cache_complete, jar_dir
+
+    first = "" if jar_cache_complete(jar_dir(settings)) else " (first start downloads it)"
+    console.print(f"Kafka: starting the local broker on 127.0.0.1:{settings.broker_port}{first}")
     try:
         status = local.start(settings)
     except local.BrokerError as exc:
@@ -378,18 +384,24 @@ def api_settings(settings: Settings) -> Settings:
     )
 
 
-def run_up(settings: Settings, *, keep_broker: bool = False, loglevel: str = "info") -> int:
+def run_up(settings: Settings, *, keep_broker: bool = False, loglevel: str = "info", share_broker: bool = False) -> int:
     """Broker, topics, banks, then worker + API until Ctrl-C. Returns the exit code.
     A broker started here is stopped on the way out (unless ``keep_broker``); one that
-    was already running is left running."""
+    was already running is left running. One ``up`` per home; topics another home
+    serves are refused unless ``share_broker`` (:mod:`memstream.cli.up_guard`)."""
+    from memstream.cli.up_guard import claim_topics, hold_home
+
     try:
         parse_log_level(loglevel)  # refused here, before anything starts
     except ValueError as exc:
         raise CLIError(f"--loglevel: {exc}") from None
+    lock = hold_home(settings)
     started_broker = _ensure_broker(settings)
     try:
+        console.print(claim_topics(settings, share=share_broker))
         return _serve(settings, loglevel, stops_broker=started_broker and not keep_broker)
     finally:
+        lock.release()
         if started_broker and not keep_broker:
             from memstream.streams.broker import local
 
@@ -414,8 +426,23 @@ def _serve(settings: Settings, loglevel: str, *, stops_broker: bool) -> int:
     api = Child("api", [sys.executable, "-m", "memstream", "api"], api_env, color=_COLORS[1], stop_timeout_s=20.0)
     base = f"http://{'127.0.0.1' if settings.api_host in ('0.0.0.0', '::') else settings.api_host}:{settings.api_port}"
 
+    from memstream.services.projector_service import ready_file
+
+    ready = ready_file(settings)
+    ready.unlink(missing_ok=True)  # the worker writes it again once it reads its partitions
+
     def announce(sup: Supervisor) -> None:
-        if _wait_http(f"{base}/healthz", 120.0, lambda: api.poll() is None and not sup._stop.is_set()):
+        alive = lambda: api.poll() is None and worker.poll() is None and not sup._stop.is_set()  # noqa: E731
+        if not _wait_http(f"{base}/healthz", 120.0, alive):
+            return
+        deadline = time.monotonic() + 120.0
+        while not ready.exists() and alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not ready.exists():
+            if alive():
+                console.print("[yellow]the API answers, but the worker has not taken its partitions after 120 s[/]")
+            return
+        if alive():
             console.print(
                 f"[bold green]memstream is up[/]: API {base} (docs {base}/docs), MCP {base}/mcp, "
                 f"metrics {base}/metrics. Ctrl-C stops the API and the worker"
@@ -475,10 +502,13 @@ def register(app: typer.Typer) -> None:
                 "ingress (docs/security.md).",
             ),
         ] = False,
+        share_broker: Annotated[
+            bool, typer.Option("--share-broker", help="Serve topics another memstream home on this broker serves too.")
+        ] = False,
     ) -> None:
         """Run everything one machine needs: broker, topics, worker and API (Ctrl-C stops)."""
         base = load_settings(broker_acl=True) if acl_mode else get_settings()
-        code = run_up(_with(base, api_host=host, api_port=port), keep_broker=keep_broker, loglevel=loglevel)
+        code = run_up(_with(base, api_host=host, api_port=port), keep_broker=keep_broker, loglevel=loglevel, share_broker=share_broker)
         if code:
             raise typer.Exit(code)
 

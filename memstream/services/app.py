@@ -22,6 +22,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import faust
+from faust.auth import SASLCredentials, SSLCredentials
+from faust.types.auth import CredentialsT
 
 from memstream.memory_release import pin_mmap_threshold, release_free_memory, trim_supported
 from memstream.projections.table_sets import TableSets
@@ -32,7 +34,7 @@ from memstream.services.shard_owner import register_group_projector
 from memstream.services.shard_routing import projects_sharded
 from memstream.settings import Settings
 from memstream.streams.admin import topic_partitions
-from memstream.streams.connect import faust_credentials
+from memstream.streams.connect import kafka_options
 from memstream.streams.inflation_bound import bound_inflation
 from memstream.streams.sealer import register_sealer
 from memstream.streams.topics import Topics
@@ -51,6 +53,21 @@ log = logging.getLogger(__name__)
 AGENT_NAMES: tuple[str, ...] = ("projector", "extractor", "reflector", "sealer")
 """Every agent a worker can run, in registration order."""
 
+
+
+def faust_credentials(settings: Settings) -> CredentialsT | None:
+    """The identity of :func:`kafka_options` for faust (``App(broker_credentials=...)``);
+    here, so that the Kafka clients of the CLI never import faust."""
+    options = kafka_options(settings)
+    protocol = settings.kafka_security_protocol
+    if protocol == "PLAINTEXT":
+        return None
+    if protocol == "SSL":
+        return SSLCredentials(options["ssl_context"])
+    return SASLCredentials(
+        username=options["sasl_plain_username"], password=options["sasl_plain_password"],
+        mechanism=settings.kafka_sasl_mechanism, ssl_context=options.get("ssl_context"),
+    )
 
 def broker_urls(bootstrap_servers: str) -> list[str]:
     """``"h1:9092,h2:9092"`` -> ``["kafka://h1:9092", "kafka://h2:9092"]`` (Faust's form)."""
