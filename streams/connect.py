@@ -127,7 +127,7 @@ async def until_reachable(attempt: Callable[[], Awaitable[T]], what: str, *, max
             error = state.outcome.exception() if state.outcome else None
             log.warning("%s: Kafka unreachable (%s); retrying until it answers", what, error)
 
-    result = await AsyncRetrying(
+    result: T = await AsyncRetrying(
         retry=retry_if_exception_type(KafkaConnectionError),
         wait=wait_exponential(multiplier=_FIRST_DELAY_S, max=max_delay_s),
         before_sleep=failed,
