@@ -55,6 +55,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 import openai
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from memstream.domain.repair import UnusableAnswer
 from memstream.metrics import record_llm_call
@@ -398,8 +399,9 @@ async def call_with_retry(
     errors: list[str] = []
     usage: dict[str, int] = {}
     latency = 0.0
-    last: LLMError | None = None
-    for attempt in range(1, retries + 2):
+
+    async def once() -> LLMCall[T]:
+        nonlocal latency
         try:
             result = await chat.chat_json(system, user, schema=schema, schema_name=schema_name)
         except LLMError as exc:
@@ -407,10 +409,7 @@ async def call_with_retry(
             latency += exc.latency_ms
             _add_usage(usage, exc.usage)
             errors.append(f"{exc.kind}: {exc}")
-            last = exc
-            if not exc.retryable:
-                break
-            continue
+            raise
         latency += result.latency_ms
         _add_usage(usage, result.usage)
         try:
@@ -420,22 +419,26 @@ async def call_with_retry(
             record_llm_call(schema_name, ok=False, reason=kind)
             reason = " ".join(str(exc).split())[:300]
             errors.append(f"{kind}: {reason}")
-            last = LLMError(kind, reason, latency_ms=result.latency_ms, usage=result.usage)
-            if kind == "unusable":
-                break
-            continue
+            raise LLMError(kind, reason, latency_ms=result.latency_ms, usage=result.usage) from None
         record_llm_call(schema_name, ok=True)
-        return LLMCall(value, result, attempt, latency, usage, tuple(errors))
-    assert last is not None
-    raise LLMError(
-        last.kind,
-        str(last),
-        status=last.status,
-        attempts=len(errors),
-        latency_ms=latency,
-        usage=usage,
-        errors=tuple(errors),
-    )
+        return LLMCall(value, result, len(errors) + 1, latency, usage, tuple(errors))
+
+    try:
+        return await AsyncRetrying(
+            stop=stop_after_attempt(retries + 1),
+            retry=retry_if_exception(lambda exc: isinstance(exc, LLMError) and exc.retryable),
+            reraise=True,
+        )(once)
+    except LLMError as last:
+        raise LLMError(
+            last.kind,
+            str(last),
+            status=last.status,
+            attempts=len(errors),
+            latency_ms=latency,
+            usage=usage,
+            errors=tuple(errors),
+        ) from None
 
 
 def build_llm(settings: Settings) -> LLMClient | None:

@@ -184,11 +184,6 @@ class Settings(BaseSettings):
     projector_batch_size: int = Field(default=10_000, ge=1)
     """Most records the projector writes in one LanceDB commit. Batches only grow this
     big under a backlog (what was fetched while the previous batch was written)."""
-    projector_decode_process: bool = False
-    """Decode (validate) records in a separate process instead of a thread: validation
-    is pure Python and takes turns with the writer on the interpreter lock, but the
-    round trip costs pickling; on the 2-core benchmark machine the thread was faster
-    (5,261 against 3,922 events/s, docs/benchmarks.md). Try it with idle cores."""
     projector_fast_path: bool = True
     """Read canonical ``MemoryAdded`` records carrying a vector of the configured model
     on the fast path (``memstream.codec.fast_decode``: msgspec, column-built rows;

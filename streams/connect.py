@@ -13,7 +13,6 @@ is retried).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import ssl
 import time
@@ -24,6 +23,7 @@ from typing import Any, Protocol, TypeVar
 
 from aiokafka.errors import KafkaConnectionError
 from aiokafka.helpers import create_ssl_context
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 from memstream.settings import Settings
 
@@ -103,24 +103,26 @@ async def until_reachable(attempt: Callable[[], Awaitable[T]], what: str, *, max
     """``await attempt()`` until it does not fail with ``KafkaConnectionError``
     (back-off 0.5 s doubling to ``max_delay_s``). ``attempt`` must leave nothing open
     when it fails (stop the client it created). Cancellation stops the waiting."""
-    delay = _FIRST_DELAY_S
-    failures = 0
     warned_at = float("-inf")
-    while True:
-        try:
-            result = await attempt()
-        except KafkaConnectionError as exc:
-            failures += 1
-            now = time.monotonic()
-            if now - warned_at >= _WARN_EVERY_S:
-                warned_at = now
-                log.warning("%s: Kafka unreachable (%s); retrying until it answers", what, exc)
-            await asyncio.sleep(delay)
-            delay = min(max_delay_s, delay * 2)
-            continue
-        if failures:
-            log.info("%s: connected after %d failed attempt(s)", what, failures)
-        return result
+    failures = 0
+
+    def failed(state: RetryCallState) -> None:
+        nonlocal warned_at, failures
+        failures = state.attempt_number
+        if time.monotonic() - warned_at >= _WARN_EVERY_S:  # a warning every 30 s, not every attempt
+            warned_at = time.monotonic()
+            error = state.outcome.exception() if state.outcome else None
+            log.warning("%s: Kafka unreachable (%s); retrying until it answers", what, error)
+
+    result: T = await AsyncRetrying(
+        retry=retry_if_exception_type(KafkaConnectionError),
+        wait=wait_exponential(multiplier=_FIRST_DELAY_S, max=max_delay_s),
+        before_sleep=failed,
+        reraise=True,
+    )(attempt)
+    if failures:
+        log.info("%s: connected after %d failed attempt(s)", what, failures)
+    return result
 
 
 async def until_started(make: Callable[[], C], what: str, *, max_delay_s: float = _MAX_DELAY_S) -> C:

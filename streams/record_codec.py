@@ -160,8 +160,6 @@ class _SharedTurns:
     ask again takes it out; at most :data:`MAX_SHARED_TURNS` turns and 32 MiB of
     records wait (the oldest go). Turns are kept only while an extractor runs in this
     process (:func:`sharing_turns`): a worker without one, or a replay, keeps nothing.
-    With the projector decoding in its own process (``projector_decode_process``) the
-    extractor's turns are never taken here; they only fill the bound.
     """
 
     def __init__(self, bound: int) -> None:

@@ -213,7 +213,6 @@ class ProjectorService(Service):
             max_batch=rt.settings.projector_batch_size,
             fetch_records=min(2_000, rt.settings.projector_batch_size),
             poll_ms=max(1, int(rt.settings.projector_batch_seconds * 1000)),
-            decode_in_process=rt.settings.projector_decode_process,
             fast_decoder=FastMemoryDecoder.for_projector(rt.projector, rt.settings.projector_fast_path),
             reroute=True,
             worker_key=worker_key(rt.settings),

@@ -21,6 +21,8 @@ __all__ = ["Backoff", "Deliver", "ReflectionRunner"]
 log = logging.getLogger(__name__)
 
 
+# Kept by hand: a failed decision waits on a timer, not in a retry loop that would hold a
+# worker (tenacity and stamina retry in place; test_runner_retries_with_backoff_and_delivers_once).
 @dataclass(frozen=True)
 class Backoff:
     """Exponential backoff with jitter: ``initial * factor**(attempt-1)``, capped."""

@@ -145,7 +145,6 @@ async def _consume_into(
     on_progress: Callable[[ReplayProgress], None] | None,
     expected: int,
     *,
-    decode_in_process: bool = False,
     fast_path: bool = True,
     on_decoded: Callable[[FeedBatch], Awaitable[None]] | None = None,
     started: float | None = None,
@@ -191,7 +190,6 @@ async def _consume_into(
         list_partitions=lambda names: _listed(all_partitions or partitions),
         name="replay",
         on_decoded=decoded,
-        decode_in_process=decode_in_process,
         fast_decoder=FastMemoryDecoder.for_projector(projector, fast_path),
         worker_key=worker_key,
         keys=keys,
@@ -407,7 +405,7 @@ class _Build:
         self.expected += sum(ends[tp] - begins[tp] for tp in todo)
         await _consume_into(
             self.consumer, todo, begins, ends, self.projector, self.report, self.batch_size,
-            self.on_progress, self.expected, decode_in_process=self.settings.projector_decode_process,
+            self.on_progress, self.expected,
             fast_path=self.settings.projector_fast_path, on_decoded=self.rerouter.publish, started=self.started,
             all_partitions=self.partitions, worker_key=load_worker_key(self.settings), keys=self.keys,
             legacy_trust=self.legacy_trust,

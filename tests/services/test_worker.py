@@ -419,7 +419,6 @@ async def test_sigkill_under_load_equals_a_full_replay(
         projector_batch_seconds=0.1,
         optimize_every_s=2.0,  # maintenance runs (and may get killed) too:
         reader_grace_s=10.0,  # compactions, index updates beside the writer, cleanups
-        projector_decode_process=True,  # the decoder process must die with its worker
         embedder="local",  # thousands of memories to project between kills: the fast one
     )
     worker = make_worker(settings)
