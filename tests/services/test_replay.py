@@ -11,6 +11,7 @@ Real broker, real LanceDB directories under ``tmp_path``. What must hold:
 * one replay at a time (tests/services/test_replay_serving.py: while a worker runs).
 
 Covers ``projections/dir_lock.py``, ``projections/table_sets.py``, ``replay_report``, ``replay_diff``.
+Covers ``replay_finish`` (the steps after the build, the vector index after the swap).
 """
 
 from __future__ import annotations
