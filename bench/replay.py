@@ -6,9 +6,12 @@ The data and the ceilings are those of ``memstream bench projector`` (see
 product side is :func:`memstream.services.replay.replay` itself, the function
 behind ``memstream replay``: read both source topics from offset 0 with a plain
 aiokafka consumer, decode and project every batch (10,000 records) through the same
-path as the worker into a fresh table set, then optimise, build the indexes that are
-due (at 100,000 memories and more, the IVF_PQ vector index), verify positions and
-digests, and swap the new set in.
+path as the worker into a fresh table set, then optimise, fold the rows into the
+FTS and scalar indexes, verify positions and digests, and swap the new set in. The
+IVF_PQ vector index due at 100,000 memories is not trained by the replay: the worker's
+maintenance trains it after the swap (searches are exact meanwhile), as on a live set
+that crosses the threshold. ``phase_s``: the wall time split into the report's phases
+(:data:`memstream.services.replay_report.PHASE_TIMES`), medians over the runs.
 
 Two figures, both from the same call:
 
@@ -17,7 +20,7 @@ Two figures, both from the same call:
   ``projector_eps``; its ``ratio`` to min(raw consume, raw LanceDB add) has the
   target >= 0.5;
 * ``replay_end_to_end_eps``: records / the whole call (connect, build, optimise,
-  index builds, digests of the new set, verification, swap): what an operator waits.
+  index folds, digests of the new set, verification, swap): what an operator waits.
 """
 
 from __future__ import annotations
