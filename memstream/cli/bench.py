@@ -106,6 +106,19 @@ def bench_mixed(
     )
 
 
+@bench_app.command("ingest")
+def bench_ingest(
+    quick: bool = typer.Option(False, "--quick", help="150 memories a phase instead of 600."),
+    n: int = typer.Option(0, help="Override the memories written a phase."),
+    rate: float = typer.Option(30.0, help="Memories per second in the steady phases."),
+    concurrency: int = typer.Option(16, help="Writes in flight in the maximum-rate phases."),
+    doors: str = typer.Option("http,sdk,mcp", help="Front doors, comma-separated: http, sdk, mcp."),
+    embedder: str = typer.Option("", help="Override the embedder (default: the product's)."),
+) -> None:
+    """CPU per memory per process through each front door against the embedding floor."""
+    _run("ingest", quick=quick, n=n or None, rate=rate, concurrency=concurrency, doors=doors, embedder=embedder or None)
+
+
 @bench_app.command("extractor")
 def bench_extractor(
     quick: bool = typer.Option(False, "--quick"),
