@@ -45,6 +45,7 @@ from memstream.banks import RegistrySource
 from memstream import metrics
 from memstream.interfaces import routes_read, routes_write
 from memstream.interfaces.asgi import BodyLimit, McpEndpoint
+from memstream.interfaces.console import mount_console
 from memstream.interfaces.errors import ErrorResponse, install_error_handlers
 from memstream.interfaces.lean_writes import LeanWrites
 from memstream.interfaces.mcp_server import build_mcp_server
@@ -90,6 +91,8 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
     app.include_router(routes_write.router)
     app.include_router(routes_read.router)
     app.include_router(ops_router(log_registry, log_state))
+    if settings.console:
+        mount_console(app, settings)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 
