@@ -14,6 +14,7 @@ from memstream.cli import (
     analytics,
     bench,
     broker,
+    console,
     events,
     extract,
     projector,
@@ -37,7 +38,7 @@ app = typer.Typer(
     add_completion=False,
 )
 
-for module in (broker, events, projector, shards, analytics, extract, reflect, serve, sealing, trust, bench):
+for module in (broker, console, events, projector, shards, analytics, extract, reflect, serve, sealing, trust, bench):
     module.register(app)
 
 

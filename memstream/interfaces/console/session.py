@@ -14,6 +14,7 @@ grants no memory space.
 from __future__ import annotations
 
 import hmac
+import os
 import secrets
 from pathlib import Path
 
@@ -83,10 +84,10 @@ def ensure_operator_token(settings: Settings) -> Path:
     path = operator_token_path(settings)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = path.open("x", encoding="ascii")  # never over a token written meanwhile
-        with fd:
-            path.chmod(0o600)
-            fd.write(secrets.token_urlsafe(32) + "\n")
+        # O_EXCL: never over a token written meanwhile; 0600 from the first byte
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as out:
+            out.write(secrets.token_urlsafe(32) + "\n")
     return path
 
 

@@ -49,6 +49,11 @@ class Written:
     subject: str
     positions: list[str]
 
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """What only the owner's pages may show: the texts written and the subject."""
+        return (f"Lisbon {self.mark}", f"Porto {self.mark}", f"{self.mark} we talked", f"decided {self.mark}", self.subject)
+
 
 def write_story(stack: Stack, bank: str) -> Written:
     """Through the API with ``bank``'s key: a conversation turn, a memory citing it, an

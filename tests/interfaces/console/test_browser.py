@@ -18,6 +18,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +119,7 @@ def test_another_tenant_or_agent_never_sees_it(browser: Any, stack: Stack, story
                  "/console/timeline?start=2020-01-01T00:00:00&end=2030-01-01T00:00:00", "/console/spaces"):
         page.goto(stack.base_url + path)
         text = page.locator("body").inner_text()
-        assert story.mark not in text and story.subject not in text, (bank, path)
+        assert not any(secret in text for secret in story.secrets), (bank, path)  # a 404 may echo the asked id
     page.goto(f"{stack.base_url}/console/memories/{story.memory_id}")
     assert "404" in page.locator("h1").inner_text()
     page.context.close()
@@ -138,7 +139,7 @@ def test_an_operator_forgets_a_subject_and_sees_it_complete(browser: Any, stack:
     page.wait_for_url(re.compile(r"/console/ops$"))
     _shot(page, "operations")
     page.get_by_role("link", name="Forget", exact=True).click()
-    page.get_by_label("Team").fill("acme")
+    page.get_by_label("Team", exact=True).fill("acme")
     page.get_by_label("User (empty: every user of the team)").fill(user)
     page.get_by_role("button", name="Review").click()
     page.get_by_label(f"Type acme/{user} to confirm").fill(f"acme/{user}")
@@ -156,7 +157,7 @@ def test_an_operator_forgets_a_subject_and_sees_it_complete(browser: Any, stack:
 def test_a_dead_lettered_record_shows_its_reason(browser: Any, stack: Stack) -> None:
     mark = uuid.uuid4().hex[:8]
 
-    async def produce() -> str:
+    async def produce() -> str:  # a record no decoder accepts, straight onto the events topic
         producer = AIOKafkaProducer(bootstrap_servers=stack.settings.bootstrap_servers)
         await producer.start()
         try:
@@ -165,7 +166,8 @@ def test_a_dead_lettered_record_shows_its_reason(browser: Any, stack: Stack) -> 
         finally:
             await producer.stop()
 
-    source = asyncio.run(produce())
+    with ThreadPoolExecutor(1) as pool:  # Playwright's loop runs on this thread
+        source = pool.submit(asyncio.run, produce()).result()
     page = _page(browser)
     _log_in(page, stack, ensure_operator_token(stack.settings).read_text().strip())
     page.wait_for_url(re.compile(r"/console/ops$"))
