@@ -18,7 +18,8 @@ Shape of the contract (the committed spec is ``docs/openapi.json``; regenerate i
   silently stale data.
 * **Errors** all have one shape: ``{"error": {"code", "message", "details"}}``.
 * ``GET /healthz`` and ``GET /metrics`` (Prometheus) need no key; MCP over streamable
-  HTTP is served at ``/mcp`` for the bank of the presented key.
+  HTTP is served at ``/mcp`` for the bank of the presented key; the web console at
+  ``/console`` (``memstream.interfaces.console``; ``MEMSTREAM_CONSOLE=false``: off).
 
 Keys are never logged: they travel only in headers, and only their hash is compared.
 """

@@ -119,7 +119,8 @@ def test_another_tenant_or_agent_never_sees_it(browser: Any, stack: Stack, story
                  "/console/timeline?start=2020-01-01T00:00:00&end=2030-01-01T00:00:00", "/console/spaces"):
         page.goto(stack.base_url + path)
         text = page.locator("body").inner_text()
-        assert not any(secret in text for secret in story.secrets), (bank, path)  # a 404 may echo the asked id
+        # a page may echo what was asked (a 404's id, a filter's subject), never what was written
+        assert not any(s in text for s in story.secrets if s not in path), (bank, path)
     page.goto(f"{stack.base_url}/console/memories/{story.memory_id}")
     assert "404" in page.locator("h1").inner_text()
     page.context.close()
@@ -145,7 +146,10 @@ def test_an_operator_forgets_a_subject_and_sees_it_complete(browser: Any, stack:
     page.get_by_label(f"Type acme/{user} to confirm").fill(f"acme/{user}")
     page.get_by_role("button", name=f"Forget acme/{user}").click()
     page.wait_for_url(re.compile(r"/console/ops/forget/status"))
-    page.wait_for_selector('#forget-state[data-complete="true"]')  # the page polls until the shards applied it
+    try:
+        page.wait_for_selector('#forget-state[data-complete="true"]')  # the page polls until the shards applied it
+    except sync_api.TimeoutError:
+        pytest.fail(f"the forget never showed complete: {page.locator('main').inner_text()}")
     assert page.locator("#forget-state").inner_text().startswith("Complete")
     _shot(page, "forget")
     page.context.close()
