@@ -32,7 +32,7 @@ async def search_page(request: Request) -> Response:
     who = principal(request)
     p = request.query_params
     scope = space_scope(who, p.get("user_id"), p.get("agent_id"))
-    form = {
+    form: dict[str, Any] = {
         "q": p.get("q", ""), "k": p.get("k", "10"), "types": p.getlist("memory_type"),
         "session_id": p.get("session_id", ""), "agent_id": p.get("agent_id", ""), "entity": p.get("entity", ""),
         "time_from": p.get("time_from", ""), "time_to": p.get("time_to", ""),
