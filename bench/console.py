@@ -110,7 +110,7 @@ def run(quick: bool = False, memories: int | None = None, requests: int = 40) ->
         asyncio.run(create_topics(settings))
         status(f"building one space of {size:,} memories")
         user, ids = _build(settings, size)
-        banks.write_text(f'[banks.bench]\nteam_id = "{TEAM}"\nuser_id = "{user}"\n', encoding="utf-8")
+        banks.write_text(f'[banks.bench]\nteam_id = "{TEAM}"\nuser_id = "{user}"\ndescription = "The benchmark space."\n', encoding="utf-8")
         key = create_key(settings, "bench")[0]
         status(f"{requests} requests per page (after {_WARMUP} warm-up)")
         times = asyncio.run(_measure(settings, key, user, ids, requests))
