@@ -57,6 +57,7 @@ HOME_RELATIVE_PATHS = (
     "banks_file",
     "keys_file",
     "master_key_file",
+    "console_operator_token_file",
     "kafka_password_file",
     "kafka_ssl_cafile",
 )
@@ -429,6 +430,12 @@ class Settings(BaseSettings):
     api_access_log: bool = False
     """Log one line per HTTP request (uvicorn's access log). Off by default: at tens of
     requests a second the line costs more CPU than a write's own checks."""
+    console: bool = True
+    """Serve the web console at ``/console`` from the API (docs/console.md); false: off."""
+    console_operator_token_file: Path | None = None
+    """The console's operator credential (default ``<home>/operator.token``, 0600,
+    written by ``memstream up`` or ``memstream console token``): it opens the
+    operations pages (dead letters, worker status, forget)."""
 
     @field_validator("lance_dir", mode="before")
     @classmethod

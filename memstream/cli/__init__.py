@@ -17,6 +17,7 @@ from memstream.cli import (
     analytics,
     bench,
     broker,
+    console,
     dead_letters,
     events,
     extract,
@@ -41,7 +42,7 @@ app = typer.Typer(
     add_completion=False,
 )
 
-for module in (broker, events, dead_letters, projector, shards, analytics, extract, reflect, serve, sealing, trust, bench):
+for module in (broker, console, events, dead_letters, projector, shards, analytics, extract, reflect, serve, sealing, trust, bench):
     module.register(app)
 
 

@@ -62,6 +62,16 @@ def bench_search(
     _run("search", quick=quick)
 
 
+@bench_app.command("console")
+def bench_console(
+    quick: bool = typer.Option(False, "--quick", help="20,000 memories instead of 100,000."),
+    memories: int = typer.Option(0, help="Override the number of memories in the space."),
+    requests: int = typer.Option(40, help="Requests per page (after a warm-up)."),
+) -> None:
+    """The web console's page server time (p95) with many memories in one space."""
+    _run("console", quick=quick, memories=memories or None, requests=requests)
+
+
 @bench_app.command("forget")
 def bench_forget(
     quick: bool = typer.Option(False, "--quick", help="100 memories per subject instead of 1,000."),

@@ -53,6 +53,7 @@ from memstream.banks import (
     write_default_bank,
 )
 from memstream.cli._errors import CLIError
+from memstream.cli.console import prepare_console
 from memstream.settings import Settings, child_env, get_settings, load_settings, parse_log_level, settings_env
 from memstream.streams.broker import acl
 
@@ -413,6 +414,7 @@ def _serve(settings: Settings, loglevel: str, *, stops_broker: bool) -> int:
     _ensure_topics(settings)
     _ensure_store(settings)
     _ensure_bank(settings)
+    prepare_console(settings)
     shared = {"PYTHONUNBUFFERED": "1", "PROMETHEUS_MULTIPROC_DIR": str(_fresh_metrics_dir(settings))}
     env = {**child_env(settings), **shared}
     worker = Child(
@@ -445,7 +447,8 @@ def _serve(settings: Settings, loglevel: str, *, stops_broker: bool) -> int:
         if alive():
             console.print(
                 f"[bold green]memstream is up[/]: API {base} (docs {base}/docs), MCP {base}/mcp, "
-                f"metrics {base}/metrics. Ctrl-C stops the API and the worker"
+                + (f"console {base}/console, " if settings.console else "")
+                + f"metrics {base}/metrics. Ctrl-C stops the API and the worker"
                 + (" and the broker it started." if stops_broker else "; the broker keeps running.")
             )
 

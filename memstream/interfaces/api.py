@@ -18,7 +18,8 @@ Shape of the contract (the committed spec is ``docs/openapi.json``; regenerate i
   silently stale data.
 * **Errors** all have one shape: ``{"error": {"code", "message", "details"}}``.
 * ``GET /healthz`` and ``GET /metrics`` (Prometheus) need no key; MCP over streamable
-  HTTP is served at ``/mcp`` for the bank of the presented key.
+  HTTP is served at ``/mcp`` for the bank of the presented key; the web console at
+  ``/console`` (``memstream.interfaces.console``; ``MEMSTREAM_CONSOLE=false``: off).
 
 Keys are never logged: they travel only in headers, and only their hash is compared.
 """
@@ -44,6 +45,7 @@ from memstream.banks import RegistrySource
 from memstream import metrics
 from memstream.interfaces import routes_read, routes_write
 from memstream.interfaces.asgi import BodyLimit, McpEndpoint
+from memstream.interfaces.console import mount_console
 from memstream.interfaces.errors import ErrorResponse, install_error_handlers
 from memstream.interfaces.lean_writes import LeanWrites
 from memstream.interfaces.mcp_http import McpServers
@@ -89,6 +91,8 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
     app.include_router(routes_write.router)
     app.include_router(routes_read.router)
     app.include_router(ops_router(log_registry, log_state))
+    if settings.console:
+        mount_console(app, settings)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 
