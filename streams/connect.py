@@ -114,12 +114,15 @@ async def until_reachable(attempt: Callable[[], Awaitable[T]], what: str, *, max
             error = state.outcome.exception() if state.outcome else None
             log.warning("%s: Kafka unreachable (%s); retrying until it answers", what, error)
 
+    async def call() -> T:  # tenacity awaits only coroutine functions, not a lambda's coroutine
+        return await attempt()
+
     result: T = await AsyncRetrying(
         retry=retry_if_exception_type(KafkaConnectionError),
         wait=wait_exponential(multiplier=_FIRST_DELAY_S, max=max_delay_s),
         before_sleep=failed,
         reraise=True,
-    )(attempt)
+    )(call)
     if failures:
         log.info("%s: connected after %d failed attempt(s)", what, failures)
     return result
