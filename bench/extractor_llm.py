@@ -16,6 +16,13 @@ Figures (the last line's JSON):
 
 * ``turns``, ``windows``, ``windows_with_memories``, ``fallback_windows`` (windows
   stored by the heuristic after the model failed them);
+* ``windows_by_model`` (memories the model wrote), ``windows_by_fallback``,
+  ``windows_declared_empty`` (the model's explicit "nothing"), of which
+  ``declared_empty_with_facts`` (turns that plainly state facts; such a window falls
+  back unless ``extract_declared_empty_fallback`` is off), ``windows_failed`` (failed
+  attempts, retried); ``model_answered``: false when no window was extracted or
+  declared empty by the model: the run then warns and ``memstream bench extractor``
+  exits non-zero;
 * ``turns_lost``: turns the run is done with that no memory cites (by source id, or in
   the provenance of the memories the model wrote from their window), that the quality
   gate did not reject, and whose window the model did not explicitly declare empty;
@@ -213,6 +220,26 @@ class StallMeter:
         return all(committed.get(key, -1) >= end for key, end in self.ends.items())
 
 
+def _issue(outcome: Any, kind: str) -> bool:
+    return any(item.get("issue") == kind for item in outcome.record)
+
+
+def _by_whom(outcomes: Sequence[Any]) -> dict[str, Any]:
+    """Who made each finished window: the model (memories it wrote), the fallback, or
+    nobody because the model declared it empty; ``model_answered`` is false when no
+    window got a usable answer from the model at all."""
+    finished = [o for o in outcomes if o.status != "failed"]
+    by_model = sum(1 for o in finished if o.method == "llm" and not _is_fallback(o) and o.memories)
+    declared = sum(1 for o in finished if _issue(o, "nothing_to_remember"))
+    return {
+        "windows_by_model": by_model,
+        "windows_by_fallback": sum(1 for o in finished if _is_fallback(o)),
+        "windows_declared_empty": declared,
+        "declared_empty_with_facts": sum(1 for o in finished if _issue(o, "declared_empty_with_facts")),
+        "model_answered": by_model + declared > 0,
+    }
+
+
 def _repairs() -> dict[str, int]:
     out = {}
     for kind, name in (
@@ -284,9 +311,7 @@ async def _measure(settings: Settings, sessions: int, deadline_s: float) -> dict
         "windows": account.windows,
         "windows_with_memories": account.windows_with_memories,
         "fallback_windows": account.fallback_windows,
-        "windows_declared_empty": sum(
-            1 for o in outcomes if any(i.get("issue") == "nothing_to_remember" for i in o.record)
-        ),
+        **_by_whom(outcomes),
         "windows_failed": sum(1 for o in outcomes if o.status == "failed"),
         "memories_added": sum(len(o.memories) for o in outcomes),
         **{name: after[name] - before[name] for name in after},
@@ -336,8 +361,10 @@ def run(
         f"extraction against {settings.extraction.llm_model} at {llm_url}, {figures['turns']} turns",
         [
             ("turns_lost", str(figures["turns_lost"]), f"{figures['turns_pending']} still pending"),
-            ("windows_with_memories", f"{figures['windows_with_memories']} / {figures['windows']}",
-             f"{figures['fallback_windows']} fell back, {figures['windows_failed']} failed attempts"),
+            ("windows_by_model", f"{figures['windows_by_model']} / {figures['windows']}",
+             f"{figures['windows_by_fallback']} by the fallback, {figures['windows_failed']} failed attempts"),
+            ("windows_declared_empty", str(figures["windows_declared_empty"]),
+             f"{figures['declared_empty_with_facts']} of them although their turns state facts"),
             ("type_repairs", str(figures["type_repairs"]), "types not one of the seven"),
             ("invented_ids_dropped", str(figures["invented_ids_dropped"]), "cited ids not in the window"),
             ("hallucination_suspects", str(figures["hallucination_suspects"]), "memories sharing no word with their sources"),
@@ -346,4 +373,9 @@ def run(
             ("output_mode", figures["output_mode"], "refused: " + (", ".join(figures["refused_modes"]) or "none")),
         ],
     )
+    if not figures["model_answered"]:
+        status(
+            f"WARNING: the model answered nothing usable: 0 of {figures['windows']} windows extracted or declared "
+            f"empty by {settings.extraction.llm_model} ({figures['windows_by_fallback']} stored by the fallback)"
+        )
     return figures

@@ -4,13 +4,16 @@ longer with seeded random steps.
 The steps are :class:`~memstream.bench.fold_stack.FoldStack`'s (writes of memories,
 turns, links, decisions and outcomes as several agents, users and teams; forgets of a
 user or a team; replays while serving; kills and restarts of the worker; reads with
-``min_position`` under concurrent writes), and after each step every read of every
-space and read scope is compared with the reference model. A run is cut into
-episodes of at most ``EPISODE_STEPS`` steps on fresh topics; an episode also ends at
-its first mismatch (the state has diverged; later reads would repeat it).
+``min_position`` under concurrent writes; on a sharded set, a second worker joining
+and leaving the group), and after each step every read of every space and read
+scope is compared with the reference model. A run is cut into episodes of at most
+``EPISODE_STEPS`` steps on fresh topics, the first and every second on a sharded set; an
+episode also ends at its first mismatch (the state has diverged; later reads would
+repeat it).
 
 Reported: ``steps``, ``reads_checked``, ``mismatches`` (reads that differed),
-``episodes`` and the first mismatches with the steps that led to them.
+``episodes`` (``sharded_episodes`` of them sharded), ``rebalances`` and the first
+mismatches with the steps that led to them.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ async def random_step(stack: FoldStack, rng: random.Random) -> None:
     serving = stack.serving
     choices = ["memory"] * 5 + ["turn"] * 2 + ["link"] * 3 + ["decision", "forget"]
     choices += ["kill", "replay", "read_at_position", "read_at_position"] if serving else ["start"] * 3
+    if serving and stack.settings.storage.sharded:
+        choices += ["rebalance"] * 2
     step = rng.choice(choices)
     if step == "memory":
         await stack.memory(space, agent, rng.choice(MEMORY_IDS), rng.choice((None, *ENTITIES)),
@@ -66,6 +71,8 @@ async def random_step(stack: FoldStack, rng: random.Random) -> None:
         stack.kill_worker()
     elif step == "start":
         stack.start_worker()
+    elif step == "rebalance":
+        stack.rebalance()
     elif step == "replay":
         await stack.replay()
     else:
@@ -75,13 +82,17 @@ async def random_step(stack: FoldStack, rng: random.Random) -> None:
 async def _run(root: Path, seconds: float, seed: int, track: Any) -> dict[str, Any]:
     rng = random.Random(seed)
     deadline = time.monotonic() + seconds
-    totals = {"steps": 0, "reads_checked": 0, "mismatches": 0, "episodes": 0}
+    totals = {"steps": 0, "reads_checked": 0, "mismatches": 0, "episodes": 0, "sharded_episodes": 0, "rebalances": 0}
     first: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
         totals["episodes"] += 1
         settings = track(bench_settings(root / f"e{totals['episodes']}"))
-        stack = await new_stack(settings, root / f"e{totals['episodes']}")
+        sharded = totals["episodes"] % 2 == 1  # the first one too: a short run rebalances
+        totals["sharded_episodes"] += sharded
+        stack = await new_stack(settings, root / f"e{totals['episodes']}", sharded=sharded)
         try:
+            if sharded:  # the group starts with two workers: a rebalance in every sharded episode
+                stack.rebalance()
             for _ in range(EPISODE_STEPS):
                 if time.monotonic() >= deadline:
                     break
@@ -96,6 +107,7 @@ async def _run(root: Path, seconds: float, seed: int, track: Any) -> dict[str, A
         finally:
             await stack.stop()
         totals["reads_checked"] += stack.reads
+        totals["rebalances"] += sum(1 for step in stack.steps if step.endswith("worker 1"))
         totals["mismatches"] += len(stack.mismatches)
         if stack.mismatches and len(first) < 5:
             first.append({"mismatch": str(stack.mismatches[0]), "steps": stack.steps, "notes": stack.notes})
@@ -115,6 +127,8 @@ def run(*, seconds: float = 60.0, seed: int = 0) -> dict[str, Any]:
             ("reads_checked", str(result["reads_checked"]), "-"),
             ("mismatches", str(result["mismatches"]), "0"),
             ("episodes", str(result["episodes"]), f"at most {EPISODE_STEPS} steps each"),
+            ("sharded_episodes", str(result["sharded_episodes"]), "two workers, rebalanced"),
+            ("rebalances", str(result["rebalances"]), "a worker joined or left the group"),
         ],
     )
     for item in result["first_mismatches"]:

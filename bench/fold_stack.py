@@ -76,11 +76,13 @@ step instead of hanging it; nothing is asserted about time)."""
 
 def stack_settings(base: Settings, root: Path, **overrides: Any) -> Settings:
     """The machine's settings: sealed (forget needs keys), a small local embedder,
-    short batches, and the readers' grace short enough for shredding to happen."""
+    short batches, the readers' grace short enough for shredding to happen, and (for a
+    sharded group) the broker's shortest session timeout, so that a worker's shards
+    move soon after it left."""
     values: dict[str, Any] = dict(
         sealing=True, embedder="local", embedding_dim=32, projector_batch_seconds=0.05,
         optimize_every_s=2.0, reader_grace_s=2.0, read_wait_max_s=60.0, reflection_poll_seconds=0.5,
-        lance_dir=root / "lance", home=root / "home",
+        worker_session_timeout_s=6.0, lance_dir=root / "lance", home=root / "home",
     )
     values.update(overrides)
     return base.model_copy(update=values)
@@ -246,6 +248,7 @@ class FoldStack:
     def kill_worker(self, index: int = 0) -> None:
         self.steps.append(f"kill worker {index}")
         self.workers[index].kill()
+        self.workers[index].stop()  # reaped: a killed worker is no worker that died by itself
 
     def start_worker(self, index: int = 0) -> None:
         self.steps.append(f"start worker {index}")
@@ -257,6 +260,18 @@ class FoldStack:
         self.steps.append(f"add worker {len(self.workers)}")
         self.workers.append(self._worker(f"w{len(self.workers)}"))
         self.workers[-1].start()
+
+    def rebalance(self) -> None:
+        """The group changes while it projects (sharded sets only): a second worker
+        joins (the partitions are shared out again), leaves (SIGTERM: its shards go
+        back to the first after the session timeout) or joins again."""
+        if len(self.workers) < 2:
+            self.add_worker()
+        elif self.workers[1].alive():
+            self.steps.append("stop worker 1")
+            self.workers[1].stop()
+        else:
+            self.start_worker(1)
 
     async def replay(self) -> None:
         """``memstream replay`` while the worker projects and the service serves (a
@@ -412,7 +427,8 @@ class FoldStack:
         turns = await asyncio.to_thread(store.get_messages, scope, list(TURN_IDS))
         self._compare(f"turns {where}", model.turns(scope), {t["message_id"]: t["content"] for t in turns})
         decisions = await asyncio.to_thread(store.decisions_for, scope)
-        self._compare(f"decisions {where}", model.decisions(scope), {d["decision_id"]: d["status"] for d in decisions})
+        self._compare(f"decisions {where}", model.decisions(scope),
+                      {(d["agent_id"], d["decision_id"]): d["status"] for d in decisions})
         lessons = await asyncio.to_thread(store.reflections_for, scope, subject="ACME", limit=1000)
         self._compare(f"lessons {where}", model.lessons(scope, "ACME"), {r["reflection_id"]: r["content"] for r in lessons})
         for name in ENTITIES:

@@ -37,7 +37,7 @@ import numpy as np
 
 from memstream.bench import locomo
 from memstream.bench._common import LatencyLog, console, table
-from memstream.bench.ranking_shapes import SHAPES, Query, Shape, build_shapes
+from memstream.bench.ranking_shapes import PERSON_SEED, SHAPES, Query, Shape, build_shapes
 from memstream.domain.events import Scope
 from memstream.domain.ranking import RankingWeights
 from memstream.settings import Settings
@@ -159,16 +159,20 @@ class _Hit:
     source_message_ids: Sequence[str]
 
 
-def open_bench(data: Path, workdir: Path, embedder: str | None = None) -> Bench:
-    """The shapes ingested into ``workdir`` (reused when a finished ingest is there)."""
+def open_bench(data: Path, workdir: Path, embedder: str | None = None, seed: int = PERSON_SEED) -> Bench:
+    """The shapes ingested into ``workdir`` (reused when a finished ingest of the same
+    ``seed`` is there). ``seed`` draws the generated person shapes."""
     from memstream.projections.embedder import build_embedder
     from memstream.projections.store import LanceStore
 
     raw = json.loads(Path(data).read_text(encoding="utf-8"))
-    shapes = build_shapes(locomo.load_locomo(Path(data)), raw)
+    shapes = build_shapes(locomo.load_locomo(Path(data)), raw, seed)
     marker = workdir / "ingested.json"
     if marker.exists():
-        settings = Settings(**{**Settings().model_dump(), **json.loads(marker.read_text())})
+        kept = json.loads(marker.read_text())
+        if kept.pop("seed", PERSON_SEED) != seed:
+            raise ValueError(f"{workdir} holds an ingest of another seed: use another --workdir")
+        settings = Settings(**{**Settings().model_dump(), **kept})
     else:
         workdir.mkdir(parents=True, exist_ok=True)
         settings = locomo.bench_settings(Settings(), workdir, embedder=embedder or Settings().embeddings.provider, tag="ranking")
@@ -178,7 +182,7 @@ def open_bench(data: Path, workdir: Path, embedder: str | None = None) -> Bench:
         finally:
             locomo.cleanup_run(settings, workdir, keep=True)
         console.print(f"ingest: {len(events)} events -> {report.memories} memories in {report.ingest_s:.1f} s")
-        marker.write_text(json.dumps({"lance_dir": str(settings.storage.root), "embedder": settings.embeddings.provider}))
+        marker.write_text(json.dumps({"lance_dir": str(settings.storage.root), "embedder": settings.embeddings.provider, "seed": seed}))
     store = LanceStore.from_settings(settings.storage, settings.embeddings.dim)
     return Bench(store, build_embedder(settings.embeddings), shapes)
 
@@ -192,13 +196,14 @@ def _print(result: Mapping[str, Any]) -> None:
     console.print(table("ranking on four shapes", ["shape", "system", "r@1", "r@5", "r@10", "p50 ms"], rows))
 
 
-def run(data: Path, embedder: str | None = None, workdir: Path | None = None) -> dict[str, Any]:
-    """Ingest every shape (or reuse ``workdir``'s ingest), evaluate, return the summary."""
+def run(data: Path, embedder: str | None = None, workdir: Path | None = None, seed: int = PERSON_SEED) -> dict[str, Any]:
+    """Ingest every shape (or reuse ``workdir``'s ingest), evaluate, return the summary
+    (``seed``: of the generated person shapes)."""
     own = workdir is None
     work = Path(tempfile.mkdtemp(prefix="memstream-bench-ranking-")) if workdir is None else Path(workdir)
     try:
-        bench = open_bench(data, work, embedder)
-        result: dict[str, Any] = {"embedder": bench.embedder.model_id, **bench.evaluate()}
+        bench = open_bench(data, work, embedder, seed)
+        result: dict[str, Any] = {"embedder": bench.embedder.model_id, "seed": seed, **bench.evaluate()}
     finally:
         if own:
             shutil.rmtree(work, ignore_errors=True)

@@ -35,9 +35,11 @@ from memstream.domain.ranking import RankingWeights
 __all__ = ["GRID", "variants", "objective", "main"]
 
 GRID: dict[str, list[Any]] = {
-    "lexical_coverage": [0.0, 1.0],
     "speaker_about": [False, True],
-    "entity_weight": [0.0, 0.3],
+    "query_confidence": [False, True],
+    "turn_prior": [1.0, 0.5],
+    "date_weight": [0.0, 2.0],
+    "diversity_weight": [0.0, 0.5],
 }
 
 Found = dict[str, list[list[Sequence[str]]]]

@@ -60,6 +60,9 @@ class FallbackReason(StrEnum):
     """Retryable failures (timeouts, 5xx, dropped connections) ``extract_max_attempts`` times."""
     budget = "budget"
     """The retry budget ran out (``extract_retry_budget_s`` since the first attempt)."""
+    declared_empty = "declared_empty"
+    """The model declared the window empty although its turns plainly state facts
+    (``extract_declared_empty_fallback``)."""
 
 
 _CONTEXT_LENGTH = re.compile(

@@ -4,18 +4,22 @@ The projector is fast and incremental; this is neither. It folds a sequence of e
 in log order (each memory space's events in its partition's order, a turn placed
 where it was written relative to them) into the state of each memory space, and
 answers reads from that state by :class:`~memstream.domain.access.ReadScope`. It is
-the oracle the stateful test (``tests/test_fold_machine.py``) and ``memstream bench
+the oracle the stateful test (``tests/bench/test_fold_stack.py``) and ``memstream bench
 fold`` compare the live stack with, so it says each rule once, plainly:
 
 * a memory or turn id belongs to the agent that wrote it first (since the space's
   last forget); another agent's write of that id is refused; the owner's later write
   replaces the row (the latest position wins);
-* links are kept by id (the latest write wins); a memory's view comes from its own
-  agent's links only: the latest ``supersedes``/``contradicts`` link to it sets
-  ``superseded_by``, the latest ``duplicates`` link from it sets ``canonical_id``;
-* a decision's ledger row: its status only moves up (pending < expired < reflected),
-  a later event fills the fields it knows; a lesson is a ``MemoryReflected`` row;
-  outcomes change no view;
+* a link id belongs to its agent (another agent's link of that id is another link);
+  the agent's later write of the id replaces its earlier link whole, ends included
+  (the latest write wins, as for every row kept by id: a link is a statement its
+  author may correct, and an upsert cannot tell a correction from a first write);
+  a memory's view comes from its own agent's links only: the latest
+  ``supersedes``/``contradicts`` link to it sets ``superseded_by``, the latest
+  ``duplicates`` link from it sets ``canonical_id``;
+* a decision id belongs to its agent too; its ledger row's status only moves up
+  (pending < expired < reflected), a later event fills the fields it knows; a lesson
+  is a ``MemoryReflected`` row; outcomes change no view;
 * ``SubjectForgotten`` empties its space (every space of the team with
   ``whole_team``) at its place in the log: what comes after it is kept;
 * a read sees its space only, and only its agent's rows when pinned to one; a
@@ -113,8 +117,10 @@ class Space:
 
     memories: dict[str, Memory] = field(default_factory=dict)
     turns: dict[str, Turn] = field(default_factory=dict)
-    links: dict[str, Link] = field(default_factory=dict)
-    decisions: dict[str, Decision] = field(default_factory=dict)
+    links: dict[tuple[str, str], Link] = field(default_factory=dict)
+    """By (agent, link id)."""
+    decisions: dict[tuple[str, str], Decision] = field(default_factory=dict)
+    """By (agent, decision id)."""
     lessons: dict[str, Lesson] = field(default_factory=dict)
 
 
@@ -174,17 +180,17 @@ class Folded:
         """message id -> text of the turns the read scope sees."""
         return {t.message_id: t.content for t in self._space(scope).turns.values() if _sees(scope, t.agent_id)}
 
-    def links(self, scope: ReadScope) -> dict[str, tuple[str, str, str]]:
-        """link id -> (from, to, relation) of the links the read scope sees."""
+    def links(self, scope: ReadScope) -> dict[tuple[str, str], tuple[str, str, str]]:
+        """(agent, link id) -> (from, to, relation) of the links the read scope sees."""
         return {
-            lk.link_id: (lk.from_memory_id, lk.to_memory_id, lk.relation)
+            (lk.agent_id, lk.link_id): (lk.from_memory_id, lk.to_memory_id, lk.relation)
             for lk in self._space(scope).links.values()
             if _sees(scope, lk.agent_id)
         }
 
-    def decisions(self, scope: ReadScope) -> dict[str, str]:
-        """decision id -> ledger status, of the rows the read scope sees."""
-        return {d.decision_id: d.status for d in self._space(scope).decisions.values() if _sees(scope, d.agent_id)}
+    def decisions(self, scope: ReadScope) -> dict[tuple[str, str], str]:
+        """(agent, decision id) -> ledger status, of the rows the read scope sees."""
+        return {(d.agent_id, d.decision_id): d.status for d in self._space(scope).decisions.values() if _sees(scope, d.agent_id)}
 
     def lessons(self, scope: ReadScope, subject: str | None = None) -> dict[str, str]:
         """reflection id -> lesson text the read scope sees (about ``subject``)."""
@@ -240,12 +246,12 @@ def _apply(state: Folded, e: EventBase, seq: int) -> None:
                 e.memory_id, s.agent_id, e.content, e.memory_type.value, e.source_message_ids, keys, seq
             )
     elif isinstance(e, MemoryLinked):
-        space.links[e.link_id] = Link(e.link_id, s.agent_id, e.from_memory_id, e.to_memory_id, e.relation.value, seq)
+        space.links[(s.agent_id, e.link_id)] = Link(e.link_id, s.agent_id, e.from_memory_id, e.to_memory_id, e.relation.value, seq)
     elif isinstance(e, (DecisionRecorded, DecisionExpired, MemoryReflected)):
         status = "pending" if isinstance(e, DecisionRecorded) else "expired" if isinstance(e, DecisionExpired) else "reflected"
-        old = space.decisions.get(e.decision_id)
+        old = space.decisions.get((s.agent_id, e.decision_id))
         if old is not None and _STATUS_RANK[old.status] > _STATUS_RANK[status]:
             status = old.status
-        space.decisions[e.decision_id] = Decision(e.decision_id, s.agent_id, e.subject, status)
+        space.decisions[(s.agent_id, e.decision_id)] = Decision(e.decision_id, s.agent_id, e.subject, status)
         if isinstance(e, MemoryReflected):
             space.lessons[e.reflection_id] = Lesson(e.reflection_id, s.agent_id, e.subject, e.decision_id, e.content)

@@ -55,6 +55,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 import openai
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from memstream.domain.repair import UnusableAnswer
 from memstream.metrics import record_llm_call
@@ -256,12 +257,14 @@ class LLMClient:
         output_mode: OutputMode = "json_schema",
         memory: ModeMemory | None = None,
         max_tokens: int | None = None,
+        temperature: float | None = None,
     ) -> None:
         self.model = model
         self.base_url = base_url
         self.timeout_s = float(timeout_s)
         self.max_retries = int(max_retries)
         self.max_tokens = max_tokens
+        self.temperature = temperature
         self._initial: OutputMode = output_mode
         self._memory = memory or ModeMemory(None, MODES)
         self._key = endpoint_key(base_url, model)
@@ -284,6 +287,7 @@ class LLMClient:
             max_retries=settings.extraction.llm_max_retries,
             memory=ModeMemory(modes_path(settings), MODES, ttl_s=MODE_TTL_S),
             max_tokens=settings.extraction.llm_max_tokens,
+            temperature=settings.extraction.llm_temperature,
         )
 
     @property
@@ -320,7 +324,8 @@ class LLMClient:
         if schema is None and MODES.index(mode) < MODES.index("json_object"):
             mode = "json_object"  # the schema modes have nothing to send without a schema
         refused: list[OutputMode] = []
-        extra: dict[str, Any] = {} if self.max_tokens is None else {"max_tokens": self.max_tokens}
+        extra: dict[str, Any] = {"max_tokens": self.max_tokens, "temperature": self.temperature}
+        extra = {k: v for k, v in extra.items() if v is not None}
         while True:
             response_format = _response_format(mode, schema, schema_name)
             kwargs = dict(extra) if response_format is None else {**extra, "response_format": response_format}
@@ -397,8 +402,9 @@ async def call_with_retry(
     errors: list[str] = []
     usage: dict[str, int] = {}
     latency = 0.0
-    last: LLMError | None = None
-    for attempt in range(1, retries + 2):
+
+    async def once() -> LLMCall[T]:
+        nonlocal latency
         try:
             result = await chat.chat_json(system, user, schema=schema, schema_name=schema_name)
         except LLMError as exc:
@@ -406,10 +412,7 @@ async def call_with_retry(
             latency += exc.latency_ms
             _add_usage(usage, exc.usage)
             errors.append(f"{exc.kind}: {exc}")
-            last = exc
-            if not exc.retryable:
-                break
-            continue
+            raise
         latency += result.latency_ms
         _add_usage(usage, result.usage)
         try:
@@ -419,22 +422,26 @@ async def call_with_retry(
             record_llm_call(schema_name, ok=False, reason=kind)
             reason = " ".join(str(exc).split())[:300]
             errors.append(f"{kind}: {reason}")
-            last = LLMError(kind, reason, latency_ms=result.latency_ms, usage=result.usage)
-            if kind == "unusable":
-                break
-            continue
+            raise LLMError(kind, reason, latency_ms=result.latency_ms, usage=result.usage) from None
         record_llm_call(schema_name, ok=True)
-        return LLMCall(value, result, attempt, latency, usage, tuple(errors))
-    assert last is not None
-    raise LLMError(
-        last.kind,
-        str(last),
-        status=last.status,
-        attempts=len(errors),
-        latency_ms=latency,
-        usage=usage,
-        errors=tuple(errors),
-    )
+        return LLMCall(value, result, len(errors) + 1, latency, usage, tuple(errors))
+
+    try:
+        return await AsyncRetrying(
+            stop=stop_after_attempt(retries + 1),
+            retry=retry_if_exception(lambda exc: isinstance(exc, LLMError) and exc.retryable),
+            reraise=True,
+        )(once)
+    except LLMError as last:
+        raise LLMError(
+            last.kind,
+            str(last),
+            status=last.status,
+            attempts=len(errors),
+            latency_ms=latency,
+            usage=usage,
+            errors=tuple(errors),
+        ) from None
 
 
 def build_llm(settings: Settings) -> LLMClient | None:

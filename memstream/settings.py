@@ -90,6 +90,7 @@ HOME_RELATIVE_PATHS = (
     "worker.outcome_prices_path",
     "api.banks_file",
     "api.keys_file",
+    "api.console_operator_token_file",
     "security.master_key_file",
     "broker.password_file",
     "broker.ssl_cafile",

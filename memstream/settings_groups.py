@@ -254,6 +254,11 @@ class ApiSettings(_Group):
     """The memory banks (default ``<home>/banks.toml``)."""
     keys_file: Path | None = advanced(None)
     """The API keys (default ``<home>/keys.toml``)."""
+    console: bool = advanced(True)
+    """Serve the web console at ``/console`` from the API (docs/console.md); false: off."""
+    console_operator_token_file: Path | None = advanced(None)
+    """The console's operator credential (default ``<home>/operator.token``, 0600, written
+    by ``memstream up`` or ``memstream console token``): it opens the operations pages."""
 
 
 class WorkerSettings(_Group):
@@ -272,8 +277,6 @@ class WorkerSettings(_Group):
     """Longest wait of one fetch for new records when the projector is caught up."""
     projector_linger_s: float = advanced(0.5, ge=0)
     """While keeping up with a trickle of writes, the projector commits at most this often (0: no linger)."""
-    projector_decode_process: bool = advanced(False)
-    """Decode records in a separate process instead of a thread (on 2 cores the thread was faster)."""
     reflection_poll_seconds: float = advanced(5.0, gt=0)
     """How often the reflector looks for decisions with a known outcome."""
     outcome_prices_path: Path | None = advanced(None)
@@ -297,6 +300,16 @@ class ExtractionSettings(_Group):
     """Retries of one LLM call by the client."""
     llm_max_tokens: int | None = advanced(None, ge=1)
     """Sent as ``max_tokens`` when set: bounds a small model that loops inside its JSON."""
+    llm_temperature: float | None = advanced(None, ge=0, le=2)
+    """Sent as ``temperature`` when set (unset: the server's default); 0 makes a small
+    local model's JSON answers steadier and repeatable."""
+    prompt: Literal["full", "compact"] = advanced("full")
+    """Which extraction prompt the model gets: ``full`` (scenes, times, entities, links;
+    for models of about 7B and up) or ``compact`` (a quarter of the tokens and a flat
+    answer sent as a schema, for small local models of about 100M-1B)."""
+    declared_empty_fallback: bool = advanced(True)
+    """A window the model declares empty although some turns plainly state facts is
+    stored by the heuristic fallback (false: trust the model's "nothing")."""
     min_new_turns: int = advanced(10, ge=1)
     """With an LLM: a session is extracted once it has this many new turns..."""
     idle_seconds: float = advanced(30.0, gt=0)

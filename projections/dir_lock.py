@@ -32,6 +32,8 @@ class LanceDirBusyError(RuntimeError):
     """Another process (a worker, a replay's swap) owns the LanceDB directory."""
 
 
+# Kept by hand: filelock takes exclusive flocks only (its reader/writer lock is SQLite), and
+# workers in a group hold this shared beside a replay's probe (test_shard_group.py).
 class LanceDirLock:
     """The exclusive right to write (or swap) a LanceDB directory: an advisory
     ``flock`` on the sibling file ``<lance_dir>.lock``.

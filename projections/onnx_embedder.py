@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
+from cachetools import TTLCache
 
 from memstream.projections.onnx_models import OnnxModel, OnnxModelError, file_sha256
 
@@ -131,7 +131,7 @@ class OnnxEmbedder:
         self._load_args = (str(model.model_file), str(model.tokenizer_file), model.max_tokens)
         self._inputs = {i.name for i in self._session.get_inputs()}
         self._side_session: Any = None  # loaded by warm() or the first call of several batches
-        self._cache: OrderedDict[str, tuple[float, np.ndarray]] = OrderedDict()
+        self._cache: TTLCache[str, np.ndarray] = TTLCache(_QUERY_CACHE_SIZE, _QUERY_CACHE_TTL_S, timer=time.monotonic)
         self._cache_lock = threading.Lock()
         self.dim = int(self._run(["dimension probe"]).shape[1])
 
@@ -154,19 +154,14 @@ class OnnxEmbedder:
     def embed_query(self, text: str) -> np.ndarray:
         """One query's vector; the same query within a minute is not embedded again
         (an agent asks the same thing in bursts)."""
-        now = time.monotonic()
         with self._cache_lock:
             hit = self._cache.get(text)
-            if hit is not None and hit[0] > now:
-                self._cache.move_to_end(text)
-                return hit[1]
+        if hit is not None:
+            return hit
         vector = self._run([text])[0]
         vector.setflags(write=False)
         with self._cache_lock:
-            self._cache[text] = (now + _QUERY_CACHE_TTL_S, vector)
-            self._cache.move_to_end(text)
-            while len(self._cache) > _QUERY_CACHE_SIZE:
-                self._cache.popitem(last=False)
+            self._cache[text] = vector
         return vector
 
     def _run(self, texts: Sequence[str]) -> np.ndarray:

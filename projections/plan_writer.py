@@ -5,8 +5,11 @@ the newer memory to the older) set the older memory's ``superseded_by``; ``dupli
 (from the duplicate to the canonical memory) sets the duplicate's ``canonical_id``.
 The view is derived when a batch is written, from the links table, so a link that
 arrives before its memory still takes effect; the link latest in the log wins, and only
-links written in the memory's own agent's scope count. Decisions combine into one
-ledger row whose status only moves up (pending < expired < reflected).
+links written in the memory's own agent's scope count. A link id belongs to its agent;
+the agent's later link of that id replaces the earlier one whole, so the memory the
+earlier one set gets its view recomputed too (the fold's rule, ``domain/fold.py``).
+Decisions combine into one ledger row whose status only moves up (pending < expired <
+reflected).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from memstream.projections.rows import arrow_table, entity_row, memories_table
 from memstream.projections.schema import DECISIONS, ENTITIES, LINKS, MEMORIES, MESSAGES, REFLECTIONS, schema_for
 from memstream.projections.store import LanceStore, chunked, in_list
 
-__all__ = ["Plan", "PlanWriter", "SUPERSEDING_RELATIONS", "derive_view", "own_links"]
+__all__ = ["Plan", "PlanWriter", "SUPERSEDING_RELATIONS", "derive_view", "own_links", "view_target"]
 
 SUPERSEDING_RELATIONS = frozenset({LinkRelation.supersedes.value, LinkRelation.contradicts.value})
 _DUPLICATES = LinkRelation.duplicates.value
@@ -83,14 +86,16 @@ class PlanWriter:
         dim = self.store.embedding_dim
         if plan.messages:
             self.store.upsert(MESSAGES, arrow_table(MESSAGES, dim, list(plan.messages.values())))
+        replaced: set[str] = set()
         if plan.links:
+            replaced = self._replaced_ends(list(plan.links))
             self.store.upsert(LINKS, arrow_table(LINKS, dim, list(plan.links.values())))
         if plan.reflections:
             self.store.upsert(REFLECTIONS, arrow_table(REFLECTIONS, dim, list(plan.reflections.values())))
         if plan.decisions:
             self._write_decisions(plan.decisions)
         if plan.memories or plan.links or plan.fast:
-            self._write_memories(plan)
+            self._write_memories(plan, replaced)
 
     def _write_decisions(self, updates: list[dict[str, Any]]) -> None:
         """Combine decision updates with the stored ledger rows: a later event fills
@@ -112,6 +117,12 @@ class PlanWriter:
             current[u["pk"]] = merged
         self.store.upsert(DECISIONS, arrow_table(DECISIONS, self.store.embedding_dim, [current[k] for k in keys]))
 
+    def _replaced_ends(self, pks: Sequence[str]) -> set[str]:
+        """The memories whose view the stored links these keys replace had set (read
+        before the batch's links overwrite them)."""
+        stored = self.store.rows_by_keys(LINKS, pks, ["relation", "from_pk", "to_pk"]).to_pylist()
+        return {t for t in map(view_target, stored) if t is not None}
+
     def _links_concerning(self, pks: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
         """Links (stored, this batch's included) that decide the view of these memories."""
         out: dict[str, list[dict[str, Any]]] = {}
@@ -125,13 +136,12 @@ class PlanWriter:
                 f"OR (relation = 'duplicates' AND {in_list('from_pk', chunk)})"
             )
             for r in self.store.rows(LINKS, where, cols).to_pylist():
-                target = r["to_pk"] if r["relation"] in SUPERSEDING_RELATIONS else r["from_pk"]
-                out.setdefault(target, []).append(r)
+                out.setdefault(view_target(r) or "", []).append(r)
         return out
 
-    def _write_memories(self, plan: Plan) -> None:
+    def _write_memories(self, plan: Plan, replaced: set[str]) -> None:
         dim = self.store.embedding_dim
-        rows, vectors, existing = self._memories_to_view(plan)
+        rows, vectors, existing = self._memories_to_view(plan, replaced)
         fast = plan.fast
         links = self._links_concerning(sorted(rows.keys() | fast.keys()))
         changed = _set_views(rows, links, existing)
@@ -159,16 +169,15 @@ class PlanWriter:
         readded = updated > sum(1 for pk in changed if pk in existing)
         self._write_entities(plan, [pk for pk in changed if pk in plan.memories], fast_entities, readded)
 
-    def _memories_to_view(self, plan: Plan) -> tuple[dict[str, dict[str, Any]], dict[str, np.ndarray], set[str]]:
+    def _memories_to_view(
+        self, plan: Plan, replaced: set[str]
+    ) -> tuple[dict[str, dict[str, Any]], dict[str, np.ndarray], set[str]]:
         """The batch's general-path memory rows and vectors, plus the stored memories
-        whose view a link of this batch may change (``existing``: their keys)."""
+        whose view a link of this batch (or a link it replaced) may change
+        (``existing``: their keys)."""
         rows: dict[str, dict[str, Any]] = dict(plan.memories)
         vectors: dict[str, np.ndarray] = {pk: v for pk, v in plan.vectors.items() if v is not None}
-        touched = {
-            (link["to_pk"] if link["relation"] in SUPERSEDING_RELATIONS else link["from_pk"])
-            for link in plan.links.values()
-            if link["relation"] in SUPERSEDING_RELATIONS or link["relation"] == _DUPLICATES
-        }
+        touched = {t for t in map(view_target, plan.links.values()) if t is not None} | replaced
         stored_keys = sorted(touched - rows.keys() - plan.fast.keys())
         existing: set[str] = set()
         if stored_keys:
@@ -204,6 +213,15 @@ def _set_views(rows: dict[str, dict[str, Any]], links: dict[str, list[dict[str, 
         if pk not in existing or view != old:
             changed.append(pk)
     return changed
+
+
+def view_target(link: dict[str, Any]) -> str | None:
+    """The key of the memory whose view a link sets: the older memory of a
+    ``supersedes``/``contradicts`` link, the duplicate of a ``duplicates`` link, none
+    for the others."""
+    if link["relation"] in SUPERSEDING_RELATIONS:
+        return str(link["to_pk"])
+    return str(link["from_pk"]) if link["relation"] == _DUPLICATES else None
 
 
 def own_links(links: list[dict[str, Any]], agent_id: str) -> list[dict[str, Any]]:

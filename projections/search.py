@@ -143,7 +143,7 @@ def _hybrid(
     named = query_mentions(query, space_speakers(cache, store, scope)) if w.query_processing else set()
     text_query = lexical_query(query, named) if w.query_processing else query
     context_on = w.context_forward > 0 or w.context_forward_statement > 0 or w.context_backward > 0
-    conversational = context_on or w.speaker_weight > 0 or w.temporal_weight > 0 or w.question_penalty < 1
+    conversational = context_on or w.speaker_weight > 0 or w.temporal_weight > 0 or w.question_penalty < 1 or w.turn_prior < 1
     refine = VECTOR_REFINE_FACTOR if store.has_vector_index() else None
     # one wait: both lists (the query embedded meanwhile), then what their
     # candidates need that the space's cache does not hold

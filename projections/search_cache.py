@@ -183,6 +183,8 @@ class SpaceCache:
                 self.turn_rows += 1
 
 
+# Not a plain LRU (so not cachetools): entries grow in place while filed and the growing
+# entry is kept while others go (test_search_cache.py::test_the_cache_stays_within_its_bound).
 class _Registry:
     """Every space's entry, least recently searched first, and the rows they hold
     together (kept as a running total: summing over thousands of spaces at every

@@ -15,8 +15,12 @@ from typing import Any
 from memstream.domain.events import Scope
 from memstream.domain.ranking import (
     RankingWeights,
+    asks_about_conversation,
     asks_for_time,
+    is_turn_copy,
     mentions_time,
+    named_dates,
+    on_named_day,
     prior_factor,
     query_mentions,
     query_names,
@@ -213,6 +217,17 @@ def _names_any(text: str, names: set[str]) -> bool:
     return False
 
 
+def _span(row: Mapping[str, Any]) -> tuple[Any, Any]:
+    """A memory's time as a span: its point time, or its range, or when it was written."""
+    point = row.get("timestamp")
+    if point is not None:
+        return point, point
+    start, end = row.get("timestamp_start"), row.get("timestamp_end")
+    if start is not None or end is not None:
+        return start or end, end or start
+    return row.get("created_at"), row.get("created_at")
+
+
 def priors(
     query: str,
     rows: Mapping[str, Mapping[str, Any]],
@@ -225,11 +240,15 @@ def priors(
     too, or a name the query asks about (:func:`query_names`): it is about that person
     as much as the person's turns are), the time prior (the query asks when, the
     memory states a time) and the question penalty (its source turns only ask) of
-    each candidate, where not 1."""
+    each candidate, and the turn prior of a turn memory the query does not ask about
+    (:func:`is_turn_copy`, :func:`asks_about_conversation`), where not 1."""
     wants_time = asks_for_time(query)
+    days = named_dates(query) if w.date_weight else frozenset()
     spoken: dict[str, set[str]] = {}  # pk -> the speakers of its source turns
     asking: set[str] = set()  # the candidates whose source turns all ask something
     turns: set[str] = set()  # the candidates drawn from turns
+    chat: set[str] = set()  # the candidates that are their turn word for word
+    small_talk = w.turn_prior < 1.0 and not asks_about_conversation(query)
     for pk, r in rows.items():
         found = src.of(pk, r)
         if not found:
@@ -240,6 +259,8 @@ def priors(
             spoken[pk] = names
         if all(t.question for t in found):
             asking.add(pk)
+        if small_talk and is_turn_copy(r.get("content") or "", ((t.speaker, t.content) for t in found)):
+            chat.add(pk)
     # only the candidates' own speakers can match: the query is matched against those few
     named = query_mentions(query, {n for names in spoken.values() for n in names}) | set(space_named)
     about = named | query_names(query) if w.speaker_about else set()
@@ -251,9 +272,10 @@ def priors(
         else:
             speaker_named = bool(about and w.speaker_weight and _names_any(r.get("content") or "", about))
         time_match = wants_time and mentions_time(r.get("content") or "")
-        if not (speaker_named or time_match or pk in asking):
+        on_day = bool(days) and on_named_day(days, *_span(r))
+        if not (speaker_named or time_match or pk in asking or pk in chat or on_day):
             continue  # prior_factor is 1.0 exactly
-        factor = prior_factor(speaker_named, time_match, w, pk in asking)
+        factor = prior_factor(speaker_named, time_match, w, pk in asking, pk in chat, on_day)
         if factor != 1.0:
             out[pk] = factor
     return out

@@ -18,8 +18,9 @@ only from reads under the space's predicate or from rows of that space.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
+
+from cachetools import LRUCache
 
 from memstream.domain.access import ReadScope, read_scope_of
 from memstream.domain.events import Scope
@@ -53,8 +54,7 @@ class MemoryOwners:
         self.cache = cache
         self.max_ids = max_ids
         self._lock = threading.Lock()
-        self._spaces: OrderedDict[SpaceKey, _Space] = OrderedDict()
-        self._total = 0
+        self._spaces: LRUCache[SpaceKey, _Space] = LRUCache(max_ids, getsizeof=lambda space: len(space.agents))
         self._large: set[SpaceKey] = set()
 
     def owner(self, store: LanceStore, scope: Scope | ReadScope, memory_id: str) -> str | None:
@@ -77,20 +77,16 @@ class MemoryOwners:
             if key in self._large:
                 return None
             held = self._spaces.get(key)
-            if held is not None:
-                self._spaces.move_to_end(key)
         if held is not None and held.version[:2] == version[:2] and held.version[2] >= version[2]:
             return held.agents
         written = self._written(root, scope, held, version) if held is not None else None
         if held is not None and written is not None:
             with self._lock:
                 if self._spaces.get(key) is held:
-                    before = len(held.agents)
                     held.agents.update(written)  # in place: a check holding the map sees newer, never older
-                    self._total += len(held.agents) - before
                     if held.version[2] < version[2]:
                         held.version = version
-                    self._fit()
+                    self._keep(key, held)  # weighed again
                     return held.agents
         agents = self._read(store, scope)
         with self._lock:
@@ -120,21 +116,12 @@ class MemoryOwners:
         return dict(zip(read.column("memory_id").to_pylist(), read.column("agent_id").to_pylist()))
 
     def _keep(self, key: SpaceKey, entry: _Space | None) -> None:
-        """File a space's map (``None``: too large, asked per check from now on), then
-        drop the least recently checked spaces until the ids fit (under the lock)."""
-        old = self._spaces.pop(key, None)
-        if old is not None:
-            self._total -= len(old.agents)
+        """File a space's map (``None``: too large, asked per check from now on); the
+        least recently checked spaces go until the ids fit (under the lock)."""
+        self._spaces.pop(key, None)
         if entry is None:
             if len(self._large) >= _LARGE_MAX:
                 self._large.clear()
             self._large.add(key)
-            return
-        self._spaces[key] = entry
-        self._total += len(entry.agents)
-        self._fit()
-
-    def _fit(self) -> None:
-        while self._total > self.max_ids and self._spaces:
-            _, dropped = self._spaces.popitem(last=False)
-            self._total -= len(dropped.agents)
+        elif len(entry.agents) <= self.max_ids:
+            self._spaces[key] = entry

@@ -4,6 +4,7 @@ successor, and shape the ordered results (formulas in ``memstream.domain.ranking
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -14,10 +15,11 @@ from memstream.domain.events import Scope
 from memstream.domain.priority import priority_factor
 from memstream.domain.ranking import (
     RankingWeights,
-    coverage,
+    diversify,
     entity_boost,
     entity_idf,
     final_score,
+    lexical_confidence,
     normalised_rrf,
     order_after_successors,
     recency_score,
@@ -64,7 +66,7 @@ def fuse(
     if w.fusion == "score":
         lexical, top = tscore, None
         if w.lexical_coverage and rows is not None and tscore:
-            lexical = _weighed(tscore, rows, _terms(text_query), w.lexical_coverage)
+            lexical = _weighed(tscore, rows, _terms(text_query), w)
             top = max(tscore.values())  # the weighing must not be scaled away
         fused = score_fusion(lexical, vsim, w.text_weight, w.fusion_vector_weight, w.vector_scaling, top)
     else:
@@ -75,26 +77,39 @@ def fuse(
 
 
 def _weighed(
-    tscore: Mapping[str, float], rows: Mapping[str, Mapping[str, Any]], query: frozenset[str], strength: float
+    tscore: Mapping[str, float], rows: Mapping[str, Mapping[str, Any]], query: frozenset[str], w: RankingWeights
 ) -> dict[str, float]:
     """Each BM25 score of an explicit memory (one not drawn from turns: a turn's words
-    are all it has) times ``1 - strength + strength * coverage`` over the query's
-    discriminating terms: a term held by most candidates (the name of the person every
-    memory here is about) is constant over them and tells none apart."""
+    are all it has) times ``1 - s + s * coverage`` over the query's discriminating
+    terms (a term held by most candidates, the name of the person every memory here is
+    about, tells none apart), and times the query's :func:`lexical_confidence`."""
     held = {pk: _terms(r.get("content") or "") for pk, r in rows.items()}
     hub = {t for t in query if 2 * sum(t in h for h in held.values()) > len(held)}
     wanted = query - hub
-    return {
-        pk: score if (rows.get(pk) or {}).get("source_message_ids") else
-        score * (1.0 - strength + strength * coverage(wanted, held.get(pk, frozenset())))
-        for pk, score in tscore.items()
-    }
+    explicit = [pk for pk in tscore if not (rows.get(pk) or {}).get("source_message_ids")]
+    counts = {pk: len(wanted & held.get(pk, frozenset())) for pk in explicit}
+    conf = lexical_confidence(counts.values(), len(wanted)) if w.query_confidence and wanted else 1.0
+    s = w.lexical_coverage
+    out = dict(tscore)
+    for pk in explicit:
+        c = counts[pk] / len(wanted) if wanted else 1.0
+        out[pk] = tscore[pk] * (1.0 - s + s * c) * conf
+    return out
 
 
 @lru_cache(maxsize=65_536)
 def _terms(text: str) -> frozenset[str]:
     # the same memories come back query after query: each is stemmed once
     return frozenset(terms(text))
+
+
+def _distinct_words(rows: Mapping[str, Mapping[str, Any]], order: list[str]) -> dict[str, frozenset[str]]:
+    """Each candidate's terms without those most candidates hold (the name of the
+    person they are all about): a word every memory shares makes none a repeat."""
+    words = {pk: _terms(rows[pk].get("content") or "") for pk in order}
+    counts = Counter(t for ws in words.values() for t in ws)
+    common = frozenset(t for t, n in counts.items() if 2 * n > len(words))
+    return {pk: ws - common for pk, ws in words.items()} if common else words
 
 
 def entity_boosts(
@@ -139,7 +154,8 @@ def ranked(
     k: int | None,
 ) -> list[SearchResult]:
     """The candidates as results in ranking order: ``prior * (fused + context)`` with
-    recency, supersession, entity boost and priority, capped below each successor;
+    recency, supersession, entity boost and priority, capped below each successor,
+    the first ``k`` places chosen among near-repeats (:func:`diversify`);
     without evidence (``drop_zero``) a candidate never pads the list; cut at ``k``
     (``None``: every candidate, for a reranker)."""
     raw: dict[str, float] = {}
@@ -171,6 +187,8 @@ def ranked(
     order = sorted(rows, key=lambda pk: (-final[pk], rows[pk]["memory_id"]))
     if drop_zero:
         order = [pk for pk in order if final[pk] > 0.0]
+    if w.diversity_weight and len(order) > 1:
+        order = diversify(order, final, _distinct_words(rows, order), w.diversity_weight, k or len(order), successor)
     if k is not None:
         order = order[:k]
     results = []

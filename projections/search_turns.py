@@ -34,6 +34,10 @@ class Turn:
         self._question: bool | None = None
 
     @property
+    def content(self) -> str:
+        return self._content
+
+    @property
     def question(self) -> bool:
         if self._question is None:
             self._question = is_question(self._content)

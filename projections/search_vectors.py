@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections import OrderedDict
 from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from cachetools import LRUCache
 
 from memstream.projections import search_queries as q
 from memstream.projections.growing import Buffer
@@ -155,17 +155,13 @@ class VectorCache:
     def __init__(self, max_rows: int = VECTORS_MAX_ROWS) -> None:
         self.max_rows = max_rows
         self._lock = threading.Lock()
-        self._spaces: OrderedDict[Hashable, SpaceVectors] = OrderedDict()
-        self._total = 0
+        self._spaces: LRUCache[Hashable, SpaceVectors] = LRUCache(max_rows, getsizeof=lambda v: v.size)
 
     def get(self, key: Hashable, version: Hashable) -> SpaceVectors | None:
         """The space's vectors at ``version``, if kept."""
         with self._lock:
             hit = self._spaces.get(key)
-            if hit is None or hit.version != version:
-                return None
-            self._spaces.move_to_end(key)
-            return hit
+        return hit if hit is not None and hit.version == version else None
 
     def latest(self, key: Hashable) -> SpaceVectors | None:
         """The space's vectors at whichever version they were kept (to carry forward)."""
@@ -174,25 +170,19 @@ class VectorCache:
 
     def keep(self, key: Hashable, vectors: SpaceVectors) -> None:
         with self._lock:
-            old = self._spaces.pop(key, None)
-            self._total -= old.size if old is not None else 0
-            if vectors.size > self.max_rows:
-                return
-            self._spaces[key] = vectors
-            self._total += vectors.size
-            while self._total > self.max_rows:
-                _, dropped = self._spaces.popitem(last=False)
-                self._total -= dropped.size
+            self._spaces.pop(key, None)
+            if vectors.size <= self.max_rows:  # a space larger than the bound is not kept
+                self._spaces[key] = vectors
 
     def rows(self) -> int:
         with self._lock:
-            return self._total
+            return int(self._spaces.currsize)
 
     def held(self) -> tuple[int, int, int]:
         """The spaces kept, their memories and their storage's bytes
         (:attr:`SpaceVectors.nbytes`), at one moment."""
         with self._lock:
-            kept, total = list(self._spaces.values()), self._total
+            kept, total = list(self._spaces.values()), int(self._spaces.currsize)
         return len(kept), total, sum(v.nbytes for v in kept)
 
     def clear(self) -> None:

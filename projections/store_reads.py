@@ -21,7 +21,8 @@ from memstream.projections.store_filters import (
     require_scope,
     space_where,
 )
-from memstream.projections.store_tables import StoreTables, json_or_none
+from memstream.projections.store_snapshot import StoreSnapshots
+from memstream.projections.store_tables import json_or_none
 
 __all__ = ["StoreReads"]
 
@@ -29,7 +30,7 @@ _SPACES_PER_QUERY = 100
 """Memory spaces named in one query's filter (an OR of their team/user pairs)."""
 
 
-class StoreReads(StoreTables):
+class StoreReads(StoreSnapshots):
     """Lookups within one memory space."""
 
     def find_hashes(self, scope: Scope | ReadScope, hashes: Iterable[str]) -> dict[str, str]:
@@ -146,7 +147,12 @@ class StoreReads(StoreTables):
         superseded or contradicted, transitively, newest first; ``successors``: the
         chain of ``superseded_by`` up to the current memory), ``source_messages`` (the
         L0 turns it came from, the evidence chain) and ``provenance``. ``None`` when
-        the memory is not in the scope's space."""
+        the memory is not in the scope's space. Every table is read as of one
+        projected position (:meth:`StoreSnapshots.at_published`): the row's view and
+        its links always agree."""
+        return self.at_published((MEMORIES, LINKS, MESSAGES), lambda at: at._memory_with_links(scope, memory_id))
+
+    def _memory_with_links(self, scope: Scope | ReadScope, memory_id: str) -> dict[str, Any] | None:
         found = self.get_memories(scope, [memory_id])
         if not found:
             return None

@@ -9,6 +9,8 @@ an asyncio loop run these in an executor thread.
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Self
@@ -38,6 +40,9 @@ def json_or_none(text: str | None) -> Any:
 class StoreTables:
     """The projection's tables under ``root``: memories, messages, links, entities,
     reflections, decisions, positions (schemas in ``memstream.projections.schema``)."""
+
+    _published: dict[str, int] | None
+    _pinned: OrderedDict[tuple[str, int], Any]
 
     def __init__(
         self,
@@ -93,7 +98,11 @@ class StoreTables:
         self._vector_index = False
         # Built on first write per table (this store is the directory's only writer).
         self._key_filters: dict[str, KeyFilter] = {}
-
+        # The table versions this writer last published with its positions (read on
+        # its first save), and a reader's handles checked out at published versions.
+        self._published = None
+        self._pinned = OrderedDict()
+        self._pinned_lock = threading.Lock()
 
     def cache_bytes(self) -> int:
         """What LanceDB's caches of these tables hold now (diagnostics and tests)."""

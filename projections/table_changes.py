@@ -33,7 +33,6 @@ spaces catching up over the same versions cost one read.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +40,7 @@ from typing import Any
 import lance
 import pyarrow as pa
 import pyarrow.compute as pc
+from cachetools import LRUCache
 from lance import LanceOperation
 
 __all__ = ["SpaceChanges", "Changes", "TableChanges", "STEPS_KEPT", "ROWS_KEPT"]
@@ -170,7 +170,7 @@ class TableChanges:
         self.id_column = id_column
         self.columns = ["team_id", "user_id", id_column, *([session_column] if session_column else [])]
         self.row_columns = [c for c in row_columns if c not in self.columns]
-        self._steps: OrderedDict[int, Changes | None] = OrderedDict()
+        self._steps: LRUCache[int, Changes | None] = LRUCache(STEPS_KEPT)
         self._lock = threading.Lock()
         self._dataset: Any = None
         self._last: tuple[int, dict[int, Any]] | None = None
@@ -211,7 +211,6 @@ class TableChanges:
 
     def _step(self, version: int) -> Changes | None:
         if version in self._steps:
-            self._steps.move_to_end(version)
             return self._steps[version]
         try:
             step = self._read_step(version)
@@ -221,8 +220,6 @@ class TableChanges:
         stale = self._steps.get(version - ROWS_KEPT)
         if stale is not None and self.row_columns:
             self._steps[version - ROWS_KEPT] = stale.without_rows()
-        while len(self._steps) > STEPS_KEPT:
-            self._steps.popitem(last=False)
         return step
 
     def _at(self, version: int) -> Any:

@@ -1,5 +1,6 @@
 """How every memstream Kafka client connects: the one place its address and security
-(SASL, TLS) come from settings (:func:`kafka_options`, :func:`faust_credentials`), and
+(SASL, TLS) come from settings (:func:`kafka_options`; faust's from the same, in
+``memstream.services.app``), and
 starting clients while the broker may be briefly unreachable.
 
 Why: a worker restarted during a broker restart (a rolling upgrade, the chaos
@@ -12,7 +13,6 @@ is retried).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import ssl
 import time
@@ -23,12 +23,11 @@ from typing import Any, Protocol, TypeVar
 
 from aiokafka.errors import KafkaConnectionError
 from aiokafka.helpers import create_ssl_context
-from faust.auth import SASLCredentials, SSLCredentials
-from faust.types.auth import CredentialsT
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 from memstream.settings import BrokerSettings
 
-__all__ = ["kafka_options", "kafka_password", "faust_credentials", "KafkaSecurityError", "until_reachable", "until_started"]
+__all__ = ["kafka_options", "kafka_password", "KafkaSecurityError", "until_reachable", "until_started"]
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +41,6 @@ class _Client(Protocol):
 
 
 C = TypeVar("C", bound=_Client)
-
 
 
 class KafkaSecurityError(ValueError):
@@ -95,18 +93,6 @@ def kafka_options(broker: BrokerSettings, *, bootstrap_servers: str | None = Non
     return options
 
 
-def faust_credentials(broker: BrokerSettings) -> CredentialsT | None:
-    """The same identity for faust (``App(broker_credentials=...)``)."""
-    protocol = broker.security_protocol
-    context = _ssl_context(broker.ssl_cafile) if protocol in ("SSL", "SASL_SSL") else None
-    if protocol == "PLAINTEXT":
-        return None
-    if protocol == "SSL":
-        return SSLCredentials(context)
-    username, password = _sasl(broker)
-    return SASLCredentials(username=username, password=password, mechanism=broker.sasl_mechanism, ssl_context=context)
-
-
 _FIRST_DELAY_S = 0.5
 _MAX_DELAY_S = 5.0
 _WARN_EVERY_S = 30.0
@@ -116,24 +102,29 @@ async def until_reachable(attempt: Callable[[], Awaitable[T]], what: str, *, max
     """``await attempt()`` until it does not fail with ``KafkaConnectionError``
     (back-off 0.5 s doubling to ``max_delay_s``). ``attempt`` must leave nothing open
     when it fails (stop the client it created). Cancellation stops the waiting."""
-    delay = _FIRST_DELAY_S
-    failures = 0
     warned_at = float("-inf")
-    while True:
-        try:
-            result = await attempt()
-        except KafkaConnectionError as exc:
-            failures += 1
-            now = time.monotonic()
-            if now - warned_at >= _WARN_EVERY_S:
-                warned_at = now
-                log.warning("%s: Kafka unreachable (%s); retrying until it answers", what, exc)
-            await asyncio.sleep(delay)
-            delay = min(max_delay_s, delay * 2)
-            continue
-        if failures:
-            log.info("%s: connected after %d failed attempt(s)", what, failures)
-        return result
+    failures = 0
+
+    def failed(state: RetryCallState) -> None:
+        nonlocal warned_at, failures
+        failures = state.attempt_number
+        if time.monotonic() - warned_at >= _WARN_EVERY_S:  # a warning every 30 s, not every attempt
+            warned_at = time.monotonic()
+            error = state.outcome.exception() if state.outcome else None
+            log.warning("%s: Kafka unreachable (%s); retrying until it answers", what, error)
+
+    async def call() -> T:  # tenacity awaits only coroutine functions, not a lambda's coroutine
+        return await attempt()
+
+    result: T = await AsyncRetrying(
+        retry=retry_if_exception_type(KafkaConnectionError),
+        wait=wait_exponential(multiplier=_FIRST_DELAY_S, max=max_delay_s),
+        before_sleep=failed,
+        reraise=True,
+    )(call)
+    if failures:
+        log.info("%s: connected after %d failed attempt(s)", what, failures)
+    return result
 
 
 async def until_started(make: Callable[[], C], what: str, *, max_delay_s: float = _MAX_DELAY_S) -> C:

@@ -141,11 +141,12 @@ class SubjectKeys:
             self._trust = load_legacy_trust(self._settings)
         except LegacyTrustError as exc:
             log.warning("key topic: no legacy trust (%s)", exc)
-        await consumer.start()
         try:
+            await consumer.start()
             await producer.start()
-        except BaseException:
+        except BaseException:  # neither is left unclosed (aiokafka would complain at exit)
             await consumer.stop()
+            await producer.stop()
             raise
         self._consumer, self._producer = consumer, producer
         try:

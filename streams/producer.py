@@ -22,6 +22,7 @@ carries a unique ``event_id`` and every reader applies an event at most once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import Iterable, Mapping
@@ -51,7 +52,8 @@ from memstream.settings import Settings, get_settings
 from memstream.streams.keys import SubjectKeys
 from memstream.streams.sealed_records import PLAIN_TYPES, header_of, seal_value, subject_of
 from memstream.codec.wire import EncodedRecord, EncodeError, encode_event
-from memstream.streams.worker_identity import signed_headers
+from memstream.domain.extraction.dedup import content_memory_id
+from memstream.streams.worker_identity import memory_ids_key, signed_headers
 from memstream.streams.kafka_producer import KeyPartitioner, create_kafka_producer
 from memstream.streams.topics import Topics, topic_for
 
@@ -161,6 +163,7 @@ class MemstreamProducer:
         self._pending: set[asyncio.Future[LogPosition]] = set()
         self._closed = False
         self._partitioner = KeyPartitioner()  # the client's, also used to group batches
+        self._id_key = memory_ids_key(self.settings, create=False)  # None: not on the worker's host
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -494,9 +497,10 @@ class MemstreamProducer:
         """Write one memory (``MemoryAdded``); ``fields`` are any of its other fields
         (``memory_type``, ``priority``, ``scene``, ``entities``, ``metadata``, ...).
         Raises :class:`~memstream.domain.events.EventValidationError` for bad input."""
-        event = self._build(
-            MemoryAdded, scope, {"memory_id": memory_id or _new_id(), "content": content, **fields}
-        )
+        if memory_id is None and self._id_key is not None:  # the same content in one scope: one memory
+            with contextlib.suppress(ValueError):  # a bad scope: building the event says why
+                memory_id = content_memory_id(Scope.model_validate(_scope_input(scope)), content, self._id_key)
+        event = self._build(MemoryAdded, scope, {"memory_id": memory_id or _new_id(), "content": content, **fields})
         return await self._send_built(event, topic)
 
     async def observe_message(

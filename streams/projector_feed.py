@@ -39,11 +39,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-import multiprocessing
-import os
-import signal
-import threading
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
@@ -58,7 +54,7 @@ from memstream.streams.record_batches import DecodedBatch, RawRecord, decode_bat
 from memstream.streams.record_codec import screen
 from memstream.streams.sealed_records import RecordOpener
 
-__all__ = ["FeedBatch", "ProjectorFeed", "raw_record", "merge_batches", "decoder_pool"]
+__all__ = ["FeedBatch", "ProjectorFeed", "raw_record", "merge_batches"]
 
 log = logging.getLogger(__name__)
 
@@ -115,37 +111,6 @@ def merge_batches(batches: Sequence[FeedBatch]) -> FeedBatch:
     )
 
 
-def _decoder_ready() -> bool:
-    """Run once before the first batch, so a decoder process starts (and imports)
-    before any record waits for it."""
-    return True
-
-
-def _decoder_process_init() -> None:
-    # Ctrl-C reaches the whole process group; the worker decides when the decoder stops.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # A worker killed with SIGKILL cannot stop its decoder: the decoder notices that
-    # its parent is gone (it is re-parented) and exits instead of lingering.
-    parent = os.getppid()
-    threading.Thread(target=_exit_with_parent, args=(parent,), name="memstream-decoder-watch", daemon=True).start()
-
-
-def _exit_with_parent(parent: int) -> None:
-    while os.getppid() == parent:
-        time.sleep(0.5)
-    os._exit(0)
-
-
-def decoder_pool(process: bool) -> Executor:
-    """Where :func:`decode_batch` runs: one spawned process (``process``; spawned, not
-    forked, since the worker has threads) or one thread of this process."""
-    if not process:
-        return ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-decode")
-    return ProcessPoolExecutor(
-        max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_decoder_process_init
-    )
-
-
 class ProjectorFeed:
     """Feeds decoded batches of ``topics`` to ``apply`` until cancelled (or, with
     ``end_offsets``, until every partition is read to its end).
@@ -167,6 +132,7 @@ class ProjectorFeed:
     (``opener.counts``) and its position passed.
     ``partitions`` limits the feed to those partition numbers of every topic (the
     shards a worker in a consumer group owns); re-routing still counts them all.
+    ``on_reading`` is called with the number of partitions once they are assigned.
     """
 
     def __init__(
@@ -184,13 +150,13 @@ class ProjectorFeed:
         refresh_s: float = 30.0,
         list_partitions: Callable[[Sequence[str]], Awaitable[Mapping[str, Sequence[int]]]],
         name: str = "projector",
-        decode_in_process: bool = False,
         fast_decoder: FastMemoryDecoder | None = None,
         reroute: bool = False,
         worker_key: bytes | None = None,
         keys: SubjectKeys | None = None,
         partitions: frozenset[int] | None = None,
         legacy_trust: LegacyTrust | None = None,
+        on_reading: Callable[[int], None] | None = None,
     ) -> None:
         if max_batch < 1 or fetch_records < 1:
             raise ValueError("batch sizes must be at least 1")
@@ -213,7 +179,8 @@ class ProjectorFeed:
         self._queue: asyncio.Queue[FeedBatch | None] = asyncio.Queue(
             maxsize=max(2, -(-max_batch // self.fetch_records))
         )
-        self._decoder = decoder_pool(decode_in_process)
+        # one thread: decoding in a process lost to pickling (docs/benchmarks.md)
+        self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-decode")
         self._fast = fast_decoder
         # Partitions per topic (with ``reroute``): records off their key's partition
         # are set apart by the decoder (``DecodedBatch.misrouted``).
@@ -230,6 +197,7 @@ class ProjectorFeed:
             maxsize=2
         )
         self.fetched = 0
+        self._on_reading = on_reading  # told the partition count once they are assigned
         # Fetched batches not yet in ``_queue`` (being decoded, or waiting to be).
         self._undecoded = 0
 
@@ -400,7 +368,6 @@ class ProjectorFeed:
                 await self._keys.stop()  # type: ignore[union-attr]
 
     async def _read(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._decoder, _decoder_ready)
         self._assign(await self._initial_partitions())
         log.info(
             "%s reading %d partitions of %s",
@@ -408,6 +375,8 @@ class ProjectorFeed:
             len(self.consumer.assignment()),
             ", ".join(self.topics),
         )
+        if self._on_reading is not None:
+            self._on_reading(len(self.consumer.assignment()))
         tasks = [
             asyncio.ensure_future(self._fetch()),
             asyncio.ensure_future(self._decoded_in_order()),

@@ -111,7 +111,7 @@ def _kept_headers(headers: Any) -> tuple[tuple[str, bytes], ...]:
 
 
 def refused_letter(reason: str, topic: str, partition: int, offset: int, key: Any, value: Any, headers: Any, stage: str = "decode") -> DeadLetter:
-    """The dead letter of a record refused before decoding (its bytes kept as read)."""
+    """The dead letter of a refused record: its bytes and well-formed headers kept as read."""
     return DeadLetter(reason, topic, partition, offset, value, key if isinstance(key, (bytes, type(None))) else None, _kept_headers(headers), stage)
 
 
@@ -160,8 +160,6 @@ class _SharedTurns:
     ask again takes it out; at most :data:`MAX_SHARED_TURNS` turns and 32 MiB of
     records wait (the oldest go). Turns are kept only while an extractor runs in this
     process (:func:`sharing_turns`): a worker without one, or a replay, keeps nothing.
-    With the projector decoding in its own process (``projector_decode_process``) the
-    extractor's turns are never taken here; they only fill the bound.
     """
 
     def __init__(self, bound: int) -> None:
@@ -253,16 +251,7 @@ def decode_or_dead_letter(
         return item
     if claim is not None and trusted_before(legacy_trust, topic, partition, offset):
         return item
-    return DeadLetter(
-        reason=problem,
-        source_topic=topic,
-        source_partition=partition,
-        source_offset=offset,
-        original_value=value,
-        original_key=key,
-        original_headers=tuple((k, v if v is not None else b"") for k, v in headers or ()),
-        stage="decode",
-    )
+    return refused_letter(problem, topic, partition, offset, key, value, headers)
 
 
 def _refused(problem: str | None) -> str | None:
@@ -290,16 +279,7 @@ def _decode_one(
     try:
         event = decode_record(value, headers, max_bytes=max_bytes)
     except DecodeError as exc:
-        return DeadLetter(
-            reason=exc.reason,
-            source_topic=topic,
-            source_partition=partition,
-            source_offset=offset,
-            original_value=value,
-            original_key=key,
-            original_headers=tuple((k, v if v is not None else b"") for k, v in headers or ()),
-            stage="decode",
-        )
+        return refused_letter(exc.reason, topic, partition, offset, key, value, headers)
     if share_turns and value is not None and isinstance(event, MessageObserved):
         _shared_turns.keep(topic, partition, offset, value, frozen_headers, event)
     return PositionedEvent(position=LogPosition(topic=topic, partition=partition, offset=offset), event=event)

@@ -20,7 +20,10 @@ from memstream.domain.events import (
 )
 from memstream.settings import BrokerSettings
 
-__all__ = ["TopicSpec", "Topics", "topic_for", "topic_for_type", "keys_topic_config"]
+__all__ = ["SHORT_NAMES", "TopicSpec", "Topics", "topic_for", "topic_for_type", "keys_topic_config"]
+
+SHORT_NAMES = ("events", "messages", "pending-reflections", "outcomes", "dead-letter", "ingress", "keys")
+"""Every catalogue topic's name without the prefix (what commands accept)."""
 
 _FOREVER = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
 _WEEK_MS = 7 * 24 * 3600 * 1000
@@ -105,6 +108,16 @@ class Topics:
     @property
     def keys(self) -> str:
         return f"{self.prefix}keys"
+
+    def resolve(self, name: str) -> str:
+        """A topic argument as given on a command line: a catalogue short name
+        (``ingress``, ``events``, ``dead_letter``...) gets the prefix; any other name
+        is taken as the full topic name."""
+        given = name.strip()
+        short = given.replace("_", "-")
+        if short in SHORT_NAMES:
+            return f"{self.prefix}{short}"
+        return given
 
     def kept_forever(self) -> list[str]:
         """The topics replay reads: sealed when sealing is on."""

@@ -25,12 +25,14 @@ import secrets
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from memstream.domain.extraction.dedup import memory_id_key
 from memstream.settings import Settings
 
 __all__ = [
     "HEADER",
     "worker_key_path",
     "worker_key",
+    "memory_ids_key",
     "signature",
     "signed_headers",
     "verifier",
@@ -71,6 +73,16 @@ def worker_key(settings: Settings, *, create: bool = True) -> bytes:
     if len(key) != _KEY_BYTES:
         raise ValueError(f"{path}: not a worker key (64 hex characters)")
     return key
+
+
+def memory_ids_key(settings: Settings, *, create: bool = True) -> bytes | None:
+    """The key of content-derived memory ids (derived from the worker key, never the
+    key itself); None without ``create`` when this host holds no worker key (a client
+    elsewhere: its memories then get random ids)."""
+    try:
+        return memory_id_key(worker_key(settings, create=create))
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 def signature(key: bytes, value: bytes) -> bytes:

@@ -21,13 +21,13 @@ HTTP = "a part of the HTTP API: its behaviour shows only in requests, which that
 MCP = "a part of the MCP server: tested through MCP sessions in that file"
 CLI = "a CLI command's wrapper: that file runs the command (its functions are tested there too)"
 RUNNING = "a piece of a running service: tested where the service runs on the real broker"
+CONSOLE = "a part of the web console: its behaviour shows only in pages, which that file requests as keys and as the operator"
 
 COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
     "domain/events/models.py": ("tests/domain/test_events.py", PART),
     "domain/events/parsing.py": ("tests/domain/test_events.py", PART),
     "domain/events/values.py": ("tests/domain/test_events.py", PART),
     "domain/extraction/drafts.py": ("tests/domain/extraction/test_heuristic.py", PART),
-    "domain/extraction/schema.py": ("tests/domain/extraction/test_parsing.py", PART),
     "domain/fallback.py": ("tests/domain/test_fallback_and_marks.py", PART),
     "domain/known.py": ("tests/services/test_extractor_known.py", PART),
     "domain/log.py": ("tests/services/test_extractor.py", PART),
@@ -36,6 +36,7 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
     "domain/reflection/wording.py": ("tests/domain/reflection/test_templated.py", PART),
     "domain/resume_marks.py": ("tests/domain/test_fallback_and_marks.py", PART),
     "streams/admin.py": ("tests/streams/test_keys.py", PART),
+    "streams/dead_letter_reader.py": ("tests/cli/test_dead_letters.py", "read by `memstream dead-letters`: that file lists, shows and counts real letters through it"),
     "streams/broker/logs.py": ("tests/streams/broker/test_local.py", PART),
     "streams/broker/paths.py": ("tests/streams/broker/test_local.py", PART),
     "streams/broker/process.py": ("tests/streams/broker/test_local.py", PART),
@@ -47,6 +48,7 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
     "streams/sealed_records.py": ("tests/streams/test_reseal.py", PART),
     "streams/sync_producer.py": ("tests/streams/test_producer.py", PART),
     "streams/topics.py": ("tests/streams/test_keys.py", PART),
+    "projections/console_reads.py": ("tests/interfaces/console/test_console_scope.py", CONSOLE),
     "projections/dir_lock.py": ("tests/projections/test_object_lease.py", PART),
     "projections/embedder_api.py": ("tests/projections/test_embedder.py", PART),
     "projections/key_filter.py": ("tests/projections/test_store_writes.py", PART),
@@ -63,6 +65,13 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
     "projections/store_filters.py": ("tests/projections/test_store_reads.py", PART),
     "projections/table_sets.py": ("tests/projections/test_object_paths.py", PART),
     "memstream/banks.py": ("tests/interfaces/test_banks.py", PART),
+    "memstream/interfaces/console/pages.py": ("tests/interfaces/console/test_console_scope.py", CONSOLE),
+    "memstream/interfaces/console/routes_auth.py": ("tests/interfaces/console/test_console_scope.py", CONSOLE),
+    "memstream/interfaces/console/routes_ledger.py": ("tests/interfaces/console/test_console_scope.py", CONSOLE),
+    "memstream/interfaces/console/routes_memory.py": ("tests/interfaces/console/test_console_scope.py", CONSOLE),
+    "memstream/interfaces/console/routes_ops.py": ("tests/interfaces/console/test_console_scope.py", CONSOLE),
+    "memstream/interfaces/console/session.py": ("tests/cli/test_console.py", "the operator token's file: that file creates, shows and rotates it through `memstream console token`"),
+    "memstream/interfaces/mcp_http.py": ("tests/interfaces/test_mcp_live.py", MCP),
     "memstream/cli/bench.py": ("tests/bench/test_bench_smoke.py", CLI),
     "memstream/cli/broker.py": ("tests/streams/broker/test_local.py", CLI),
     "memstream/cli/events.py": ("tests/streams/test_interop.py", CLI),
@@ -92,6 +101,7 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
     "memstream/services/candidate_recall.py": ("tests/services/test_extractor.py", PART),
     "memstream/services/extraction_calls.py": ("tests/services/test_extractor.py", PART),
     "memstream/services/extraction_run.py": ("tests/services/test_extractor.py", PART),
+    "memstream/services/dead_letter_view.py": ("tests/interfaces/console/test_console_scope.py", CONSOLE),
     "memstream/services/extractor_commits.py": ("tests/services/test_extractor.py", RUNNING),
     "memstream/services/extractor_service.py": ("tests/services/test_extractor.py", RUNNING),
     "memstream/services/extractor_tables.py": ("tests/services/test_extractor.py", RUNNING),
@@ -100,6 +110,7 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
     "memstream/services/reflection_runner.py": ("tests/services/test_reflector.py", RUNNING),
     "memstream/services/reflection_writers.py": ("tests/services/test_reflector.py", RUNNING),
     "memstream/services/reflector_agent.py": ("tests/services/test_reflector.py", RUNNING),
+    "memstream/services/replay_finish.py": ("tests/services/test_replay.py", PART),
     "memstream/services/replay_diff.py": ("tests/services/test_replay.py", PART),
     "memstream/services/replay_report.py": ("tests/services/test_replay.py", PART),
     "memstream/services/shard_owner.py": ("tests/services/test_shard_group.py", RUNNING),

@@ -208,3 +208,24 @@ async def test_an_unusable_answer_is_not_retried(fake_llm: FakeOpenAI) -> None: 
         await llm.close()
     assert raised.value.kind == "unusable" and not raised.value.retryable
     assert raised.value.attempts == 1 and fake_llm.chat.count == 1
+
+
+async def test_retryable_failures_are_asked_again_and_every_attempt_is_counted(fake_llm: FakeOpenAI) -> None:  # noqa: F811
+    fake_llm.chat.push_error(503)
+    fake_llm.chat.push_text("not json at all")
+    fake_llm.chat.push_json({"a": 7})
+    llm = client(fake_llm)
+    try:
+        call = await call_with_retry(llm, "s", "u", parse=json.loads, schema=SCHEMA, retries=2)
+        fake_llm.chat.push_text("still not json")
+        fake_llm.chat.push_text("nor this")
+        with pytest.raises(LLMError) as raised:
+            await call_with_retry(llm, "s", "u", parse=json.loads, schema=SCHEMA, retries=1)
+    finally:
+        await llm.close()
+    assert call.value == {"a": 7} and call.attempts == 3
+    assert [e.split(":")[0] for e in call.errors] == ["http", "parse"]
+    assert call.latency_ms >= call.result.latency_ms > 0
+    # the retries spent: the last failure, with the totals of both attempts
+    assert raised.value.kind == "parse" and raised.value.attempts == 2
+    assert len(raised.value.errors) == 2 and fake_llm.chat.count == 5

@@ -14,7 +14,6 @@ from memstream.settings import Settings, load_settings
 from memstream.settings_legacy import RENAMED, SettingDeprecationWarning, env_name
 
 
-
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     for name in list(os.environ):
@@ -36,8 +35,14 @@ def _sample(path: str) -> str:
         return "false" if default else "true"
     if isinstance(default, (int, float)):
         return str(default + 1)
-    literal = {"broker.security_protocol": "SSL", "broker.sasl_mechanism": "SCRAM-SHA-256"}
-    return literal.get(path, "7" if path == "extraction.llm_max_tokens" else "x-7")
+    literal = {
+        "broker.security_protocol": "SSL",
+        "broker.sasl_mechanism": "SCRAM-SHA-256",
+        "extraction.llm_max_tokens": "7",
+        "extraction.llm_temperature": "0.5",
+        "extraction.prompt": "compact",
+    }
+    return literal.get(path, "x-7")
 
 
 @pytest.mark.parametrize("old", [o for o, new in RENAMED.items() if new and env_name(new) != f"MEMSTREAM_{o.upper()}"])

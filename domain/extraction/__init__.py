@@ -10,7 +10,7 @@ package as a whole.
 """
 
 from memstream.domain.extraction.building import BuiltEvents, StageReport, build_events, record_items
-from memstream.domain.extraction.dedup import dedupe_batch, link_id_for, memory_id_for, memory_id_key, split_known
+from memstream.domain.extraction.dedup import content_memory_id, dedupe_batch, link_id_for, memory_id_for, memory_id_key, split_known
 from memstream.domain.extraction.drafts import (
     DEFAULT_PRIORITY,
     MAX_ENTITIES,
@@ -34,7 +34,12 @@ from memstream.domain.extraction.judgment import (
     store_all,
 )
 from memstream.domain.extraction.parsing import MAX_MEMORIES, EmptyExtraction, ExtractionFormatError, parse_extraction
-from memstream.domain.extraction.schema import EXTRACTION_SCHEMA
+from memstream.domain.extraction.schema import (
+    EXTRACTION_PROMPTS,
+    EXTRACTION_SCHEMA,
+    compact_extraction_schema,
+    extraction_schema,
+)
 from memstream.domain.extraction.times import resolve_time
 from memstream.domain.extraction.window import MAX_TURN_CHARS_IN_PROMPT, Window, WindowTurn, build_window, render_turns
 
@@ -43,7 +48,10 @@ __all__ = [
     "MAX_ENTITIES",
     "MAX_MEMORIES",
     "DEFAULT_PRIORITY",
+    "EXTRACTION_PROMPTS",
     "EXTRACTION_SCHEMA",
+    "compact_extraction_schema",
+    "extraction_schema",
     "JUDGMENT_SCHEMA",
     "JUDGE_LINK_RELATIONS",
     "WindowTurn",
@@ -58,6 +66,7 @@ __all__ = [
     "parse_extraction",
     "resolve_time",
     "memory_id_for",
+    "content_memory_id",
     "memory_id_key",
     "link_id_for",
     "dedupe_batch",

@@ -12,10 +12,11 @@ import hmac
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from memstream.domain.content import content_hash
 from memstream.domain.events import LinkRelation, Scope
 from memstream.domain.extraction.drafts import DraftIssue, MemoryDraft
 
-__all__ = ["memory_id_for", "memory_id_key", "link_id_for", "dedupe_batch", "split_known"]
+__all__ = ["memory_id_for", "memory_id_key", "content_memory_id", "link_id_for", "dedupe_batch", "split_known"]
 
 
 def memory_id_for(scope: Scope, digest: str, key: bytes) -> str:
@@ -29,6 +30,13 @@ def memory_id_for(scope: Scope, digest: str, key: bytes) -> str:
         raise ValueError("memory ids need the worker's id key")
     parts = [scope.team_id, scope.user_id, scope.agent_id, digest]
     return "mem-" + hmac.new(key, "\x1f".join(parts).encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def content_memory_id(scope: Scope, content: str, key: bytes) -> str:
+    """The id of a client memory written without one: the same content (normalised)
+    written again by the same team, user and agent is the same memory, whichever path
+    wrote it (and the id the extractor gives that statement)."""
+    return memory_id_for(scope, content_hash(content), key)
 
 
 def memory_id_key(worker_key: bytes) -> bytes:

@@ -6,7 +6,7 @@ from typing import Any
 
 from memstream.domain.events import EntityKind, MemoryType
 
-__all__ = ["EXTRACTION_SCHEMA"]
+__all__ = ["EXTRACTION_PROMPTS", "EXTRACTION_SCHEMA", "compact_extraction_schema", "extraction_schema"]
 
 _MEMORY_TYPES = [t.value for t in MemoryType]
 _ENTITY_KINDS = [k.value for k in EntityKind]
@@ -88,3 +88,40 @@ EXTRACTION_SCHEMA: dict[str, Any] = {
 }
 """The JSON schema sent as structured output (strict-mode compatible: every property
 required, nullable times as type unions, no numeric bounds; the parser clamps)."""
+
+
+def compact_extraction_schema(max_memories: int) -> dict[str, Any]:
+    """The answer of the compact prompt (``extraction_compact``): a flat list of at most
+    ``max_memories`` memories, each with only its content, type and source ids. Sent as
+    a grammar by llama.cpp servers, it bounds what a small model can write: nothing to
+    loop in, no field it may get wrong that the parser would only drop."""
+    return {
+        "type": "object",
+        "properties": {
+            "memories": {
+                "type": "array",
+                "maxItems": max_memories,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "content": {"type": "string"},
+                        "type": {"type": "string", "enum": _MEMORY_TYPES},
+                        "source_ids": {"type": "array", "items": {"type": "string"}},
+                    },
+                    "required": ["content", "type", "source_ids"],
+                    "additionalProperties": False,
+                },
+            }
+        },
+        "required": ["memories"],
+        "additionalProperties": False,
+    }
+
+
+EXTRACTION_PROMPTS: dict[str, str] = {"full": "extraction", "compact": "extraction_compact"}
+"""The prompt id for each ``extract_prompt`` setting."""
+
+
+def extraction_schema(variant: str, max_memories: int) -> dict[str, Any]:
+    """The schema sent with the ``variant`` prompt (see :data:`EXTRACTION_PROMPTS`)."""
+    return compact_extraction_schema(max_memories) if variant == "compact" else EXTRACTION_SCHEMA

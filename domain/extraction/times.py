@@ -6,6 +6,8 @@ import re
 from datetime import date, datetime, time, timedelta, timezone
 from typing import Any
 
+from dateutil.relativedelta import relativedelta
+
 __all__ = ["resolve_time"]
 
 _WEEKDAYS = ["monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"]
@@ -30,12 +32,8 @@ def _midnight(d: date) -> datetime:
 
 
 def _shift_months(d: date, months: int) -> date:
-    index = d.year * 12 + (d.month - 1) + months
-    year, month = divmod(index, 12)
-    month += 1
-    days_in_month = [31, 29 if (year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)) else 28,
-                     31, 30, 31, 30, 31, 31, 30, 31, 30, 31][month - 1]
-    return date(year, month, min(d.day, days_in_month))
+    """``months`` later (earlier when negative), the day clamped to the month's last."""
+    return d + relativedelta(months=months)
 
 
 def resolve_time(value: Any, reference: datetime) -> datetime | None:

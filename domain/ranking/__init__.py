@@ -3,21 +3,28 @@ candidates from LanceDB and hands their ranks, ages and links to these functions
 
 :mod:`.weights` holds every constant and :class:`RankingWeights`; :mod:`.fusion` builds a
 candidate's score (fusion, recency, supersession, entity boost: steps 1-4);
-:mod:`.conversation` adds the conversation-aware steps 5-8. The names are re-exported here.
+:mod:`.conversation` adds the conversation-aware steps 5-8; :mod:`.diversity` chooses
+the first places among near-repeats. The names are re-exported here.
 """
 
 from memstream.domain.ranking.conversation import (
     QUERY_STOP_WORDS,
+    asks_about_conversation,
     asks_for_time,
     coverage,
+    lexical_confidence,
     query_names,
     is_question,
+    is_turn_copy,
     lexical_query,
     mentions_time,
+    named_dates,
+    on_named_day,
     prior_factor,
     propagate_context,
     score_fusion,
 )
+from memstream.domain.ranking.diversity import diversify, jaccard
 from memstream.domain.ranking.fusion import (
     entity_boost,
     entity_idf,
@@ -35,6 +42,8 @@ from memstream.domain.ranking.weights import (
     CONTEXT_BACKWARD,
     CONTEXT_FORWARD,
     CONTEXT_FORWARD_STATEMENT,
+    DATE_WEIGHT,
+    DIVERSITY_WEIGHT,
     DUPLICATE_PENALTY,
     ENTITY_WEIGHT,
     FUSION_VECTOR_WEIGHT,
@@ -47,6 +56,7 @@ from memstream.domain.ranking.weights import (
     TEMPORAL_WEIGHT,
     QUESTION_PENALTY,
     TEXT_WEIGHT,
+    TURN_PRIOR,
     VECTOR_SCALING,
     VECTOR_WEIGHT,
     RankingWeights,
@@ -81,15 +91,25 @@ __all__ = [
     "CONTEXT_BACKWARD",
     "SPEAKER_WEIGHT",
     "TEMPORAL_WEIGHT",
+    "DATE_WEIGHT",
+    "DIVERSITY_WEIGHT",
+    "diversify",
+    "jaccard",
     "QUESTION_PENALTY",
+    "TURN_PRIOR",
     "QUERY_STOP_WORDS",
     "lexical_query",
     "score_fusion",
     "is_question",
+    "is_turn_copy",
     "asks_for_time",
+    "asks_about_conversation",
     "coverage",
+    "lexical_confidence",
     "query_names",
     "mentions_time",
+    "named_dates",
+    "on_named_day",
     "propagate_context",
     "prior_factor",
 ]

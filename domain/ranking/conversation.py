@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from datetime import date, datetime
 from functools import lru_cache
 
 from memstream.domain.ranking.fusion import tokens
@@ -52,10 +53,15 @@ __all__ = [
     "score_fusion",
     "is_question",
     "asks_for_time",
+    "asks_about_conversation",
     "mentions_time",
     "propagate_context",
     "prior_factor",
+    "is_turn_copy",
+    "named_dates",
+    "on_named_day",
     "coverage",
+    "lexical_confidence",
     "query_names",
 ]
 
@@ -134,9 +140,18 @@ def score_fusion(
 
 
 _QUESTION = re.compile(r"\?")
+_AUX = r"(did|does|do|is|was|were|will|would|has|have|had|can|could|should|are|am)"
 _ASKS_TIME = re.compile(
-    r"\b(when|how long|how often|how many (days|weeks|months|years|times)|what (year|month|day|date|time)|"
+    # "when" asks only where a question starts ("When did...", "..., and when is...");
+    # "when she was younger" is a conjunction
+    rf"(^\W*when|[,;:(]\s*when|\bwhen {_AUX})\b|"
+    r"\b(how long|how often|how many (days|weeks|months|years|times)|what (year|month|day|date|time)|"
     r"which (year|month|day|date)|since when|until when)\b",
+    re.IGNORECASE,
+)
+_ASKS_CONVERSATION = re.compile(
+    r"\b(say|says|said|tell|tells|told|mention|mentions|mentioned|talk|talks|talked|chat|chats|chatted|"
+    r"conversation|conversations|discuss|discussed|ask|asks|asked|reply|replied|message|messages|wrote)\b",
     re.IGNORECASE,
 )
 _TIME_WORDS = re.compile(
@@ -168,6 +183,18 @@ def coverage(query_terms: frozenset[str], memory_terms: frozenset[str]) -> float
     return len(query_terms & memory_terms) / len(query_terms)
 
 
+def lexical_confidence(held: Iterable[int], wanted: int) -> float:
+    """How far BM25 may reorder the vector list for one query, from how many of its
+    ``wanted`` content terms each memory holds (``held``): fully when some memory holds
+    two of them or all; else the best share any holds. A hit on one word of a
+    three-word question ("live" in "which animals live with Alice at home?") is a
+    topic match, not an answer: 1/3 of its weight."""
+    best = max(held, default=0)
+    if wanted <= 0 or best >= min(2, wanted):
+        return 1.0
+    return best / wanted
+
+
 def is_question(text: str) -> bool:
     """Whether a turn asks something (holds a question mark): the turn after it is
     then likely its answer."""
@@ -175,8 +202,52 @@ def is_question(text: str) -> bool:
 
 
 def asks_for_time(query: str) -> bool:
-    """Whether the query asks for a time: "when", "how long", "what year"..."""
+    """Whether the query asks for a time: "when" opening a question, "how long",
+    "what year"..."""
     return bool(_ASKS_TIME.search(query))
+
+
+_MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august", "september",
+           "october", "november", "december")
+_MONTH = r"(january|february|march|april|may|june|july|august|september|october|november|december)"
+_DAY = r"(\d{1,2})(?:st|nd|rd|th)?"
+_DATES = re.compile(
+    rf"\b(?:{_DAY} {_MONTH},? (\d{{4}})|{_MONTH} {_DAY},? (\d{{4}})|(\d{{4}})-(\d{{2}})-(\d{{2}}))\b", re.IGNORECASE
+)
+
+
+def named_dates(query: str) -> frozenset[date]:
+    """The calendar days the query names ("on 16 November, 2023", "May 3, 2023",
+    "2023-05-03"); impossible days are skipped."""
+    out: set[date] = set()
+    for m in _DATES.finditer(query):
+        d1, mon1, y1, mon2, d2, y2, yi, mi, di = m.groups()
+        try:
+            if y1:
+                out.add(date(int(y1), _MONTHS.index(mon1.lower()) + 1, int(d1)))
+            elif y2:
+                out.add(date(int(y2), _MONTHS.index(mon2.lower()) + 1, int(d2)))
+            else:
+                out.add(date(int(yi), int(mi), int(di)))
+        except ValueError:
+            continue
+    return frozenset(out)
+
+
+def on_named_day(days: frozenset[date], start: datetime | None, end: datetime | None) -> bool:
+    """Whether a memory's time (a point: ``start`` = ``end``; or a span) falls on one
+    of the named ``days``: what was recorded that day is what a question about that
+    day asks for."""
+    if not days or start is None:
+        return False
+    first, last = start.date(), (end or start).date()
+    return any(first <= d <= last for d in days)
+
+
+def asks_about_conversation(query: str) -> bool:
+    """Whether the query asks what was said ("what did Alice say...", "...mention",
+    "...told"): then a turn is as good an answer as a fact stated apart."""
+    return bool(_ASKS_CONVERSATION.search(query))
 
 
 @lru_cache(maxsize=65_536)
@@ -217,17 +288,37 @@ def propagate_context(
     return out
 
 
+def is_turn_copy(content: str, turns: Iterable[tuple[str | None, str]]) -> bool:
+    """Whether a memory is its source turn word for word (``turns``: ``(speaker,
+    text)`` of its source turns), as the no-LLM extractor stores one: the text, or
+    ``"<speaker>: <text>"``. A fact extracted or written apart is not."""
+    said = content.strip()
+    for speaker, text in turns:
+        text = text.strip()
+        if text and (said == text or (speaker and said == f"{speaker.strip()}: {text}")):
+            return True
+    return False
+
+
 def prior_factor(
     speaker_named: bool,
     time_match: bool,
     weights: RankingWeights = RankingWeights(),
     only_asks: bool = False,
+    small_talk: bool = False,
+    day_match: bool = False,
 ) -> float:
     """``(1 + speaker_weight)`` if the query names the memory's speaker (or, for a
     memory not drawn from turns, a speaker the memory names), times ``(1 +
     temporal_weight)`` if the query asks for a time the memory states, times
-    ``question_penalty`` if the memory's source turns only ask (``only_asks``)."""
+    ``question_penalty`` if the memory's source turns only ask (``only_asks``), times
+    ``turn_prior`` for a turn memory the query does not ask about (``small_talk``),
+    times ``(1 + date_weight)`` if its time is on a day the query names (``day_match``)."""
     factor = weights.question_penalty if only_asks else 1.0
+    if day_match:
+        factor *= 1.0 + weights.date_weight
+    if small_talk:
+        factor *= weights.turn_prior
     if speaker_named:
         factor *= 1.0 + weights.speaker_weight
     if time_match:

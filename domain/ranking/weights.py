@@ -23,6 +23,9 @@ __all__ = [
     "TEMPORAL_WEIGHT",
     "QUESTION_PENALTY",
     "LEXICAL_COVERAGE",
+    "TURN_PRIOR",
+    "DATE_WEIGHT",
+    "DIVERSITY_WEIGHT",
     "RankingWeights",
 ]
 
@@ -53,6 +56,20 @@ QUESTION_PENALTY = 0.7
 """A memory drawn only from turns that ask something scores this share of itself: a
 question states little; its answer, which the neighbouring-turn rule finds, does."""
 
+
+TURN_PRIOR = 0.5
+"""A turn memory (its source turn word for word, as the no-LLM extractor stores it)
+scores this share of itself unless the query asks what was said: a fact stated apart
+answers better than small talk of equal relevance. Constant over a space of turns
+only, so it reorders nothing there."""
+
+DATE_WEIGHT = 2.0
+"""A memory whose time is on a day the query names ("on 16 November, 2023") scores
+``1 + DATE_WEIGHT`` times itself."""
+
+DIVERSITY_WEIGHT = 0.5
+"""How much a memory's word overlap with one ranked above it costs its place
+(:func:`~memstream.domain.ranking.diversify`; 0: off)."""
 
 LEXICAL_COVERAGE = 1.0
 """A BM25 hit counts by its confidence: the share of the query's content terms the
@@ -86,12 +103,19 @@ class RankingWeights:
     temporal_weight: float = TEMPORAL_WEIGHT
     question_penalty: float = QUESTION_PENALTY
     """The prior of a memory whose source turns all ask something (1.0: off)."""
+    date_weight: float = DATE_WEIGHT
+    diversity_weight: float = DIVERSITY_WEIGHT
+    turn_prior: float = TURN_PRIOR
+    """The prior of a turn memory when the query does not ask what was said (1.0: off)."""
     speaker_about: bool = True
     """The speaker prior also for a memory not drawn from turns that names the speaker
     the query names (False: turns only)."""
     lexical_coverage: float = LEXICAL_COVERAGE
     """How far each BM25 hit is weighed by the share ``c`` of the query's content terms
     it holds: by ``1 - s + s * c`` (0: BM25 normalised by its best hit only)."""
+    query_confidence: bool = True
+    """Also weigh every BM25 hit of explicit memories by :func:`lexical_confidence` of
+    the query (False: by its own coverage only)."""
     query_processing: bool = True
     """Search the BM25 leg with :func:`lexical_query` (False: the query as written)."""
 
@@ -104,9 +128,11 @@ class RankingWeights:
             raise ValueError("recency_weight must be in [0, 1]")
         if self.half_life_s <= 0:
             raise ValueError("half_life_s must be positive")
-        for name in ("superseded_penalty", "duplicate_penalty", "question_penalty"):
+        for name in ("superseded_penalty", "duplicate_penalty", "question_penalty", "turn_prior"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1]")
+        if not 0.0 <= self.diversity_weight <= 1.0:
+            raise ValueError("diversity_weight must be in [0, 1]")
         if not 0.0 <= self.lexical_coverage <= 1.0:
             raise ValueError("lexical_coverage must be in [0, 1]")
         if self.entity_weight < 0:
@@ -122,6 +148,7 @@ class RankingWeights:
             "context_backward",
             "speaker_weight",
             "temporal_weight",
+            "date_weight",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")

@@ -10,13 +10,15 @@ from __future__ import annotations
 import math
 from datetime import date, datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from memstream.cli._errors import CLIError, validation_line
-from memstream.domain.events import Scope
 from memstream.settings import Settings
+
+if TYPE_CHECKING:  # imported where used: `memstream --help` must not load the event models
+    from memstream.domain.events import Scope
 
 
 __all__ = ["scope_from_options", "open_store", "jsonable"]
@@ -25,6 +27,8 @@ __all__ = ["scope_from_options", "open_store", "jsonable"]
 def scope_from_options(team: str, user: str = "default", agent: str = "default") -> Scope:
     """The memory space a command works in. ``--team`` is required: a command never
     runs over every space; an empty user or agent means "default"."""
+    from memstream.domain.events import Scope
+
     if not team.strip():
         raise CLIError("--team is required: memory spaces are never crossed")
     try:

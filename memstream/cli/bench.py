@@ -22,17 +22,18 @@ __all__ = ["register", "bench_app"]
 bench_app = typer.Typer(help="Run a benchmark; the last line printed is one JSON object.", no_args_is_help=True)
 
 
-def _run(name: str, **options: Any) -> None:
-    _run_named(name, "run", **options)
+def _run(name: str, **options: Any) -> Any:
+    return _run_named(name, "run", **options)
 
 
-def _run_named(name: str, function: str, **options: Any) -> None:
+def _run_named(name: str, function: str, **options: Any) -> Any:
     try:
         module = importlib.import_module(f"memstream.bench.{name}")
     except ModuleNotFoundError as exc:
         raise CLIError(f"benchmark {name!r} is not available: {exc}") from exc
     result = getattr(module, function)(**options)
     typer.echo(json.dumps(result, sort_keys=True, default=str))
+    return result
 
 
 @bench_app.command("projector")
@@ -59,6 +60,16 @@ def bench_search(
 ) -> None:
     """Hybrid search latency against LanceDB vector search alone."""
     _run("search", quick=quick)
+
+
+@bench_app.command("console")
+def bench_console(
+    quick: bool = typer.Option(False, "--quick", help="20,000 memories instead of 100,000."),
+    memories: int = typer.Option(0, help="Override the number of memories in the space."),
+    requests: int = typer.Option(40, help="Requests per page (after a warm-up)."),
+) -> None:
+    """The web console's page server time (p95) with many memories in one space."""
+    _run("console", quick=quick, memories=memories or None, requests=requests)
 
 
 @bench_app.command("forget")
@@ -105,6 +116,19 @@ def bench_mixed(
     )
 
 
+@bench_app.command("ingest")
+def bench_ingest(
+    quick: bool = typer.Option(False, "--quick", help="150 memories a phase instead of 600."),
+    n: int = typer.Option(0, help="Override the memories written a phase."),
+    rate: float = typer.Option(30.0, help="Memories per second in the steady phases."),
+    concurrency: int = typer.Option(16, help="Writes in flight in the maximum-rate phases."),
+    doors: str = typer.Option("http,sdk,mcp", help="Front doors, comma-separated: http, sdk, mcp."),
+    embedder: str = typer.Option("", help="Override the embedder (default: the product's)."),
+) -> None:
+    """CPU per memory per process through each front door against the embedding floor."""
+    _run("ingest", quick=quick, n=n or None, rate=rate, concurrency=concurrency, doors=doors, embedder=embedder or None)
+
+
 @bench_app.command("extractor")
 def bench_extractor(
     quick: bool = typer.Option(False, "--quick"),
@@ -143,7 +167,21 @@ def bench_extractor(
 def _run_against_endpoint(*, quick: bool, llm_url: str, llm_model: str) -> None:
     if not llm_url.startswith(("http://", "https://")):
         raise CLIError(f"--llm-url must be an http(s) URL, got {llm_url!r}")
-    _run("extractor_llm", llm_url=llm_url, llm_model=llm_model or None, quick=quick)
+    figures = _run("extractor_llm", llm_url=llm_url, llm_model=llm_model or None, quick=quick)
+    if not figures["model_answered"]:
+        raise typer.Exit(3)  # the figures above measured the fallback, not the model
+
+
+@bench_app.command("extraction-quality")
+def bench_extraction_quality(
+    llm_url: str = typer.Option("", "--llm-url", help="This OpenAI-compatible endpoint instead of the scripted fake."),
+    llm_model: str = typer.Option("", "--llm-model", help="The model name to ask for (with --llm-url)."),
+    sessions: int = typer.Option(0, "--sessions", min=0, help="Only the set's first N sessions (0: all 20)."),
+) -> None:
+    """Precision and recall of the extraction call on the labelled set (bench/data)."""
+    if llm_url and not llm_url.startswith(("http://", "https://")):
+        raise CLIError(f"--llm-url must be an http(s) URL, got {llm_url!r}")
+    _run("extraction_quality", llm_url=llm_url or None, llm_model=llm_model or None, sessions_n=sessions or None)
 
 
 @bench_app.command("reflection")
@@ -172,9 +210,10 @@ def bench_ranking(
     data: Path = typer.Option(..., exists=True, dir_okay=False, help="LoCoMo JSON (read in place, never copied)."),
     embedder: str = typer.Option("", help="onnx | local | minilm | openai (default: the configured one)"),
     workdir: Path = typer.Option(None, help="Keep the ingest here and reuse it (default: a temporary one)."),
+    seed: int = typer.Option(41, help="Seed of the generated person-facts and mixed shapes (41: the one tuned on)."),
 ) -> None:
     """memstream, its embedder alone and BM25 alone on four shapes of memory store."""
-    _run("ranking", data=data, embedder=embedder or None, workdir=workdir)
+    _run("ranking", data=data, embedder=embedder or None, workdir=workdir, seed=seed)
 
 
 @bench_app.command("paraphrase")

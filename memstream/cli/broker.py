@@ -18,9 +18,7 @@ from rich.table import Table
 
 from memstream.cli._errors import CLIError
 from memstream.settings import get_settings, load_settings
-from memstream.streams.admin import TopicCreationError, ensure_topics
 from memstream.streams.broker import local
-from memstream.streams.topics import Topics
 
 __all__ = ["register", "broker_app", "topics_app"]
 
@@ -115,6 +113,9 @@ def status() -> None:
 @topics_app.command("create")
 def create() -> None:
     """Create every topic of the catalogue that does not exist yet (safe to repeat)."""
+    from memstream.streams.admin import TopicCreationError, ensure_topics  # the Kafka clients, only when run
+    from memstream.streams.topics import Topics
+
     settings = get_settings()
     topics = Topics.from_settings(settings.broker)
     try:

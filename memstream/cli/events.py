@@ -21,38 +21,24 @@ import threading
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Annotated
+from typing import IO, TYPE_CHECKING, Annotated
 
 import typer
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.errors import KafkaConnectionError, KafkaError
 from rich.console import Console
-from rich.json import JSON
 from rich.text import Text
 
 from memstream.cli._errors import CLIError
-from memstream.domain.log import LogPosition, PositionedEvent
 from memstream.settings import Settings, get_settings
-from memstream.streams.admin import topic_partitions
-from memstream.streams.deadletter import is_dead_letter, parse_dead_letter
-from memstream.streams.record_codec import read_record
-from memstream.streams.producer import MemstreamProducer
-from memstream.codec.wire import DecodeError, EncodeError, decode_record, encode_event
-from memstream.streams.topics import Topics
-from memstream.streams.connect import kafka_options
 
-__all__ = ["register", "resolve_topic", "produce", "tail"]
+if TYPE_CHECKING:  # the Kafka side is imported where a command runs, not for `--help`
+    from aiokafka import ConsumerRecord
 
-_SHORT_NAMES = ("messages", "events", "pending-reflections", "outcomes", "dead-letter")
+    from memstream.domain.log import LogPosition
+    from memstream.streams.producer import MemstreamProducer
+
+__all__ = ["register", "produce", "tail"]
+
 _PREVIEW_CHARS = 400
-
-
-def resolve_topic(name: str, topics: Topics) -> str:
-    """``events`` -> ``<prefix>events`` for the catalogue's short names; others as given."""
-    short = name.strip().replace("_", "-")
-    if short in _SHORT_NAMES:
-        return f"{topics.prefix}{short}"
-    return name.strip()
 
 
 def _kafka_error(settings: Settings, exc: BaseException) -> CLIError:
@@ -124,8 +110,14 @@ class _LineSource:
 
 
 async def _produce(source: _LineSource, topic: str | None, settings: Settings) -> int:
+    from aiokafka.errors import KafkaConnectionError, KafkaError
+
+    from memstream.codec.wire import DecodeError, EncodeError, decode_record, encode_event
+    from memstream.streams.producer import MemstreamProducer
+    from memstream.streams.topics import Topics
+
     topics = Topics.from_settings(settings.broker)
-    target = resolve_topic(topic, topics) if topic else None
+    target = topics.resolve(topic) if topic else None
     producer: MemstreamProducer | None = None
     pending: list[tuple[int, asyncio.Future[LogPosition]]] = []
     rejected = 0
@@ -237,6 +229,12 @@ def _when(timestamp_ms: int) -> str:
 
 
 def _print_record(console: Console, rec: ConsumerRecord[bytes, bytes], raw: bool) -> None:
+    from rich.json import JSON
+
+    from memstream.domain.log import PositionedEvent
+    from memstream.streams.deadletter import is_dead_letter, parse_dead_letter
+    from memstream.streams.record_codec import read_record
+
     if raw:
         value = rec.value.decode("utf-8", "backslashreplace") if rec.value is not None else ""
         sys.stdout.write(value + "\n")
@@ -283,6 +281,10 @@ async def _partitions(topic: str, settings: Settings, *, hint: str = "") -> list
     Existence is checked in the full topic list first: a metadata request naming a
     missing topic makes a broker with ``auto.create.topics.enable`` create it, and a
     typo must not become a topic."""
+    from aiokafka.errors import KafkaConnectionError, KafkaError
+
+    from memstream.streams.admin import topic_partitions
+
     try:
         found = await topic_partitions(settings, [topic], client_id="memstream-cli")
     except (KafkaConnectionError, KafkaError, OSError) as exc:
@@ -303,6 +305,11 @@ async def _tail(
     raw: bool,
     settings: Settings,
 ) -> int:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.errors import KafkaConnectionError, KafkaError
+
+    from memstream.streams.connect import kafka_options
+
     console = Console(highlight=False, soft_wrap=True)
     parts = await _partitions(topic, settings)
     if partition is not None:
@@ -357,7 +364,7 @@ async def _tail(
 
 
 def tail(
-    topic: Annotated[str, typer.Argument(help="Topic name, or a short name: events, messages, outcomes, pending-reflections, dead-letter.")],
+    topic: Annotated[str, typer.Argument(help="Topic name, or a short name: ingress, events, messages, outcomes, pending-reflections, dead-letter, keys.")],
     from_beginning: Annotated[bool, typer.Option("--from-beginning", help="Start at the oldest record.")] = False,
     offset: Annotated[int | None, typer.Option("--offset", min=0, help="Start at this offset (in every partition read).")] = None,
     partition: Annotated[int | None, typer.Option("--partition", "-p", min=0, help="Read only this partition.")] = None,
@@ -369,10 +376,12 @@ def tail(
 
     Events are pretty-printed; dead letters show their reason and source position.
     """
+    from memstream.streams.topics import Topics
+
     if from_beginning and offset is not None:
         raise CLIError("use either --from-beginning or --offset, not both")
     settings = get_settings()
-    name = resolve_topic(topic, Topics.from_settings(settings.broker))
+    name = Topics.from_settings(settings.broker).resolve(topic)
     asyncio.run(
         _tail(
             name,

@@ -83,6 +83,14 @@ def replay(
     progress: Annotated[
         bool, typer.Option("--progress/--no-progress", help="Show the progress bar.")
     ] = True,
+    vector_index: Annotated[
+        bool,
+        typer.Option(
+            "--vector-index",
+            help="When the IVF_PQ vector index is due, train it after the swap before exiting (for a set "
+            "no worker maintains; by default the worker's maintenance trains it, searches are exact meanwhile).",
+        ),
+    ] = False,
 ) -> None:
     """Rebuild every table from offset 0 into a fresh set, verify it, swap it in
     (help text: :data:`REPLAY_HELP`)."""
@@ -106,12 +114,15 @@ def replay(
                             batch_size=batch_size,
                             on_progress=bar,
                             on_phase=bar.phase,
+                            build_vector_index=vector_index,
                         )
                     )
                 )
         else:
             report = asyncio.run(
-                _until_ctrl_c(run_replay(settings, dry_run=dry_run, force=force, batch_size=batch_size))
+                _until_ctrl_c(run_replay(
+                    settings, dry_run=dry_run, force=force, batch_size=batch_size, build_vector_index=vector_index,
+                ))
             )
     except ReplayError as exc:
         raise CLIError(str(exc)) from None

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 
 from memstream.cli._errors import CLIError
-from memstream.sealing import MasterKeyError
-from memstream.domain.log import LogPosition
-from memstream.services.forget_progress import ForgetProgress, forget_positions, progress, wait_applied
 from memstream.settings import Settings, get_settings
-from memstream.streams.forget import forget
-from memstream.streams.reseal import ResealError, reseal
+
+if TYPE_CHECKING:  # imported where used: `memstream --help` must not load the stack
+    from memstream.domain.log import LogPosition
+    from memstream.services.forget_progress import ForgetProgress
 
 __all__ = ["register"]
 
@@ -26,6 +26,9 @@ def reseal_command() -> None:
     """Seal a log written before sealing existed, in place: each kept-forever topic is
     copied, sealed, to a staging topic and back (same partitions and offsets). Stop the
     worker first; an interrupted run resumes where it stopped."""
+    from memstream.sealing import MasterKeyError
+    from memstream.streams.reseal import ResealError, reseal
+
     settings = get_settings()
     try:
         counts = asyncio.run(reseal(settings, progress=lambda line: console.print(line, markup=False, highlight=False)))
@@ -56,6 +59,9 @@ def forget_command(
     what = f"team {subject!r}" + (f" user {user!r}" if user is not None else " and every user of it")
     if not yes and not typer.confirm(f"Forget {what}? This cannot be undone", default=False):
         raise typer.Abort()
+    from memstream.sealing import MasterKeyError
+    from memstream.streams.forget import forget
+
     settings = get_settings()
     try:
         report = asyncio.run(forget(settings, subject, user))
@@ -76,6 +82,8 @@ def forget_status(
     timeout: float = typer.Option(120.0, "--timeout", min=0, help="With --wait: seconds to wait."),
 ) -> None:
     """Where the latest forget of a subject stands: its records in the log, and whether the projections have applied them (exit 1 while they have not, 2 if there is none)."""
+    from memstream.services.forget_progress import forget_positions, progress
+
     subject, user = _subject(team, user)
     settings = get_settings()
     positions = asyncio.run(forget_positions(settings, subject, user))
@@ -99,6 +107,8 @@ def _subject(team: str | None, user: str | None) -> tuple[str, str | None]:
 
 
 def _wait(settings: Settings, positions: list[LogPosition], timeout: float) -> None:
+    from memstream.services.forget_progress import wait_applied
+
     started = time.monotonic()
 
     def show(state: ForgetProgress) -> None:

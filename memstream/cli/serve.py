@@ -53,6 +53,7 @@ from memstream.banks import (
     write_default_bank,
 )
 from memstream.cli._errors import CLIError
+from memstream.cli.console import prepare_console
 from memstream.settings import Settings, child_env, get_settings, load_settings, parse_log_level, settings_env
 from memstream.streams.broker import acl
 
@@ -297,11 +298,17 @@ def _ensure_broker(settings: Settings) -> bool:
                 f"the local broker runs {'with' if current.acl else 'without'} ACLs; stop it "
                 f"(`memstream broker stop`) or run `memstream up` {'with' if current.acl else 'without'} --acl"
             )
-        console.print(f"Kafka: using the broker at {settings.broker.bootstrap_servers}")
+        from memstream.cli.up_guard import cluster_id
+
+        mine = " (the local broker of this home)" if current is not None and current.running else ", not started by memstream up here"
+        console.print(f"Kafka: using the broker at {settings.broker.bootstrap_servers}, cluster id {cluster_id(settings)}{mine}")
         return False
     if not local.is_local_bootstrap(settings.broker):
         raise CLIError(local.unreachable_message(settings.broker))
-    console.print(f"Kafka: starting the local broker on 127.0.0.1:{settings.broker.port} (first start downloads it)")
+    from memstream.streams.broker.jars import jar_cache_complete, jar_dir
+
+    first = "" if jar_cache_complete(jar_dir(settings)) else " (first start downloads it)"
+    console.print(f"Kafka: starting the local broker on 127.0.0.1:{settings.broker.port}{first}")
     try:
         status = local.start(settings)
     except local.BrokerError as exc:
@@ -378,18 +385,24 @@ def api_settings(settings: Settings) -> Settings:
     )
 
 
-def run_up(settings: Settings, *, keep_broker: bool = False, loglevel: str = "info") -> int:
+def run_up(settings: Settings, *, keep_broker: bool = False, loglevel: str = "info", share_broker: bool = False) -> int:
     """Broker, topics, banks, then worker + API until Ctrl-C. Returns the exit code.
     A broker started here is stopped on the way out (unless ``keep_broker``); one that
-    was already running is left running."""
+    was already running is left running. One ``up`` per home; topics another home
+    serves are refused unless ``share_broker`` (:mod:`memstream.cli.up_guard`)."""
+    from memstream.cli.up_guard import claim_topics, hold_home
+
     try:
         parse_log_level(loglevel)  # refused here, before anything starts
     except ValueError as exc:
         raise CLIError(f"--loglevel: {exc}") from None
+    lock = hold_home(settings)
     started_broker = _ensure_broker(settings)
     try:
+        console.print(claim_topics(settings, share=share_broker))
         return _serve(settings, loglevel, stops_broker=started_broker and not keep_broker)
     finally:
+        lock.release()
         if started_broker and not keep_broker:
             from memstream.streams.broker import local
 
@@ -401,6 +414,7 @@ def _serve(settings: Settings, loglevel: str, *, stops_broker: bool) -> int:
     _ensure_topics(settings)
     _ensure_store(settings)
     _ensure_bank(settings)
+    prepare_console(settings)
     shared = {"PYTHONUNBUFFERED": "1", "PROMETHEUS_MULTIPROC_DIR": str(_fresh_metrics_dir(settings))}
     env = {**child_env(settings), **shared}
     worker = Child(
@@ -414,11 +428,27 @@ def _serve(settings: Settings, loglevel: str, *, stops_broker: bool) -> int:
     api = Child("api", [sys.executable, "-m", "memstream", "api"], api_env, color=_COLORS[1], stop_timeout_s=20.0)
     base = f"http://{'127.0.0.1' if settings.api.host in ('0.0.0.0', '::') else settings.api.host}:{settings.api.port}"
 
+    from memstream.services.projector_service import ready_file
+
+    ready = ready_file(settings)
+    ready.unlink(missing_ok=True)  # the worker writes it again once it reads its partitions
+
     def announce(sup: Supervisor) -> None:
-        if _wait_http(f"{base}/healthz", 120.0, lambda: api.poll() is None and not sup._stop.is_set()):
+        alive = lambda: api.poll() is None and worker.poll() is None and not sup._stop.is_set()  # noqa: E731
+        if not _wait_http(f"{base}/healthz", 120.0, alive):
+            return
+        deadline = time.monotonic() + 120.0
+        while not ready.exists() and alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not ready.exists():
+            if alive():
+                console.print("[yellow]the API answers, but the worker has not taken its partitions after 120 s[/]")
+            return
+        if alive():
             console.print(
                 f"[bold green]memstream is up[/]: API {base} (docs {base}/docs), MCP {base}/mcp, "
-                f"metrics {base}/metrics. Ctrl-C stops the API and the worker"
+                + (f"console {base}/console, " if settings.api.console else "")
+                + f"metrics {base}/metrics. Ctrl-C stops the API and the worker"
                 + (" and the broker it started." if stops_broker else "; the broker keeps running.")
             )
 
@@ -475,10 +505,13 @@ def register(app: typer.Typer) -> None:
                 "ingress (docs/security.md).",
             ),
         ] = False,
+        share_broker: Annotated[
+            bool, typer.Option("--share-broker", help="Serve topics another memstream home on this broker serves too.")
+        ] = False,
     ) -> None:
         """Run everything one machine needs: broker, topics, worker and API (Ctrl-C stops)."""
         base = load_settings(broker_acl=True) if acl_mode else get_settings()
-        code = run_up(_with(base, **{"api.host": host, "api.port": port}), keep_broker=keep_broker, loglevel=loglevel)
+        code = run_up(_with(base, **{"api.host": host, "api.port": port}), keep_broker=keep_broker, loglevel=loglevel, share_broker=share_broker)
         if code:
             raise typer.Exit(code)
 

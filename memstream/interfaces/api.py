@@ -18,7 +18,8 @@ Shape of the contract (the committed spec is ``docs/openapi.json``; regenerate i
   silently stale data.
 * **Errors** all have one shape: ``{"error": {"code", "message", "details"}}``.
 * ``GET /healthz`` and ``GET /metrics`` (Prometheus) need no key; MCP over streamable
-  HTTP is served at ``/mcp`` for the bank of the presented key.
+  HTTP is served at ``/mcp`` for the bank of the presented key; the web console at
+  ``/console`` (``memstream.interfaces.console``; ``MEMSTREAM_API_CONSOLE=false``: off).
 
 Keys are never logged: they travel only in headers, and only their hash is compared.
 """
@@ -36,7 +37,6 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from mcp.server.mcpserver import MCPServer
 from prometheus_client import CollectorRegistry
 from starlette.routing import Route
 
@@ -45,9 +45,10 @@ from memstream.banks import RegistrySource
 from memstream import metrics
 from memstream.interfaces import routes_read, routes_write
 from memstream.interfaces.asgi import BodyLimit, McpEndpoint
+from memstream.interfaces.console import mount_console
 from memstream.interfaces.errors import ErrorResponse, install_error_handlers
 from memstream.interfaces.lean_writes import LeanWrites
-from memstream.interfaces.mcp_server import build_mcp_server
+from memstream.interfaces.mcp_http import McpServers
 from memstream.interfaces.ratelimit import RateLimiter
 from memstream.interfaces.routes_ops import ops_router
 from memstream.interfaces.service import MemoryService
@@ -66,7 +67,7 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
 
     What handlers share lives on ``app.state``: ``registry`` (the banks), ``limiter``
     (per-key rate limit), ``service`` (the :class:`MemoryService`, None outside the
-    lifespan) and ``mcp_servers`` (per bank)."""
+    lifespan) and ``mcp_servers`` (:class:`McpServers`, per bank, None outside the lifespan)."""
     source = registry or RegistrySource(settings)
     log_registry = CollectorRegistry(auto_describe=True)
     log_state = metrics.LogStateCollector()
@@ -82,7 +83,7 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
     app.state.registry = source
     app.state.limiter = RateLimiter(settings.api.rate_per_s, settings.api.rate_burst)
     app.state.service = None
-    app.state.mcp_servers = {}
+    app.state.mcp_servers = None
     install_error_handlers(app)
     app.add_middleware(LeanWrites, api=app)  # inside the body limit
     app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
@@ -90,6 +91,8 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
     app.include_router(routes_write.router)
     app.include_router(routes_read.router)
     app.include_router(ops_router(log_registry, log_state))
+    if settings.api.console:
+        mount_console(app, settings)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 
@@ -112,15 +115,10 @@ def _lifespan(
         async with AsyncExitStack() as stack:
             await service.start()
             stack.push_async_callback(service.stop)
-            servers: dict[str, MCPServer] = {}
-            for name, bank in sorted(banks.banks.items()):
-                server = build_mcp_server(
-                    bank, settings, service=service,
-                    live=lambda name=name: source.current().bank(name),  # type: ignore[misc]
-                )
-                server.streamable_http_app(streamable_http_path="/mcp", host=settings.api.host)
-                await stack.enter_async_context(server.session_manager.run())
-                servers[name] = server
+            servers = McpServers(settings, source, service)
+            stack.push_async_callback(servers.close)
+            for name in sorted(banks.banks):  # the banks declared now; later ones at their first request
+                await servers.get(name)
             app.state.service = service
             app.state.mcp_servers = servers
             pin_mmap_threshold(MMAP_THRESHOLD_BYTES)
@@ -128,13 +126,13 @@ def _lifespan(
             stack.callback(releasing.cancel)
             log.info(
                 "API ready: %d bank(s) [%s], topics %s*, store %s",
-                len(servers), ", ".join(servers) or "none", settings.broker.topic_prefix, settings.storage.root,
+                len(servers.names), ", ".join(servers.names) or "none", settings.broker.topic_prefix, settings.storage.root,
             )
             try:
                 yield
             finally:
                 app.state.service = None
-                app.state.mcp_servers = {}
+                app.state.mcp_servers = None
 
     return lifespan
 

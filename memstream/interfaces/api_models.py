@@ -111,6 +111,12 @@ class Accepted(BaseModel):
 
 class MemoryAccepted(Accepted):
     memory_id: str
+    duplicate: bool = Field(
+        default=False,
+        description="True (status 200): the caller's scope already holds this content, written without a memory_id; "
+        "memory_id, event_id and position are the stored memory's and nothing was written. Pass your own memory_id to "
+        "write a deliberate repeat.",
+    )
 
 
 class DecisionAccepted(Accepted):

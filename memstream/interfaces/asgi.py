@@ -8,18 +8,19 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
-from mcp.server.mcpserver import MCPServer
 from starlette.types import Receive, Scope as AsgiScope, Send
 
 from memstream.interfaces.api_auth import authenticate, present_key
 from memstream.interfaces.errors import ApiError, error_body
+from memstream.interfaces.mcp_http import McpServers
 
 __all__ = ["McpEndpoint", "BodyLimit"]
 
 
 class McpEndpoint:
     """ASGI endpoint at ``/mcp``: authenticates the key, then hands the request to the
-    MCP server of the key's bank. Each bank has its own server (built at startup), so
+    MCP server of the key's bank. Each bank has its own server (made at its first
+    request, from the live registry: :mod:`memstream.interfaces.mcp_http`), so
     the scope is pinned by the key, never by anything inside the MCP messages; the key
     is checked against the live registry on every request, and each tool call reads
     its bank's current declaration (a moved or removed bank takes effect at once)."""
@@ -31,14 +32,10 @@ class McpEndpoint:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         try:
             principal = authenticate(self.app.state.registry, present_key(headers), self.app.state.limiter)
-            servers: dict[str, MCPServer] = getattr(self.app.state, "mcp_servers", {})
-            server = servers.get(principal.bank.name)
+            servers: McpServers | None = getattr(self.app.state, "mcp_servers", None)
+            server = await servers.get(principal.bank.name) if servers is not None else None
             if server is None:
-                raise ApiError(
-                    503,
-                    "unavailable",
-                    f"bank {principal.bank.name!r} was declared after the server started; restart it to serve MCP for it",
-                )
+                raise ApiError(503, "unavailable", "the server is starting or stopping; retry", headers={"Retry-After": "1"})
         except ApiError as exc:
             response = JSONResponse(
                 error_body(exc.code, exc.message, exc.details), status_code=exc.status, headers=exc.headers or None

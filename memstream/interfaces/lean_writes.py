@@ -70,7 +70,8 @@ class LeanWrites:
         except ApiError as exc:
             response = error_response(exc.status, exc.code, exc.message, exc.details, exc.headers or None)
         else:
-            response = JSONResponse(accepted.model_dump(mode="json"), status_code=202)
+            status = 200 if getattr(accepted, "duplicate", False) else 202  # a duplicate wrote nothing
+            response = JSONResponse(accepted.model_dump(mode="json"), status_code=status)
         await response(scope, receive, send)
 
 

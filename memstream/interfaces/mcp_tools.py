@@ -54,6 +54,7 @@ class AddMemoryResult(BaseModel):
     position: str = Field(description="Log position topic:partition:offset of the write.")
     content: str = Field(description="The content as stored (after the bank's template).")
     bank: str
+    duplicate: bool = Field(default=False, description="True: this memory was already stored; nothing new was saved.")
 
 
 class QueryResult(BaseModel):
@@ -178,15 +179,23 @@ class BankTools:
         priority: Annotated[int, Field(ge=0, le=100, description="Importance 0-100.")] = 50,
         scene: Annotated[str | None, Field(max_length=500, description="Optional context or topic.")] = None,
     ) -> AddMemoryResult:
-        self.require()
+        service = self.require()
         bank = self.current_bank()
         if not content.strip():
             # Checked before the template: a template would make blank content look full.
             raise ToolError("invalid input, nothing was saved: content is empty")
         stored = bank.render_memory(content, self.now())
+        # The same content in the bank's scope is the same memory (the id follows from both).
+        memory_id = service.content_memory_id(bank.scope, stored)
+        owner = await service.memory_owner(bank.scope, memory_id)
+        found = await service.stored_memory(bank.scope, memory_id) if owner == bank.scope.agent_id else None
+        if found is not None:
+            return AddMemoryResult(
+                memory_id=memory_id, event_id=found[0], position=str(found[1]), content=stored, bank=bank.name, duplicate=True
+            )
         raw = {
             "scope": bank.scope.model_dump(),
-            "memory_id": uuid.uuid4().hex,
+            "memory_id": memory_id,
             "content": stored,
             "memory_type": (memory_type or bank.default_memory_type).value,
             "priority": priority,

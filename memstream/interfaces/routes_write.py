@@ -8,7 +8,7 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from pydantic import TypeAdapter
 
 from memstream.banks import Principal
@@ -56,7 +56,8 @@ def _scope_of(principal: Principal, scope: ScopeIn | None) -> Scope:
     "/v1/events",
     status_code=202,
     response_model=Accepted,
-    responses={**ERROR_RESPONSES, 409: {"model": ErrorResponse, "description": "The memory id belongs to another agent."}},
+    responses={**ERROR_RESPONSES, 200: {"model": MemoryAccepted, "description": "A duplicate: this scope already holds this content (written without a memory_id); nothing was written."},
+                     409: {"model": ErrorResponse, "description": "The memory id belongs to another agent."}},
     tags=["write"],
     summary="Append any event (validated; upcast from older schema versions)",
     openapi_extra={
@@ -87,21 +88,29 @@ async def post_event(request: Request, principal: Caller) -> Accepted:
     return await append(service, event)
 
 @router.post("/v1/memories", status_code=202, response_model=MemoryAccepted,
-          responses={**ERROR_RESPONSES, 409: {"model": ErrorResponse, "description": "The memory id belongs to another agent."}},
+          responses={**ERROR_RESPONSES, 200: {"model": MemoryAccepted, "description": "A duplicate: this scope already holds this content (written without a memory_id); nothing was written."},
+                     409: {"model": ErrorResponse, "description": "The memory id belongs to another agent."}},
           tags=["write"],
           summary="Add one memory (a MemoryAdded event)")
-async def post_memory(body: MemoryIn, request: Request, principal: Caller) -> MemoryAccepted:
+async def post_memory(body: MemoryIn, request: Request, response: Response, principal: Caller) -> MemoryAccepted:
     # served by ``lean_writes`` at run time; declared here for the spec and as the fallback
-    return await write_memory(request.app, principal, body)
+    accepted = await write_memory(request.app, principal, body)
+    if accepted.duplicate:
+        response.status_code = 200
+    return accepted
 
 
 async def write_memory(app: Any, principal: Principal, body: MemoryIn) -> MemoryAccepted:
-    """``POST /v1/memories`` once the body is valid and the caller known."""
+    """``POST /v1/memories`` once the body is valid and the caller known. Without a
+    ``memory_id`` the id follows from the content and the exact scope: a memory the
+    view already holds is answered as a duplicate (nothing written); one written again
+    before it is projected gets the same id, which the projection folds into one row."""
     scope = _scope_of(principal, body.scope)
+    running = getattr(app.state, "service", None)  # None: service_in answers 503 below, after the input checks
     raw = body.model_dump(exclude={"scope"}, exclude_none=True, mode="json")
     raw.update(
         scope=scope.model_dump(),
-        memory_id=body.memory_id or uuid.uuid4().hex,
+        memory_id=body.memory_id or (running.content_memory_id(scope, body.content) if running else uuid.uuid4().hex),
         producer=f"api:{principal.bank.name}",
         provenance={"method": "api", "note": f"POST /v1/memories, bank {principal.bank.name}"},
     )
@@ -111,6 +120,10 @@ async def write_memory(app: Any, principal: Principal, body: MemoryIn) -> Memory
     event = event_from(raw, MemoryAdded)
     check_client_event(event)
     service = service_in(app)
+    if body.memory_id is None and await service.memory_owner(event.scope, event.memory_id) == event.scope.agent_id:
+        stored = await service.stored_memory(event.scope, event.memory_id)  # a duplicate: the rare path reads its row
+        if stored is not None:
+            return MemoryAccepted(memory_id=event.memory_id, event_id=stored[0], position=str(stored[1]), duplicate=True)
     await check_owners(service, principal, event)
     accepted = await append(service, event)
     return MemoryAccepted(memory_id=raw["memory_id"], event_id=accepted.event_id, position=accepted.position)

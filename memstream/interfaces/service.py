@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from memstream import metrics
 from memstream.domain.access import ReadScope
+from memstream.domain.extraction import content_memory_id
 from memstream.domain.events import EventBase, Identifier, MemoryType, Name, Scope, describe_validation_error
 from memstream.domain.log import LogPosition
 from memstream.domain.reflection import ReflectionContext
@@ -49,6 +50,7 @@ from memstream.settings import Settings
 from memstream.streams.producer import MemstreamProducer
 from memstream.streams.topics import Topics
 from memstream.streams.connect import kafka_options
+from memstream.streams.worker_identity import memory_ids_key
 
 __all__ = [
     "MemoryService",
@@ -128,6 +130,8 @@ class MemoryService:
         self._positions: tuple[LanceStore, int, dict[tuple[str, int], int]] | None = None
         self._positions_read: asyncio.Future[dict[tuple[str, int], int]] | None = None
         self._positions_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-positions")
+        self.id_key = memory_ids_key(settings) or b""
+        """Keys the ids of client memories written without one (:meth:`content_memory_id`)."""
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -336,6 +340,22 @@ class MemoryService:
         ``None`` when there is none (a scope pinned to an agent sees that agent's only)."""
         result: dict[str, Any] | None = await asyncio.to_thread(self.store_for(scope).get_memory, scope, memory_id)
         return result
+
+    def content_memory_id(self, scope: Scope, content: str) -> str:
+        """The id of a client memory written without one: the same content in the same
+        scope (team, user and agent) is always the same id, the extractor's id for it
+        (keyed, so no client can compute another agent's ids)."""
+        return content_memory_id(scope, content, self.id_key)
+
+    async def stored_memory(self, scope: Scope, memory_id: str) -> tuple[str, LogPosition] | None:
+        """``(event_id, position)`` of the memory ``memory_id`` of exactly ``scope``'s
+        agent when the view holds it (a duplicate write answers with them); None for
+        any other agent's row, so the answer tells nothing about other agents."""
+        rows = await asyncio.to_thread(self.store_for(scope).get_memories, scope, [memory_id])
+        row = rows[0] if rows else None
+        if row is None or row.get("agent_id") != scope.agent_id or row.get("log_topic") is None:
+            return None
+        return str(row["event_id"]), LogPosition(topic=row["log_topic"], partition=int(row["log_partition"]), offset=int(row["log_offset"]))
 
     async def memory_owner(self, scope: Scope, memory_id: str) -> str | None:
         """The agent that owns ``memory_id`` in the scope's space, if it is stored (as

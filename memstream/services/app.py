@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import faust
+from faust.auth import SASLCredentials, SSLCredentials
+from faust.types.auth import CredentialsT
 
 from memstream.memory_release import (
     MMAP_THRESHOLD_BYTES,
@@ -37,9 +39,9 @@ from memstream.services.projector_service import register_projector
 from memstream.services.reflector_agent import register_reflector
 from memstream.services.shard_owner import register_group_projector
 from memstream.services.shard_routing import projects_sharded
-from memstream.settings import Settings
+from memstream.settings import BrokerSettings, Settings
 from memstream.streams.admin import topic_partitions
-from memstream.streams.connect import faust_credentials
+from memstream.streams.connect import kafka_options
 from memstream.streams.inflation_bound import bound_inflation
 from memstream.streams.sealer import register_sealer
 from memstream.streams.topics import Topics
@@ -57,6 +59,21 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAMES: tuple[str, ...] = ("projector", "extractor", "reflector", "sealer")
 """Every service a worker can run, in registration order."""
+
+
+def faust_credentials(broker: BrokerSettings) -> CredentialsT | None:
+    """The identity of :func:`kafka_options` for faust (``App(broker_credentials=...)``);
+    here, so that the Kafka clients of the CLI never import faust."""
+    options = kafka_options(broker)
+    protocol = broker.security_protocol
+    if protocol == "PLAINTEXT":
+        return None
+    if protocol == "SSL":
+        return SSLCredentials(options["ssl_context"])
+    return SASLCredentials(
+        username=options["sasl_plain_username"], password=options["sasl_plain_password"],
+        mechanism=broker.sasl_mechanism, ssl_context=options.get("ssl_context"),
+    )
 
 
 def broker_urls(bootstrap_servers: str) -> list[str]:

@@ -21,12 +21,12 @@ own run (steps 1-2 and 5-6, its own provenance and correlation id), while steps 
 and 7 are shared: one exact-dedup lookup per memory space, one embedding call, one
 produce: without an LLM those round trips were nearly all of a window's cost.
 
-Failure rules: if the extraction call fails (timeout, HTTP error, an answer that stays
-unparsable after repair, after its retry), or the memory space cannot be read, or the
-events cannot be produced, the outcome is ``failed`` and lists every new turn as
-*kept*: the caller (:class:`~memstream.services.turn_buffer.TurnBuffer`) keeps them for the next run, so a turn is
-never lost and never silently skipped. Memory and link ids are content-derived, so a
-run repeated after a partial failure re-sends the same ids.
+Failure rules: a failed extraction call, an unreadable memory space or events that
+cannot be produced make the outcome ``failed`` with every new turn *kept* for the next
+run (:class:`~memstream.services.turn_buffer.TurnBuffer`); a window the model cannot
+take falls back to the heuristic (:mod:`memstream.domain.fallback`), as does one it
+declares empty while its turns state facts (``extract_declared_empty_fallback``). No
+turn is lost or silently skipped; ids are content-derived, so a repeat re-sends them.
 
 :class:`~memstream.services.turn_buffer.TurnBuffer` schedules the windows;
 :class:`~memstream.services.extractor_service.ExtractorRunner` reads the turns from Kafka.
@@ -55,7 +55,7 @@ from memstream.domain.events import (
     utcnow,
 )
 from memstream.domain.extraction import (
-    EXTRACTION_SCHEMA,
+    EXTRACTION_PROMPTS,
     MAX_MEMORIES,
     Action,
     Candidate,
@@ -64,6 +64,7 @@ from memstream.domain.extraction import (
     build_events,
     build_window,
     dedupe_batch,
+    extraction_schema,
     heuristic_drafts,
     memory_id_key,
     parse_extraction,
@@ -72,6 +73,7 @@ from memstream.domain.extraction import (
     split_known,
     store_all,
 )
+from memstream.domain.extraction.stateable import declared_empty_with_facts
 from memstream.domain.fallback import FALLBACK_STATUS, FallbackReason, fallback_reason, fallback_record
 from memstream.domain.known import decide_by_links, pick_known, read_known_links, render_known, uncertain
 from memstream.domain.prompts import PromptError, PromptLibrary
@@ -154,10 +156,7 @@ class Extractor:
         return "llm" if self.llm is not None else "heuristic"
 
     async def run_window(
-        self,
-        scope: Scope,
-        session_id: str | None,
-        turns: Sequence[MessageObserved],
+        self, scope: Scope, session_id: str | None, turns: Sequence[MessageObserved],
         background: Sequence[MessageObserved] = (),
     ) -> ExtractionOutcome:
         """Extract memories from ``turns`` (new) with ``background`` as context."""
@@ -265,16 +264,10 @@ class Extractor:
             return
         run.known = await self._known_memories(run)
         try:
-            prompt = self.prompts.get("extraction", window.scope)
+            prompt = self.prompts.get(EXTRACTION_PROMPTS[self.settings.extraction.prompt], window.scope)
             background_text, new_text = render_turns(window)
-            system, user = prompt.render(
-                {
-                    "background": background_text,
-                    "turns": new_text,
-                    "known": render_known(run.known),
-                    "max_memories": MAX_MEMORIES,
-                }
-            )
+            values = {"background": background_text, "turns": new_text, "known": render_known(run.known)}
+            system, user = prompt.render({**values, "max_memories": MAX_MEMORIES})
         except PromptError as exc:
             self._fail(run, f"prompt: {exc}")
             return
@@ -288,7 +281,7 @@ class Extractor:
                     self.llm,
                     system,
                     user,
-                    EXTRACTION_SCHEMA,
+                    extraction_schema(self.settings.extraction.prompt, MAX_MEMORIES),
                     "memstream_extraction",
                     lambda value: counted(parse_extraction, value, window, MAX_MEMORIES),
                     retries=self.settings.extraction.llm_max_retries,
@@ -315,6 +308,11 @@ class Extractor:
         run.drafts = list(parsed.drafts)
         run.issues = list(parsed.issues)
         run.extraction = llm_stage(prompt, call, repaired)
+        flagged = declared_empty_with_facts(window) if parsed.nothing_to_remember else None
+        if flagged is not None:
+            run.issues.append(flagged)
+            if self.settings.extraction.declared_empty_fallback:
+                self._fall_back(run, FallbackReason.declared_empty, flagged.detail)
 
     async def _known_memories(self, run: WindowRun) -> list[Candidate]:
         """The memories of the turns' agent closest to the window's new turns, for the

@@ -35,9 +35,12 @@ the failed batch.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiokafka import TopicPartition
@@ -59,6 +62,8 @@ if TYPE_CHECKING:
     from memstream.services.app import MemstreamApp
 
 __all__ = [
+    "ready_file",
+    "mark_ready",
     "register_projector",
     "add_projector",
     "ProjectorService",
@@ -82,6 +87,17 @@ def projector_group(settings: Settings) -> str:
     """The consumer group the projector commits its progress to, as a hint for lag
     monitors only (``kafka-consumer-groups.sh --describe``); resuming never reads it."""
     return f"{settings.worker.app_id}.projector"
+
+
+def ready_file(settings: Settings) -> Path:
+    """Written once the projector reads its partitions: ``memstream up`` waits for it."""
+    return settings.home / "worker.ready"
+
+
+def mark_ready(settings: Settings, partitions: int) -> None:
+    path = ready_file(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"pid": os.getpid(), "partitions": partitions}) + "\n", encoding="utf-8")
 
 
 def feed_consumer(settings: Settings, client_id: str, *, group_id: str | None = None) -> Any:
@@ -199,13 +215,13 @@ class ProjectorService(Service):
             max_batch=rt.settings.worker.projector_batch_size,
             fetch_records=min(2_000, rt.settings.worker.projector_batch_size),
             poll_ms=max(1, int(rt.settings.worker.projector_batch_seconds * 1000)),
-            decode_in_process=rt.settings.worker.projector_decode_process,
             fast_decoder=FastMemoryDecoder.for_projector(rt.projector),
             reroute=True,
             worker_key=worker_key(rt.settings),
             legacy_trust=load_legacy_trust(rt.settings),
             keys=SubjectKeys(rt.settings, client_id=f"{rt.settings.worker.app_id}-keys") if rt.settings.security.sealing else None,
             partitions=partitions,
+            on_reading=lambda n: mark_ready(rt.settings, n),
         )
 
     async def _apply(self, batch: "FeedBatch") -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from memstream.streams.log_ids import log_id
-from memstream.domain.events import MemoryReflected, utcnow
+from memstream.domain.events import MemoryReflected, Scope, utcnow
 from memstream.services.reflection_writers import ReflectionWriter
 from memstream.services.reflector import SettledDecision
 
@@ -21,6 +21,8 @@ __all__ = ["Backoff", "Deliver", "ReflectionRunner"]
 log = logging.getLogger(__name__)
 
 
+# Kept by hand: a failed decision waits on a timer, not in a retry loop that would hold a
+# worker (tenacity and stamina retry in place; test_runner_retries_with_backoff_and_delivers_once).
 @dataclass(frozen=True)
 class Backoff:
     """Exponential backoff with jitter: ``initial * factor**(attempt-1)``, capped."""
@@ -126,6 +128,13 @@ class ReflectionRunner:
         """The decision is reflected (or no longer ours): stop tracking it."""
         self._tracked.pop(key, None)
         self.attempts.pop(key, None)
+
+    def forget_subject(self, scope: Scope) -> None:
+        """Stop tracking every decision of the scope's space (its subject was
+        forgotten: its keys can no longer be computed; they all begin ``team|user|``)."""
+        prefix = f"{scope.team_id}|{scope.user_id}|"
+        for key in [k for k in self._tracked if k.startswith(prefix)]:
+            self.finished(key)
 
     def _requeue(self, settled: SettledDecision, box: list[asyncio.TimerHandle]) -> None:
         for handle in box:

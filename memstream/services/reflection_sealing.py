@@ -11,7 +11,11 @@ sealed under its subject's data key, like the log itself (:class:`ReflectorSeal`
   (``decision``, ``outcome``, ``reflection``; an early outcome's ``outcome``) sealed
   (:class:`SealedEntries`);
 * the subject index and the work topic are keyed by ``team|user|#`` and a keyed hash
-  of the decision's subject (HMAC under the data key), not the subject's text.
+  of the decision's subject (HMAC under the data key), not the subject's text;
+* the decision table is keyed (and the subject index lists its decisions) by
+  ``team|user|#`` and a keyed hash of the decision's agent and id, not the id: a
+  decision id is personal, and once the subject is forgotten nobody can tell which
+  decision a finished entry's marker was about.
 
 Once the subject is forgotten, none of it opens: entries read as absent, work records
 are skipped, and each tick deletes the unreadable entries of its partition (so the
@@ -26,6 +30,7 @@ from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
 from memstream.domain.events import Scope
+from memstream.domain.reflection import decision_key as plain_decision_key
 from memstream.domain.reflection import subject_key as plain_subject_key
 from memstream.sealing import DataKey, SealedHeader, TamperedRecord, UnreadableRecord, open_sealed, seal
 from memstream.streams.keys import SubjectKeys
@@ -67,6 +72,13 @@ class ReflectorSeal:
             return plain_subject_key(scope, subject)
         hashed = self._key(scope.team_id, scope.user_id).keyed_hash(subject)[:32]
         return f"{scope.team_id}|{scope.user_id}|#{hashed}"
+
+    def decision_key(self, scope: Scope, decision_id: str) -> str:
+        """The key of a decision (an id belongs to its agent): keyed when sealing."""
+        if self.keys is None:
+            return plain_decision_key(scope, decision_id)
+        hashed = self._key(scope.team_id, scope.user_id).keyed_hash(f"decision\x1f{scope.agent_id}\x1f{decision_id}")
+        return f"{scope.team_id}|{scope.user_id}|#{hashed[:32]}"
 
     def seal_json(self, value: Mapping[str, Any], team_id: str, user_id: str) -> str:
         """``value`` (an event as JSON) sealed, as base64 text for a JSON store."""

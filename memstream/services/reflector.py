@@ -130,10 +130,14 @@ class ReflectorCore:
         *,
         policy: ReflectorPolicy | None = None,
         subject_key: Callable[[Scope, str], str] = subject_key,
+        decision_key: Callable[[Scope, str], str] = decision_key,
     ) -> None:
         self._subject_key = subject_key
         """How a subject's decisions are keyed in ``subjects`` and ``early`` (keyed by a
         hash under the subject's data key when sealing: ``reflection_sealing``)."""
+        self.key_of = decision_key
+        """How a decision is keyed in ``decisions`` (and listed in ``subjects``): its
+        scope and id, as a keyed hash under the subject's data key when sealing."""
         self.decisions = decisions
         self.subjects = subjects
         self.early = early
@@ -167,7 +171,7 @@ class ReflectorCore:
         return DecisionState(entry["state"]) if entry else None
 
     def state_of(self, decision: DecisionRecorded | DecisionExpired | MemoryReflected) -> DecisionState | None:
-        return self.state(decision_key(decision.scope, decision.decision_id))
+        return self.state(self.key_of(decision.scope, decision.decision_id))
 
     def _rows(
         self, partition: int | None, snapshot: Sequence[tuple[str, Mapping[str, Any]]] | None
@@ -283,7 +287,7 @@ class ReflectorCore:
         """A decision arrived. A known decision id (in any state) is a duplicate and
         changes nothing. A new one becomes pending, or settled at once by an outcome
         that arrived before it (one naming it wins over a subject-wide one)."""
-        key = decision_key(event.scope, event.decision_id)
+        key = self.key_of(event.scope, event.decision_id)
         if self.decisions.get(key):
             log.debug("duplicate decision %s ignored", event.decision_id)
             return []
@@ -332,7 +336,7 @@ class ReflectorCore:
         decision that has not arrived yet, ignore it if it is a duplicate."""
         skey = self._subject_key(event.scope, event.subject)
         if event.decision_id is not None:
-            key = decision_key(event.scope, event.decision_id)
+            key = self.key_of(event.scope, event.decision_id)
             entry = self.decisions.get(key)
             if not entry:
                 if self._remember_early(skey, event, partition, now):
@@ -361,7 +365,7 @@ class ReflectorCore:
     def accept_reflection(self, event: MemoryReflected) -> bool:
         """Whether a candidate reflection is the one to emit: its decision is settled
         (no reflection chosen yet) by that very outcome, with the derived ids."""
-        key = decision_key(event.scope, event.decision_id)
+        key = self.key_of(event.scope, event.decision_id)
         entry = self.decisions.get(key)
         if not entry or entry["state"] != DecisionState.settled:
             return False
@@ -381,7 +385,7 @@ class ReflectorCore:
         """
         if not self.accept_reflection(event):
             return False
-        key = decision_key(event.scope, event.decision_id)
+        key = self.key_of(event.scope, event.decision_id)
         entry = dict(self.decisions[key])
         entry["state"] = DecisionState.emitting.value
         entry["reflection"] = event.model_dump(mode="json")
@@ -410,10 +414,11 @@ class ReflectorCore:
 
     def mark_reflected(self, event: MemoryReflected, now: datetime) -> None:
         """Record that ``event`` is in the log (call after the broker acknowledged it)."""
-        key = decision_key(event.scope, event.decision_id)
+        key = self.key_of(event.scope, event.decision_id)
         entry = self.decisions.get(key)
         if entry and entry["state"] in (DecisionState.emitting, DecisionState.settled):
-            self._finish(key, DecisionState.reflected, now, reflection_id=event.reflection_id)
+            # no reflection id in the marker: derived from the decision id, unkeyed
+            self._finish(key, DecisionState.reflected, now)
 
     def due_expiries(
         self,
@@ -449,7 +454,7 @@ class ReflectorCore:
 
     def mark_expired(self, event: DecisionExpired, now: datetime) -> None:
         """Record that ``event`` is in the log (call after the broker acknowledged it)."""
-        key = decision_key(event.scope, event.decision_id)
+        key = self.key_of(event.scope, event.decision_id)
         entry = self.decisions.get(key)
         if entry and entry["state"] == DecisionState.pending:
             self._finish(key, DecisionState.expired, now)

@@ -28,7 +28,6 @@ from memstream.domain.events import (
     parse_event,
     utcnow,
 )
-from memstream.domain.reflection import decision_key
 from memstream.services.outcomes import OutcomeProvider, build_outcome_provider
 from memstream.services.reflection_runner import ReflectionRunner
 from memstream.services.reflection_sealing import ReflectorSeal, SealedEntries, SubjectGone
@@ -137,7 +136,10 @@ class _Reflector:
         decisions, subjects, early = self._tables(app)
         self.decisions = SealedEntries(decisions, self.seal, "decision")
         self.early = SealedEntries(early, self.seal, "early")
-        self.core = ReflectorCore(self.decisions, subjects, self.early, policy=policy, subject_key=self.seal.subject_key)
+        self.core = ReflectorCore(
+            self.decisions, subjects, self.early, policy=policy,
+            subject_key=self.seal.subject_key, decision_key=self.seal.decision_key,
+        )
         self.signing_key = worker_key(settings)  # its events are system events: signed
         self.verify = verifier(self.signing_key)
         self.keyring = LazyKeys(settings, topics, client_id=f"{settings.worker.app_id}-reflector-keys")
@@ -227,11 +229,11 @@ class _Reflector:
             await asyncio.gather(*futures)
 
     async def emit_reflection(self, event: MemoryReflected, partition: int) -> None:
-        key = decision_key(event.scope, event.decision_id)
         try:
+            key = self.core.key_of(event.scope, event.decision_id)
             future = await self.send_event(self.events_out, event)
         except SubjectGone:  # forgotten after it was chosen: never written
-            self.runner.finished(key)
+            self.runner.forget_subject(event.scope)
             self.handle.bump("forgotten")
             return
         self.emits[key] = (partition, event)
@@ -384,7 +386,7 @@ class _Reflector:
             if self.core.begin_reflection(event, moment):
                 await self.emit_reflection(event, partition)
             else:
-                self.runner.finished(decision_key(event.scope, event.decision_id))
+                self.runner.finished(self.core.key_of(event.scope, event.decision_id))
                 self.handle.bump("candidates_dropped")
         else:
             raise ValueError(f"unknown work record kind {kind!r}")

@@ -56,6 +56,17 @@ from memstream.projections.table_sets import TableSets
 from memstream.services import shard_routing
 from memstream.services.projector_runtime import apply_decoded
 from memstream.services.replay_diff import space_differences, space_digests
+from memstream.services.replay_finish import (
+    PHASE_COMPACT,
+    PHASE_SWAP,
+    PHASE_VECTOR_INDEX,
+    PHASE_VERIFY,
+    PHASES,
+    ReplayError,
+    finish,
+    open_live,
+    train_vector_index,
+)
 from memstream.services.replay_report import ReplayProgress, ReplayReport
 from memstream.settings import Settings
 from memstream.streams.admin import topic_partitions
@@ -88,16 +99,6 @@ DEFAULT_BATCH = 10_000
 
 Digest = Mapping[str, tuple[int, str]]
 
-PHASE_COMPACT = "compacting"
-PHASE_VECTOR_INDEX = "training the vector index"
-PHASE_VERIFY = "verifying"
-PHASE_SWAP = "swapping in"
-PHASES = (PHASE_COMPACT, PHASE_VECTOR_INDEX, PHASE_VERIFY, PHASE_SWAP)
-"""The steps after the build, in order (the vector index only when one is due)."""
-
-
-class ReplayError(RuntimeError):
-    """The replay could not be built, did not verify, or could not be swapped in."""
 
 
 def _utc_stamp(now: datetime) -> str:
@@ -145,7 +146,6 @@ async def _consume_into(
     on_progress: Callable[[ReplayProgress], None] | None,
     expected: int,
     *,
-    decode_in_process: bool = False,
     fast_path: bool = True,
     on_decoded: Callable[[FeedBatch], Awaitable[None]] | None = None,
     started: float | None = None,
@@ -191,7 +191,6 @@ async def _consume_into(
         list_partitions=lambda names: _listed(all_partitions or partitions),
         name="replay",
         on_decoded=decoded,
-        decode_in_process=decode_in_process,
         fast_decoder=FastMemoryDecoder.for_projector(projector, fast_path),
         worker_key=worker_key,
         keys=keys,
@@ -254,29 +253,6 @@ class _MisroutedBeyond:
             await self._producer.stop()
 
 
-def _verify(report: ReplayReport) -> None:
-    problems = []
-    for key, end in sorted(report.end_offsets.items()):
-        got = report.positions.get(key, 0)
-        if end > 0 and got < end:
-            problems.append(f"{key[0]}:{key[1]} position {got} < end offset {end}")
-    for key, live in sorted((report.live_positions or {}).items()):
-        if not report.dry_run and report.positions.get(key, 0) < live:
-            problems.append(f"{key[0]}:{key[1]} position {report.positions.get(key, 0)} behind the live set's {live}")
-    accounted = (
-        report.applied + report.skipped + report.dead_decode + report.dead_project + report.misrouted + report.unreadable
-    )
-    if accounted != report.records:
-        problems.append(
-            f"{report.records} records read but {accounted} accounted for "
-            f"(applied {report.applied}, skipped {report.skipped}, dead {report.dead_decode + report.dead_project})"
-        )
-    if problems:
-        raise ReplayError(
-            f"replay in {report.replay_dir} is incomplete, not swapped: " + "; ".join(problems[:5])
-        )
-
-
 CATCH_UP_ROUNDS = 10
 """Catch-up rounds towards a running worker before it is asked to pause."""
 PAUSE_WAIT_S = 60.0
@@ -292,6 +268,7 @@ async def replay(
     on_progress: Callable[[ReplayProgress], None] | None = None,
     on_phase: Callable[[str], None] | None = None,
     now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+    build_vector_index: bool = False,
 ) -> ReplayReport:
     """Rebuild into a new table set, catch up, verify and (unless ``dry_run``) make it
     current. See the module doc.
@@ -304,6 +281,12 @@ async def replay(
     The built set is removed whenever it is not swapped in (``dry_run``, an error,
     Ctrl-C, a divergence from live without ``force``). ``force`` swaps in a set that
     diverges from live at the same positions (``report.diverged`` still lists where).
+    The IVF_PQ vector index (due from ``vector_index_threshold`` memories) is never
+    trained before the swap: the new set serves as soon as it is verified (searches
+    are exact until the index exists, as on a live set that just crossed the
+    threshold), and the worker's maintenance trains it beside its writer. With
+    ``build_vector_index`` (no worker to do it), the replay trains it after the swap,
+    still holding the root's lock. ``report.vector_index_due`` says whether one is due.
     Raises :class:`ReplayError` with one readable line.
     """
     if batch_size < 1:
@@ -331,6 +314,8 @@ async def replay(
                 settings, sets, report, name, worker_running=worker_running,
                 batch_size=batch_size, on_progress=on_progress, on_phase=on_phase or (lambda _: None),
             )
+            if report.swapped and report.vector_index_due and build_vector_index and not worker_running:
+                await train_vector_index(settings, report, on_phase or (lambda _: None))
         finally:
             if not report.swapped:
                 sets.remove_set(name)
@@ -407,8 +392,7 @@ class _Build:
         self.expected += sum(ends[tp] - begins[tp] for tp in todo)
         await _consume_into(
             self.consumer, todo, begins, ends, self.projector, self.report, self.batch_size,
-            self.on_progress, self.expected, decode_in_process=self.settings.worker.projector_decode_process,
-            on_decoded=self.rerouter.publish, started=self.started,
+            self.on_progress, self.expected, on_decoded=self.rerouter.publish, started=self.started,
             all_partitions=self.partitions, worker_key=load_worker_key(self.settings), keys=self.keys,
             legacy_trust=self.legacy_trust,
         )
@@ -444,42 +428,53 @@ async def _replay(
     live_dir = report.live_dir
     build = _Build(settings, report, batch_size, on_progress)
     try:
-        handled = await loop.run_in_executor(None, _live_positions, live_dir, settings)
-        begins = await build.open(Topics.from_settings(settings.broker), handled)
-        assert build.consumer is not None
-        ends = await build.consumer.end_offsets(build.partitions)
+        with report.timed("connect"):
+            handled = await loop.run_in_executor(None, _live_positions, live_dir, settings)
+            begins = await build.open(Topics.from_settings(settings.broker), handled)
+            assert build.consumer is not None
+            ends = await build.consumer.end_offsets(build.partitions)
         report.end_offsets = {(tp.topic, tp.partition): ends[tp] for tp in build.partitions}
         report.expected_records = sum(ends[tp] - begins[tp] for tp in build.partitions)
         cut = None if worker_running else _cut(handled, ends)
         if cut is not None:  # the live set stands inside the log: compare there first
-            await build.feed(begins, cut)
-            await loop.run_in_executor(build._opener, _compare_at, build, report, live_dir, settings, handled)
+            with report.timed("read_project"):
+                await build.feed(begins, cut)
+            with report.timed("compare"):
+                await loop.run_in_executor(build._opener, _compare_at, build, report, live_dir, settings, handled)
             begins = cut
-        await build.feed(begins, ends)
+        with report.timed("read_project"):
+            await build.feed(begins, ends)
         if worker_running:
-            await _catch_up(build, live_dir, settings)
+            with report.timed("catch_up"):
+                await _catch_up(build, live_dir, settings)
             request = sets.request_swap(name)
             try:
-                await _await_pause(sets, request.id)
-                await _catch_up(build, live_dir, settings, rounds=1)  # the worker is paused: exact
-                await _finish(build, report, live_dir, settings, on_phase, loop)
+                with report.timed("wait_pause"):
+                    await _await_pause(sets, request.id)
+                with report.timed("catch_up"):
+                    await _catch_up(build, live_dir, settings, rounds=1)  # the worker is paused: exact
+                await finish(build.store, build._opener, report, live_dir, settings, on_phase)
                 if report.swappable:
-                    on_phase(PHASE_SWAP)
-                    sets.point_to(name)
-                    report.swapped = True
+                    _swap(sets, name, report, on_phase)
             finally:
                 sets.withdraw(request)
         else:
-            await _finish(build, report, live_dir, settings, on_phase, loop)
+            await finish(build.store, build._opener, report, live_dir, settings, on_phase)
             if not report.dry_run and report.swappable:
-                on_phase(PHASE_SWAP)
-                sets.point_to(name)
-                report.swapped = True
+                _swap(sets, name, report, on_phase)
         if report.swapped:
             report.old_dir = live_dir
     finally:
-        await build.close()
+        with report.timed("close"):
+            await build.close()
         report.elapsed_s = time.monotonic() - build.started
+
+
+def _swap(sets: TableSets, name: str, report: ReplayReport, on_phase: Callable[[str], None]) -> None:
+    on_phase(PHASE_SWAP)
+    with report.timed("swap"):
+        sets.point_to(name)
+    report.swapped = True
 
 
 def _cut(handled: Mapping[tuple[str, int], int], ends: Mapping[TopicPartition, int]) -> dict[TopicPartition, int] | None:
@@ -497,7 +492,7 @@ def _compare_at(build: _Build, report: ReplayReport, live_dir: Path, settings: S
     if _live_positions(live_dir, settings) != dict(handled):
         return
     report.compared = True
-    report.diverged = space_differences(space_digests(_open_live(live_dir, settings)), space_digests(build.store))
+    report.diverged = space_differences(space_digests(open_live(live_dir, settings)), space_digests(build.store))
 
 
 async def _catch_up(build: _Build, live_dir: Path, settings: Settings, rounds: int = CATCH_UP_ROUNDS) -> None:
@@ -525,51 +520,6 @@ async def _await_pause(sets: TableSets, request_id: str) -> None:
                 "(is it an older memstream?); nothing was swapped"
             )
         await asyncio.sleep(0.05)
-
-
-async def _finish(
-    build: _Build, report: ReplayReport, live_dir: Path, settings: Settings,
-    on_phase: Callable[[str], None], loop: asyncio.AbstractEventLoop,
-) -> None:
-    """Compact and index the new set, then compare it with the live set and verify."""
-    store = build.store
-
-    def finish() -> None:
-        on_phase(PHASE_COMPACT)
-        store.optimize()
-        if store.vector_index_due():
-            on_phase(PHASE_VECTOR_INDEX)
-        store.ensure_indexes()
-        on_phase(PHASE_VERIFY)
-        report.positions = {k: int(v) for k, v in store.positions().items()}
-        report.replay_digest = dict(store.table_digest())
-        if shard_routing.has_projection(live_dir):
-            live = _open_live(live_dir, settings)
-            report.live_digest = dict(live.table_digest())
-            report.live_positions = {k: int(v) for k, v in live.positions().items()}
-
-    await loop.run_in_executor(build._opener, finish)
-    _verify(report)
-    if report.live_positions is not None and not report.compared:
-        same = all(report.positions.get(k, 0) == v for k, v in report.live_positions.items()) and all(
-            report.live_positions.get(k, 0) == v for k, v in report.positions.items()
-        )
-        if same:
-            report.compared = True
-            if report.differences:
-                live = _open_live(live_dir, settings)
-                report.diverged = await loop.run_in_executor(
-                    build._opener, lambda: space_differences(space_digests(live), space_digests(store))
-                )
-    if report.diverged:
-        log.warning(
-            "the replay differs from the live set at the same log positions in %d table(s) of memory spaces%s",
-            len(report.diverged), "; swapping it in as forced" if report.forced else "; not swapped",
-        )
-
-
-def _open_live(path: Path, settings: Settings) -> Any:
-    return shard_routing.open_store(settings, path, create=False)
 
 
 def replay_sync(settings: Settings, **kwargs: Any) -> ReplayReport:

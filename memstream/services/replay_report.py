@@ -4,13 +4,26 @@ rich progress bar for the CLI."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
 from memstream.services.replay_diff import SpaceDiff
 
-__all__ = ["ReplayProgress", "ReplayReport", "RichProgress", "TableDiff"]
+__all__ = ["ReplayProgress", "ReplayReport", "RichProgress", "TableDiff", "PHASE_TIMES"]
+
+PHASE_TIMES = (
+    "connect", "read_project", "compare", "catch_up", "wait_pause", "optimize",
+    "base_indexes", "vector_index", "digests", "verify", "swap", "close",
+)
+"""Where a replay's wall time goes (``ReplayReport.phase_s``), in order: open the
+consumer, keys and new set; read and project the log; compare with the live set at its
+positions; catch up with a running worker; wait for it to pause; compact; the FTS and
+scalar indexes; the IVF_PQ index (when one is due and the replay builds it); digests of
+the new and live sets; verification; the swap; closing the clients."""
 
 
 @dataclass(frozen=True)
@@ -57,12 +70,26 @@ class ReplayReport:
     live_digest: dict[str, tuple[int, str]] | None = None
     live_positions: dict[tuple[str, int], int] | None = None
     elapsed_s: float = 0.0
+    vector_index_due: bool = False
+    """The new set is big enough for its IVF_PQ index and has none yet: the worker's
+    maintenance trains it (or the replay did, after the swap, when asked to)."""
+    phase_s: dict[str, float] = field(default_factory=dict)
+    """Seconds per phase of :data:`PHASE_TIMES` (those that ran), summing to about ``elapsed_s``."""
     forced: bool = False
     """``--force``: swap in even a set that diverges from live (``diverged``)."""
     compared: bool = False
     """Whether the new set was compared with the live one at the same positions."""
     diverged: list[SpaceDiff] = field(default_factory=list)
     """Where the two differ at the same positions: what the log does not explain."""
+
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Add the time the block takes to ``phase_s[phase]``."""
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phase_s[phase] = self.phase_s.get(phase, 0.0) + time.monotonic() - started
 
     @property
     def swappable(self) -> bool:
@@ -124,6 +151,7 @@ class ReplayReport:
             f"{self.applied} applied, {dead} dead letters"
             + (f", {self.unreadable} of forgotten subjects skipped" if self.unreadable else "")
             + f"; verified; {compare}; {action}"
+            + ("; the vector index is due: the worker's maintenance trains it" if self.vector_index_due and self.swapped else "")
         )
 
 

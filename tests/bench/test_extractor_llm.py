@@ -56,9 +56,37 @@ def test_the_bench_against_an_endpoint_reports_what_the_weak_model_did(fake_llm:
     # one repaired type, one speaker-name id and one ungrounded sentence per window
     assert figures["type_repairs"] == figures["invented_ids_dropped"] == figures["hallucination_suspects"] == sessions
     assert figures["memories_added"] == sessions
+    assert figures["windows_by_model"] == sessions and figures["windows_by_fallback"] == 0
+    assert figures["windows_declared_empty"] == figures["declared_empty_with_facts"] == 0
+    assert figures["model_answered"] is True
     assert figures["output_mode"] == "json_object_schema" and figures["refused_modes"] == ["json_schema"]
     assert figures["llm_calls"] == sessions and figures["llm_p50_ms"] > 0
     assert 0 <= figures["max_partition_stall_s"]
+
+
+def test_a_model_that_never_answers_is_flagged_and_the_run_fails(fake_llm: FakeOpenAI) -> None:  # noqa: F811
+    fake_llm.chat.responder = lambda body: Reply(status=400, error_message="model crashed")
+    result = CliRunner().invoke(
+        app, ["bench", "extractor", "--quick", "--llm-url", fake_llm.base_url, "--llm-model", "dead"]
+    )
+    assert result.exit_code == 3, result.output
+    figures = json.loads([line for line in result.output.splitlines() if line.startswith("{")][-1])
+    assert figures["model_answered"] is False and figures["windows_by_model"] == 0
+    assert figures["windows_by_fallback"] == figures["windows"] == extractor_llm.QUICK_SESSIONS
+    assert "WARNING: the model answered nothing usable" in result.output
+
+
+def test_windows_declared_empty_over_plain_facts_are_counted_and_fall_back(fake_llm: FakeOpenAI) -> None:  # noqa: F811
+    fake_llm.chat.responder = lambda body: Reply(json_value={"scenes": []})
+    result = CliRunner().invoke(
+        app, ["bench", "extractor", "--quick", "--llm-url", fake_llm.base_url, "--llm-model", "mute"]
+    )
+    assert result.exit_code == 0, result.output  # the model did answer: "nothing"
+    figures = json.loads(result.output.strip().splitlines()[-1])
+    sessions = extractor_llm.QUICK_SESSIONS
+    assert figures["windows_declared_empty"] == figures["declared_empty_with_facts"] == sessions
+    assert figures["windows_by_fallback"] == sessions and figures["windows_by_model"] == 0
+    assert figures["turns_lost"] == 0
 
 
 def test_an_url_that_is_not_http_is_a_one_line_error() -> None:

@@ -1,12 +1,12 @@
 """The fold machine against the real stack: hypothesis chooses the steps (writes as
 several agents, users and teams, forgets, writes after a forget, replays while
-serving, kills and restarts of the worker, reads with ``min_position`` under
-concurrent writes) and after each step every read of every space and read scope
+serving, kills and restarts of the worker, a second worker joining and leaving the
+group of a sharded set, reads with ``min_position`` under concurrent writes) and after each step every read of every space and read scope
 must equal the reference model's answer (:mod:`memstream.domain.fold`).
 
 Real broker, sealed log, the worker (projector and reflector) as its own process,
-the API's read path in this process. Seeded and bounded (a few examples of a dozen
-steps); ``memstream bench fold --seconds N`` runs the same steps for longer."""
+the API's read path in this process. Seeded and bounded (two examples of a dozen
+steps, and one on a sharded set); ``memstream bench fold --seconds N`` runs the same steps for longer."""
 
 from __future__ import annotations
 
@@ -17,7 +17,14 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from memstream.bench._common import delete_topics
 from memstream.bench.fold_stack import (
@@ -54,12 +61,13 @@ class FoldMachine(RuleBasedStateMachine):
 
     bootstrap = ""
     root = Path(".")
+    sharded = False
 
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
         workdir = self.root / uuid.uuid4().hex[:8]
-        self.stack: FoldStack = self.run(new_stack(base_settings(self.bootstrap), workdir))
+        self.stack: FoldStack = self.run(new_stack(base_settings(self.bootstrap), workdir, sharded=self.sharded))
 
     def run(self, coro):  # type: ignore[no-untyped-def]
         return self.loop.run_until_complete(coro)
@@ -118,6 +126,11 @@ class FoldMachine(RuleBasedStateMachine):
         self.run(self.stack.turn(space, agent, "c0"))
         self.stack.start_worker()
 
+    @precondition(lambda self: self.stack.settings.storage.sharded and self.stack.serving)
+    @rule()
+    def rebalance(self) -> None:
+        self.stack.rebalance()
+
     @precondition(lambda self: self.stack.serving)
     @rule()
     def replay(self) -> None:
@@ -144,12 +157,34 @@ class FoldMachine(RuleBasedStateMachine):
             )
 
 
+class ShardedFoldMachine(FoldMachine):
+    """The same on a sharded set whose group starts with two workers, so every example
+    projects across a rebalance; the rebalance rule makes more (a worker leaves, joins)."""
+
+    sharded = True
+
+    @initialize()
+    def second_worker(self) -> None:
+        self.stack.rebalance()
+
+
 def test_every_read_equals_the_fold_of_the_log(kafka_bootstrap: str, tmp_path: Path) -> None:
     FoldMachine.bootstrap, FoldMachine.root = kafka_bootstrap, tmp_path
     run_state_machine_as_test(
         FoldMachine,
         settings=settings(
-            max_examples=3, stateful_step_count=12, deadline=None, derandomize=True, database=None,
+            max_examples=2, stateful_step_count=12, deadline=None, derandomize=True, database=None,
+            suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
+        ),
+    )
+
+
+def test_every_read_equals_the_fold_across_rebalances(kafka_bootstrap: str, tmp_path: Path) -> None:
+    ShardedFoldMachine.bootstrap, ShardedFoldMachine.root = kafka_bootstrap, tmp_path
+    run_state_machine_as_test(
+        ShardedFoldMachine,
+        settings=settings(
+            max_examples=1, stateful_step_count=10, deadline=None, derandomize=True, database=None,
             suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
         ),
     )

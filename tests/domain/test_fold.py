@@ -97,6 +97,30 @@ def test_the_view_comes_from_the_memorys_own_agents_links_latest_first() -> None
     assert pinned is not None and pinned.links_in == ("l0", "l2")  # a2's link is not a1's to see
 
 
+def test_a_reused_link_id_replaces_the_agents_earlier_link_ends_included() -> None:
+    state = fold([mem(A, "m1"), mem(A, "m2"), mem(A, "m3"), link(A, "l0", "m2", "m1"), link(A, "l0", "m3", "m2")])
+    m1, m2 = state.memory(ALICE, "m1"), state.memory(ALICE, "m2")
+    assert m1 is not None and (m1.status, m1.superseded_by, m1.links_in) == ("active", None, ())
+    assert m2 is not None and (m2.status, m2.superseded_by, m2.links_in) == ("superseded", "m3", ("l0",))
+    assert state.links(ALICE) == {("a1", "l0"): ("m3", "m2", "supersedes")}
+
+
+def test_another_agents_link_and_decision_of_the_same_id_are_other_rows() -> None:
+    deadline = LATER + timedelta(days=5)
+    d = dict(decision_id="d1", subject="ACME", rating="buy", decision_text="buy it", deadline=deadline)
+    state = fold([
+        mem(A, "m1"), mem(A, "m2"), link(A, "l0", "m2", "m1"), link(A2, "l0", "m1", "m2"),
+        build_event(DecisionRecorded, scope=A, **d),
+        build_event(MemoryReflected, scope=A, reflection_id="r1", outcome_id="o1", content="It rose.",
+                    **{k: d[k] for k in ("decision_id", "subject", "rating")}),
+        build_event(DecisionRecorded, scope=A2, **d),
+    ])
+    assert state.links(ALICE) == {("a1", "l0"): ("m2", "m1", "supersedes"), ("a2", "l0"): ("m1", "m2", "supersedes")}
+    m1 = state.memory(ALICE, "m1")
+    assert m1 is not None and (m1.status, m1.links_in, m1.links_out) == ("superseded", ("l0",), ("l0",))
+    assert state.decisions(ALICE) == {("a1", "d1"): "reflected", ("a2", "d1"): "pending"}
+
+
 def test_a_read_sees_its_space_and_a_pinned_read_its_agent_only() -> None:
     state = fold([mem(A, "m1", "alice a1"), mem(A2, "m2"), mem(B, "m1", "bob"), mem(C, "m1", "other team")])
     assert set(state.memories(ALICE)) == {"m1", "m2"}
@@ -126,7 +150,7 @@ def test_a_decision_only_moves_up_and_a_lesson_is_kept() -> None:
         build_event(MemoryReflected, scope=A, reflection_id="r1", outcome_id="o1", rating="buy", content="It rose.", **d),
         build_event(DecisionExpired, scope=A, deadline=deadline, **d),
     ])
-    assert state.decisions(ALICE) == {"d1": "reflected"}
+    assert state.decisions(ALICE) == {("a1", "d1"): "reflected"}
     assert state.lessons(ALICE, "ACME") == {"r1": "It rose."}
     assert state.lessons(ALICE, "OTHER") == {}
     assert state.lessons(ReadScope("t1", "alice", "a2")) == {}

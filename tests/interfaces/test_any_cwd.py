@@ -44,8 +44,8 @@ def installed(kafka_bootstrap: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
     home.mkdir()
     prefix = f"t{uuid.uuid4().hex[:10]}."
     (home / "config.env").write_text(
-        f"MEMSTREAM_BROKER_TOPIC_PREFIX={prefix}\nMEMSTREAM_APP_ID=app-{uuid.uuid4().hex[:8]}\n"
-        "MEMSTREAM_WORKER_PROJECTOR_BATCH_SECONDS=0.05\nMEMSTREAM_READ_WAIT_MAX_S=30\n"
+        f"MEMSTREAM_BROKER_TOPIC_PREFIX={prefix}\nMEMSTREAM_WORKER_APP_ID=app-{uuid.uuid4().hex[:8]}\n"
+        "MEMSTREAM_WORKER_PROJECTOR_BATCH_SECONDS=0.05\nMEMSTREAM_API_READ_WAIT_MAX_S=30\n"
     )
     dirs = {name: tmp_path / name for name in ("worker_cwd", "host_cwd", "cli_cwd")}
     for d in dirs.values():

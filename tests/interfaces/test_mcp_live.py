@@ -1,18 +1,24 @@
 """MCP tools read their bank from the live registry on every call (the API server's
 wiring and ``memstream mcp`` over stdio): a bank moved to another team reads and writes the new team at once, and a
-removed bank answers a tool error. Real broker, real worker, real LanceDB."""
+removed bank answers a tool error; a bank declared while the API runs is served over
+MCP at its first request. Real broker, real worker, real LanceDB."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
+import httpx2
 import pytest
 from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 
-from memstream.banks import RegistrySource
+from memstream.banks import RegistrySource, create_key
 from memstream.interfaces.mcp_server import build_mcp_server
 from tests.interfaces.iface_stack import Stack
 
@@ -74,3 +80,25 @@ async def test_stdio_follows_the_bank_file_without_a_restart(stack: Stack, tmp_p
         banks.write_text("")  # removed: fails closed
         result = await client.call_tool("query_memory", {"query": "anything"})
         assert result.is_error and "no longer declared" in str(result.content)
+
+
+async def test_a_bank_declared_while_the_api_runs_is_served_over_http(stack: Stack) -> None:
+    mark = uuid.uuid4().hex[:8]
+    name = f"late{mark}"
+    assert stack.settings.api.banks_file is not None
+    with stack.settings.api.banks_file.open("a", encoding="utf-8") as fh:  # as `memstream banks add` would, while `up` runs
+        fh.write(f"\n[banks.{name}]\nteam_id = 'late'\nuser_id = 'u{mark}'\ndescription = 'Declared after the API started.'\n")
+    key, _ = create_key(stack.settings, name)
+    headers = {"Authorization": f"Bearer {key}"}
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    deadline = time.monotonic() + 3 * RegistrySource.RELOAD_EVERY_S  # the registry's bound, with room for a loaded machine
+    while (status := httpx.post(f"{stack.base_url}/mcp", json=ping, headers=headers).status_code) == 401:
+        assert time.monotonic() < deadline, "the new key was not taken within the registry's bound"
+        await asyncio.sleep(0.5)
+    assert status != 503
+    async with httpx2.AsyncClient(headers=headers, timeout=60) as http:
+        async with Client(streamable_http_client(f"{stack.base_url}/mcp", http_client=http)) as client:
+            added = await _call(client, "add_memory", {"content": f"late bank fact {mark}"})
+            found = await _call(client, "query_memory", {"query": f"late bank fact {mark}"})
+    assert [m["memory_id"] for m in found["memories"]] == [added["memory_id"]]
+    assert found["memories"][0]["team_id"] == "late"

@@ -1,5 +1,7 @@
 """``memstream up`` from a fresh directory: first bank and key, worker and API running,
-prefixed logs, a write read back through the worker, and a clean Ctrl-C."""
+prefixed logs, "up" said only once the worker reads its partitions, the broker named by
+its cluster id, a second ``up`` in the same home refused naming the first, a write read
+back through the worker, and a clean Ctrl-C."""
 
 from __future__ import annotations
 
@@ -50,6 +52,20 @@ def test_up_runs_everything_and_stops_cleanly(kafka_bootstrap: str, tmp_path: Pa
                     pass
                 assert time.monotonic() < deadline, stderr.read_text()
                 time.sleep(0.3)
+
+            # "up" is said only once the worker reads its partitions (it wrote its mark)
+            while "memstream is up" not in stderr.read_text():
+                assert proc.poll() is None and time.monotonic() < deadline + 120, stderr.read_text()
+                time.sleep(0.3)
+            assert (settings.home / "worker.ready").exists()
+            log = stderr.read_text()
+            assert log.index("projector reading") < log.index("memstream is up"), log
+            assert "cluster id " in log and "not started by memstream up here" in log
+
+            # a second `up` in the same home refuses at once, naming the first
+            second = subprocess.run([sys.executable, "-m", "memstream", "up"], env=env, capture_output=True, text=True, timeout=120)
+            assert second.returncode == 1, second.stdout + second.stderr
+            assert f"pid {proc.pid}" in second.stderr and f"API port {port}" in second.stderr, second.stderr
 
             # A fresh setup gets a default bank and a key, printed once on stdout.
             key = stdout.read_text().strip().splitlines()[-1]

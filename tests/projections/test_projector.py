@@ -203,6 +203,29 @@ def test_latest_link_wins_and_links_never_cross_spaces(store: LanceStore, projec
     assert b["superseded_by"] is None
 
 
+@pytest.mark.parametrize("one_batch", [False, True])
+@pytest.mark.parametrize("relation", ["supersedes", "duplicates"])
+def test_a_reused_link_id_gives_the_old_end_its_view_back(
+    store: LanceStore, projector: Projector, one_batch: bool, relation: str
+) -> None:
+    """The agent's later link of the same id replaces the earlier one, ends included
+    (the fold's rule): the memory the earlier link set is recomputed too."""
+    events = [memory(ALICE, m, f"fact {m}") for m in ("a", "b", "c")]
+    first, second = link(ALICE, "b", "a", relation, link_id="l0"), link(ALICE, "c", "b", relation, link_id="l0")
+    if one_batch:
+        projector.apply(positioned([*events, first, second]))
+    else:
+        projector.apply(positioned([*events, first]))
+        projector.apply(positioned([second], start=4))
+    a, b, c = store.get_memories(ALICE, ["a", "b", "c"])
+    was_set = a if relation == "supersedes" else b
+    now_set = b if relation == "supersedes" else c
+    assert (was_set["status"], was_set["superseded_by"], was_set["canonical_id"]) == ("active", None, None)
+    assert now_set["status"] == ("superseded" if relation == "supersedes" else "duplicate")
+    got_a = store.get_memory(ALICE, "a")
+    assert got_a is not None and got_a["links_out"] == got_a["links_in"] == []
+
+
 def test_get_memory_has_links_history_and_evidence(store: LanceStore, projector: Projector) -> None:
     projector.apply(positioned(_stream()))
     got = store.get_memory(ALICE, "m1")

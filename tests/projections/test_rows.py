@@ -17,6 +17,7 @@ from memstream.projections.embedder import LocalEmbedder
 from memstream.projections.projector import Projector
 from memstream.projections.schema import POSITIONS, TABLE_NAMES
 from memstream.projections.store import LanceStore
+from memstream.projections.store_positions import VERSION_TOPIC
 from memstream.codec.fast_decode import FastMemoryDecoder
 from memstream.services.projector_runtime import apply_decoded
 from memstream.streams.record_batches import DecodedBatch, RawRecord, decode_batch
@@ -76,6 +77,8 @@ def _tables(store: LanceStore) -> dict[str, list[dict[str, Any]]]:
     out = {}
     for name in TABLE_NAMES:
         rows = store.table(name).to_arrow().to_pylist()
+        if name == POSITIONS:  # the log positions (not the table versions published with them)
+            rows = [r for r in rows if not r["topic"].startswith(VERSION_TOPIC)]
         for row in rows:
             row.pop("updated_at", None)  # when a position was written, not what
         key = "pk" if rows and "pk" in rows[0] else next(iter(rows[0])) if rows else ""

@@ -11,7 +11,7 @@ from pathlib import Path
 from tests.projections.projection_helpers import DIM, T0, memory, positioned
 
 from memstream.domain.events import MessageObserved, Scope
-from memstream.domain.ranking import QUESTION_PENALTY, RankingWeights
+from memstream.domain.ranking import QUESTION_PENALTY, TURN_PRIOR, RankingWeights
 from memstream.projections.embedder import LocalEmbedder
 from memstream.projections.projector import Projector
 from memstream.projections.search import search
@@ -117,10 +117,11 @@ def test_a_turn_that_only_asks_ranks_below_the_statement(tmp_path: Path) -> None
     store = _store(tmp_path, _conversation(ANN, turns))
     query = "pottery class"
     results = {r.memory_id: r for r in search(store, EMB, ANN, query, k=2)}
-    assert results["m-s1-0"].parts.prior == QUESTION_PENALTY and results["m-s1-1"].parts.prior == 1.0
+    # both are turn memories (turn prior alike); the question pays the penalty on top
+    assert results["m-s1-0"].parts.prior == QUESTION_PENALTY * results["m-s1-1"].parts.prior
     assert results["m-s1-0"].score < results["m-s1-1"].score
     off = {r.memory_id: r for r in search(store, EMB, ANN, query, k=2, weights=RankingWeights(question_penalty=1.0))}
-    assert off["m-s1-0"].parts.prior == 1.0
+    assert off["m-s1-0"].parts.prior == off["m-s1-1"].parts.prior
 
 
 def test_an_explicit_fact_outranks_small_talk_of_the_person_it_is_about(tmp_path: Path) -> None:
@@ -133,7 +134,26 @@ def test_an_explicit_fact_outranks_small_talk_of_the_person_it_is_about(tmp_path
     store = _store(tmp_path, (messages, turns + facts))
     results = search(store, EMB, ANN, "Is Alice vegetarian or not?", k=3)
     assert results[0].memory_id == "fact"
+    speaker = 1.0 + RankingWeights().speaker_weight
     first_turn = next(r for r in results if r.source_message_ids)
-    assert first_turn.parts.prior == results[0].parts.prior == 1.0 + RankingWeights().speaker_weight
+    assert results[0].parts.prior == speaker
+    # a turn stored word for word ranks below a fact of equal relevance...
+    assert first_turn.parts.prior == speaker * TURN_PRIOR
+    # ...unless the query asks what was said
     asked = search(store, EMB, ANN, "What did Alice say about being vegetarian?", k=5)
-    assert next(r for r in asked if r.source_message_ids).parts.prior == 1.0 + RankingWeights().speaker_weight
+    assert next(r for r in asked if r.source_message_ids).parts.prior == speaker
+
+
+def test_a_question_about_a_day_prefers_what_was_recorded_that_day(tmp_path: Path) -> None:
+    day = T0 + timedelta(days=3)
+    # the later one would win on recency alone
+    same = [memory(ANN, "later", "Ann went to a pottery class", occurred_at=day + timedelta(days=3)),
+            memory(ANN, "that-day", "Ann went to the pottery class", occurred_at=day)]
+    store = _store(tmp_path, ([], same))
+    named = f"What did Ann do on {day.day} {day.strftime('%B')}, {day.year}?"
+    results = search(store, EMB, ANN, named, k=2)
+    assert results[0].memory_id == "that-day"
+    # both name Ann (the same prior for that); the day multiplies on top
+    assert results[0].parts.prior == results[1].parts.prior * (1.0 + RankingWeights().date_weight)
+    off = search(store, EMB, ANN, named, k=2, weights=RankingWeights(date_weight=0.0))
+    assert off[0].parts.prior == off[1].parts.prior and off[0].memory_id == "later"

@@ -258,7 +258,7 @@ def test_compaction_leaves_a_settled_fragment_alone(tmp_path: Path) -> None:
     before = fragments()
     settled = [fid for fid, n in before.items() if n == 50]
     assert len(settled) == 1 and len(before) == 6
-    assert store.compact(target_rows=160) == 1
+    assert store.compact(target_rows=160) >= 1  # memories (the positions' rows may be merged too)
     after = fragments()
     assert after[settled[0]] == 50  # not rewritten
     assert sum(after.values()) == 75 and len(after) < len(before)

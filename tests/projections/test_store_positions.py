@@ -6,8 +6,11 @@ from pathlib import Path
 
 from tests.projections.projection_helpers import DIM
 
-from memstream.projections.schema import POSITIONS
+from memstream.projections.schema import MEMORIES, POSITIONS, TABLE_NAMES
 from memstream.projections.store import LanceStore
+
+_LOG_ROWS = "topic NOT LIKE 'lance:%'"
+
 
 def test_positions_round_trip_and_survive_reopen(tmp_path: Path) -> None:
     store = LanceStore(tmp_path / "lance", embedding_dim=DIM)
@@ -25,9 +28,26 @@ def test_positions_are_appended_read_as_the_furthest_and_pruned(tmp_path: Path) 
     store.save_positions({("u", 0): 3})
     assert store.positions() == {("t", 0): 12, ("t", 1): 24, ("u", 0): 3}
     digest = store.table_digest()[POSITIONS]
-    assert store.table(POSITIONS).count_rows() == 7
+    assert store.count(POSITIONS, _LOG_ROWS) == 7
     assert store.prune_positions() == 4
-    assert store.table(POSITIONS).count_rows() == 3
+    assert store.count(POSITIONS, _LOG_ROWS) == 3
     assert store.positions() == {("t", 0): 12, ("t", 1): 24, ("u", 0): 3}
     assert store.table_digest()[POSITIONS] == digest
     assert store.prune_positions() == 0
+
+
+def test_a_save_publishes_the_versions_the_writer_left_each_table_at(tmp_path: Path) -> None:
+    store = LanceStore(tmp_path / "lance", embedding_dim=DIM)
+    assert store.published_versions() == {}  # a set written before versions were published
+    store.save_positions({("t", 0): 1})
+    written = {n: int(store.table(n).version) for n in TABLE_NAMES if n != POSITIONS}
+    assert store.published_versions() == written
+    store.table(MEMORIES).delete("pk = 'none'")  # a commit (a new version) with no row
+    store.save_positions({("t", 0): 2})
+    store.save_positions({("t", 0): 3})  # nothing moved: no version row
+    assert store.published_versions() == {**written, MEMORIES: written[MEMORIES] + 1}
+    assert store.count(POSITIONS, "topic LIKE 'lance:%'") == len(written) + 1
+    assert store.positions() == {("t", 0): 3}  # versions are no log positions
+    assert store.positions_table().column("topic").to_pylist() == ["t"]
+    reopened = LanceStore(tmp_path / "lance", embedding_dim=DIM)
+    assert reopened.published_versions() == store.published_versions()

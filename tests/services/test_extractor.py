@@ -227,8 +227,8 @@ async def test_well_formed_output_becomes_searchable_memories_with_provenance(en
 @pytest.mark.parametrize(
     ("reply", "expected_repairs"),
     [
-        (Reply(content="```json\n" + json.dumps(scenes(mem("Ana loves tea.", ["t1"]))) + "\n```"), "code_fence"),
-        (Reply(content='{"scenes": [{"title": "x", "message_ids": ["t1"], "memories": [{"content": "Ana loves tea.", "type": "persona", "priority": high, "source_ids": ["t1"],},],},],}'), "trailing_comma"),
+        (Reply(content="```json\n" + json.dumps(scenes(mem("Ana loves tea.", ["t1"]))) + "\n```"), "json_repair"),
+        (Reply(content='{"scenes": [{"title": "x", "message_ids": ["t1"], "memories": [{"content": "Ana loves tea.", "type": "persona", "priority": high, "source_ids": ["t1"],},],},],}'), "json_repair"),
         (Reply(content='{"scenes": [{"title": "x", "message_ids": ["t1"], "memories": [{"content": "Ana loves tea.", "source_ids": ["t1"]}, {"content": "Ana hates co'), "truncated"),
         (Reply(content='Sure!\n{"scenes": [{"title": "x", "memories": [{"content": "Ana loves\ttea.\u0001", "source_ids": ["t1"]}]}]}'), "control_chars"),
     ],

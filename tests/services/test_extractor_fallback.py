@@ -41,6 +41,7 @@ from memstream.domain.events import LinkRelation
 from memstream.metrics import EXTRACTION_FALLBACKS
 from memstream.projections.projector import Projector
 from memstream.services.extraction_run import WindowInput
+from memstream.services.extractor import Extractor
 from memstream.services.turn_buffer import TurnBuffer
 from memstream.services.extractor_service import ExtractorRunner
 
@@ -114,6 +115,38 @@ async def test_the_retry_budget_cuts_a_hanging_call_short(env: Env) -> None:
     env.fake.chat.push(Reply(status=500))
     (spent,) = await env.extractor().run_windows([WindowInput(SCOPE, "s1", TURNS, budget_s=0.0, final=True)])
     assert spent.fallback == "budget" and spent.llm_calls == 0
+
+
+async def test_a_window_declared_empty_although_it_states_facts_is_flagged_and_falls_back(env: Env) -> None:
+    env.fake.chat.push_json({"scenes": []})
+    before = fallbacks("declared_empty")
+    (outcome,) = await env.extractor().run_windows([WindowInput(SCOPE, "s1", TURNS)])
+    assert outcome.status == "extracted" and outcome.fallback == "declared_empty"
+    assert fallbacks("declared_empty") == before + 1
+    issues = {item.get("issue") for item in outcome.record}
+    assert {"nothing_to_remember", "declared_empty_with_facts"} <= issues
+    assert {m.source_message_ids for m in outcome.memories} == {("m1",), ("m3",)}
+    assert all(m.provenance is not None and m.provenance.status == "fallback" for m in outcome.memories)
+
+
+async def test_with_the_fallback_off_a_declared_empty_window_is_only_counted(env: Env) -> None:
+    env.fake.chat.push_json({"scenes": []})
+    trusting = Extractor(
+        env.settings.model_copy(update={"extract_declared_empty_fallback": False}),
+        env.llm, env.embedder, env.store, env.producer,
+    )
+    (outcome,) = await trusting.run_windows([WindowInput(SCOPE, "s1", TURNS)])
+    assert outcome.fallback is None and outcome.memories == ()
+    assert outcome.consumed == ("m1", "m2", "m3")
+    assert "declared_empty_with_facts" in {item.get("issue") for item in outcome.record}
+
+
+async def test_small_talk_declared_empty_is_not_flagged(env: Env) -> None:
+    env.fake.chat.push_json({"scenes": []})
+    chat = [turn("m1", "hello there!"), turn("m2", "how are you today?", minutes=1)]
+    (outcome,) = await env.extractor().run_windows([WindowInput(SCOPE, "s1", chat)])
+    assert outcome.fallback is None and outcome.memories == ()
+    assert "declared_empty_with_facts" not in {item.get("issue") for item in outcome.record}
 
 
 # --- the buffer ---------------------------------------------------------------------------------

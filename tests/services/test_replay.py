@@ -23,8 +23,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from memstream.domain.events import MemoryAdded, MemoryLinked, MessageObserved, Scope
-from memstream.services.replay import PHASE_COMPACT, PHASE_SWAP, PHASE_VERIFY, ReplayError, replay
-from memstream.services.replay_report import ReplayProgress
+from memstream.services.replay import PHASE_COMPACT, PHASE_SWAP, PHASE_VECTOR_INDEX, PHASE_VERIFY, ReplayError, replay
+from memstream.services.replay_report import PHASE_TIMES, ReplayProgress
 from memstream.projections.store import LanceStore
 from memstream.projections.table_sets import TableSets
 from memstream.settings import Settings, child_env
@@ -137,6 +137,35 @@ async def test_replay_builds_verifies_compares_and_swaps(
     assert sorted(p.name for p in (Path(settings.storage.root) / "sets").iterdir()) == [
         fourth.replay_dir.name, fifth.replay_dir.name
     ]
+
+
+async def test_the_vector_index_is_trained_after_the_swap_never_before(
+    fresh_topics: Topics, settings_for, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    settings = settings_for(
+        fresh_topics, lance_dir=tmp_path / "data" / "lance", embedder="local", vector_index_threshold=256
+    )
+    await produce_log(settings, 0, 130)  # 260 memories: an IVF_PQ index is due
+
+    phases: list[str] = []
+    first = await replay(settings, on_phase=phases.append, now=clock(1))
+    # Swapped in untrained (searches are exact until the worker's maintenance trains it).
+    assert first.swapped and first.vector_index_due
+    assert phases == [PHASE_COMPACT, PHASE_VERIFY, PHASE_SWAP]
+    assert LanceStore.from_settings(settings).vector_index_due()
+    assert "vector index is due" in first.summary()
+    # Every phase that ran is named and timed; together they are the call's wall time.
+    assert {"connect", "read_project", "optimize", "digests", "swap"} <= set(first.phase_s) <= set(PHASE_TIMES)
+    assert "vector_index" not in first.phase_s
+    assert sum(first.phase_s.values()) <= first.elapsed_s
+
+    phases.clear()
+    second = await replay(settings, on_phase=phases.append, now=clock(2), build_vector_index=True)
+    assert phases == [PHASE_COMPACT, PHASE_VERIFY, PHASE_SWAP, PHASE_VECTOR_INDEX]
+    assert second.swapped and not second.vector_index_due and "vector_index" in second.phase_s
+    trained = LanceStore.from_settings(settings)
+    assert not trained.vector_index_due() and trained.has_vector_index()
+    assert second.replay_digest == first.replay_digest
 
 
 async def test_a_second_replay_is_refused_while_one_runs(

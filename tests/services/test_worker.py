@@ -32,6 +32,7 @@ from memstream.projections.embedder import build_embedder
 from memstream.services.replay import replay
 from memstream.projections.search import search
 from memstream.projections.store import LanceStore
+from memstream.projections.store_positions import VERSION_TOPIC
 from memstream.settings import Settings
 from memstream.projections.schema import scoped_key
 from memstream.streams.deadletter import parse_dead_letter
@@ -62,20 +63,20 @@ class WorkerProcess:
         s = self.settings
         env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSTREAM_")}
         env.update(
-            MEMSTREAM_BROKER_BOOTSTRAP_SERVERS=s.bootstrap_servers,
-            MEMSTREAM_BROKER_TOPIC_PREFIX=s.topic_prefix,
-            MEMSTREAM_BROKER_PARTITIONS=str(s.partitions),
-            MEMSTREAM_WORKER_APP_ID=s.app_id,
-            MEMSTREAM_STORAGE_ROOT=str(s.lance_dir),
+            MEMSTREAM_BROKER_BOOTSTRAP_SERVERS=s.broker.bootstrap_servers,
+            MEMSTREAM_BROKER_TOPIC_PREFIX=s.broker.topic_prefix,
+            MEMSTREAM_BROKER_PARTITIONS=str(s.broker.partitions),
+            MEMSTREAM_WORKER_APP_ID=s.worker.app_id,
+            MEMSTREAM_STORAGE_ROOT=str(s.storage.root),
             MEMSTREAM_HOME=str(s.home),
-            MEMSTREAM_WORKER_PROJECTOR_BATCH_SIZE=str(s.projector_batch_size),
-            MEMSTREAM_WORKER_PROJECTOR_BATCH_SECONDS=str(s.projector_batch_seconds),
-            MEMSTREAM_STORAGE_OPTIMIZE_EVERY_S=str(s.optimize_every_s),
-            MEMSTREAM_STORAGE_COMPACT_AFTER_COMMITS=str(s.compact_after_commits),
-            MEMSTREAM_WORKER_PROJECTOR_LINGER_S=str(s.projector_linger_s),
-            MEMSTREAM_STORAGE_READER_GRACE_S=str(s.reader_grace_s),
-            MEMSTREAM_EMBEDDINGS_PROVIDER=s.embedder,
-            MEMSTREAM_EMBEDDINGS_DIM=str(s.embedding_dim),
+            MEMSTREAM_WORKER_PROJECTOR_BATCH_SIZE=str(s.worker.projector_batch_size),
+            MEMSTREAM_WORKER_PROJECTOR_BATCH_SECONDS=str(s.worker.projector_batch_seconds),
+            MEMSTREAM_STORAGE_OPTIMIZE_EVERY_S=str(s.storage.optimize_every_s),
+            MEMSTREAM_STORAGE_COMPACT_AFTER_COMMITS=str(s.storage.compact_after_commits),
+            MEMSTREAM_WORKER_PROJECTOR_LINGER_S=str(s.worker.projector_linger_s),
+            MEMSTREAM_STORAGE_READER_GRACE_S=str(s.storage.reader_grace_s),
+            MEMSTREAM_EMBEDDINGS_PROVIDER=s.embeddings.provider,
+            MEMSTREAM_EMBEDDINGS_DIM=str(s.embeddings.dim),
         )
         return env
 
@@ -148,14 +149,13 @@ def read_positions(lance_dir: Path) -> dict[tuple[str, int], int]:
         table = lancedb.connect(str(lance_dir)).open_table("positions").to_arrow()
     except (ValueError, FileNotFoundError):
         return {}
-    return {
-        (t, int(p)): int(o)
-        for t, p, o in zip(
-            table.column("topic").to_pylist(),
-            table.column("partition").to_pylist(),
-            table.column("next_offset").to_pylist(),
-        )
-    }
+    furthest: dict[tuple[str, int], int] = {}
+    for t, p, o in zip(
+        table.column("topic").to_pylist(), table.column("partition").to_pylist(), table.column("next_offset").to_pylist()
+    ):
+        if not t.startswith(VERSION_TOPIC):  # the table versions published with the positions
+            furthest[(t, int(p))] = max(int(o), furthest.get((t, int(p)), 0))
+    return furthest
 
 
 async def end_offsets(settings: Settings, topic_names: list[str]) -> dict[tuple[str, int], int]:
@@ -417,7 +417,6 @@ async def test_sigkill_under_load_equals_a_full_replay(
         projector_batch_seconds=0.1,
         optimize_every_s=2.0,  # maintenance runs (and may get killed) too:
         reader_grace_s=10.0,  # compactions, index updates beside the writer, cleanups
-        projector_decode_process=True,  # the decoder process must die with its worker
         embedder="local",  # thousands of memories to project between kills: the fast one
     )
     worker = make_worker(settings)

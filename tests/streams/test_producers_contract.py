@@ -1,11 +1,13 @@
 """docs/producers.md against a real broker: kcat with the documented flags puts a
 space on the SDK's partition, and a record on another partition (kcat's crc32
 default) is re-published to its key's partition by the worker, then projected, never
-dead-lettered."""
+dead-lettered. Every example writes to the topic the default configuration (sealing
+on) reads, and the documented records go through it into the log."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import shutil
 import subprocess
@@ -15,13 +17,17 @@ import zlib
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer, ConsumerRecord
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from tests.services.test_worker import WorkerProcess, read_dead_letters
 from tests.support import read_records
 
 from memstream.domain.events import MemoryAdded, Scope
 from memstream.projections.store import LanceStore, StoreError
+from memstream.settings import SecuritySettings
+from memstream.streams.consumer import EventConsumer
+from memstream.streams.keys import SubjectKeys
 from memstream.streams.producer import MemstreamProducer
+from memstream.streams.sealer import IngressSealer
 from memstream.streams.rerouting import HEADER_REROUTED_FROM, home_partition
 from memstream.codec.wire import encode_event
 from memstream.streams.topics import Topics
@@ -149,3 +155,63 @@ async def test_a_record_on_the_wrong_partition_is_rerouted_and_projected(
     assert copy.key == key and copy.value == original[0].value
     assert dict(copy.headers)[HEADER_REROUTED_FROM] == f"{fresh_topics.events}:{original[0].partition}:{original[0].offset}".encode()
     assert await read_dead_letters(settings, fresh_topics.dead_letter) == []
+
+
+def documented_examples() -> dict[str, str]:
+    """Each example's code block by its heading (kcat, Python, Java, Go, Node)."""
+    section = DOC.read_text().split("## Examples", 1)[1].split("## Checking a producer", 1)[0]
+    out = {}
+    for part in section.split("### ")[1:]:
+        heading, rest = part.split("\n", 1)
+        out[heading.strip()] = rest.split("```", 2)[1]
+    return out
+
+
+def documented_records() -> list[bytes]:
+    """The minimal records the examples send (the JSON block before them)."""
+    block = DOC.read_text().split("A minimal `MemoryAdded`", 1)[1].split("```json", 1)[1].split("```", 1)[0]
+    records, current = [], ""
+    for line in block.strip().splitlines():
+        current += line.strip() + " "
+        if line.rstrip().endswith("}"):
+            records.append(current.strip().encode())
+            current = ""
+    return records
+
+
+async def test_every_example_writes_where_the_default_configuration_reads(
+    fresh_topics: Topics, settings_for
+) -> None:
+    examples = documented_examples()
+    assert len(examples) == 5, list(examples)
+    default = Topics()  # sealing is on by default: the worker reads plain records from the ingress
+    for name, code in examples.items():
+        assert set(re.findall(r"memstream\.[a-z-]+", code)) == {default.ingress}, name
+
+    assert SecuritySettings.model_fields["sealing"].default is True
+    settings = settings_for(fresh_topics, sealing=True)
+    records = documented_records()
+    assert [json.loads(r)["type"] for r in records] == ["MemoryAdded", "MessageObserved"]
+    producer = AIOKafkaProducer(bootstrap_servers=settings.broker.bootstrap_servers)
+    await producer.start()
+    try:
+        for value in records:  # as every example sends it: key and the three headers
+            kind = json.loads(value)
+            headers = [("memstream-type", kind["type"].encode()), ("memstream-schema-version", str(kind["schema_version"]).encode()),
+                       ("content-type", b"application/json")]
+            await producer.send_and_wait(fresh_topics.resolve("ingress"), value, key=b"acme/alice", headers=headers)
+    finally:
+        await producer.stop()
+    async with SubjectKeys(settings, fresh_topics) as keys:
+        sealer = IngressSealer(settings, keys, fresh_topics)
+        await sealer.run(until_idle=True)
+        assert (sealer.sealed, sealer.dead_lettered) == (2, 0)
+    read = []
+    async with EventConsumer([fresh_topics.events, fresh_topics.messages], group_id=None, settings=settings) as consumer:
+        async for batch in consumer.batches(max_records=10, timeout_ms=500):
+            read += batch.events
+            assert not batch.dead, batch.dead
+            if len(read) == 2:
+                break
+    assert sorted(p.event.type for p in read) == ["MemoryAdded", "MessageObserved"]
+    assert {p.event.content for p in read} == {"Alice prefers window seats", "I moved to Lisbon last week"}  # type: ignore[attr-defined]

@@ -96,6 +96,7 @@ LOW_LEVEL = {"open_sealed", "decode_record", "forget_kids", "forgotten_keys", "k
 ALLOWED = {
     ("memstream/cli/events.py", "decode_record"),  # `memstream produce` validating stdin, not reading Kafka
     ("streams/reseal.py", "open_sealed"),
+    ("streams/dead_letter_reader.py", "open_sealed"),  # a dead letter's sealed reason and value, shown to the operator, never decoded
     ("streams/keys.py", "forget_kids"),
     ("memstream/services/reflection_sealing.py", "open_sealed"),  # the reflector's own sealed table fields (AEAD), not log records  # the keyring's effect, on forget_order's verified answer only  # re-sealing under a new key: opens to seal again, reads no event
 }

@@ -6,7 +6,7 @@ import hashlib
 
 from memstream.domain.content import content_hash
 from memstream.domain.events import LinkRelation, Scope
-from memstream.domain.extraction.dedup import dedupe_batch, link_id_for, memory_id_for, split_known
+from memstream.domain.extraction.dedup import content_memory_id, dedupe_batch, link_id_for, memory_id_for, split_known
 from tests.domain.extraction.helpers import SCOPE, draft
 
 KEY = b"k" * 32
@@ -45,3 +45,13 @@ def test_split_known_against_the_space() -> None:
     new, dups = split_known([tea, rum], {content_hash("ana likes tea."): "mem-old"})
     assert new == [rum]
     assert dups == [(tea, "mem-old")]
+
+
+def test_a_client_memory_id_follows_from_content_and_exact_scope() -> None:
+    key = b"k" * 32
+    ana = Scope(team_id="acme", user_id="ana")
+    first = content_memory_id(ana, "Ana prefers window seats", key)
+    assert content_memory_id(ana, "  Ana prefers window seats ", key) == first  # normalised content
+    assert content_memory_id(ana.model_copy(update={"agent_id": "bot"}), "Ana prefers window seats", key) != first
+    assert content_memory_id(ana, "Ana prefers aisle seats", key) != first
+    assert content_memory_id(ana, "Ana prefers window seats", b"o" * 32) != first  # keyed: no client computes it

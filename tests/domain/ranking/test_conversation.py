@@ -3,16 +3,23 @@ turns and the speaker and time priors (``memstream.domain.ranking.conversation``
 
 from __future__ import annotations
 
+from datetime import date, datetime, timedelta, timezone
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from memstream.domain.ranking.conversation import (
+    asks_about_conversation,
     asks_for_time,
     coverage,
     is_question,
+    is_turn_copy,
+    lexical_confidence,
     lexical_query,
     mentions_time,
+    named_dates,
+    on_named_day,
     prior_factor,
     propagate_context,
     query_names,
@@ -141,3 +148,52 @@ def test_query_names_are_capitalised_words_inside_the_sentence() -> None:
     assert query_names("What did Caroline research?") == {"Caroline"}
     assert query_names("Where is Bruno's sister based, Alice?") == {"Bruno", "Alice"}
     assert query_names("Does anyone eat meat?") == frozenset()  # a sentence's first word is no name
+
+
+def test_when_asks_only_where_a_question_starts() -> None:
+    assert asks_for_time("When did Maria start volunteering?")
+    assert asks_for_time("Maria moved, and when was that?")
+    assert not asks_for_time("Who gave Maria's family money when she was younger?")
+    assert not asks_for_time("Where does Alice like to sit when travelling by plane?")
+
+
+def test_asks_about_conversation() -> None:
+    assert asks_about_conversation("What did Alice say about her trip?")
+    assert asks_about_conversation("Which book was mentioned?")
+    assert not asks_about_conversation("Is Alice vegetarian?")
+
+
+def test_named_dates_and_the_day_a_memory_falls_on() -> None:
+    days = named_dates("What did Tim do on 16 November, 2023 and on May 3rd, 2023? Not 2023-02-30.")
+    assert days == {date(2023, 11, 16), date(2023, 5, 3)}
+    at = datetime(2023, 11, 16, 13, 5, tzinfo=timezone.utc)
+    assert on_named_day(days, at, at)
+    assert not on_named_day(days, at + timedelta(days=1), at + timedelta(days=1))
+    assert on_named_day(days, at - timedelta(days=2), at + timedelta(days=2))  # a span over it
+    assert not on_named_day(frozenset(), at, at) and not on_named_day(days, None, None)
+
+
+def test_a_turn_copy_is_its_turn_word_for_word() -> None:
+    assert is_turn_copy("Alice: Yes please.", [("Alice", "Yes please.")])
+    assert is_turn_copy("Yes please.", [(None, "Yes please.")])
+    assert not is_turn_copy("Alice likes things short and polite.", [("Alice", "Yes please.")])
+    assert not is_turn_copy("Bob: Yes please.", [("Alice", "Yes please.")])
+
+
+def test_lexical_confidence_of_a_query() -> None:
+    assert lexical_confidence([1, 0], 3) == pytest.approx(1 / 3)  # one word of three: a topic match
+    assert lexical_confidence([2, 1], 3) == 1.0  # two words held together
+    assert lexical_confidence([1], 1) == 1.0  # all of a one-word query
+    assert lexical_confidence([0, 0], 2) == 0.0  # nothing in common: BM25 reorders nothing
+    assert lexical_confidence([], 0) == 1.0
+
+
+def test_turn_and_day_priors() -> None:
+    w = RankingWeights(turn_prior=0.5, date_weight=2.0)
+    assert prior_factor(False, False, w, small_talk=True) == 0.5
+    assert prior_factor(False, False, w, day_match=True) == 3.0
+    assert prior_factor(True, False, w, small_talk=True) == pytest.approx(0.5 * (1 + w.speaker_weight))
+    with pytest.raises(ValueError):
+        RankingWeights(turn_prior=0.0)
+    with pytest.raises(ValueError):
+        RankingWeights(date_weight=-1.0)

@@ -25,10 +25,10 @@ from tests.streams.broker.helpers import broker_settings
 def test_bootstrap_servers_follow_the_broker_port_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MEMSTREAM_BROKER_BOOTSTRAP_SERVERS", raising=False)
     monkeypatch.setenv("MEMSTREAM_BROKER_PORT", "29300")
-    assert Settings(_env_file=None).bootstrap_servers == "127.0.0.1:29300"  # type: ignore[call-arg]
-    assert Settings(_env_file=None, broker_port=29400).bootstrap_servers == "127.0.0.1:29400"  # type: ignore[call-arg]
+    assert Settings(_env_file=None).broker.bootstrap_servers == "127.0.0.1:29300"  # type: ignore[call-arg]
+    assert Settings(_env_file=None, broker={"port": 29400}).broker.bootstrap_servers == "127.0.0.1:29400"  # type: ignore[call-arg]
     monkeypatch.setenv("MEMSTREAM_BROKER_BOOTSTRAP_SERVERS", "kafka:9092")
-    assert Settings(_env_file=None).bootstrap_servers == "kafka:9092"  # type: ignore[call-arg]
+    assert Settings(_env_file=None).broker.bootstrap_servers == "kafka:9092"  # type: ignore[call-arg]
 
 
 def test_a_port_held_by_another_program_is_reported_and_never_taken_over(
