@@ -125,7 +125,7 @@ async def read_letters(
     if not parts:
         raise LookupError(f"topic {topic} does not exist")
     consumer = AIOKafkaConsumer(
-        **kafka_options(settings), client_id="memstream-dead-letters", group_id=None, enable_auto_commit=False
+        **kafka_options(settings.broker), client_id="memstream-dead-letters", group_id=None, enable_auto_commit=False
     )
     await consumer.start()
     try:

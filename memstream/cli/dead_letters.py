@@ -84,7 +84,7 @@ def _letters(
     from memstream.streams.topics import Topics
 
     settings = get_settings()
-    topics = Topics.from_settings(settings)
+    topics = Topics.from_settings(settings.broker)
     wanted = LetterFilter(
         source_topic=topics.resolve(topic) if topic else None, team_id=team, user_id=user, stage=stage,
         code=code, until_ms=parse_time(until) if until else None,

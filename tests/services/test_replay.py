@@ -152,7 +152,7 @@ async def test_the_vector_index_is_trained_after_the_swap_never_before(
     # Swapped in untrained (searches are exact until the worker's maintenance trains it).
     assert first.swapped and first.vector_index_due
     assert phases == [PHASE_COMPACT, PHASE_VERIFY, PHASE_SWAP]
-    assert LanceStore.from_settings(settings).vector_index_due()
+    assert LanceStore.from_settings(settings.storage, settings.embeddings.dim).vector_index_due()
     assert "vector index is due" in first.summary()
     # Every phase that ran is named and timed; together they are the call's wall time.
     assert {"connect", "read_project", "optimize", "digests", "swap"} <= set(first.phase_s) <= set(PHASE_TIMES)
@@ -163,7 +163,7 @@ async def test_the_vector_index_is_trained_after_the_swap_never_before(
     second = await replay(settings, on_phase=phases.append, now=clock(2), build_vector_index=True)
     assert phases == [PHASE_COMPACT, PHASE_VERIFY, PHASE_SWAP, PHASE_VECTOR_INDEX]
     assert second.swapped and not second.vector_index_due and "vector_index" in second.phase_s
-    trained = LanceStore.from_settings(settings)
+    trained = LanceStore.from_settings(settings.storage, settings.embeddings.dim)
     assert not trained.vector_index_due() and trained.has_vector_index()
     assert second.replay_digest == first.replay_digest
 
