@@ -17,7 +17,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_INPUT=1 \
     MEMSTREAM_HOME=/var/lib/memstream \
-    MEMSTREAM_LANCE_DIR=/var/lib/memstream/lance
+    MEMSTREAM_STORAGE_ROOT=/var/lib/memstream/lance
 COPY --from=build /wheels /wheels
 RUN pip install /wheels/*.whl \
     && rm -rf /wheels \

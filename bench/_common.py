@@ -35,12 +35,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pydantic import SecretStr
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from memstream.settings import Settings
+from memstream.settings import Settings, settings_env
 from memstream.streams.topics import Topics
 
 __all__ = [
@@ -141,30 +140,6 @@ def progress() -> Progress:
 
 
 # ------------------------------------------------------------------------------ worker
-def settings_env(settings: Settings) -> dict[str, str]:
-    """The ``MEMSTREAM_*`` variables that rebuild ``settings`` in a child process.
-
-    Every field is written (not only the changed ones), so a variable inherited from
-    the parent's environment, or a ``.env`` file, cannot change what the child runs.
-    ``None`` values are left out (unset), secrets are revealed for the child only.
-    """
-    env: dict[str, str] = {}
-    for name in Settings.model_fields:
-        value = getattr(settings, name)
-        if value is None:
-            continue
-        if isinstance(value, SecretStr):
-            value = value.get_secret_value()
-        if isinstance(value, bool):
-            text = "true" if value else "false"
-        elif isinstance(value, Path):
-            text = str(value.resolve())
-        else:
-            text = str(value)
-        env[f"MEMSTREAM_{name.upper()}"] = text
-    return env
-
-
 class WorkerProcess:
     """One memstream worker (``python -m memstream.services.worker``) as a child process.
 
@@ -178,14 +153,14 @@ class WorkerProcess:
         settings: Settings,
         workdir: Path,
         *,
-        agents: Sequence[str] | None = None,
+        services: Sequence[str] | None = None,
         loglevel: str = "warning",
         python: str | None = None,
     ) -> None:
         self.settings = settings
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.agents = list(agents) if agents else None
+        self.services = list(services) if services else None
         self.loglevel = loglevel
         self.python = python or sys.executable
         self.log_path = self.workdir / "worker.log"
@@ -211,8 +186,8 @@ class WorkerProcess:
         if self.alive():
             return
         cmd = [self.python, "-m", "memstream.services.worker", "--loglevel", self.loglevel]
-        if self.agents:
-            cmd += ["--agents", ",".join(self.agents)]
+        if self.services:
+            cmd += ["--services", ",".join(self.services)]
         with open(self.log_path, "ab") as out:
             out.write(f"\n--- start {self.starts + 1} at {time.strftime('%H:%M:%S')}\n".encode())
             out.flush()
@@ -339,10 +314,10 @@ class LogWatch:
 
         from memstream.services.extractor_service import consumer_group
 
-        self.topics = Topics.from_settings(settings)
+        self.topics = Topics.from_settings(settings.broker)
         self.group = consumer_group(settings)
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False)
-        self.admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+        self.consumer = AIOKafkaConsumer(bootstrap_servers=settings.broker.bootstrap_servers, enable_auto_commit=False)
+        self.admin = AIOKafkaAdminClient(bootstrap_servers=settings.broker.bootstrap_servers)
 
     async def __aenter__(self) -> "LogWatch":
         await self.consumer.start()

@@ -566,8 +566,8 @@ def bench_settings(workdir: Path, **overrides: Any) -> Settings:
 
 
 async def create_topics(settings: Settings) -> Topics:
-    topics = Topics.from_settings(settings)
-    await ensure_topics(settings.bootstrap_servers, topics)
+    topics = Topics.from_settings(settings.broker)
+    await ensure_topics(settings.broker.bootstrap_servers, topics)
     return topics
 
 
@@ -575,7 +575,7 @@ async def delete_topics(settings: Settings) -> list[str]:
     """Delete every topic of the benchmark's prefix and of its app ids (Faust's internal
     topics of ``<app_id>-r<N>`` included): benchmark logs are large and kept forever
     otherwise."""
-    return await _delete_topics(settings.bootstrap_servers, Topics.from_settings(settings), settings.app_id)
+    return await _delete_topics(settings.broker.bootstrap_servers, Topics.from_settings(settings.broker), settings.worker.app_id)
 
 
 @dataclass
@@ -606,7 +606,7 @@ async def produce_events(
 ) -> ProduceStats:
     """Encode and send ``events`` to ``<prefix>events`` as fast as the durable producer
     goes; returns when every record is acknowledged."""
-    topics = Topics.from_settings(settings)
+    topics = Topics.from_settings(settings.broker)
     started = time.perf_counter()
     size = 0
     sent = 0
@@ -664,13 +664,13 @@ def produce_log(settings: Settings, n: int, *, spaces: int) -> ProducedLog:
     the same rows for the raw-add ceiling."""
     from memstream.projections.embedder import LocalEmbedder
 
-    model_id = LocalEmbedder(settings.embedding_dim).model_id
+    model_id = LocalEmbedder(settings.embeddings.dim).model_id
     status(f"generating {n:,} memories over {spaces} spaces")
-    corpus = make_corpus(n, spaces=spaces, dim=settings.embedding_dim)
+    corpus = make_corpus(n, spaces=spaces, dim=settings.embeddings.dim)
     asyncio.run(create_topics(settings))
     produced = asyncio.run(produce_corpus(settings, corpus, model_id=model_id))
     status(f"produced {produced.events:,} events in {produced.seconds:.1f}s ({produced.eps:,.0f}/s)")
-    rows = memory_rows(corpus, model_id=model_id, log_topic=f"{settings.topic_prefix}events")
+    rows = memory_rows(corpus, model_id=model_id, log_topic=f"{settings.broker.topic_prefix}events")
     return ProducedLog(model_id, corpus, produced, rows)
 
 
@@ -692,7 +692,7 @@ async def raw_consume(settings: Settings, topic: str, expected: int) -> ConsumeS
     offsets, decoding nothing (the same fetch sizes as ``memstream replay``). The clock
     starts at the first fetch, after connecting and assigning."""
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers,
+        bootstrap_servers=settings.broker.bootstrap_servers,
         group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
@@ -828,7 +828,7 @@ class WorkerProcess(_CommonWorker):
     stored positions: the moment it starts reading."""
 
     def __init__(self, settings: Settings, workdir: Path) -> None:
-        super().__init__(settings, workdir, agents=["projector"], loglevel="info")
+        super().__init__(settings, workdir, services=["projector"], loglevel="info")
         self.started_at = 0.0
 
     def start(self) -> None:

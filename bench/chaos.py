@@ -444,7 +444,7 @@ async def _produce(
     from memstream.streams.producer import MemstreamProducer, create_kafka_producer
 
     producer = MemstreamProducer(settings, client_id="memstream-chaos")
-    raw = create_kafka_producer(settings, client_id="memstream-chaos-raw")
+    raw = create_kafka_producer(settings.broker, client_id="memstream-chaos-raw")
     await producer.start()
     await raw.start()
     start = time.monotonic()
@@ -601,7 +601,7 @@ async def _forge_keys(settings: Settings, topics: Topics, ledger: Ledger) -> dic
         ring = keys.keyring
         assert ring is not None
         held = {s: ring.kids_of(s) for s in ring.known_subjects()}
-    raw = create_kafka_producer(settings, client_id="memstream-chaos-forger")
+    raw = create_kafka_producer(settings.broker, client_id="memstream-chaos-forger")
     await raw.start()
     forged = 0
     try:
@@ -697,7 +697,7 @@ def _verify_turns(
     from memstream.projections.schema import MEMORIES
     from memstream.services.extractor_service import consumer_group
 
-    committed = _asyncio.run(group_offsets(settings.bootstrap_servers, consumer_group(settings)))
+    committed = _asyncio.run(group_offsets(settings.broker.bootstrap_servers, consumer_group(settings)))
     cited: set[tuple[str, str]] = set()
     table_ = memory_rows(store, ["team_id", "user_id", "source_message_ids"])
     for row in table_:
@@ -821,7 +821,7 @@ def run_plan(
     llm = FlakyLLM(plan.llm_failure_rate, plan.seed, timeout_s)
     server = OpenAICompatServer(chat=llm, timeout_hint_s=timeout_s).start()
     settings = chaos_settings(root, server.base_url, timeout_s=timeout_s, sharded=sharded)
-    topics = Topics.from_settings(settings)
+    topics = Topics.from_settings(settings.broker)
     run_id = uuid.uuid4().hex[:6]
     valid = make_valid_events(plan, rng, run_id)
     bad = make_bad_records(plan.bad_inputs, rng, topics, plan.tenants)
@@ -830,16 +830,16 @@ def run_plan(
         f"chaos: {len(valid)} events ({sum(isinstance(e, MessageObserved) for e in valid)} turns), "
         f"{len(bad)} bad inputs, {plan.tenants} tenants; {plan.worker_kills} worker kills, "
         f"{plan.broker_restarts} broker restarts, LLM failing {plan.llm_failure_rate:.0%}; "
-        f"private broker 127.0.0.1:{settings.broker_port}, topics {settings.topic_prefix}*"
+        f"private broker 127.0.0.1:{settings.broker.port}, topics {settings.broker.topic_prefix}*"
     )
     ledger = Ledger()
     faults = Faults()
-    worker = WorkerProcess(settings, root / "worker", agents=["projector", "extractor"], loglevel="info")
+    worker = WorkerProcess(settings, root / "worker", services=["projector", "extractor"], loglevel="info")
     started = time.monotonic()
     figures: dict[str, Any] = {}
     try:
         local.start(settings)
-        asyncio.run(ensure_topics(settings.bootstrap_servers, topics))
+        asyncio.run(ensure_topics(settings.broker.bootstrap_servers, topics))
         worker.start()
         worker.wait_log("extractor assigned", timeout=180.0)
 
@@ -862,7 +862,7 @@ def run_plan(
             return seconds
 
         produce_s = asyncio.run(traffic())
-        if settings.sealing:
+        if settings.security.sealing:
             figures.update(asyncio.run(_forge_keys(settings, topics, ledger)))
         console.print(
             f"produced in {produce_s:.0f} s: {len(ledger.acked)} events and {len(ledger.bad)} bad inputs "
@@ -875,7 +875,7 @@ def run_plan(
         def positions() -> dict[tuple[str, int], int]:
             if not store_box:
                 try:
-                    live_set = TableSets(settings.lance_dir).current()
+                    live_set = TableSets(settings.storage.root).current()
                     store_box.append(open_store(settings, live_set, create=False, read_consistency_interval=timedelta(0)))
                 except Exception:  # noqa: BLE001 - the worker has not created the tables yet
                     return {}
@@ -902,11 +902,11 @@ def run_plan(
         exit_code = worker.stop()
         console.print(f"drained in {settle_s:.0f} s (caught up: {caught_up}); worker stopped with exit code {exit_code}")
 
-        records = asyncio.run(_read_topics(settings.bootstrap_servers, [topics.messages, topics.events, topics.dead_letter]))
-        if settings.sealing:
+        records = asyncio.run(_read_topics(settings.broker.bootstrap_servers, [topics.messages, topics.events, topics.dead_letter]))
+        if settings.security.sealing:
             records = asyncio.run(_opened(settings, topics, records))
         figures.update(_verify_log(records, topics, ledger, valid))
-        live_dir = TableSets(settings.lance_dir).current()
+        live_dir = TableSets(settings.storage.root).current()
         store = open_store(settings, live_dir, create=False)
         live_bytes = set_bytes(live_dir)  # as the worker's maintenance left it
         figures.update(_verify_turns(settings, store, valid, ledger.acked))
@@ -929,7 +929,7 @@ def run_plan(
         replayed_bytes: dict[str, int] = {}
         replayed_newest_bytes: dict[str, int] = {}
 
-        sets_dir = TableSets(settings.lance_dir).path_of("built").parent
+        sets_dir = TableSets(settings.storage.root).path_of("built").parent
 
         def measure(phase: str) -> None:  # the built set, compacted, before it is removed
             if phase == PHASE_VERIFY:
@@ -952,7 +952,7 @@ def run_plan(
         # last maintenance before reading (searches on thousands of small fragments
         # measure the fragments, not the search)
         store.optimize()
-        embedder = build_embedder(settings)
+        embedder = build_embedder(settings.embeddings)
         leaks, agent_leaks, returned, latencies = _searches(store, embedder, plan, rng)
         from memstream.bench._common import percentile
 

@@ -55,9 +55,9 @@ _WARMUP = 3
 
 def _build(settings: Any, size: int) -> tuple[str, list[str]]:
     """The space's tables; returns its user id and 200 of its memory ids."""
-    corpus = make_corpus(size, spaces=1, dim=settings.embedding_dim, entity_rate=0.2)
-    model = build_embedder(settings).model_id
-    store = LanceStore.from_settings(settings)
+    corpus = make_corpus(size, spaces=1, dim=settings.embeddings.dim, entity_rate=0.2)
+    model = build_embedder(settings.embeddings).model_id
+    store = LanceStore.from_settings(settings.storage, settings.embeddings.dim)
     for start in range(0, size, _CHUNK):
         stop = min(size, start + _CHUNK)
         store.table(MEMORIES).add(memory_rows(corpus, model_id=model, start=start, stop=stop, superseded_every=50))

@@ -140,12 +140,12 @@ async def _measure(settings: Settings, sessions: list[dict[str, Any]]) -> dict[s
         return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-9)
 
     client = LLMClient.from_settings(settings)
-    prompts = PromptLibrary(settings.prompts_dir)
+    prompts = PromptLibrary(settings.extraction.prompts_dir)
     kinds: list[str] = []
     extracted: list[list[Any]] = []
     try:
         for i, session in enumerate(sessions):
-            kind, drafts = await _extract(client, prompts, _turns(i, session), settings.llm_max_retries, settings.extract_prompt)
+            kind, drafts = await _extract(client, prompts, _turns(i, session), settings.extraction.llm_max_retries, settings.extraction.prompt)
             status(f"session {i}: {kind}, {len(drafts)} memories")
             kinds.append(kind)
             extracted.append(drafts)
@@ -158,8 +158,8 @@ async def _measure(settings: Settings, sessions: list[dict[str, Any]]) -> dict[s
         windows_declared_empty=kinds.count("declared_empty"),
         windows_failed=kinds.count("failed"),
         output_mode=client.output_mode,
-        model=settings.llm_model,
-        prompt=EXTRACTION_PROMPTS[settings.extract_prompt],
+        model=settings.extraction.llm_model,
+        prompt=EXTRACTION_PROMPTS[settings.extraction.prompt],
     )
     return figures
 

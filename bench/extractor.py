@@ -231,7 +231,7 @@ def _seed(settings: Settings, embedder: Any) -> Any:
     from memstream.projections.projector import Projector
     from memstream.projections.store import LanceStore
 
-    store = LanceStore.from_settings(settings)
+    store = LanceStore.from_settings(settings.storage, settings.embeddings.dim)
     events: list[PositionedEvent] = []
     for space in range(_SPACES):
         for j, text in enumerate(_seed_texts(space)):
@@ -251,7 +251,7 @@ async def _measure(settings: Settings, n: int) -> dict[str, Any]:
     from memstream.streams.producer import MemstreamProducer
 
     topics = await create_topics(settings)
-    embedder = await asyncio.to_thread(build_embedder, settings)
+    embedder = await asyncio.to_thread(build_embedder, settings.embeddings)
     status(f"seeding {_SPACES} spaces with {_SEED_MEMORIES} memories each")
     store = await asyncio.to_thread(_seed, settings, embedder)
 
@@ -344,8 +344,8 @@ def run(quick: bool = False, turns: int | None = None, known: int | None = None)
             status(f"could not delete the benchmark topics: {exc}")
         shutil.rmtree(workdir, ignore_errors=True)
     figures["machine"] = machine_info()
-    figures["window_turns"] = settings.extract_max_new_turns
-    figures["known_memories_shown"] = settings.extract_known_memories
+    figures["window_turns"] = settings.extraction.max_new_turns
+    figures["known_memories_shown"] = settings.extraction.known_memories
     print_table(
         f"extractor pipeline, {n:,} turns, instant scripted LLM",
         [

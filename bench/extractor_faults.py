@@ -168,8 +168,8 @@ async def _extract(settings: Settings, turns: list[MessageObserved], restart_aft
     from memstream.streams.producer import MemstreamProducer
 
     topics = await create_topics(settings)
-    embedder = await asyncio.to_thread(build_embedder, settings)
-    store = await asyncio.to_thread(LanceStore.from_settings, settings)
+    embedder = await asyncio.to_thread(build_embedder, settings.embeddings)
+    store = await asyncio.to_thread(LanceStore.from_settings, settings.storage, settings.embeddings.dim)
     await _project_turns(settings, store, embedder, turns)
     run = _Run()
     clock = _StallClock()
@@ -235,7 +235,7 @@ def run_faults(quick: bool = False) -> dict[str, Any]:
                 llm_model="scripted-faults",
                 llm_timeout_s=10.0,
             )
-            budget = settings.extract_retry_budget_s
+            budget = settings.extraction.retry_budget_s
             restart_after = None if restart is None else max(1, len(runs[0].windows) // 2)
             status(f"fault run {label}: {n:,} turns")
             try:

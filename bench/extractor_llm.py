@@ -266,8 +266,8 @@ async def _measure(settings: Settings, sessions: int, deadline_s: float) -> dict
     from memstream.streams.producer import MemstreamProducer
 
     topics = await create_topics(settings)
-    embedder = await asyncio.to_thread(build_embedder, settings)
-    store = await asyncio.to_thread(LanceStore.from_settings, settings)
+    embedder = await asyncio.to_thread(build_embedder, settings.embeddings)
+    store = await asyncio.to_thread(LanceStore.from_settings, settings.storage, settings.embeddings.dim)
     turns = [t for conversation in conversations(sessions) for t in conversation]
     client = LLMClient.from_settings(settings)
     chat = TimedChat(client)
@@ -283,7 +283,7 @@ async def _measure(settings: Settings, sessions: int, deadline_s: float) -> dict
         runner = ExtractorRunner(settings, topics, llm=chat, embedder=embedder, store=store, producer=producer)
         runner.stats.recent = deque()  # every outcome, for the account
         meter = StallMeter(ends)
-        status(f"extracting {len(turns)} turns in {sessions} sessions with {settings.llm_model} at {settings.llm_base_url}")
+        status(f"extracting {len(turns)} turns in {sessions} sessions with {settings.extraction.llm_model} at {settings.extraction.llm_base_url}")
         t0 = time.monotonic()
         await runner.start()
         try:
@@ -323,7 +323,7 @@ async def _measure(settings: Settings, sessions: int, deadline_s: float) -> dict
         "seconds": round(seconds, 2),
         "output_mode": client.output_mode,
         "refused_modes": list(client.refused_modes),
-        "model": settings.llm_model,
+        "model": settings.extraction.llm_model,
     }
 
 
@@ -358,7 +358,7 @@ def run(
         shutil.rmtree(workdir, ignore_errors=True)
     figures["machine"] = machine_info()
     print_table(
-        f"extraction against {settings.llm_model} at {llm_url}, {figures['turns']} turns",
+        f"extraction against {settings.extraction.llm_model} at {llm_url}, {figures['turns']} turns",
         [
             ("turns_lost", str(figures["turns_lost"]), f"{figures['turns_pending']} still pending"),
             ("windows_by_model", f"{figures['windows_by_model']} / {figures['windows']}",
@@ -376,6 +376,6 @@ def run(
     if not figures["model_answered"]:
         status(
             f"WARNING: the model answered nothing usable: 0 of {figures['windows']} windows extracted or declared "
-            f"empty by {settings.llm_model} ({figures['windows_by_fallback']} stored by the fallback)"
+            f"empty by {settings.extraction.llm_model} ({figures['windows_by_fallback']} stored by the fallback)"
         )
     return figures

@@ -43,8 +43,8 @@ async def _replay(settings: Settings, sessions: list[list[MessageObserved]]) -> 
     from memstream.streams.producer import MemstreamProducer
 
     topics = await create_topics(settings)
-    embedder = await asyncio.to_thread(build_embedder, settings)
-    store = await asyncio.to_thread(LanceStore.from_settings, settings)
+    embedder = await asyncio.to_thread(build_embedder, settings.embeddings)
+    store = await asyncio.to_thread(LanceStore.from_settings, settings.storage, settings.embeddings.dim)
     model = ScriptedExtractionModel()
     produced: list[PositionedEvent] = []
     producer = MemstreamProducer(settings, topics=topics, client_id="bench-replay")
@@ -116,7 +116,7 @@ def run(data: Path, conversations: int = 2) -> dict[str, Any]:
         status(f"replaying {sum(map(len, sessions)):,} turns in {len(sessions)} sessions ({label})")
         try:
             figures[label] = asyncio.run(_replay(settings, sessions))
-            figures[label]["known_memories_shown"] = settings.extract_known_memories
+            figures[label]["known_memories_shown"] = settings.extraction.known_memories
         finally:
             try:
                 asyncio.run(delete_topics(settings))

@@ -49,7 +49,7 @@ async def random_step(stack: FoldStack, rng: random.Random) -> None:
     serving = stack.serving
     choices = ["memory"] * 5 + ["turn"] * 2 + ["link"] * 3 + ["decision", "forget"]
     choices += ["kill", "replay", "read_at_position", "read_at_position"] if serving else ["start"] * 3
-    if serving and stack.settings.sharded:
+    if serving and stack.settings.storage.sharded:
         choices += ["rebalance"] * 2
     step = rng.choice(choices)
     if step == "memory":

@@ -127,7 +127,7 @@ class FoldStack:
     async def start(self) -> None:
         self.keys = SubjectKeys(self.settings, client_id="fold-machine-keys")
         await self.keys.start()
-        self._consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.bootstrap_servers, group_id=None,
+        self._consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.broker.bootstrap_servers, group_id=None,
                                           enable_auto_commit=False)
         await self._consumer.start()
         self.workers.append(self._worker("w0"))
@@ -163,9 +163,9 @@ class FoldStack:
 
     def _worker(self, instance: str) -> WorkerProcess:
         settings = self.settings
-        if settings.sharded:
-            settings = settings.model_copy(update={"worker_instance": instance})
-        return WorkerProcess(settings, self.workdir / instance, agents=["projector", "reflector"])
+        if settings.storage.sharded:
+            settings = settings.model_copy(update={"worker.instance": instance})
+        return WorkerProcess(settings, self.workdir / instance, services=["projector", "reflector"])
 
     def _alive_or_raise(self) -> None:
         for w in self.workers:
@@ -256,7 +256,7 @@ class FoldStack:
 
     def add_worker(self) -> None:
         """A second worker of the group (the partitions rebalance); sharded sets only."""
-        assert self.settings.sharded, "a second worker needs a sharded set"
+        assert self.settings.storage.sharded, "a second worker needs a sharded set"
         self.steps.append(f"add worker {len(self.workers)}")
         self.workers.append(self._worker(f"w{len(self.workers)}"))
         self.workers[-1].start()
@@ -278,7 +278,7 @@ class FoldStack:
         sharded group is stopped first: replay refuses to run beside it)."""
         self.steps.append("replay")
         running = [w for w in self.workers if w.alive()]
-        if self.settings.sharded:
+        if self.settings.storage.sharded:
             for w in running:
                 w.stop()
         try:
@@ -287,7 +287,7 @@ class FoldStack:
         except ReplayError as exc:
             self.notes.append(f"replay refused: {exc}")
         finally:
-            if self.settings.sharded:
+            if self.settings.storage.sharded:
                 for w in running:
                     w.start()
 
@@ -477,7 +477,7 @@ def _prefix_answers(log: list[EventBase], start: int, scope: ReadScope, memory_i
 async def new_stack(base: Settings, workdir: Path, **overrides: Any) -> FoldStack:
     """Create the topics and start a stack on them."""
     settings = stack_settings(base, workdir, **overrides)
-    await ensure_topics(settings.bootstrap_servers, Topics.from_settings(settings))
+    await ensure_topics(settings.broker.bootstrap_servers, Topics.from_settings(settings.broker))
     stack = FoldStack(settings, workdir)
     await stack.start()
     return stack

@@ -110,8 +110,8 @@ def _events(scope: Scope, canaries: Canaries, n: int, dim: int, model: str, rng:
 async def _produce(settings: Settings, events: list[Any], ingress: list[Any]) -> None:
     async with MemstreamProducer(settings, client_id="memstream-bench-forget") as producer:
         await producer.send_many(events)
-    topics = Topics.from_settings(settings)
-    raw = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all")
+    topics = Topics.from_settings(settings.broker)
+    raw = AIOKafkaProducer(bootstrap_servers=settings.broker.bootstrap_servers, acks="all")
     await raw.start()
     try:
         for e in ingress:
@@ -123,7 +123,7 @@ async def _produce(settings: Settings, events: list[Any], ingress: list[Any]) ->
 
 
 def _open(settings: Settings, root: Path | None = None) -> LanceStore:
-    return LanceStore.from_settings(settings, root or TableSets(settings.lance_dir).current(), create=False)
+    return LanceStore.from_settings(settings.storage, settings.embeddings.dim, root or TableSets(settings.storage.root).current(), create=False)
 
 
 def _rows(store: LanceStore, scope: Scope) -> dict[str, dict[str, Any]]:
@@ -162,12 +162,12 @@ async def _wait_rows(settings: Settings, expected: dict[tuple[str, str], int], t
 async def _raw_hits(settings: Settings, needles: list[bytes]) -> tuple[int, int]:
     """(records holding a needle, records read) over every kept-forever topic and the
     reflector's state topics."""
-    topics = Topics.from_settings(settings)
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, group_id=None, enable_auto_commit=False)
+    topics = Topics.from_settings(settings.broker)
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.broker.bootstrap_servers, group_id=None, enable_auto_commit=False)
     await consumer.start()
     hits = read = 0
     try:
-        tps = [TopicPartition(t, p) for t in [*topics.kept_forever(), *state_topics(settings)] for p in range(settings.partitions)]
+        tps = [TopicPartition(t, p) for t in [*topics.kept_forever(), *state_topics(settings)] for p in range(settings.broker.partitions)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         ends = await consumer.end_offsets(tps)
@@ -202,19 +202,19 @@ async def _forget_one(settings: Settings, embedder: Any, team: str, user: str | 
 
 
 async def _run(settings: Settings, workdir: Path, n: int) -> dict[str, Any]:
-    topics = Topics.from_settings(settings)
-    await ensure_topics(settings.bootstrap_servers, topics)
-    embedder = build_embedder(settings)
+    topics = Topics.from_settings(settings.broker)
+    await ensure_topics(settings.broker.bootstrap_servers, topics)
+    embedder = build_embedder(settings.embeddings)
     rng = np.random.default_rng(7)
     canaries = Canaries(uuid.uuid4().hex[:8])
     worker = WorkerProcess(settings, workdir)
-    worker.agents = ["projector", "sealer", "reflector"]
+    worker.services = ["projector", "sealer", "reflector"]
     worker.start()
     try:
         sdk: list[Any] = []
         ingress: list[Any] = []
         for scope in _subjects():
-            events = _events(scope, canaries, n, settings.embedding_dim, embedder.model_id, rng)
+            events = _events(scope, canaries, n, settings.embeddings.dim, embedder.model_id, rng)
             sdk += events[: len(events) * 4 // 5]
             ingress += events[len(events) * 4 // 5 :]
         status(f"producing {len(sdk)} events through the SDK and {len(ingress)} through the ingress")
@@ -225,7 +225,7 @@ async def _run(settings: Settings, workdir: Path, n: int) -> dict[str, Any]:
 
         status("forgetting while the other subjects keep writing")
         others = [s for s in _subjects() if not _forgotten(s)]
-        more = [e for s in others for e in _events(s, canaries, max(10, n // 10), settings.embedding_dim, embedder.model_id, rng, start=n)]
+        more = [e for s in others for e in _events(s, canaries, max(10, n // 10), settings.embeddings.dim, embedder.model_id, rng, start=n)]
         traffic = asyncio.create_task(_produce(settings, more, []))
         visible_ms = [await _forget_one(settings, embedder, t, u, canaries) for t, u in FORGETS]
         await traffic
@@ -250,7 +250,7 @@ async def _run(settings: Settings, workdir: Path, n: int) -> dict[str, Any]:
         worker.stop()
 
     status("replaying the whole log into a fresh table set")
-    replay_settings = settings.model_copy(update={"lance_dir": workdir / "replayed"})
+    replay_settings = settings.model_copy(update={"storage.root": workdir / "replayed"})
     report = await replay(replay_settings)
     replayed = _open(replay_settings)
     replay_rows_left = sum(_row_count(replayed, s) for s in forgotten)

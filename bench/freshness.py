@@ -96,7 +96,7 @@ class VisibilityPoller(threading.Thread):
         import lancedb
 
         try:
-            db = lancedb.connect(str(self.settings.lance_dir), read_consistency_interval=timedelta(0))
+            db = lancedb.connect(str(self.settings.storage.root), read_consistency_interval=timedelta(0))
             table = None
             seen_version = -1
             while not self._stop_event.is_set():
@@ -144,7 +144,7 @@ async def _produce_paced(
     poller: VisibilityPoller,
 ) -> tuple[list[float], list[float], float]:
     """Send ``records`` at ``rate`` per second; returns (send times, ack times, seconds)."""
-    topic = f"{settings.topic_prefix}events"
+    topic = f"{settings.broker.topic_prefix}events"
     n = len(records)
     sent_at = [0.0] * n
     acked_at = [0.0] * n
@@ -202,8 +202,8 @@ def _by_window(keys: list[str], acked_at: list[float], seen: dict[str, float], r
 
 def _search_check(settings: Settings, corpus: Any, indices: list[int]) -> int:
     """How many of the sampled events the product's search finds by their content."""
-    store = LanceStore.from_settings(settings)
-    embedder = build_embedder(settings)
+    store = LanceStore.from_settings(settings.storage, settings.embeddings.dim)
+    embedder = build_embedder(settings.embeddings)
     found = 0
     cache = SearchCache()
     for i in indices:
@@ -231,9 +231,9 @@ def run(
     machine = machine_info()
     with BenchWorkdir("freshness", keep=keep) as wd:
         settings = wd.track(bench_settings(wd.path))
-        model_id = LocalEmbedder(settings.embedding_dim).model_id if embedded else None
+        model_id = LocalEmbedder(settings.embeddings.dim).model_id if embedded else None
         status(f"preparing {n + _WARMUP_EVENTS:,} events")
-        corpus = make_corpus(n + _WARMUP_EVENTS, spaces=spaces, dim=settings.embedding_dim, seed=23)
+        corpus = make_corpus(n + _WARMUP_EVENTS, spaces=spaces, dim=settings.embeddings.dim, seed=23)
         records = [encode_event(memory_event(corpus, i, model_id=model_id)) for i in range(len(corpus))]
         keys = [_key(corpus.users[i], corpus.memory_ids[i]) for i in range(len(corpus))]
         asyncio.run(create_topics(settings))

@@ -1,7 +1,7 @@
 """The injection gate's test corpus: texts that try to steer a model, and texts that
 only talk about instructions.
 
-Written for memstream (issue 16) and released under CC0 1.0 (public domain): no text
+Written for memstream and released under CC0 1.0 (public domain): no text
 here is copied from another data set. ``ATTACKS`` are jailbreak and obfuscation
 attempts in the shapes seen in the wild (instruction overrides, role hijacks, fake
 system markup, chat-template tokens, and the same phrases disguised with zero-width

@@ -57,7 +57,7 @@ from memstream.bench.mixed import ApiProcess, Tenant, _banks_toml, _broker_pid, 
 from memstream.domain.log import LogPosition
 from memstream.projections.embedder import build_embedder
 from memstream.projections.store import LanceStore
-from memstream.settings import Settings
+from memstream.settings import EmbeddingSettings, Settings
 from memstream.streams.producer import MemstreamProducer
 
 __all__ = ["run", "DOORS", "DEFAULT_N", "QUICK_N", "DEFAULT_RATE", "TARGET_OVERHEAD_RATIO"]
@@ -221,22 +221,22 @@ def run(
     tenant = Tenant("ingest", "team0", "user0")
     with BenchWorkdir("ingest", keep=keep) as wd:
         (wd.path / "banks.toml").write_text(_banks_toml([tenant]), encoding="utf-8")
-        overrides: dict[str, Any] = {"embedder": embedder or Settings.model_fields["embedder"].default}
+        overrides: dict[str, Any] = {"embedder": embedder or EmbeddingSettings.model_fields["provider"].default}
         settings = wd.track(bench_settings(
             wd.path, banks_file=wd.path / "banks.toml", keys_file=wd.path / "keys.toml",
             api_host="127.0.0.1", api_port=_free_port(), api_rate_per_s=0, **overrides,
         ))
         tenant.key = create_key(settings, tenant.name)[0]
         asyncio.run(create_topics(settings))
-        LanceStore.from_settings(settings)  # the tables exist before two processes open them
+        LanceStore.from_settings(settings.storage, settings.embeddings.dim)  # the tables exist before two processes open them
         worker, api = WorkerProcess(settings, wd.path / "worker"), ApiProcess(settings, wd.path)
         worker.start()
         try:
             worker.wait_ready()
             api.start()
-            store = LanceStore.from_settings(settings, read_consistency_interval=timedelta(0), create=False)
+            store = LanceStore.from_settings(settings.storage, settings.embeddings.dim, read_consistency_interval=timedelta(0), create=False)
             cpu = Cpu({"api": api.pid, "worker": worker.pid, "broker": _broker_pid(settings)})
-            model = build_embedder(settings)
+            model = build_embedder(settings.embeddings)
             model.embed(["warm up the model"])
             front = Doors(settings, api.url, tenant)
             status("warming up: 20 memories through each door")
@@ -254,7 +254,7 @@ def run(
             worker.stop()
     result = {
         "benchmark": "ingest", "quick": quick, "memories_per_phase": count, "rate": rate,
-        "concurrency": concurrency, "embedder": settings.embedder, "phases": phases,
+        "concurrency": concurrency, "embedder": settings.embeddings.provider, "phases": phases,
         "embed_floor_ms": median(p["embed_floor_ms"] for p in phases),
         "target_overhead_ratio": TARGET_OVERHEAD_RATIO,
         "machine": {**machine, "load_1m_end": machine_info()["load_1m"]},

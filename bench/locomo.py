@@ -364,7 +364,7 @@ def ingest_events(settings: Settings, events: Sequence[Any], workdir: Path) -> I
     from memstream.streams.producer import MemstreamProducer
     from memstream.streams.topics import Topics
 
-    asyncio.run(ensure_topics(settings.bootstrap_servers, Topics.from_settings(settings)))
+    asyncio.run(ensure_topics(settings.broker.bootstrap_servers, Topics.from_settings(settings.broker)))
     worker = WorkerProcess(settings, workdir / "worker", loglevel="info")
     started = time.perf_counter()
     worker.start()
@@ -377,7 +377,7 @@ def ingest_events(settings: Settings, events: Sequence[Any], workdir: Path) -> I
             if not store_box:
                 if not (settings.local_lance_dir / "positions.lance").exists():
                     return {}
-                store_box.append(LanceStore.from_settings(settings, read_consistency_interval=_ZERO))
+                store_box.append(LanceStore.from_settings(settings.storage, settings.embeddings.dim, read_consistency_interval=_ZERO))
             return store_box[0].positions()
 
         with progress() as bar:
@@ -420,7 +420,7 @@ def ingest_events(settings: Settings, events: Sequence[Any], workdir: Path) -> I
         raise
     finally:
         worker.stop()
-    store = LanceStore.from_settings(settings)
+    store = LanceStore.from_settings(settings.storage, settings.embeddings.dim)
     memories = store.count(MEMORIES)
     return IngestReport(len(events), memories, ingest_s, worker_start_s, produce_s)
 
@@ -559,12 +559,12 @@ def run(
     conversations = load_locomo(Path(data))
     workdir = Path(tempfile.mkdtemp(prefix="memstream-bench-locomo-"))
     base = Settings()
-    settings = bench_settings(base, workdir, embedder=embedder or base.embedder, tag="locomo")
-    emb = build_embedder(settings)
+    settings = bench_settings(base, workdir, embedder=embedder or base.embeddings.provider, tag="locomo")
+    emb = build_embedder(settings.embeddings)
     console.print(
         f"LoCoMo: {len(conversations)} conversations, {sum(len(c.turns) for c in conversations)} turns, "
         f"{sum(len(c.qa) for c in conversations)} QA items; embedder {emb.model_id}; "
-        f"broker {settings.bootstrap_servers}, topics {settings.topic_prefix}*"
+        f"broker {settings.broker.bootstrap_servers}, topics {settings.broker.topic_prefix}*"
     )
     try:
         report = ingest(settings, conversations, workdir)
@@ -572,7 +572,7 @@ def run(
             f"ingest: {report.turns} turns -> {report.memories} memories in {report.ingest_s:.1f} s "
             f"(produce {report.produce_s:.1f} s; worker start {report.worker_start_s:.1f} s, not counted)"
         )
-        store = LanceStore.from_settings(settings)
+        store = LanceStore.from_settings(settings.storage, settings.embeddings.dim)
         store.optimize()
         embed_s = embed_alone_s(emb, store)
         console.print(
@@ -633,7 +633,7 @@ def _reranker(url: str | None) -> Iterator[Any]:
     with contextlib.ExitStack() as stack:
         if url == "fake":
             url = stack.enter_context(OpenAICompatServer()).base_url
-        reranker = HttpReranker(url, top_n=Settings().rerank_candidates)
+        reranker = HttpReranker(url, top_n=Settings().embeddings.rerank_candidates)
         stack.callback(reranker.close)
         yield reranker
 
@@ -661,7 +661,7 @@ def cleanup_run(settings: Settings, workdir: Path, keep: bool) -> None:
     from memstream.streams.topics import Topics
 
     try:
-        asyncio.run(delete_topics(settings.bootstrap_servers, Topics.from_settings(settings), settings.app_id))
+        asyncio.run(delete_topics(settings.broker.bootstrap_servers, Topics.from_settings(settings.broker), settings.worker.app_id))
     except Exception as exc:  # noqa: BLE001 - cleanup must not hide the result
         err_console.print(f"[yellow]could not delete the bench topics: {exc}[/yellow]")
     if keep:

@@ -8,7 +8,7 @@ vectors*, so the comparison measures the systems, not the models:
   (:class:`~memstream.bench.openai_fake.OpenAICompatServer`) serving one embedder (the
   configured one by default, all-MiniLM-L6-v2 on onnxruntime; ``--embedder local`` for
   the lexical hashing embedder);
-  memstream's worker (``MEMSTREAM_EMBEDDER=openai``) and Mem0 (``embedder.provider =
+  memstream's worker (``MEMSTREAM_EMBEDDINGS_PROVIDER=openai``) and Mem0 (``embedder.provider =
   openai``) are both pointed at it;
 * memstream ingests through its real path (Kafka, the worker's no-LLM extractor, the
   projector; see :mod:`memstream.bench.locomo`): one memory per turn, ``"<speaker>:
@@ -58,7 +58,7 @@ from memstream.bench.locomo import (
     scope_of,
 )
 from memstream.bench.openai_fake import OpenAICompatServer
-from memstream.settings import Settings
+from memstream.settings import EmbeddingSettings, Settings
 
 __all__ = ["mem0_config", "Mem0Notes", "Mem0Runner", "run"]
 
@@ -148,7 +148,7 @@ class Mem0Runner:
 def _embedder(name: str) -> Any:
     from memstream.projections.embedder import build_embedder
 
-    return build_embedder(Settings(embedder=name, llm_base_url=None))
+    return build_embedder(EmbeddingSettings(provider=name))
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -162,7 +162,7 @@ def run(data: Path, embedder: str | None = None, k: tuple[int, ...] = (5, 10, 20
 
     cutoffs = tuple(sorted(set(k) | {10}))
     conversations = load_locomo(Path(data))
-    model = _embedder(embedder or Settings().embedder)
+    model = _embedder(embedder or Settings().embeddings.provider)
     workdir = Path(tempfile.mkdtemp(prefix="memstream-bench-mem0-"))
     notes = Mem0Notes()
     logging.getLogger("mem0").addHandler(notes)
@@ -188,9 +188,9 @@ def run(data: Path, embedder: str | None = None, k: tuple[int, ...] = (5, 10, 20
         from memstream.projections.embedder import build_embedder
         from memstream.projections.search import SearchCache, search
 
-        store = LanceStore.from_settings(settings)
+        store = LanceStore.from_settings(settings.storage, settings.embeddings.dim)
         store.optimize()
-        query_embedder = build_embedder(settings)
+        query_embedder = build_embedder(settings.embeddings)
         ms_eval = evaluate(
             store, query_embedder, conversations, cutoffs,
             {"memstream": lambda st, e, sc, q, kk, cache=SearchCache(): search(st, e, sc, q, kk, cache=cache)},

@@ -199,7 +199,7 @@ class ApiProcess:
     def __init__(self, settings: Settings, workdir: Path) -> None:
         self.settings = settings
         self.log_path = workdir / "api.log"
-        self.url = f"http://{settings.api_host}:{settings.api_port}"
+        self.url = f"http://{settings.api.host}:{settings.api.port}"
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -282,7 +282,7 @@ async def _produce(settings: Settings, events: list[EventBase]) -> None:
 
 
 def _wait_projected(settings: Settings, keys: list[str], worker: WorkerProcess, timeout_s: float = 300.0) -> None:
-    store = LanceStore.from_settings(settings, read_consistency_interval=timedelta(0), create=False)
+    store = LanceStore.from_settings(settings.storage, settings.embeddings.dim, read_consistency_interval=timedelta(0), create=False)
     deadline = time.monotonic() + timeout_s
     while True:
         worker.check_alive()
@@ -463,13 +463,13 @@ class Load:
 def _broker_pid(settings: Settings) -> int | None:
     """The local broker's process id (``None``: an external broker). The benchmark's
     settings have a home of their own: the broker's is the environment's."""
-    found = broker_status(Settings(bootstrap_servers=settings.bootstrap_servers))
+    found = broker_status(Settings(broker={"bootstrap_servers": settings.broker.bootstrap_servers}))
     return found.pid if found.state == "running" else None
 
 
 def _missing(settings: Settings, tenants: list[Tenant]) -> int:
     """Memories written (acknowledged) that the store does not hold."""
-    store = LanceStore.from_settings(settings, read_consistency_interval=timedelta(0), create=False)
+    store = LanceStore.from_settings(settings.storage, settings.embeddings.dim, read_consistency_interval=timedelta(0), create=False)
     missing = 0
     for tenant in tenants:
         keys = [scoped_key(tenant.team, tenant.user, m) for m in sorted(tenant.memory_ids)]
@@ -516,7 +516,7 @@ def run(
         for t in tenants:
             t.key = create_key(settings, t.name)[0]
         asyncio.run(create_topics(settings))
-        LanceStore.from_settings(settings)  # the tables exist before two processes open them
+        LanceStore.from_settings(settings.storage, settings.embeddings.dim)  # the tables exist before two processes open them
         worker = WorkerProcess(settings, wd.path / "worker")
         api = ApiProcess(settings, wd.path)
         sampler: ProcessSampler | None = None

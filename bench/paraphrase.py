@@ -121,8 +121,8 @@ def _one_embedder(kind: str, facts: Sequence[Fact]) -> tuple[str, dict[str, dict
     from memstream.projections.embedder import build_embedder
     from memstream.projections.store import LanceStore
 
-    settings = Settings(embedder=kind)
-    embedder = build_embedder(settings)
+    settings = Settings(embeddings={"provider": kind})
+    embedder = build_embedder(settings.embeddings)
     workdir = Path(tempfile.mkdtemp(prefix="memstream-bench-paraphrase-"))
     try:
         store = LanceStore(workdir / "lance", embedding_dim=embedder.dim)
@@ -136,7 +136,7 @@ def run(embedders: Sequence[str] = (), data: Path | None = None) -> dict[str, An
     """Run the benchmark for each embedder kind (default: the configured one, then
     ``local``); returns the JSON summary."""
     facts = load_facts(data)
-    kinds = list(dict.fromkeys(embedders or (Settings().embedder, "local")))
+    kinds = list(dict.fromkeys(embedders or (Settings().embeddings.provider, "local")))
     console.print(f"paraphrase set: {len(facts)} facts about {len({f.person for f in facts})} people, one question each")
     result: dict[str, Any] = {"facts": len(facts), "embedders": {}}
     rows = []

@@ -9,7 +9,7 @@ are produced to a fresh topic prefix over 16 memory spaces. Then, interleaved
   nothing (:func:`memstream.bench._events.raw_consume`);
 * ``raw_lance_add_eps``: one LanceDB bulk ``add`` of the very rows the projector
   writes for these events into a fresh table;
-* ``projector_eps``: the real worker (``python -m memstream.services.worker --agents
+* ``projector_eps``: the real worker (``python -m memstream.services.worker --services
   projector``, a subprocess with the product's default batch size, batch time and
   maintenance cadence) on a fresh LanceDB directory and consumer group, from the
   moment it has sought its partitions to offset 0 until a separate reader counts all
@@ -68,7 +68,7 @@ def measure_ceilings(settings: Settings, corpus: Corpus, workdir: Path, *, repea
     """One sample of each raw ceiling: events/s and CPU microseconds per event of the
     consume and of the LanceDB add."""
     n = len(corpus)
-    topic = f"{settings.topic_prefix}events"
+    topic = f"{settings.broker.topic_prefix}events"
     consumed = asyncio.run(raw_consume(settings, topic, n))
     target = workdir / f"raw-add-{repeat}"
     try:
@@ -122,7 +122,7 @@ def measure_projector(settings: Settings, workdir: Path, n: int, *, repeat: int)
         update={
             "lance_dir": workdir / f"lance-{repeat}",
             "home": workdir / f"home-{repeat}",
-            "app_id": f"{settings.app_id}-r{repeat}",
+            "app_id": f"{settings.worker.app_id}-r{repeat}",
         }
     )
     worker = WorkerProcess(run_settings, workdir / f"worker-{repeat}")
@@ -133,7 +133,7 @@ def measure_projector(settings: Settings, workdir: Path, n: int, *, repeat: int)
         with progress_bar() as bar:
             task = bar.add_task(f"worker run {repeat + 1}", total=n)
             done = wait_for_count(
-                run_settings.lance_dir,
+                run_settings.storage.root,
                 n,
                 alive=worker.check_alive,
                 on_count=lambda c: bar.update(task, completed=c),
@@ -143,7 +143,7 @@ def measure_projector(settings: Settings, workdir: Path, n: int, *, repeat: int)
         worker.stop()
     import lancedb
 
-    final = lancedb.connect(str(run_settings.lance_dir)).open_table("memories").count_rows()
+    final = lancedb.connect(str(run_settings.storage.root)).open_table("memories").count_rows()
     if final != n:
         raise RuntimeError(f"the worker wrote {final} memories for {n} events")
     shutil.rmtree(run_settings.local_lance_dir, ignore_errors=True)
@@ -210,8 +210,8 @@ def _result(
         "quick": quick,
         "events": n,
         "spaces": spaces,
-        "dim": settings.embedding_dim,
-        "partitions": settings.partitions,
+        "dim": settings.embeddings.dim,
+        "partitions": settings.broker.partitions,
         "repeats": repeats,
         "record_bytes_avg": produced.bytes / produced.events,
         "produce_eps": produced.eps,
@@ -233,9 +233,9 @@ def _result(
             "projector_eps": [x["eps"] for x in runs],
         },
         "settings": {
-            "projector_batch_size": settings.projector_batch_size,
-            "projector_batch_seconds": settings.projector_batch_seconds,
-            "optimize_every_s": settings.optimize_every_s,
+            "projector_batch_size": settings.worker.projector_batch_size,
+            "projector_batch_seconds": settings.worker.projector_batch_seconds,
+            "optimize_every_s": settings.storage.optimize_every_s,
         },
         "machine": {**machine, "load_1m_end": machine_info()["load_1m"]},
     }
@@ -248,7 +248,7 @@ def _print(result: dict[str, Any], settings: Settings, spaces: int, repeats: int
     serial_ceiling, serial_ratio = result["serial_ceiling_eps"], result["serial_ratio"]
     produced_eps = result["produce_eps"]
     print_table(
-        f"memstream bench projector: {n:,} events, {spaces} spaces, {settings.embedding_dim}-d (medians of {repeats})",
+        f"memstream bench projector: {n:,} events, {spaces} spaces, {settings.embeddings.dim}-d (medians of {repeats})",
         [
             ("raw_consume_eps", f"{consume_eps:,.0f}", "aiokafka from offset 0, no decoding"),
             ("raw_lance_add_eps", f"{add_eps:,.0f}", "one LanceDB add of the same rows"),

@@ -13,7 +13,7 @@ everything (memories are embedded by the projector, as those written through
 
 - ``memstream``: :func:`memstream.projections.search.search`;
 - ``embedder``: plain cosine between the question and every memory text of the space,
-  both embedded by ``build_embedder(Settings())`` in this process (the same model);
+  both embedded by ``build_embedder(Settings().embeddings)`` in this process (the same model);
 - ``bm25``: LanceDB full text alone (``text_search``).
 
 Scoring: recall@k is the share of a question's wanted ids (evidence turns, or the
@@ -175,16 +175,16 @@ def open_bench(data: Path, workdir: Path, embedder: str | None = None, seed: int
         settings = Settings(**{**Settings().model_dump(), **kept})
     else:
         workdir.mkdir(parents=True, exist_ok=True)
-        settings = locomo.bench_settings(Settings(), workdir, embedder=embedder or Settings().embedder, tag="ranking")
+        settings = locomo.bench_settings(Settings(), workdir, embedder=embedder or Settings().embeddings.provider, tag="ranking")
         events = [e for s in shapes.values() for e in s.events]
         try:
             report = locomo.ingest_events(settings, events, workdir)
         finally:
             locomo.cleanup_run(settings, workdir, keep=True)
         console.print(f"ingest: {len(events)} events -> {report.memories} memories in {report.ingest_s:.1f} s")
-        marker.write_text(json.dumps({"lance_dir": str(settings.lance_dir), "embedder": settings.embedder, "seed": seed}))
-    store = LanceStore.from_settings(settings)
-    return Bench(store, build_embedder(settings), shapes)
+        marker.write_text(json.dumps({"lance_dir": str(settings.storage.root), "embedder": settings.embeddings.provider, "seed": seed}))
+    store = LanceStore.from_settings(settings.storage, settings.embeddings.dim)
+    return Bench(store, build_embedder(settings.embeddings), shapes)
 
 
 def _print(result: Mapping[str, Any]) -> None:

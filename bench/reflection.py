@@ -1,6 +1,6 @@
 """``memstream bench reflection``: settling pending decisions through the real reflector.
 
-What it measures, on the configured broker (``MEMSTREAM_BOOTSTRAP_SERVERS``), with
+What it measures, on the configured broker (``MEMSTREAM_BROKER_BOOTSTRAP_SERVERS``), with
 private topics that are deleted afterwards:
 
 1. ``N`` decisions (10,000; 2,000 with ``--quick``) spread over 40 memory spaces and 250
@@ -127,7 +127,7 @@ def _scope(i: int) -> Scope:
 
 
 async def _count_reflections(settings: Settings, topic: str, expected: int) -> int:
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=settings.bootstrap_servers, auto_offset_reset="earliest")
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=settings.broker.bootstrap_servers, auto_offset_reset="earliest")
     await consumer.start()
     ids: set[bytes] = set()
     try:
@@ -151,7 +151,7 @@ async def _count_reflections(settings: Settings, topic: str, expected: int) -> i
 
 
 async def _delete_topics(settings: Settings, prefix: str, app_id: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers, client_id="memstream-bench")
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.broker.bootstrap_servers, client_id="memstream-bench")
     await admin.start()
     try:
         names = [t for t in await admin.list_topics() if t.startswith(prefix) or t.startswith(f"{app_id}-")]
@@ -174,10 +174,10 @@ async def _run(n: int) -> dict[str, Any]:
             "reflection_poll_seconds": 1.0,
         }
     )
-    topics = Topics.from_settings(settings)
-    await ensure_topics(settings.bootstrap_servers, topics)
+    topics = Topics.from_settings(settings.broker)
+    await ensure_topics(settings.broker.bootstrap_servers, topics)
     chat = ScriptedChat()
-    app = build_app(settings, agents=[])
+    app = build_app(settings, services=[])
     handle: ReflectorHandle = register_reflector(
         app, settings, topics, writer=LLMReflectionWriter(chat, retries=0), provider=None, concurrency=8
     )
@@ -185,7 +185,7 @@ async def _run(n: int) -> dict[str, Any]:
     decided = utcnow() - timedelta(days=10)
     try:
         await app.start()
-        _say(f"reflection bench: {n:,} decisions, {topics.partitions} partitions, broker {settings.bootstrap_servers}")
+        _say(f"reflection bench: {n:,} decisions, {topics.partitions} partitions, broker {settings.broker.bootstrap_servers}")
         decisions = [
             DecisionRecorded(
                 scope=_scope(i),
@@ -248,7 +248,7 @@ async def _run(n: int) -> dict[str, Any]:
     finally:
         await app.stop()
         try:
-            await _delete_topics(settings, settings.topic_prefix, settings.app_id)
+            await _delete_topics(settings, settings.broker.topic_prefix, settings.worker.app_id)
         except Exception as exc:  # noqa: BLE001 - cleanup must not hide the result
             _say(f"  (could not delete the bench topics: {exc})")
 

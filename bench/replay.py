@@ -56,7 +56,7 @@ QUICK_EVENTS = 100_000
 def measure_replay(settings: Settings, n: int, *, repeat: int) -> dict[str, Any]:
     """One real replay of the whole log into a fresh directory (then removed)."""
     base = settings.local_lance_dir.parent / f"replay-{repeat}"
-    run_settings = settings.model_copy(update={"lance_dir": base / "lance"})
+    run_settings = settings.model_copy(update={"storage.root": base / "lance"})
     try:
         with progress_bar() as bar:
             task = bar.add_task(f"replay run {repeat + 1}", total=n)
@@ -69,7 +69,7 @@ def measure_replay(settings: Settings, n: int, *, repeat: int) -> dict[str, Any]
                 cpu_marks.append(time.process_time())
                 bar.update(task, completed=p.done, total=max(p.total, 1))
 
-            tune_gc(settings.gc_threshold)  # what `memstream replay` does first
+            tune_gc()  # what `memstream replay` does first
             started = time.perf_counter()
             report = asyncio.run(replay(run_settings, on_progress=on_progress))
             wall = time.perf_counter() - started
@@ -133,8 +133,8 @@ def run(
         "quick": quick,
         "events": n,
         "spaces": spaces,
-        "dim": settings.embedding_dim,
-        "partitions": settings.partitions,
+        "dim": settings.embeddings.dim,
+        "partitions": settings.broker.partitions,
         "repeats": runs_wanted,
         "record_bytes_avg": produced.bytes / produced.events,
         "produce_eps": produced.eps,
@@ -159,7 +159,7 @@ def run(
         "machine": {**machine, "load_1m_end": machine_info()["load_1m"]},
     }
     print_table(
-        f"memstream bench replay: {n:,} events, {spaces} spaces, {settings.embedding_dim}-d "
+        f"memstream bench replay: {n:,} events, {spaces} spaces, {settings.embeddings.dim}-d "
         f"(ceilings: medians of {len(consume)}; replay: median of {runs_wanted})",
         [
             ("raw_consume_eps", f"{consume_eps:,.0f}", "aiokafka from offset 0, no decoding"),

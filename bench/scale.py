@@ -73,14 +73,14 @@ def _settings(path: Path, partitions: int) -> Settings:
 def _workers(settings: Settings, root: Path, n: int) -> list[WorkerProcess]:
     out = []
     for i in range(n):
-        s = settings.model_copy(update={"worker_instance": f"w{i}"})
-        out.append(WorkerProcess(s, root / f"worker{i}", agents=["projector"], loglevel="info"))
+        s = settings.model_copy(update={"worker.instance": f"w{i}"})
+        out.append(WorkerProcess(s, root / f"worker{i}", services=["projector"], loglevel="info"))
     return out
 
 
 def _positions(settings: Settings) -> dict[tuple[str, int], int]:
     try:
-        return open_store(settings, TableSets(settings.lance_dir).current(), create=False).positions()
+        return open_store(settings, TableSets(settings.storage.root).current(), create=False).positions()
     except Exception:  # noqa: BLE001 - shards not created yet
         return {}
 
@@ -117,8 +117,8 @@ def _throughput(wd: BenchWorkdir, n_workers: int, partitions: int, events: int) 
         for w in workers:
             w.start()
         _settle(workers)
-        corpus = make_corpus(events, spaces=SPACES, dim=settings.embedding_dim)
-        model_id = LocalEmbedder(settings.embedding_dim).model_id
+        corpus = make_corpus(events, spaces=SPACES, dim=settings.embeddings.dim)
+        model_id = LocalEmbedder(settings.embeddings.dim).model_id
         start = time.monotonic()
         produced = asyncio.run(produce_events(settings, corpus_events(corpus, model_id=model_id), events))
         done = asyncio.run(_caught_up(settings, produced.end_offsets))
@@ -141,7 +141,7 @@ def _misrouted(i: int, partitions: int) -> MemoryAdded:
 
 async def _send_crc32(settings: Settings, topics: Topics, events: list[MemoryAdded]) -> None:
     """What kcat without ``-X topic.partitioner=murmur2_random`` does: crc32 of the key."""
-    raw = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all")
+    raw = AIOKafkaProducer(bootstrap_servers=settings.broker.bootstrap_servers, acks="all")
     await raw.start()
     try:
         for e in events:
@@ -203,7 +203,7 @@ async def _faults(settings: Settings, topics: Topics, workers: list[WorkerProces
             victim = rng.choice(workers)
             status(f"kill {k + 1}/{kills}: SIGKILL {victim.workdir.name}")
             victim.kill()
-            await asyncio.sleep(settings.worker_session_timeout_s + 4)
+            await asyncio.sleep(settings.worker.session_timeout_s + 4)
             victim.start()
         await asyncio.sleep(seconds / (kills + 1))
     finally:
@@ -217,7 +217,7 @@ async def _faults(settings: Settings, topics: Topics, workers: list[WorkerProces
 
 
 def _verify(settings: Settings, acked: dict[Scope, set[str]], misrouted: list[MemoryAdded]) -> dict[str, int]:
-    live = open_store(settings, TableSets(settings.lance_dir).current(), create=False)
+    live = open_store(settings, TableSets(settings.storage.root).current(), create=False)
     assert isinstance(live, ShardedStore)
     lost = duplicated = misrouted_lost = 0
     wanted_kcat = {e.memory_id: space_partition(e.scope, live.partitions) for e in misrouted}
@@ -262,7 +262,7 @@ def run(quick: bool = False, workers: int = 3, events: int | None = None, kills:
         checks = _verify(settings, faults["acked"], faults["misrouted_events"])
         for w in group:
             w.stop()
-        live = open_store(settings, TableSets(settings.lance_dir).current(), create=False)
+        live = open_store(settings, TableSets(settings.storage.root).current(), create=False)
         live_digests = {p: s.table_digest() for p, s in live.shards.items()}
         report = asyncio.run(replay(settings))
         rebuilt = open_store(settings, report.replay_dir, create=False)

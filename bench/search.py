@@ -106,17 +106,17 @@ def measure_size(size: int, *, queries: int, k: int, keep: bool = False) -> dict
     """Build one table of ``size`` memories in one space and time the queries."""
     with BenchWorkdir(f"search-{size}", keep=keep) as wd:
         settings = bench_settings(wd.path)
-        embedder = build_embedder(settings)
+        embedder = build_embedder(settings.embeddings)
         status(f"generating {size:,} memories in one space")
         corpus = make_corpus(
             size,
             spaces=1,
-            dim=settings.embedding_dim,
+            dim=settings.embeddings.dim,
             entity_rate=0.2,
-            vectors=np.zeros((size, settings.embedding_dim), dtype=np.float32),
+            vectors=np.zeros((size, settings.embeddings.dim), dtype=np.float32),
         )
         embed_contents(corpus, embedder, label=f"embedding ({embedder.model_id})")
-        store = LanceStore.from_settings(settings)
+        store = LanceStore.from_settings(settings.storage, settings.embeddings.dim)
         built = _build(store, corpus, embedder.model_id)
         del corpus
         indexed = store.has_vector_index()

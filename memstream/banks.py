@@ -6,7 +6,7 @@ declared by the operator in one file (TOML or YAML, chosen by suffix) and are wh
 an MCP server or an API key is bound to: the bank pins the scope, so nothing a model
 or a client puts in a request can widen it.
 
-Banks file (``MEMSTREAM_BANKS_FILE``, default ``<home>/banks.toml``)::
+Banks file (``MEMSTREAM_API_BANKS_FILE``, default ``<home>/banks.toml``)::
 
     [banks.support]
     team_id = "acme"
@@ -18,7 +18,7 @@ Banks file (``MEMSTREAM_BANKS_FILE``, default ``<home>/banks.toml``)::
 
 API keys are random 256-bit secrets (``msk_`` + URL-safe base64). Only their SHA-256
 is ever stored: in the banks file (``api_key_sha256``) or in the keys file
-(``MEMSTREAM_KEYS_FILE``, default ``<home>/keys.toml``) that ``memstream keys create``
+(``MEMSTREAM_API_KEYS_FILE``, default ``<home>/keys.toml``) that ``memstream keys create``
 appends to. A plain hash is enough because the keys are high-entropy random strings,
 not passwords: there is nothing to brute-force from a dictionary.
 
@@ -91,12 +91,12 @@ class UnknownBankError(LookupError):
 
 def banks_path(settings: Settings) -> Path:
     """Where the bank declarations live (explicit setting, else ``<home>/banks.toml``)."""
-    return settings.banks_file or (settings.home / "banks.toml")
+    return settings.api.banks_file or (settings.home / "banks.toml")
 
 
 def keys_path(settings: Settings) -> Path:
     """Where ``memstream keys create`` stores key hashes (else ``<home>/keys.toml``)."""
-    return settings.keys_file or (settings.home / "keys.toml")
+    return settings.api.keys_file or (settings.home / "keys.toml")
 
 
 def hash_key(raw_key: str) -> str:

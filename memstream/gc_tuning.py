@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import gc
 
-__all__ = ["tune_gc"]
+__all__ = ["tune_gc", "GC_THRESHOLD"]
+
+GC_THRESHOLD = 50_000
+"""Allocations between generation-0 collections in the worker and a replay."""
 
 
-def tune_gc(threshold: int) -> None:
+def tune_gc(threshold: int = GC_THRESHOLD) -> None:
     """Collect generation 0 every ``threshold`` allocations (0: keep Python's default)
     and exempt everything allocated so far from future collections."""
     if threshold <= 0:

@@ -32,11 +32,11 @@ modes send plain JSON mode and say nothing about the schema forms).
 
 Failures that are worth a retry (timeout, connection error, 429, 5xx, an empty answer,
 or an answer the caller cannot parse) are retried by :func:`call_with_retry`
-``settings.llm_max_retries`` times (default once); the openai client's own retries are
+``settings.extraction.llm_max_retries`` times (default once); the openai client's own retries are
 off so that the count is exactly that. A caller's parser that raises
 :class:`UnusableAnswer` (an answer that parsed and says nothing usable, which asking
 again will not change) ends the call at once with a non-retryable ``unusable``
-:class:`LLMError`. Each call has a total deadline of ``settings.llm_timeout_s``.
+:class:`LLMError`. Each call has a total deadline of ``settings.extraction.llm_timeout_s``.
 
 Every answer carries its latency and token usage, summed over attempts by
 :func:`call_with_retry`, for the provenance of the events it produces.
@@ -77,6 +77,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+MODE_TTL_S = 7 * 86400.0
+"""How long an endpoint's learned output mode is kept before it is probed again."""
 
 OutputMode = Literal["json_schema", "json_object_schema", "json_object", "plain"]
 MODES: tuple[OutputMode, ...] = ("json_schema", "json_object_schema", "json_object", "plain")
@@ -275,16 +278,16 @@ class LLMClient:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "LLMClient":
-        key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else None
+        key = settings.extraction.llm_api_key.get_secret_value() if settings.extraction.llm_api_key else None
         return cls(
-            base_url=settings.llm_base_url,
+            base_url=settings.extraction.llm_base_url,
             api_key=key,
-            model=settings.llm_model,
-            timeout_s=settings.llm_timeout_s,
-            max_retries=settings.llm_max_retries,
-            memory=ModeMemory(modes_path(settings), MODES, ttl_s=settings.llm_mode_ttl_s),
-            max_tokens=settings.llm_max_tokens,
-            temperature=settings.llm_temperature,
+            model=settings.extraction.llm_model,
+            timeout_s=settings.extraction.llm_timeout_s,
+            max_retries=settings.extraction.llm_max_retries,
+            memory=ModeMemory(modes_path(settings), MODES, ttl_s=MODE_TTL_S),
+            max_tokens=settings.extraction.llm_max_tokens,
+            temperature=settings.extraction.llm_temperature,
         )
 
     @property
@@ -442,9 +445,9 @@ async def call_with_retry(
 
 
 def build_llm(settings: Settings) -> LLMClient | None:
-    """The configured client, or ``None`` when no endpoint is set (``MEMSTREAM_LLM_BASE_URL``
+    """The configured client, or ``None`` when no endpoint is set (``MEMSTREAM_EXTRACTION_LLM_BASE_URL``
     unset): the extractor then runs its documented heuristic instead."""
-    if not settings.llm_base_url:
+    if not settings.extraction.llm_base_url:
         return None
     return LLMClient.from_settings(settings)
 

@@ -4,7 +4,7 @@ the long-running processes (the HTTP API, the worker).
 Why: LanceDB's reads, the change feeds' steps and the projector's writes allocate and
 free native buffers from dozens of threads; glibc keeps what they free in its arenas
 and rarely returns it, so a process's resident memory kept climbing after its caches
-had reached their bounds (docs/benchmarks.md, issue 23, session 18, memory).
+had reached their bounds (docs/benchmarks-history.md, memory).
 ``malloc_trim(0)`` returns every free page of every arena. It is glibc's: on another C
 library (musl, macOS) this module does nothing. Arrow's buffers come from its own pool
 (mimalloc), which is asked to return what it holds unused at the same time.
@@ -19,7 +19,15 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-__all__ = ["trim_supported", "release_free_memory", "release_every", "pin_mmap_threshold"]
+__all__ = ["trim_supported", "release_free_memory", "release_every", "pin_mmap_threshold", "MMAP_THRESHOLD_BYTES", "RELEASE_EVERY_S"]
+
+MMAP_THRESHOLD_BYTES = 256 * 1024
+"""Allocations this large get their own mapping, returned to the system when freed:
+with glibc's moving threshold, large freed buffers fragmented the API's heap under writes."""
+
+RELEASE_EVERY_S = 10.0
+"""How often the API and the worker hand free memory back (without it their resident
+memory kept growing after their caches were full)."""
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +55,8 @@ def pin_mmap_threshold(threshold_bytes: int) -> bool:
     Why: glibc raises its threshold (up to 32 MB) each time such a block is freed, so
     later large buffers (NumPy arrays, dictionaries of a cached space, LanceDB's reads)
     came from the heap, and the holes they left fragmented it: :func:`release_free_memory`
-    cannot return a page a small live block still sits in (docs/benchmarks.md, issue
-    23, session 22). Setting the threshold also stops the raising. 0: leave glibc's."""
+    cannot return a page a small live block still sits in (docs/benchmarks-history.md,
+    memory). Setting the threshold also stops the raising. 0: leave glibc's."""
     if threshold_bytes <= 0 or _TRIM is None:
         return False
     mallopt = ctypes.CDLL(None).mallopt

@@ -1,5 +1,5 @@
 """Embedders: one small interface (``embedder_api``) and the implementations
-``settings.embedder`` chooses from (:func:`build_embedder`).
+``embeddings.provider`` chooses from (:func:`build_embedder`).
 
 Every embedder has a ``model_id`` (stored with each vector, so a vector is only reused
 by the model that made it) and a ``dim`` (the width of the ``vector`` column).
@@ -27,9 +27,9 @@ from memstream.projections.embedder_api import (
 from memstream.projections.local_embedder import LocalEmbedder
 from memstream.projections.minilm_embedder import MiniLMEmbedder
 from memstream.projections.onnx_embedder import OnnxEmbedder
-from memstream.projections.onnx_models import OnnxModelError, resolve_model
+from memstream.projections.onnx_models import BUILTIN_MODEL, OnnxModelError, resolve_model
 from memstream.projections.openai_embedder import OpenAIEmbedder
-from memstream.settings import Settings
+from memstream.settings import EmbeddingSettings
 
 __all__ = [
     "Embedder",
@@ -48,41 +48,34 @@ __all__ = [
 ]
 
 
-def build_embedder(settings: Settings) -> Embedder:
-    """The embedder ``settings.embedder`` names ("onnx", "local", "openai", "minilm")."""
-    kind = settings.embedder.strip().lower()
+OPENAI_DEFAULT_MODEL = "text-embedding-3-small"
+"""The ``openai`` provider's model when ``embeddings.model`` is unset."""
+
+
+def build_embedder(config: EmbeddingSettings) -> Embedder:
+    """The embedder ``config.provider`` names ("onnx", "local", "openai", "minilm")."""
+    kind = config.provider.strip().lower()
     if kind == "onnx":
         try:
-            onnx = OnnxEmbedder(
-                resolve_model(settings.onnx_model),
-                threads=settings.embedding_threads,
-                parallel_runs=settings.embedding_parallel_runs,
-            )
+            onnx = OnnxEmbedder(resolve_model(config.model or BUILTIN_MODEL))
         except OnnxModelError as exc:
             raise EmbedderConfigError(str(exc)) from None
-        if onnx.dim != settings.embedding_dim:
+        if onnx.dim != config.dim:
             raise EmbedderConfigError(
-                f"{onnx.model_id} makes {onnx.dim}-dimension vectors; "
-                f"MEMSTREAM_EMBEDDING_DIM is {settings.embedding_dim}"
+                f"{onnx.model_id} makes {onnx.dim}-dimension vectors; MEMSTREAM_EMBEDDINGS_DIM is {config.dim}"
             )
         return onnx
     if kind == "local":
-        return LocalEmbedder(settings.embedding_dim)
+        return LocalEmbedder(config.dim)
     if kind == "openai":
-        key = settings.embedding_api_key.get_secret_value() if settings.embedding_api_key else None
-        return OpenAIEmbedder(
-            model=settings.embedding_model,
-            dim=settings.embedding_dim,
-            base_url=settings.embedding_base_url,
-            api_key=key,
-        )
+        key = config.api_key.get_secret_value() if config.api_key else None
+        return OpenAIEmbedder(model=config.model or OPENAI_DEFAULT_MODEL, dim=config.dim, base_url=config.base_url, api_key=key)
     if kind == "minilm":
-        if settings.embedding_dim != MiniLMEmbedder.DIM:
+        if config.dim != MiniLMEmbedder.DIM:
             raise EmbedderConfigError(
-                f"all-MiniLM-L6-v2 makes {MiniLMEmbedder.DIM}-dimension vectors; "
-                f"MEMSTREAM_EMBEDDING_DIM is {settings.embedding_dim}"
+                f"all-MiniLM-L6-v2 makes {MiniLMEmbedder.DIM}-dimension vectors; MEMSTREAM_EMBEDDINGS_DIM is {config.dim}"
             )
         return MiniLMEmbedder()
     raise EmbedderConfigError(
-        f"unknown embedder {settings.embedder!r} (choose onnx, local, openai or minilm)"
+        f"unknown embedder {config.provider!r} (choose onnx, local, openai or minilm)"
     )

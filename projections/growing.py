@@ -6,7 +6,7 @@ times a second, and its kept vectors and text index (``search_vectors``,
 ``search_lexical``) are brought to each one. Copying the whole space at every version
 cost time and memory in proportion to the space, not to what was written (a 9,000-row
 space copied 14 MB of vectors per commit, and the freed copies fragmented the C heap:
-docs/benchmarks.md, issue 23, session 22). Here a new version appends its rows behind
+docs/benchmarks-history.md). Here a new version appends its rows behind
 the old ones; the older versions keep viewing the rows they had, which are never
 written again.
 

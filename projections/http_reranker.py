@@ -6,7 +6,7 @@ copied (llama.cpp's ``llama-server --reranking``, vLLM, Infinity, text-embedding
 inference): ``POST <base>/rerank`` with ``{"model", "query", "documents", "top_n"}``,
 answered with ``{"results": [{"index", "relevance_score"}, ...]}`` (a bare list of
 ``{"index", "score"}`` is read too). No model is bundled: no registry package ships a
-cross-encoder with a clear licence in a form onnxruntime runs (docs/benchmarks.md),
+cross-encoder with a clear licence in a form onnxruntime runs (docs/benchmarks-history.md),
 and nothing may download one at run time.
 
 Only the first ``top_n`` candidates are sent (the rest keep memstream's order after
@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 
 from memstream.projections.search_results import SearchResult
-from memstream.settings import Settings
+from memstream.settings import EmbeddingSettings
 
 __all__ = ["HttpReranker", "RerankError", "build_reranker", "rerank_endpoint"]
 
@@ -114,15 +114,15 @@ class HttpReranker:
         return [replace(head[i], parts=replace(head[i].parts, rerank=scores[i])) for i in order] + tail
 
 
-def build_reranker(settings: Settings) -> HttpReranker | None:
-    """The reranker ``settings`` configure (``MEMSTREAM_RERANK_URL``), or ``None``."""
-    if not settings.rerank_url:
+def build_reranker(config: EmbeddingSettings) -> HttpReranker | None:
+    """The reranker ``config`` names (``MEMSTREAM_EMBEDDINGS_RERANK_URL``), or ``None``."""
+    if not config.rerank_url:
         return None
-    key = settings.rerank_api_key.get_secret_value() if settings.rerank_api_key is not None else None
+    key = config.rerank_api_key.get_secret_value() if config.rerank_api_key is not None else None
     return HttpReranker(
-        settings.rerank_url,
-        model=settings.rerank_model,
+        config.rerank_url,
+        model=config.rerank_model,
         api_key=key,
-        top_n=settings.rerank_candidates,
-        timeout_s=settings.rerank_timeout_s,
+        top_n=config.rerank_candidates,
+        timeout_s=config.rerank_timeout_s,
     )

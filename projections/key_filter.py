@@ -2,7 +2,7 @@
 
 Why: LanceDB's ``merge_insert`` (the idempotent upsert every table is written with)
 joins the new rows against every key already stored, so its cost grows with the
-table, many times a plain ``add`` (docs/benchmarks.md). Nearly every row the
+table, many times a plain ``add`` (docs/benchmarks-history.md). Nearly every row the
 projector writes is new.
 The filter answers "certainly absent" for those (``add``), and "maybe present" for
 the rest (a re-added id, a batch re-applied after a crash, a false positive), which

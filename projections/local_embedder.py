@@ -1,4 +1,4 @@
-"""The offline hashing embedder (``MEMSTREAM_EMBEDDER=local``): feature hashing of
+"""The offline hashing embedder (``MEMSTREAM_EMBEDDINGS_PROVIDER=local``): feature hashing of
 words, word pairs and character trigrams. No download, deterministic across processes
 and machines; lexical similarity only (it knows no synonyms), so it suits a store that
 also runs BM25 and is weak alone."""

@@ -1,4 +1,4 @@
-"""all-MiniLM-L6-v2 through sentence-transformers (``MEMSTREAM_EMBEDDER=minilm``), from
+"""all-MiniLM-L6-v2 through sentence-transformers (``MEMSTREAM_EMBEDDINGS_PROVIDER=minilm``), from
 the optional ``minilm`` extra: PyTorch is large, so it is never part of the default
 install."""
 

@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 BUILTIN_MODEL = "all-MiniLM-L6-v2-int8-dynamic"
-"""The default model's name (``MEMSTREAM_ONNX_MODEL``): int8 compute."""
+"""The default model's name (``MEMSTREAM_EMBEDDINGS_MODEL``): int8 compute."""
 BUILTIN_MODEL_SHA256 = "9e80251537633bab7d98c9a4f07070371d83f1d28e6994a1f5d93c53de3c5454"
 """The built graph's digest (onnx 1.23.2, onnxruntime 1.32.0: the build-system pins)."""
 SOURCE_MODEL = "all-MiniLM-L6-v2-int8"

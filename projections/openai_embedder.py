@@ -1,5 +1,5 @@
 """Embeddings from any OpenAI-compatible ``/embeddings`` endpoint through the official
-``openai`` client (``MEMSTREAM_EMBEDDER=openai``), batched, with the client's retries."""
+``openai`` client (``MEMSTREAM_EMBEDDINGS_PROVIDER=openai``), batched, with the client's retries."""
 
 from __future__ import annotations
 
@@ -89,8 +89,8 @@ class OpenAIEmbedder:
         if api_key is None:
             if base_url is None:
                 raise EmbedderConfigError(
-                    "the openai embedder needs MEMSTREAM_EMBEDDING_API_KEY "
-                    "(or MEMSTREAM_EMBEDDING_BASE_URL for a local server)"
+                    "the openai embedder needs MEMSTREAM_EMBEDDINGS_API_KEY "
+                    "(or MEMSTREAM_EMBEDDINGS_BASE_URL for a local server)"
                 )
             api_key = "unused"  # local OpenAI-compatible servers usually ignore it
         self.model_id = model

@@ -288,7 +288,7 @@ UNCOMPRESSED = {b"lance-encoding:compression": b"none"}
 def _uncompressed_strings(schema: pa.Schema) -> pa.Schema:
     """``schema`` with its string columns stored uncompressed (:data:`UNCOMPRESSED`):
     Lance's default string compression (FSST) cost more CPU than the rest of a row
-    (figures in docs/benchmarks.md). The metadata is stored when a table is created; a
+    (figures in docs/benchmarks-history.md). The metadata is stored when a table is created; a
     table created without it keeps compressing, and reads either the same way."""
     return pa.schema(
         [f.with_metadata(UNCOMPRESSED) if pa.types.is_string(f.type) else f for f in schema],

@@ -75,7 +75,7 @@ BROWSE_LIMIT = 1_000
 
 def hybrid_candidates(k: int) -> int:
     """Candidate depth of :func:`search`: each list's length before fusion (the
-    measurements behind it are in docs/benchmarks.md)."""
+    measurements behind it are in docs/benchmarks-history.md)."""
     return max(30, 3 * k)
 
 

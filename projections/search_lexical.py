@@ -2,7 +2,7 @@
 in-process inverted index, kept with the space's vectors (``search_vectors``) and
 carried forward with them, so that a search of a kept space ranks its lexical list in
 NumPy instead of asking LanceDB's full-text index, whose 5-6 ms of CPU competed with
-the query's embedding for the machine's cores (docs/benchmarks.md).
+the query's embedding for the machine's cores (docs/benchmarks-history.md).
 
 The terms are those of the ``content`` FTS index (``store_maintenance._FTS_CONFIG``:
 tantivy's analyzer as Lance builds it): words split on what is not a letter or a digit,

@@ -57,7 +57,7 @@ would cost a column read each, in every list and lookup."""
 LIST_COLUMNS: tuple[str, ...] = ("memory_id", "session_id", "source_message_ids")
 """What :func:`search`'s two lists read when the space's cache is expected to hold the
 candidates' rows: enough to plan the reads of their sessions and source turns. Half
-the cost of reading whole rows with the lists (docs/benchmarks.md)."""
+the cost of reading whole rows with the lists (docs/benchmarks-history.md)."""
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ def rows_of(table: pa.Table, scope: Scope) -> list[dict[str, Any]]:
 
     Values that many rows repeat are one shared object (:func:`shared`): a serving
     process keeps tens of thousands of these rows (``search_cache``), and the repeats
-    were most of a row's memory (docs/benchmarks.md, issue 23, session 23). Lists are
+    were most of a row's memory (docs/benchmarks-history.md). Lists are
     tuples, and an entity is a read-only mapping: rows are never changed."""
     team, user = scope.team_id, scope.user_id
     names = table.column_names

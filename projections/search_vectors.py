@@ -3,7 +3,7 @@ kept beside it): a memory space's vectors, read once per
 version of ``memories`` and kept, so that a search compares its query with them in
 NumPy instead of asking LanceDB for a flat search (which, without an ANN index, reads
 every vector under the prefilter at every query, and cannot start before the query is
-embedded: it was the longest step after the embedding; docs/benchmarks.md).
+embedded: it was the longest step after the embedding; docs/benchmarks-history.md).
 
 Used only where the flat search would give the same list: the table has no ANN index,
 the search filters by the space alone (``SearchFilters`` off), and the space holds at

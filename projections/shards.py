@@ -4,13 +4,13 @@ memory log, under the set's directory.
 Why: a memory space (team and user) is the Kafka key, so every event of a space
 lives on one partition and every query stays in one space. A projection cut along
 partitions therefore never needs a cross-shard query, and each shard can have its
-own writer (issue 19). Layout of a sharded set::
+own writer. Layout of a sharded set::
 
     <set>/shards/PARTITIONS     the partition count the shards were cut for
     <set>/shards/<p>/           shard ``p``: the usual tables (positions included)
 
 A set without ``shards/`` is the legacy, unsharded layout (one database holding
-every partition); ``memstream replay`` with ``MEMSTREAM_SHARDED=true`` migrates it.
+every partition); ``memstream replay`` with ``MEMSTREAM_STORAGE_SHARDED=true`` migrates it.
 Event ``(topic, p, offset)`` of the events or messages topic goes to shard ``p``.
 """
 

@@ -1,6 +1,6 @@
 """The LanceDB table set under one directory, as one object.
 
-One :class:`LanceStore` owns one directory (``settings.lance_dir``); a replay builds a
+One :class:`LanceStore` owns one directory (``settings.storage.root``); a replay builds a
 second store in a fresh directory and swaps it in. The projector is its only writer;
 searches, the extractor's lookups and the CLI read through it. Its jobs live in their
 own modules, and this class only puts them together so that every caller holds one

@@ -9,7 +9,7 @@ Indexes (created by :meth:`StoreMaintenance.ensure_indexes`, kept current by
   ``IVF_PQ`` with cosine distance and ``dim / 8`` sub-vectors, queries re-ranking
   :data:`VECTOR_REFINE_FACTOR` times the candidates on the full vectors. IVF_PQ
   because it builds several times faster than IVF_HNSW_SQ (the worker rebuilds it,
-  and a long build delays everything behind it; figures in docs/benchmarks.md).
+  and a long build delays everything behind it; figures in docs/benchmarks-history.md).
 * **Scalar**: BTrees on ``team_id`` and ``user_id`` of every scoped table (the
   isolation prefilter goes through them) and on the lookup columns. Never on ``pk``,
   the merge key (see ``memstream.projections.schema`` for the LanceDB bugs this avoids).

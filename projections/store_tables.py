@@ -23,7 +23,7 @@ from memstream.projections.object_paths import RootPath, as_path, lance_options
 from memstream.projections.schema import MEMORIES, TABLE_NAMES, schema_for
 from memstream.projections.store_filters import EmbedderMismatchError, StoreError, chunked, in_list
 from memstream.projections.table_sets import TableSets
-from memstream.settings import LANCE_INDEX_CACHE_MB, LANCE_METADATA_CACHE_MB, READER_GRACE_S, Settings
+from memstream.settings import LANCE_INDEX_CACHE_MB, LANCE_METADATA_CACHE_MB, READER_GRACE_S, StorageSettings
 
 __all__ = ["StoreTables", "json_or_none"]
 
@@ -60,10 +60,10 @@ class StoreTables:
         created (no directory, table or index), and :class:`StoreError` is raised when
         a table is missing. A reader in the writer's process uses it to open the
         tables beside the writer without racing it to create them. ``reader_grace``:
-        how long a replaced table version stays for readers (``Settings.reader_grace_s``);
+        how long a replaced table version stays for readers (``storage.reader_grace_s``);
         ``metadata_cache_bytes`` / ``index_cache_bytes``: the bounds of LanceDB's
-        metadata and index caches for these tables (``Settings.lance_metadata_cache_mb``,
-        ``Settings.lance_index_cache_mb``)."""
+        metadata and index caches for these tables (``storage.lance_metadata_cache_mb``,
+        ``storage.lance_index_cache_mb``)."""
         self.root: RootPath = as_path(root)
         if create:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -111,21 +111,24 @@ class StoreTables:
     @classmethod
     def from_settings(
         cls,
-        settings: Settings,
+        storage: StorageSettings,
+        embedding_dim: int,
         root: RootPath | None = None,
         *,
         read_consistency_interval: timedelta | None = None,
         create: bool = True,
     ) -> Self:
+        """The tables of ``root`` (default: the current set under ``storage.root``),
+        bounded and maintained as ``storage`` says, with vectors ``embedding_dim`` wide."""
         return cls(
-            root if root is not None else TableSets(settings.lance_dir).current(),
-            embedding_dim=settings.embedding_dim,
+            root if root is not None else TableSets(storage.root).current(),
+            embedding_dim=embedding_dim,
             read_consistency_interval=read_consistency_interval,
-            vector_index_threshold=settings.vector_index_threshold,
-            reader_grace=timedelta(seconds=settings.reader_grace_s),
+            vector_index_threshold=storage.vector_index_threshold,
+            reader_grace=timedelta(seconds=storage.reader_grace_s),
             create=create,
-            metadata_cache_bytes=settings.lance_metadata_cache_mb << 20,
-            index_cache_bytes=settings.lance_index_cache_mb << 20,
+            metadata_cache_bytes=storage.lance_metadata_cache_mb << 20,
+            index_cache_bytes=storage.lance_index_cache_mb << 20,
         )
 
     def _open(self, name: str) -> Any | None:
@@ -191,7 +194,7 @@ class StoreTables:
         if stored is not None and stored != model_id:
             raise EmbedderMismatchError(
                 f"{self.root}/memories holds vectors of embedding model {stored!r} but the "
-                f"configured embedder is {model_id!r}: switch back (MEMSTREAM_EMBEDDER), or "
+                f"configured embedder is {model_id!r}: switch back (MEMSTREAM_EMBEDDINGS_PROVIDER), or "
                 "replay the log into a fresh directory with the new embedder (memstream replay)"
             )
 

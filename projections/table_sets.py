@@ -6,7 +6,7 @@ the worker keeps projecting into the current one and readers keep searching it. 
 switch must be atomic for readers (a search runs on one set, whole) and must not
 lose what the worker wrote meanwhile. Layout::
 
-    <lance_dir>/                the storage root (``settings.lance_dir``)
+    <lance_dir>/                the storage root (``settings.storage.root``)
       <table>.lance             the first set, before any replay ("legacy" set: the root)
       CURRENT                   name of the current set, replaced atomically (os.replace)
       PREVIOUS                  the set CURRENT replaced (kept for readers still on it)
@@ -24,7 +24,7 @@ root's :class:`~memstream.services.projector_service.LanceDirLock`): the replay 
 stops applying and answers ``swap.paused`` with the same id; the replay catches the
 new set up to the paused worker's positions, verifies, points ``CURRENT`` at it and
 the worker resumes writing into the new set. A request whose replay died, or that is
-withdrawn, lets the worker resume on its set. Issue 19's shards can make a set a
+withdrawn, lets the worker resume on its set. Sharding (``projections/shards.py``) can make a set a
 directory of per-partition databases without changing any of this.
 
 The root may be an object-store prefix (``s3://bucket/prefix``): the small files are
@@ -92,7 +92,7 @@ class TableSets:
     """The table sets of one storage root (see the module docstring)."""
 
     def __init__(self, root: Any) -> None:
-        """``root``: a local path, or an object-store root (``settings.lance_dir``)."""
+        """``root``: a local path, or an object-store root (``settings.storage.root``)."""
         self.root: Any = as_path(root)
 
     # --- which set ----------------------------------------------------------------

@@ -25,7 +25,7 @@ class TopicCreationError(RuntimeError):
 
 def _connect(kafka: Settings | str) -> dict[str, Any]:
     """Settings (address and security), or a bare address of a PLAINTEXT broker."""
-    return kafka_options(kafka) if isinstance(kafka, Settings) else {"bootstrap_servers": kafka}
+    return kafka_options(kafka.broker) if isinstance(kafka, Settings) else {"bootstrap_servers": kafka}
 
 
 async def ensure_topics(

@@ -25,7 +25,7 @@ from aiokafka.errors import KafkaConnectionError
 from aiokafka.helpers import create_ssl_context
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
-from memstream.settings import Settings
+from memstream.settings import BrokerSettings
 
 __all__ = ["kafka_options", "kafka_password", "KafkaSecurityError", "until_reachable", "until_started"]
 
@@ -43,22 +43,21 @@ class _Client(Protocol):
 C = TypeVar("C", bound=_Client)
 
 
-
 class KafkaSecurityError(ValueError):
     """The client security settings are incomplete (a one-line reason)."""
 
 
-def kafka_password(settings: Settings) -> str | None:
+def kafka_password(broker: BrokerSettings) -> str | None:
     """``kafka_password``, else the content of ``kafka_password_file`` (stripped)."""
-    if settings.kafka_password is not None:
-        return settings.kafka_password.get_secret_value()
-    if settings.kafka_password_file is None:
+    if broker.password is not None:
+        return broker.password.get_secret_value()
+    if broker.password_file is None:
         return None
     try:
-        return settings.kafka_password_file.read_text(encoding="utf-8").strip()
+        return broker.password_file.read_text(encoding="utf-8").strip()
     except OSError as exc:
         raise KafkaSecurityError(
-            f"cannot read the Kafka password of {settings.kafka_username!r} from {settings.kafka_password_file}: "
+            f"cannot read the Kafka password of {broker.username!r} from {broker.password_file}: "
             f"{exc.strerror or exc} (ACL mode: `memstream broker start --acl` creates it)"
         ) from None
 
@@ -68,29 +67,29 @@ def _ssl_context(cafile: Path | None) -> ssl.SSLContext:
     return create_ssl_context(cafile=str(cafile) if cafile else None)
 
 
-def _sasl(settings: Settings) -> tuple[str, str]:
-    password = kafka_password(settings)
-    if not settings.kafka_username or password is None:
+def _sasl(broker: BrokerSettings) -> tuple[str, str]:
+    password = kafka_password(broker)
+    if not broker.username or password is None:
         raise KafkaSecurityError(
-            f"MEMSTREAM_KAFKA_SECURITY_PROTOCOL={settings.kafka_security_protocol} needs "
-            "MEMSTREAM_KAFKA_USERNAME and MEMSTREAM_KAFKA_PASSWORD (or MEMSTREAM_KAFKA_PASSWORD_FILE)"
+            f"MEMSTREAM_BROKER_SECURITY_PROTOCOL={broker.security_protocol} needs "
+            "MEMSTREAM_BROKER_USERNAME and MEMSTREAM_BROKER_PASSWORD (or MEMSTREAM_BROKER_PASSWORD_FILE)"
         )
-    return settings.kafka_username, password
+    return broker.username, password
 
 
-def kafka_options(settings: Settings, *, bootstrap_servers: str | None = None) -> dict[str, Any]:
+def kafka_options(broker: BrokerSettings, *, bootstrap_servers: str | None = None) -> dict[str, Any]:
     """Keyword arguments every aiokafka client (producer, consumer, admin) of memstream
     is built with: the bootstrap address and the security settings."""
-    options: dict[str, Any] = {"bootstrap_servers": bootstrap_servers or settings.bootstrap_servers}
-    protocol = settings.kafka_security_protocol
+    options: dict[str, Any] = {"bootstrap_servers": bootstrap_servers or broker.bootstrap_servers}
+    protocol = broker.security_protocol
     if protocol == "PLAINTEXT":
         return options
     options["security_protocol"] = protocol
     if protocol in ("SSL", "SASL_SSL"):
-        options["ssl_context"] = _ssl_context(settings.kafka_ssl_cafile)
+        options["ssl_context"] = _ssl_context(broker.ssl_cafile)
     if protocol.startswith("SASL_"):
-        username, password = _sasl(settings)
-        options.update(sasl_mechanism=settings.kafka_sasl_mechanism, sasl_plain_username=username, sasl_plain_password=password)
+        username, password = _sasl(broker)
+        options.update(sasl_mechanism=broker.sasl_mechanism, sasl_plain_username=username, sasl_plain_password=password)
     return options
 
 

@@ -116,8 +116,8 @@ class EventConsumer:
         if not self.topics:
             raise ValueError("EventConsumer needs at least one topic")
         self.group_id = group_id
-        self.bootstrap_servers = bootstrap_servers or self.settings.bootstrap_servers
-        self.dead_letter_topic = dead_letter_topic or Topics.from_settings(self.settings).dead_letter
+        self.bootstrap_servers = bootstrap_servers or self.settings.broker.bootstrap_servers
+        self.dead_letter_topic = dead_letter_topic or Topics.from_settings(self.settings.broker).dead_letter
         if self.dead_letter_topic in self.topics:
             raise ValueError("an EventConsumer cannot read its own dead-letter topic")
         self._dead_letters = dead_letters
@@ -147,7 +147,7 @@ class EventConsumer:
         if self._consumer is not None:
             return
         options: dict[str, Any] = {
-            **kafka_options(self.settings, bootstrap_servers=self.bootstrap_servers),
+            **kafka_options(self.settings.broker, bootstrap_servers=self.bootstrap_servers),
             "client_id": self._client_id,
             "group_id": self.group_id,
             "enable_auto_commit": False,
@@ -155,8 +155,8 @@ class EventConsumer:
             "isolation_level": self._isolation_level,
         }
         options.update(self._consumer_options)
-        bound_inflation(self.settings.max_inflated_batch_bytes)
-        if self.settings.sealing and self._keys is None:  # the log is sealed: open what is read
+        bound_inflation(self.settings.broker.max_inflated_batch_bytes)
+        if self.settings.security.sealing and self._keys is None:  # the log is sealed: open what is read
             self._keys = await SubjectKeys(self.settings, client_id=f"{self._client_id}-keys").start()
             self.opener = RecordOpener(self._keys.keyring)
         consumer = AIOKafkaConsumer(**options)

@@ -3,7 +3,7 @@
 With sealing on, a letter of a sealed record carries only its stage in plain; the full
 reason and the original value are sealed under the subject's key
 (:func:`memstream.streams.deadletter.seal_dead_letter`). Whoever holds the master key
-(the worker's host: ``MEMSTREAM_HOME/master.key`` or ``MEMSTREAM_MASTER_KEY``) opens
+(the worker's host: ``MEMSTREAM_HOME/master.key`` or ``MEMSTREAM_SECURITY_MASTER_KEY``) opens
 them here with the keyring; a forgotten subject's letters stay shut, and say so.
 """
 
@@ -125,7 +125,7 @@ async def read_letters(
     if not parts:
         raise LookupError(f"topic {topic} does not exist")
     consumer = AIOKafkaConsumer(
-        **kafka_options(settings), client_id="memstream-dead-letters", group_id=None, enable_auto_commit=False
+        **kafka_options(settings.broker), client_id="memstream-dead-letters", group_id=None, enable_auto_commit=False
     )
     await consumer.start()
     try:

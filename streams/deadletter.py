@@ -261,7 +261,7 @@ class DeadLetterPublisher:
         self._producer = producer
         self._owned = producer is None
         self._started = producer is not None
-        self._keys = LazyKeys(self._settings, Topics.from_settings(self._settings), client_id=f"{client_id}-keys")
+        self._keys = LazyKeys(self._settings, Topics.from_settings(self._settings.broker), client_id=f"{client_id}-keys")
         """With sealing on, the keyring that seals dead letters, started at the first."""
 
     async def start(self) -> None:
@@ -269,7 +269,7 @@ class DeadLetterPublisher:
             return
         self._producer = await until_started(
             lambda: create_kafka_producer(
-                self._settings, bootstrap_servers=self._bootstrap, client_id=self._client_id
+                self._settings.broker, bootstrap_servers=self._bootstrap, client_id=self._client_id
             ),
             f"dead-letter producer ({self.topic})",
         )

@@ -76,7 +76,7 @@ def forgotten_events(keys: SubjectKeys, subjects: list[Subject], whole_team: boo
 
 async def forget(settings: Settings, team_id: str, user_id: str | None = None) -> ForgetReport:
     """Forget the subject(s); see the module doc for the order of the writes."""
-    topics = Topics.from_settings(settings)
+    topics = Topics.from_settings(settings.broker)
     report = ForgetReport(team_id, user_id)
     async with SubjectKeys(settings, topics, client_id="memstream-forget") as keys:
         await keys.sync()
@@ -87,7 +87,7 @@ async def forget(settings: Settings, team_id: str, user_id: str | None = None) -
             return report
         signer = worker_key(settings)
         producer = AIOKafkaProducer(
-            **kafka_options(settings), client_id="memstream-forget", enable_idempotence=True, acks="all"
+            **kafka_options(settings.broker), client_id="memstream-forget", enable_idempotence=True, acks="all"
         )
         await producer.start()
         try:
@@ -108,11 +108,11 @@ async def forget(settings: Settings, team_id: str, user_id: str | None = None) -
 async def ingress_lag_s(settings: Settings, topics: Topics) -> float | None:
     """The age of the oldest record left in the ingress (the sealer deletes what it
     has sealed), None when it holds none: the plaintext window a forget reports."""
-    consumer = AIOKafkaConsumer(**kafka_options(settings), group_id=None,
+    consumer = AIOKafkaConsumer(**kafka_options(settings.broker), group_id=None,
                                 enable_auto_commit=False, client_id="memstream-forget-ingress")
     await consumer.start()
     try:
-        found = await topic_partitions(settings.bootstrap_servers, [topics.ingress], client_id="memstream-forget-ingress")
+        found = await topic_partitions(settings.broker.bootstrap_servers, [topics.ingress], client_id="memstream-forget-ingress")
         tps = [TopicPartition(topics.ingress, p) for p in sorted(found.get(topics.ingress, ()))]
         if not tps:
             return None

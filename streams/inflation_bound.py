@@ -5,7 +5,7 @@ zeros gzip to about 200 KB. aiokafka inflates a whole batch inside its fetcher, 
 any of our code sees a record, so a size check on records comes too late. This module
 replaces the one step where aiokafka parses a fetch response into batches
 (:class:`BoundedMemoryRecords` in place of ``MemoryRecords``): a compressed v2 batch is
-inflated here first, under ``MEMSTREAM_MAX_INFLATED_BATCH_BYTES``.
+inflated here first, under ``MEMSTREAM_BROKER_MAX_INFLATED_BATCH_BYTES``.
 
 * gzip is inflated incrementally (``zlib`` with ``max_length``) and given up the moment
   the output passes the bound; a batch within it is handed on already inflated, so
@@ -85,7 +85,7 @@ def inflate_batch(batch: bytes | memoryview, limit: int) -> bytearray | Refused 
         if worst > limit:
             return Refused(
                 f"a {name} batch of {len(body)} bytes may inflate past the bound of {limit} bytes "
-                f"(MEMSTREAM_MAX_INFLATED_BATCH_BYTES; only gzip is inflated under a bound)",
+                f"(MEMSTREAM_BROKER_MAX_INFLATED_BATCH_BYTES; only gzip is inflated under a bound)",
                 True,
             )
         return worst
@@ -95,7 +95,7 @@ def inflate_batch(batch: bytes | memoryview, limit: int) -> bytearray | Refused 
     except zlib.error as exc:
         return Refused(f"a gzip batch that does not inflate: {exc}", False)
     if not done:
-        return Refused(f"a gzip batch inflating past the bound of {limit} bytes (MEMSTREAM_MAX_INFLATED_BATCH_BYTES)", True)
+        return Refused(f"a gzip batch inflating past the bound of {limit} bytes (MEMSTREAM_BROKER_MAX_INFLATED_BATCH_BYTES)", True)
     attributes = struct.unpack_from(">h", out, _ATTRIBUTES_AT)[0]
     struct.pack_into(">h", out, _ATTRIBUTES_AT, attributes & ~_CODEC_MASK)
     struct.pack_into(">i", out, _LENGTH_AT, len(out) - _LOG_OVERHEAD)

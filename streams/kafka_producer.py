@@ -7,7 +7,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 
-from memstream.settings import Settings
+from memstream.settings import BrokerSettings
 from memstream.streams.connect import kafka_options
 
 __all__ = ["KeyPartitioner", "create_kafka_producer"]
@@ -17,7 +17,7 @@ class KeyPartitioner:
     """aiokafka's default partitioning, the Java client's (murmur2 of the key bytes, so
     every client puts a memory space on the same partition), with each key's hash
     remembered: a producer sends many records per memory space and murmur2 is pure
-    Python (the saving is in docs/benchmarks.md, issue 18). Records without a key go
+    Python (the saving is in docs/benchmarks-history.md). Records without a key go
     where aiokafka's default puts them."""
 
     _MAX_KEYS = 65_536
@@ -38,7 +38,7 @@ class KeyPartitioner:
 
 
 def create_kafka_producer(
-    settings: Settings,
+    broker: BrokerSettings,
     *,
     bootstrap_servers: str | None = None,
     client_id: str = "memstream-sdk",
@@ -58,13 +58,13 @@ def create_kafka_producer(
     if transactional_id is not None:
         kwargs["transactional_id"] = transactional_id
     return AIOKafkaProducer(
-        **kafka_options(settings, bootstrap_servers=bootstrap_servers),
+        **kafka_options(broker, bootstrap_servers=bootstrap_servers),
         client_id=client_id,
         enable_idempotence=True,
         acks="all",
-        linger_ms=settings.producer_linger_ms,
-        max_batch_size=settings.producer_max_batch_bytes,
-        max_request_size=settings.max_request_bytes,
+        linger_ms=broker.producer_linger_ms,
+        max_batch_size=broker.producer_max_batch_bytes,
+        max_request_size=broker.max_request_bytes,
         compression_type=compression_type,
         partitioner=partitioner or KeyPartitioner(),
         **kwargs,

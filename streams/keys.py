@@ -58,19 +58,19 @@ def tombstoned_subject(key: bytes | None) -> Subject | None:
 
 
 def master_key_path(settings: Settings) -> Path:
-    return settings.master_key_file or (settings.home / "master.key")
+    return settings.security.master_key_file or (settings.home / "master.key")
 
 
 def _master_key(settings: Settings, keys_exist: bool) -> bytes:
-    if settings.master_key is not None:
-        return decode_master_key(settings.master_key.get_secret_value(), source="MEMSTREAM_MASTER_KEY")
+    if settings.security.master_key is not None:
+        return decode_master_key(settings.security.master_key.get_secret_value(), source="MEMSTREAM_SECURITY_MASTER_KEY")
     path = master_key_path(settings)
     found = read_master_key_file(path)
     if found is not None:
         return found
     if keys_exist:
         raise MasterKeyError(
-            f"master key lost: {path} does not exist and MEMSTREAM_MASTER_KEY is unset, but "
+            f"master key lost: {path} does not exist and MEMSTREAM_SECURITY_MASTER_KEY is unset, but "
             "memstream.keys holds wrapped data keys; restore the master key (refusing to start)"
         )
     return write_master_key_file(path, new_master_key())
@@ -91,7 +91,7 @@ class SubjectKeys:
         self._signed_keys: set[bytes] = set()
         """Record keys of key records taken in unsigned (they unwrapped: written before
         signatures, or by a master-key holder without the worker key)."""
-        self._topics = topics or Topics.from_settings(settings)
+        self._topics = topics or Topics.from_settings(settings.broker)
         self._tp = TopicPartition(self._topics.keys, 0)
         self._client_id = client_id
         self._consumer: AIOKafkaConsumer | None = None
@@ -124,13 +124,13 @@ class SubjectKeys:
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> "SubjectKeys":
         consumer = AIOKafkaConsumer(
-            **kafka_options(self._settings),
+            **kafka_options(self._settings.broker),
             client_id=self._client_id,
             enable_auto_commit=False,
             group_id=None,
         )
         producer = AIOKafkaProducer(
-            **kafka_options(self._settings),
+            **kafka_options(self._settings.broker),
             client_id=self._client_id,
             enable_idempotence=True,
             acks="all",
@@ -334,7 +334,7 @@ class SubjectKeys:
             self._roll = asyncio.create_task(self._roll_later(), name="memstream-keys-roll")
 
     async def _roll_later(self) -> None:
-        await asyncio.sleep(self._settings.keys_segment_ms / 1000 + 1)
+        await asyncio.sleep(self._settings.broker.keys_segment_ms / 1000 + 1)
         try:
             await self._send(ROLL_KEY, b"{}")
         except Exception:
@@ -353,7 +353,7 @@ class LazyKeys:
         self._lock = asyncio.Lock()
 
     async def get(self) -> SubjectKeys | None:
-        if self._keys is None and self._settings.sealing:
+        if self._keys is None and self._settings.security.sealing:
             async with self._lock:
                 if self._keys is None:
                     self._keys = await SubjectKeys(self._settings, self._topics, client_id=self._client_id).start()

@@ -95,16 +95,16 @@ async def record_legacy_trust(settings: Settings, *, extend: bool = False) -> di
         raise LegacyTrustError(
             f"{path} already trusts unsigned system events below {_describe(held)}; pass --extend to move that to the log's end"
         )
-    topic = Topics.from_settings(settings).events
+    topic = Topics.from_settings(settings.broker).events
     partitions = (await topic_partitions(settings, [topic])).get(topic)
     if not partitions:
-        raise LegacyTrustError(f"the topic {topic} does not exist at {settings.bootstrap_servers}")
-    consumer = AIOKafkaConsumer(**kafka_options(settings), client_id="memstream-trust-legacy")
+        raise LegacyTrustError(f"the topic {topic} does not exist at {settings.broker.bootstrap_servers}")
+    consumer = AIOKafkaConsumer(**kafka_options(settings.broker), client_id="memstream-trust-legacy")
     await consumer.start()
-    keys_tp = TopicPartition(Topics.from_settings(settings).keys, 0)
+    keys_tp = TopicPartition(Topics.from_settings(settings.broker).keys, 0)
     try:
         ends = await consumer.end_offsets([TopicPartition(topic, p) for p in partitions])
-        keys_end = int((await consumer.end_offsets([keys_tp]))[keys_tp]) if settings.sealing else 0
+        keys_end = int((await consumer.end_offsets([keys_tp]))[keys_tp]) if settings.security.sealing else 0
     finally:
         await consumer.stop()
     by_partition = {tp.partition: int(offset) for tp, offset in ends.items()}

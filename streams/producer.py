@@ -5,7 +5,7 @@ of truth, so every write must be *durable* (idempotent producer, ``acks=all``, t
 returns only once the broker has the record), must use the one wire format
 (:mod:`memstream.codec.wire`) and key (the memory space, so one space stays
 ordered), and a fast agent fleet must not be able to buffer without limit: at most
-``settings.producer_max_in_flight`` sends are un-acknowledged at any time, and further
+``settings.broker.producer_max_in_flight`` sends are un-acknowledged at any time, and further
 sends wait (back-pressure) instead of growing memory.
 
 Two front doors share one implementation:
@@ -149,15 +149,15 @@ class MemstreamProducer:
         sealing on (the default), events are sealed under their subject's key:
         ``keys`` is a started keyring to share, else the producer follows its own."""
         self.settings = settings or get_settings()
-        self.bootstrap_servers = bootstrap_servers or self.settings.bootstrap_servers
-        self.topics = topics or Topics.from_settings(self.settings)
+        self.bootstrap_servers = bootstrap_servers or self.settings.broker.bootstrap_servers
+        self.topics = topics or Topics.from_settings(self.settings.broker)
         self.client_id = client_id
         self._compression_type = compression_type
         self._signing_key = signing_key
         # a client that may write only the ingress: plaintext there, sealed by the worker
-        self._via_ingress = self.settings.produce_via_ingress and signing_key is None
+        self._via_ingress = self.settings.security.produce_via_ingress and signing_key is None
         self._keys = None if self._via_ingress else keys
-        self._own_keys = keys is None and self.settings.sealing and not self._via_ingress
+        self._own_keys = keys is None and self.settings.security.sealing and not self._via_ingress
         self._producer: AIOKafkaProducer | None = None
         self._in_flight: asyncio.Semaphore | None = None
         self._pending: set[asyncio.Future[LogPosition]] = set()
@@ -178,7 +178,7 @@ class MemstreamProducer:
         if self._closed:
             raise ProducerClosedError("this producer was stopped; create a new one")
         producer = create_kafka_producer(
-            self.settings,
+            self.settings.broker,
             bootstrap_servers=self.bootstrap_servers,
             client_id=self.client_id,
             compression_type=self._compression_type,
@@ -192,7 +192,7 @@ class MemstreamProducer:
             await producer.stop()
             await self._stop_keys()
             raise
-        self._in_flight = asyncio.Semaphore(self.settings.producer_max_in_flight)
+        self._in_flight = asyncio.Semaphore(self.settings.broker.producer_max_in_flight)
         self._producer = producer
         log.debug("producer %s connected to %s", self.client_id, self.bootstrap_servers)
 
@@ -386,7 +386,7 @@ class MemstreamProducer:
         and the error refusing that one (``None``: all fit)."""
         for i, (_, record) in enumerate(records):
             size = DefaultRecordBatchBuilder.estimate_size_in_bytes(record.key, record.value, record.headers)
-            if size > self.settings.max_request_bytes:
+            if size > self.settings.broker.max_request_bytes:
                 return i, MessageSizeTooLargeError(
                     f"The message is {size} bytes when serialized which is larger than the maximum "
                     f"request size you have configured with the max_request_size configuration"

@@ -59,9 +59,9 @@ def _save_state(path: Path, state: dict[str, str]) -> None:
 class _Kafka:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.admin = AIOKafkaAdminClient(**kafka_options(settings), client_id="memstream-reseal")
+        self.admin = AIOKafkaAdminClient(**kafka_options(settings.broker), client_id="memstream-reseal")
         self.producer = AIOKafkaProducer(
-            **kafka_options(settings), client_id="memstream-reseal", enable_idempotence=True, acks="all"
+            **kafka_options(settings.broker), client_id="memstream-reseal", enable_idempotence=True, acks="all"
         )
 
     async def partitions(self, topic: str) -> int | None:
@@ -74,7 +74,7 @@ class _Kafka:
         for _ in range(120):  # a topic just deleted takes a moment to be gone
             try:
                 response = await self.admin.create_topics(
-                    [NewTopic(topic, partitions, self.settings.replication_factor, topic_configs=config)]
+                    [NewTopic(topic, partitions, self.settings.broker.replication_factor, topic_configs=config)]
                 )
             except TopicAlreadyExistsError:
                 response = None
@@ -99,7 +99,7 @@ class _Kafka:
 
     async def copy(self, source: str, target: str, partitions: int, transform: Callable | None) -> int:  # type: ignore[type-arg]
         """Copy every record of ``source`` to the same partition of ``target``, in order."""
-        consumer = AIOKafkaConsumer(**kafka_options(self.settings), group_id=None, enable_auto_commit=False)
+        consumer = AIOKafkaConsumer(**kafka_options(self.settings.broker), group_id=None, enable_auto_commit=False)
         await consumer.start()
         copied = 0
         try:
@@ -126,7 +126,7 @@ class _Kafka:
 
 async def reseal(settings: Settings, *, progress: Progress = lambda line: None) -> dict[str, int]:
     """Seal every kept-forever topic in place; records sealed per topic."""
-    topics = Topics.from_settings(settings)
+    topics = Topics.from_settings(settings.broker)
     state_path = _state_path(settings)
     state = _load_state(state_path)
     kafka = _Kafka(settings)

@@ -53,7 +53,7 @@ class IngressSealer:
     def __init__(self, settings: Settings, keys: SubjectKeys, topics: Topics | None = None) -> None:
         self._settings = settings
         self._keys = keys
-        self._topics = topics or Topics.from_settings(settings)
+        self._topics = topics or Topics.from_settings(settings.broker)
         self.sealed = 0
         self.dead_lettered = 0
         self._sealed_to: dict[TopicPartition, int] = {}
@@ -62,24 +62,24 @@ class IngressSealer:
 
     async def run(self, *, until_idle: bool = False) -> None:
         """Seal until cancelled (or, with ``until_idle``, until a poll finds nothing)."""
-        bound_inflation(self._settings.max_inflated_batch_bytes)
+        bound_inflation(self._settings.broker.max_inflated_batch_bytes)
         consumer = AIOKafkaConsumer(
             self._topics.ingress,
-            **kafka_options(self._settings),
-            group_id=f"{self._settings.app_id}-sealer",
+            **kafka_options(self._settings.broker),
+            group_id=f"{self._settings.worker.app_id}-sealer",
             client_id="memstream-sealer",
             enable_auto_commit=False,
             auto_offset_reset="earliest",
         )
         producer = AIOKafkaProducer(
-            **kafka_options(self._settings),
+            **kafka_options(self._settings.broker),
             client_id="memstream-sealer",
             enable_idempotence=True,
             acks="all",
-            linger_ms=self._settings.producer_linger_ms,
-            max_request_size=self._settings.max_request_bytes,
+            linger_ms=self._settings.broker.producer_linger_ms,
+            max_request_size=self._settings.broker.max_request_bytes,
         )
-        admin = AIOKafkaAdminClient(**kafka_options(self._settings), client_id="memstream-sealer-admin")
+        admin = AIOKafkaAdminClient(**kafka_options(self._settings.broker), client_id="memstream-sealer-admin")
         await consumer.start()
         await producer.start()
         await admin.start()
@@ -188,7 +188,7 @@ class SealerService(Service):
     async def on_start(self) -> None:
         settings = self.settings
         self._keys = await until_started(
-            lambda: SubjectKeys(settings, self.topics, client_id=f"{settings.app_id}-sealer-keys"), "sealer keyring"
+            lambda: SubjectKeys(settings, self.topics, client_id=f"{settings.worker.app_id}-sealer-keys"), "sealer keyring"
         )
         self.sealer = IngressSealer(settings, self._keys, self.topics)
         self._task = asyncio.ensure_future(self._run())
@@ -215,5 +215,5 @@ class SealerService(Service):
 def register_sealer(app: Any, settings: Settings, topics: Topics) -> None:
     """Add the ingress sealer to ``app`` (only with sealing on: without it the log is
     plaintext and producers write to it directly)."""
-    if settings.sealing:
+    if settings.security.sealing:
         app.service(SealerService(app, settings, topics))

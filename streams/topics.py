@@ -18,7 +18,7 @@ from memstream.domain.events import (
     MessageObserved,
     OutcomeObserved,
 )
-from memstream.settings import Settings
+from memstream.settings import BrokerSettings
 
 __all__ = ["SHORT_NAMES", "TopicSpec", "Topics", "topic_for", "topic_for_type", "keys_topic_config"]
 
@@ -72,13 +72,13 @@ class Topics:
     keys_segment_ms: int = 60_000
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> "Topics":
+    def from_settings(cls, broker: BrokerSettings) -> "Topics":
         return cls(
-            settings.topic_prefix,
-            settings.partitions,
-            settings.replication_factor,
-            settings.ingress_retention_ms,
-            settings.keys_segment_ms,
+            broker.topic_prefix,
+            broker.partitions,
+            broker.replication_factor,
+            broker.ingress_retention_ms,
+            broker.keys_segment_ms,
         )
 
     @property

@@ -9,7 +9,7 @@ record it produces carries the header ``memstream-worker`` holding an HMAC-SHA25
 the record's value under the worker key. The projector dead-letters a system event
 whose record lacks a valid signature, with the reason.
 
-The key is 32 random bytes in ``MEMSTREAM_WORKER_KEY_FILE`` (default
+The key is 32 random bytes in ``MEMSTREAM_SECURITY_WORKER_KEY_FILE`` (default
 ``<home>/worker.key``, mode 0600), created by the first worker that needs it. Limits
 (docs/security.md): whoever can read that file can sign; a signed record copied
 verbatim is the same event (same id, same scope) and changes nothing; a rotated key
@@ -49,7 +49,7 @@ Verifier = Callable[[bytes | None, Sequence[tuple[str, bytes]] | None], bool]
 
 
 def worker_key_path(settings: Settings) -> Path:
-    return settings.worker_key_file or (settings.home / "worker.key")
+    return settings.security.worker_key_file or (settings.home / "worker.key")
 
 
 def worker_key(settings: Settings, *, create: bool = True) -> bytes:

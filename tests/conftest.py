@@ -1,7 +1,7 @@
 """Shared fixtures: the real Kafka broker and per-test topic prefixes.
 
 The broker is the project's own (``memstream broker start``; `.ci/run` starts it). If
-none answers at ``MEMSTREAM_BOOTSTRAP_SERVERS`` the session starts one itself, so a
+none answers at ``MEMSTREAM_BROKER_BOOTSTRAP_SERVERS`` the session starts one itself, so a
 plain ``pytest`` works on a fresh clone too.
 """
 
@@ -28,9 +28,9 @@ hypothesis_settings.load_profile("memstream")
 # Sealing is on by default in the product. Most tests read the log's raw bytes to check
 # the wire format, so they run on a plaintext log; the sealing tests (tests/sealing,
 # tests/streams/test_keys.py, test_sealer.py, test_reseal.py, test_forget_e2e.py and
-# the tests that pass ``sealing=True``) turn it on. Set MEMSTREAM_SEALING=true to run
+# the tests that pass ``sealing=True``) turn it on. Set MEMSTREAM_SECURITY_SEALING=true to run
 # the whole suite sealed.
-os.environ.setdefault("MEMSTREAM_SEALING", "false")
+os.environ.setdefault("MEMSTREAM_SECURITY_SEALING", "false")
 
 
 @pytest.fixture(scope="session")
@@ -39,15 +39,15 @@ def kafka_bootstrap() -> Iterator[str]:
     then stopped again when the session ends; a broker found running is left alone)."""
     settings = Settings()
     started = False
-    if not local.bootstrap_reachable(settings.bootstrap_servers):
-        if not local.is_local_bootstrap(settings):
+    if not local.bootstrap_reachable(settings.broker.bootstrap_servers):
+        if not local.is_local_bootstrap(settings.broker):
             raise RuntimeError(
-                f"no Kafka broker answers at MEMSTREAM_BOOTSTRAP_SERVERS={settings.bootstrap_servers}, "
-                f"and the local broker would listen on 127.0.0.1:{settings.broker_port}; start that "
-                "broker or unset MEMSTREAM_BOOTSTRAP_SERVERS"
+                f"no Kafka broker answers at MEMSTREAM_BROKER_BOOTSTRAP_SERVERS={settings.broker.bootstrap_servers}, "
+                f"and the local broker would listen on 127.0.0.1:{settings.broker.port}; start that "
+                "broker or unset MEMSTREAM_BROKER_BOOTSTRAP_SERVERS"
             )
         started = local.start(settings).started
-    yield settings.bootstrap_servers
+    yield settings.broker.bootstrap_servers
     if started:
         local.stop(settings)
 
@@ -62,8 +62,8 @@ def topic_prefix() -> Iterator[str]:
     yield prefix
     app_ids = _APP_IDS.pop(prefix, [])
     settings = Settings()
-    if local.bootstrap_reachable(settings.bootstrap_servers):
-        asyncio.run(_delete_private_topics(settings.bootstrap_servers, (prefix, *(f"{a}-" for a in app_ids))))
+    if local.bootstrap_reachable(settings.broker.bootstrap_servers):
+        asyncio.run(_delete_private_topics(settings.broker.bootstrap_servers, (prefix, *(f"{a}-" for a in app_ids))))
 
 
 @pytest.fixture

@@ -44,7 +44,7 @@ def storage_settings(prefix: str) -> dict[str, object]:
 
 def storage_env(settings: Settings) -> dict[str, str]:
     """The ``MEMSTREAM_*`` variables naming ``settings``' storage root for a child process."""
-    return {k: v for k, v in settings_env(settings).items() if k.startswith(("MEMSTREAM_STORAGE_", "MEMSTREAM_LANCE_DIR"))}
+    return {k: v for k, v in settings_env(settings).items() if k.startswith(("MEMSTREAM_STORAGE_", "MEMSTREAM_STORAGE_ROOT"))}
 
 
 @pytest.fixture
@@ -52,13 +52,13 @@ def s3_prefix() -> Iterator[str]:
     """A fresh key prefix in the test bucket, deleted afterwards."""
     prefix = f"t-{uuid.uuid4().hex[:10]}"
     yield prefix
-    root = as_path(Settings(**storage_settings(prefix)).lance_dir)  # type: ignore[arg-type]
+    root = as_path(Settings(**storage_settings(prefix)).storage.root)  # type: ignore[arg-type]
     assert isinstance(root, ObjectPath)
     root.remove_tree()
 
 
 @pytest.fixture
 def s3_root(s3_prefix: str) -> ObjectPath:
-    root = as_path(Settings(**storage_settings(s3_prefix)).lance_dir)  # type: ignore[arg-type]
+    root = as_path(Settings(**storage_settings(s3_prefix)).storage.root)  # type: ignore[arg-type]
     assert isinstance(root, ObjectPath)
     return root

@@ -1,8 +1,6 @@
 """The LLM client against endpoints as they really are: which output modes they refuse
 and how (a 4xx, or llama-cpp-python's 500), what the client learns and keeps, and the
-non-retryable "unusable answer" (through the real openai client and the fake server).
-
-Covers ``llm``."""
+non-retryable "unusable answer" (through the real openai client and the fake server)."""
 
 from __future__ import annotations
 

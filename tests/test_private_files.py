@@ -38,12 +38,12 @@ def _memory_files(lance: Path) -> list[Path]:
 
 async def test_a_worker_writes_its_home_and_tables_private(fresh_topics: Any, settings_for: Any, tmp_path: Path) -> None:
     settings = settings_for(fresh_topics, projector_batch_seconds=0.05)
-    lance, home = Path(settings.lance_dir), Path(settings.home)
+    lance, home = Path(settings.storage.root), Path(settings.home)
     log = open(tmp_path / "worker.log", "wb")  # noqa: SIM115 - closed below
     before = os.umask(0o022)  # the child inherits the usual default: group and others may read
     try:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "memstream.services.worker", "--agents", "projector"],
+            [sys.executable, "-m", "memstream.services.worker", "--services", "projector"],
             env=child_env(settings), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
     finally:

@@ -105,7 +105,7 @@ class TextRule:
         """The rule over every item, in a few C-level passes over the whole tuple;
         only a tuple that fails is walked item by item for the message. Provenance
         lists carry dozens of refs per event, and a Python call per ref was a fifth of
-        the projector's decoding of a memory event (docs/benchmarks.md)."""
+        the projector's decoding of a memory event (docs/benchmarks-history.md)."""
         if not values:
             return values
         bad = _BAD_MULTILINE if self.multiline else _BAD_ONE_LINE

@@ -33,7 +33,7 @@ from memstream.domain.extraction.judgment import (
     render_judgment,
     store_all,
 )
-from memstream.domain.extraction.parsing import EmptyExtraction, ExtractionFormatError, parse_extraction
+from memstream.domain.extraction.parsing import MAX_MEMORIES, EmptyExtraction, ExtractionFormatError, parse_extraction
 from memstream.domain.extraction.schema import (
     EXTRACTION_PROMPTS,
     EXTRACTION_SCHEMA,
@@ -46,6 +46,7 @@ from memstream.domain.extraction.window import MAX_TURN_CHARS_IN_PROMPT, Window,
 __all__ = [
     "MAX_TURN_CHARS_IN_PROMPT",
     "MAX_ENTITIES",
+    "MAX_MEMORIES",
     "DEFAULT_PRIORITY",
     "EXTRACTION_PROMPTS",
     "EXTRACTION_SCHEMA",

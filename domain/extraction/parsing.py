@@ -31,7 +31,10 @@ from memstream.domain.extraction.window import Window, WindowTurn
 from memstream.domain.repair import UnusableAnswer
 from memstream.domain.weak_output import repair_type, shares_content_word
 
-__all__ = ["ExtractionFormatError", "EmptyExtraction", "parse_extraction"]
+__all__ = ["ExtractionFormatError", "EmptyExtraction", "parse_extraction", "MAX_MEMORIES"]
+
+MAX_MEMORIES = 10
+"""Most memories one extraction may keep (the prompt asks for at most this many)."""
 
 
 class ExtractionFormatError(ValueError):

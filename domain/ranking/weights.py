@@ -43,7 +43,7 @@ SUCCESSOR_MARGIN = 1e-3
 FUSION_VECTOR_WEIGHT = 0.7
 """Weight of min-max scaled cosine similarity against max-normalised BM25 (weight
 ``TEXT_WEIGHT``) in score fusion: full text leads, similarity finds what is said in
-other words. Fitted with the default neural embedder (docs/benchmarks.md)."""
+other words. Fitted with the default neural embedder (docs/benchmarks-history.md)."""
 VECTOR_SCALING = "minmax"
 """A sentence model's cosines of a relevant and an unrelated memory differ by a few
 tenths: scaled over the candidates, the vector leg spans [0, 1] as BM25 does."""

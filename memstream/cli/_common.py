@@ -38,7 +38,7 @@ def scope_from_options(team: str, user: str = "default", agent: str = "default")
 
 
 def open_store(settings: Settings, lance_dir: Path | None = None, scope: Scope | None = None) -> Any:
-    """The projection's store (``--lance-dir`` or ``settings.lance_dir``), refusing to
+    """The projection's store (``--lance-dir`` or ``settings.storage.root``), refusing to
     create an empty one where none exists. With ``scope``, the store holding that
     space (its shard when the set is sharded by partition)."""
     from memstream.projections.shards import ShardLayoutError
@@ -46,7 +46,7 @@ def open_store(settings: Settings, lance_dir: Path | None = None, scope: Scope |
     from memstream.projections.table_sets import TableSets
     from memstream.services.shard_routing import has_projection, open_store as open_set, store_for
 
-    root = TableSets(lance_dir or settings.lance_dir).current()  # a root follows its CURRENT set
+    root = TableSets(lance_dir or settings.storage.root).current()  # a root follows its CURRENT set
     if not has_projection(root):
         raise CLIError(f"no projection in {root}: start `memstream worker` (or pass --lance-dir)")
     try:

@@ -26,7 +26,7 @@ def validation_line(exc: ValidationError) -> str:
     first = exc.errors()[0]
     where = ".".join(str(p) for p in first.get("loc", ()))
     if exc.title == "Settings":
-        what = f"setting MEMSTREAM_{where.upper()}" if where else "settings"
+        what = f"setting MEMSTREAM_{where.replace('.', '_').upper()}" if where else "settings"
     else:
         what = f"{exc.title} {where}".strip()
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""

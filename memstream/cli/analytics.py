@@ -1,7 +1,7 @@
 """CLI commands over the projection: ``memstream search``, ``memstream sql`` and
 ``memstream export``.
 
-They read the LanceDB tables the worker writes (``MEMSTREAM_LANCE_DIR``, or
+They read the LanceDB tables the worker writes (``MEMSTREAM_STORAGE_ROOT``, or
 ``--lance-dir``) and never write to them, so they are safe while the worker runs.
 
 * ``search`` is the hybrid search of ``memstream.projections.search`` inside one
@@ -91,7 +91,7 @@ def search_cmd(
     ] = True,
     explain: Annotated[bool, typer.Option("--explain", help="Show every score part.")] = False,
     rerank: Annotated[
-        bool, typer.Option("--rerank", help="Let the cross-encoder at MEMSTREAM_RERANK_URL order the top results.")
+        bool, typer.Option("--rerank", help="Let the cross-encoder at MEMSTREAM_EMBEDDINGS_RERANK_URL order the top results.")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per result.")] = False,
     lance_dir: Annotated[Path | None, typer.Option("--lance-dir", help="Projection directory.")] = None,
@@ -118,12 +118,12 @@ def search_cmd(
     except ValueError as exc:
         raise CLIError(str(exc).splitlines()[0]) from None
     settings = get_settings()
-    reranker = build_reranker(settings) if rerank else None
+    reranker = build_reranker(settings.embeddings) if rerank else None
     if rerank and reranker is None:
-        raise CLIError("--rerank needs a reranker: set MEMSTREAM_RERANK_URL to a /rerank endpoint")
+        raise CLIError("--rerank needs a reranker: set MEMSTREAM_EMBEDDINGS_RERANK_URL to a /rerank endpoint")
     store = open_store(settings, lance_dir, scope)
     try:
-        embedder = build_embedder(settings)
+        embedder = build_embedder(settings.embeddings)
         results = search(store, embedder, scope, text, k, filters, reranker=reranker)
     except EmbedderError as exc:
         raise CLIError(str(exc)) from None

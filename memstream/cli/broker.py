@@ -117,12 +117,12 @@ def create() -> None:
     from memstream.streams.topics import Topics
 
     settings = get_settings()
-    topics = Topics.from_settings(settings)
+    topics = Topics.from_settings(settings.broker)
     try:
         result = asyncio.run(ensure_topics(settings, topics))
     except TopicCreationError as exc:
         raise CLIError(f"{exc} (is the broker running? `memstream broker status`)") from exc
-    table = Table(title=f"topics at {settings.bootstrap_servers}")
+    table = Table(title=f"topics at {settings.broker.bootstrap_servers}")
     table.add_column("topic")
     table.add_column("partitions", justify="right")
     table.add_column("retention")

@@ -1,6 +1,6 @@
 """``memstream console``: the web console's operator token (docs/console.md).
 
-The console itself is served by the API at ``/console`` (``MEMSTREAM_CONSOLE=false``
+The console itself is served by the API at ``/console`` (``MEMSTREAM_API_CONSOLE=false``
 turns it off); API keys open the memory pages, the operator token the operations
 pages (dead letters, worker status, forget)."""
 
@@ -23,8 +23,8 @@ def prepare_console(settings: Settings) -> None:
     """What ``memstream up`` does for the console: the operator token exists (0600)."""
     from memstream.interfaces.console.session import ensure_operator_token
 
-    if not settings.console:
-        console.print("Console: off (MEMSTREAM_CONSOLE=false)")
+    if not settings.api.console:
+        console.print("Console: off (MEMSTREAM_API_CONSOLE=false)")
         return
     path = ensure_operator_token(settings)
     console.print(f"Console: operator token in {escape(str(path))} (`memstream console token --show` prints it)")

@@ -3,7 +3,7 @@
 ``list`` prints one line per letter, ``show`` one letter whole, ``count`` the letters by
 reason code and stage. Sealed reasons and values are opened with the master key of
 the host it runs on (the worker's: ``MEMSTREAM_HOME/master.key`` or
-``MEMSTREAM_MASTER_KEY``); without it they are listed as sealed. Codes are the stable
+``MEMSTREAM_SECURITY_MASTER_KEY``); without it they are listed as sealed. Codes are the stable
 ones of docs/producers.md (:mod:`memstream.streams.dead_letter_reasons`).
 """
 
@@ -58,7 +58,7 @@ async def _keyring(settings):  # type: ignore[no-untyped-def]
     from memstream.sealing import MasterKeyError
     from memstream.streams.keys import SubjectKeys
 
-    if not settings.sealing:
+    if not settings.security.sealing:
         yield None
         return
     keys = SubjectKeys(settings, client_id="memstream-dead-letters-keys")
@@ -84,7 +84,7 @@ def _letters(
     from memstream.streams.topics import Topics
 
     settings = get_settings()
-    topics = Topics.from_settings(settings)
+    topics = Topics.from_settings(settings.broker)
     wanted = LetterFilter(
         source_topic=topics.resolve(topic) if topic else None, team_id=team, user_id=user, stage=stage,
         code=code, until_ms=parse_time(until) if until else None,
@@ -104,7 +104,7 @@ def _letters(
         except LookupError as exc:
             raise CLIError(f"{exc}; create the topics with `memstream topics create`") from None
         except (KafkaError, OSError) as exc:
-            raise CLIError(f"cannot read {topics.dead_letter} at {settings.bootstrap_servers}: {exc}") from None
+            raise CLIError(f"cannot read {topics.dead_letter} at {settings.broker.bootstrap_servers}: {exc}") from None
 
     return run
 

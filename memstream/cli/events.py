@@ -42,7 +42,7 @@ _PREVIEW_CHARS = 400
 
 
 def _kafka_error(settings: Settings, exc: BaseException) -> CLIError:
-    return CLIError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}")
+    return CLIError(f"cannot reach Kafka at {settings.broker.bootstrap_servers}: {exc}")
 
 
 # --- produce ---------------------------------------------------------------------------
@@ -116,7 +116,7 @@ async def _produce(source: _LineSource, topic: str | None, settings: Settings) -
     from memstream.streams.producer import MemstreamProducer
     from memstream.streams.topics import Topics
 
-    topics = Topics.from_settings(settings)
+    topics = Topics.from_settings(settings.broker)
     target = topics.resolve(topic) if topic else None
     producer: MemstreamProducer | None = None
     pending: list[tuple[int, asyncio.Future[LogPosition]]] = []
@@ -317,7 +317,7 @@ async def _tail(
             raise CLIError(f"topic {topic} has no partition {partition} (it has {len(parts)})")
         parts = [partition]
     consumer = AIOKafkaConsumer(
-        **kafka_options(settings),
+        **kafka_options(settings.broker),
         client_id="memstream-tail",
         group_id=None,
         enable_auto_commit=False,
@@ -381,7 +381,7 @@ def tail(
     if from_beginning and offset is not None:
         raise CLIError("use either --from-beginning or --offset, not both")
     settings = get_settings()
-    name = Topics.from_settings(settings).resolve(topic)
+    name = Topics.from_settings(settings.broker).resolve(topic)
     asyncio.run(
         _tail(
             name,

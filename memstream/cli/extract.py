@@ -194,8 +194,8 @@ def extract_cmd(
     turns = session_turns(store, scope, session)
     if not turns:
         raise CLIError(f"no projected turns for session {session!r} in the space {scope.space}")
-    count = last or settings.extract_max_new_turns
-    new, background = turns[-count:], turns[:-count][-settings.extract_background_turns :]
+    count = last or settings.extraction.max_new_turns
+    new, background = turns[-count:], turns[:-count][-settings.extraction.background_turns :]
     outcome, events = asyncio.run(_extract(settings, store, new, background, emit))
     table = Table(title=f"extraction {outcome.correlation_id} ({outcome.method}): {outcome.status}")
     for col in ("event", "memory / link", "content / relation"):
@@ -224,7 +224,7 @@ async def _extract(settings: Settings, store: Any, new: list[Any], background: l
     from memstream.streams.producer import MemstreamProducer
 
     llm = build_llm(settings)
-    embedder = build_embedder(settings)
+    embedder = build_embedder(settings.embeddings)
     # the operator runs the worker's extractor: its events are signed as the worker's
     producer: Any = (
         MemstreamProducer(settings, client_id="memstream-extract-cli", signing_key=worker_key(settings))
@@ -281,7 +281,7 @@ async def _retry(settings: Settings, store: Any, windows: list[Any]) -> Any:
 
     llm = build_llm(settings)
     if llm is None:
-        raise CLIError("no LLM configured (MEMSTREAM_LLM_BASE_URL): nothing to retry the windows with")
+        raise CLIError("no LLM configured (MEMSTREAM_EXTRACTION_LLM_BASE_URL): nothing to retry the windows with")
     producer = MemstreamProducer(settings, client_id="memstream-extract-retry", signing_key=worker_key(settings))
     await producer.start()
     try:
@@ -292,7 +292,7 @@ async def _retry(settings: Settings, store: Any, windows: list[Any]) -> Any:
                 store,
                 windows,
                 llm=llm,
-                embedder=build_embedder(settings),
+                embedder=build_embedder(settings.embeddings),
                 producer=producer,
                 progress=lambda: progress.advance(task),
             )

@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import SecretStr
+from pydantic.fields import FieldInfo
 
-from memstream.settings import ENV_PREFIX, HOME_RELATIVE_PATHS, Settings, settings_env
+from memstream.settings import HOME_RELATIVE_PATHS, Settings, setting_fields, settings_env
+from memstream.settings_legacy import env_name
 
 __all__ = ["mcp_command", "mcp_snippet", "snippet_json", "secrets_left_out"]
 
-_NOT_FOR_MCP = frozenset({"home", "bootstrap_servers", "log_level"})
+_NOT_FOR_MCP = frozenset({"home", "broker.bootstrap_servers", "log_level"})
 """Carried otherwise (``MEMSTREAM_HOME``, ``--bootstrap-servers``) or host-specific."""
 
 
@@ -34,10 +36,12 @@ def mcp_command() -> tuple[str, list[str]]:
     return sys.executable, ["-m", "memstream"]
 
 
-def _default(settings: Settings, name: str) -> Any:
-    default = type(settings).model_fields[name].get_default(call_default_factory=True)
-    if name in HOME_RELATIVE_PATHS and default is not None:
+def _default(settings: Settings, path: str, info: FieldInfo) -> Any:
+    default = info.get_default(call_default_factory=True)
+    if path in HOME_RELATIVE_PATHS and default is not None:
         return settings.home / default
+    if path == "broker.bootstrap_servers":
+        return f"127.0.0.1:{settings.broker.port}"
     return default
 
 
@@ -46,12 +50,11 @@ def _differing_env(settings: Settings) -> dict[str, str]:
     default for this home (so the host's server agrees with the worker)."""
     env = settings_env(settings)
     out: dict[str, str] = {}
-    for name in type(settings).model_fields:
-        value = getattr(settings, name)
-        if name in _NOT_FOR_MCP or value is None or isinstance(value, SecretStr):
+    for path, info, value in setting_fields(settings):
+        if path in _NOT_FOR_MCP or value is None or isinstance(value, SecretStr):
             continue
-        if value != _default(settings, name):
-            key = f"{ENV_PREFIX}{name.upper()}"
+        if value != _default(settings, path, info):
+            key = env_name(path)
             out[key] = env[key]
     return out
 
@@ -59,17 +62,17 @@ def _differing_env(settings: Settings) -> dict[str, str]:
 def secrets_left_out(settings: Settings) -> list[str]:
     """Names of the secret settings that are set but not printed."""
     return [
-        f"{ENV_PREFIX}{name.upper()}"
-        for name in type(settings).model_fields
-        if isinstance(getattr(settings, name), SecretStr) and getattr(settings, name).get_secret_value()
+        env_name(path)
+        for path, _info, value in setting_fields(settings)
+        if isinstance(value, SecretStr) and value.get_secret_value()
     ]
 
 
 def mcp_snippet(settings: Settings, bank: str, server_name: str = "memstream") -> dict[str, Any]:
     """The ``mcpServers`` entry for ``bank`` with this installation's real paths."""
     command, prefix = mcp_command()
-    env = {f"{ENV_PREFIX}HOME": str(settings.home), **_differing_env(settings)}
-    args = [*prefix, "mcp", "--bank", bank, "--bootstrap-servers", settings.bootstrap_servers]
+    env = {env_name("home"): str(settings.home), **_differing_env(settings)}
+    args = [*prefix, "mcp", "--bank", bank, "--bootstrap-servers", settings.broker.bootstrap_servers]
     return {"mcpServers": {server_name: {"command": command, "args": args, "env": env}}}
 
 

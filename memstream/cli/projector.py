@@ -39,21 +39,25 @@ REPLAY_HELP = (
 
 
 def worker(
-    agents: Annotated[
+    services: Annotated[
         str | None,
         typer.Option(
-            "--agents",
-            help="Comma-separated agents to run (projector, extractor, reflector); default: all available.",
+            "--services",
+            help="Comma-separated services to run (projector, extractor, reflector, sealer); default: all available.",
         ),
     ] = None,
+    agents: Annotated[str | None, typer.Option("--agents", hidden=True, help="Deprecated: use --services.")] = None,
     loglevel: Annotated[str, typer.Option("--loglevel", help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Run the stream worker (help text: :data:`WORKER_HELP`)."""
     from memstream.services.worker import WorkerError, run_worker
 
-    names = [a.strip() for a in agents.split(",") if a.strip()] if agents else None
+    if agents is not None:
+        _console.print("[yellow]warning:[/] --agents is deprecated, use --services")
+    chosen = services or agents
+    names = [a.strip() for a in chosen.split(",") if a.strip()] if chosen else None
     try:
-        code = run_worker(get_settings(), agents=names, loglevel=loglevel)
+        code = run_worker(get_settings(), services=names, loglevel=loglevel)
     except WorkerError as exc:
         raise CLIError(str(exc)) from None
     if code:
@@ -97,7 +101,7 @@ def replay(
     from memstream.gc_tuning import tune_gc
 
     settings = get_settings()
-    tune_gc(settings.gc_threshold)  # as the worker does: decoding allocates heavily
+    tune_gc()  # as the worker does: decoding allocates heavily
     try:
         if progress:
             with RichProgress() as bar:

@@ -56,13 +56,13 @@ def _store(settings: Settings, scope: Scope):  # type: ignore[no-untyped-def]
     from memstream.projections.table_sets import TableSets
     from memstream.services.shard_routing import open_store, store_for
 
-    if not TableSets(settings.lance_dir).root.exists():
+    if not TableSets(settings.storage.root).root.exists():
         raise CLIError(
-            f"no projection at {settings.lance_dir}: start `memstream worker` first "
-            "(or set MEMSTREAM_LANCE_DIR)"
+            f"no projection at {settings.storage.root}: start `memstream worker` first "
+            "(or set MEMSTREAM_STORAGE_ROOT)"
         )
     try:
-        return store_for(open_store(settings, TableSets(settings.lance_dir).current()), scope)
+        return store_for(open_store(settings, TableSets(settings.storage.root).current()), scope)
     except StoreError as exc:
         raise CLIError(str(exc)) from None
 
@@ -86,7 +86,7 @@ async def _send(settings: Settings, build):  # type: ignore[no-untyped-def]
         async with MemstreamProducer(settings=settings, client_id="memstream-cli") as producer:
             return await build(producer)
     except KafkaError as exc:
-        raise CLIError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from None
+        raise CLIError(f"cannot reach Kafka at {settings.broker.bootstrap_servers}: {exc}") from None
 
 
 def decide(

@@ -106,12 +106,12 @@ def run_api(settings: Settings) -> None:
     app = create_api(settings)
     uvicorn.run(
         app,
-        host=settings.api_host,
-        port=settings.api_port,
+        host=settings.api.host,
+        port=settings.api.port,
         log_config=_log_config(),
-        access_log=settings.api_access_log,
+        access_log=settings.api.access_log,
         # the C request parser and libuv's event loop: the Python ones cost a write
-        # more CPU than its own checks (docs/benchmarks.md, issue 23)
+        # more CPU than its own checks (docs/benchmarks-history.md)
         http="httptools",
         loop="uvloop",
         proxy_headers=False,
@@ -133,11 +133,11 @@ def run_mcp_stdio(settings: Settings, bank_name: str) -> None:
         bank = registry.bank(bank_name)
     except UnknownBankError as exc:
         raise CLIError(f"{exc}; declare it in {banks_path(settings)}") from None
-    if not TableSets(settings.lance_dir).has_projection():
+    if not TableSets(settings.storage.root).has_projection():
         # A reader must never create an empty set of its own (it would answer nothing).
         raise CLIError(
-            f"no projection in {settings.lance_dir} (MEMSTREAM_HOME={settings.home}): "
-            "run `memstream up` there first, or set MEMSTREAM_HOME / MEMSTREAM_LANCE_DIR"
+            f"no projection in {settings.storage.root} (MEMSTREAM_HOME={settings.home}): "
+            "run `memstream up` there first, or set MEMSTREAM_HOME / MEMSTREAM_STORAGE_ROOT"
         )
     logging.basicConfig(
         level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -291,9 +291,9 @@ def _ensure_broker(settings: Settings) -> bool:
     Ctrl-C came during its start: it is stopped again before the interrupt goes on)."""
     from memstream.streams.broker import local
 
-    if local.bootstrap_reachable(settings.bootstrap_servers):
-        current = local.status(settings) if local.is_local_bootstrap(settings) else None
-        if current is not None and current.running and current.acl != settings.broker_acl:
+    if local.bootstrap_reachable(settings.broker.bootstrap_servers):
+        current = local.status(settings) if local.is_local_bootstrap(settings.broker) else None
+        if current is not None and current.running and current.acl != settings.broker.acl:
             raise CLIError(
                 f"the local broker runs {'with' if current.acl else 'without'} ACLs; stop it "
                 f"(`memstream broker stop`) or run `memstream up` {'with' if current.acl else 'without'} --acl"
@@ -301,14 +301,14 @@ def _ensure_broker(settings: Settings) -> bool:
         from memstream.cli.up_guard import cluster_id
 
         mine = " (the local broker of this home)" if current is not None and current.running else ", not started by memstream up here"
-        console.print(f"Kafka: using the broker at {settings.bootstrap_servers}, cluster id {cluster_id(settings)}{mine}")
+        console.print(f"Kafka: using the broker at {settings.broker.bootstrap_servers}, cluster id {cluster_id(settings)}{mine}")
         return False
-    if not local.is_local_bootstrap(settings):
-        raise CLIError(local.unreachable_message(settings))
+    if not local.is_local_bootstrap(settings.broker):
+        raise CLIError(local.unreachable_message(settings.broker))
     from memstream.streams.broker.jars import jar_cache_complete, jar_dir
 
     first = "" if jar_cache_complete(jar_dir(settings)) else " (first start downloads it)"
-    console.print(f"Kafka: starting the local broker on 127.0.0.1:{settings.broker_port}{first}")
+    console.print(f"Kafka: starting the local broker on 127.0.0.1:{settings.broker.port}{first}")
     try:
         status = local.start(settings)
     except local.BrokerError as exc:
@@ -325,7 +325,7 @@ def _ensure_topics(settings: Settings) -> None:
     from memstream.streams.topics import Topics
 
     try:
-        result = asyncio.run(ensure_topics(settings, Topics.from_settings(settings)))
+        result = asyncio.run(ensure_topics(settings, Topics.from_settings(settings.broker)))
     except TopicCreationError as exc:
         raise CLIError(str(exc)) from None
     created = [name for name, state in result.items() if state == "created"]
@@ -366,21 +366,21 @@ def _ensure_store(settings: Settings) -> None:
     from memstream.projections.table_sets import TableSets
     from memstream.services.shard_routing import open_store
 
-    open_store(settings, TableSets(settings.lance_dir).current())  # sharded with MEMSTREAM_SHARDED
-    console.print(f"Store: LanceDB tables ready in {settings.lance_dir}")
+    open_store(settings, TableSets(settings.storage.root).current())  # sharded with MEMSTREAM_STORAGE_SHARDED
+    console.print(f"Store: LanceDB tables ready in {settings.storage.root}")
 
 
 def api_settings(settings: Settings) -> Settings:
     """The API's settings: in ACL mode it acts as the producer principal and writes only
     the ingress (the worker seals it into the log); otherwise as given."""
-    if not settings.broker_acl:
+    if not settings.broker.acl:
         return settings
     return settings.model_copy(
         update={
-            "kafka_username": acl.PRODUCER,
-            "kafka_password": None,
-            "kafka_password_file": acl.password_file(settings, acl.PRODUCER),
-            "produce_via_ingress": True,
+            "broker.username": acl.PRODUCER,
+            "broker.password": None,
+            "broker.password_file": acl.password_file(settings, acl.PRODUCER),
+            "security.produce_via_ingress": True,
         }
     )
 
@@ -426,7 +426,7 @@ def _serve(settings: Settings, loglevel: str, *, stops_broker: bool) -> int:
     )
     api_env = {**child_env(api_settings(settings)), **shared}
     api = Child("api", [sys.executable, "-m", "memstream", "api"], api_env, color=_COLORS[1], stop_timeout_s=20.0)
-    base = f"http://{'127.0.0.1' if settings.api_host in ('0.0.0.0', '::') else settings.api_host}:{settings.api_port}"
+    base = f"http://{'127.0.0.1' if settings.api.host in ('0.0.0.0', '::') else settings.api.host}:{settings.api.port}"
 
     from memstream.services.projector_service import ready_file
 
@@ -447,7 +447,7 @@ def _serve(settings: Settings, loglevel: str, *, stops_broker: bool) -> int:
         if alive():
             console.print(
                 f"[bold green]memstream is up[/]: API {base} (docs {base}/docs), MCP {base}/mcp, "
-                + (f"console {base}/console, " if settings.console else "")
+                + (f"console {base}/console, " if settings.api.console else "")
                 + f"metrics {base}/metrics. Ctrl-C stops the API and the worker"
                 + (" and the broker it started." if stops_broker else "; the broker keeps running.")
             )
@@ -469,20 +469,20 @@ def register(app: typer.Typer) -> None:
         port: Annotated[int | None, typer.Option(help="Port (MEMSTREAM_API_PORT).")] = None,
     ) -> None:
         """Serve the HTTP API, with MCP over streamable HTTP at /mcp."""
-        run_api(_with(get_settings(), api_host=host, api_port=port))
+        run_api(_with(get_settings(), **{"api.host": host, "api.port": port}))
 
     @app.command("mcp")
     def mcp_cmd(
         bank: Annotated[str, typer.Option("--bank", help="The memory bank to serve (from the banks file).")],
         bootstrap_servers: Annotated[
-            str | None, typer.Option("--bootstrap-servers", help="Kafka brokers (MEMSTREAM_BOOTSTRAP_SERVERS).")
+            str | None, typer.Option("--bootstrap-servers", help="Kafka brokers (MEMSTREAM_BROKER_BOOTSTRAP_SERVERS).")
         ] = None,
         print_config: Annotated[
             bool, typer.Option("--print-config", help="Print the JSON snippet for an MCP host's config and exit.")
         ] = False,
     ) -> None:
         """Serve one memory bank as an MCP server over stdio (for MCP clients' config)."""
-        settings = _with(get_settings(), bootstrap_servers=bootstrap_servers)
+        settings = _with(get_settings(), **{"broker.bootstrap_servers": bootstrap_servers})
         if print_config:
             _print_mcp_config(settings, bank)
             return
@@ -511,7 +511,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run everything one machine needs: broker, topics, worker and API (Ctrl-C stops)."""
         base = load_settings(broker_acl=True) if acl_mode else get_settings()
-        code = run_up(_with(base, api_host=host, api_port=port), keep_broker=keep_broker, loglevel=loglevel, share_broker=share_broker)
+        code = run_up(_with(base, **{"api.host": host, "api.port": port}), keep_broker=keep_broker, loglevel=loglevel, share_broker=share_broker)
         if code:
             raise typer.Exit(code)
 

@@ -31,11 +31,11 @@ def shards_cmd(
     from memstream.streams.topics import Topics
 
     settings = get_settings()
-    topics = Topics.from_settings(settings)
+    topics = Topics.from_settings(settings.broker)
     ends = None
     if not offline:
         try:
-            ends = asyncio.run(end_offsets(settings, [topics.events, topics.messages], settings.partitions))
+            ends = asyncio.run(end_offsets(settings, [topics.events, topics.messages], settings.broker.partitions))
         except (KafkaError, OSError) as exc:
             raise CLIError(f"cannot read the log's end offsets ({exc}); --offline shows the shards without lag") from None
     try:

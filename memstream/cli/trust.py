@@ -32,7 +32,7 @@ def trust_legacy_command(
     except LegacyTrustError as exc:
         raise CLIError(str(exc)) from None
     except KafkaError as exc:
-        raise CLIError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from None
+        raise CLIError(f"cannot reach Kafka at {settings.broker.bootstrap_servers}: {exc}") from None
     path = legacy_trust_path(settings)
     if not trust:
         typer.echo(f"nothing trusted: no {path}")

@@ -66,13 +66,13 @@ def hold_home(settings: Settings) -> UpLock:
         ) from None
     handle.seek(0)
     handle.truncate()
-    handle.write(json.dumps({"pid": os.getpid(), "api_port": settings.api_port, "bootstrap": settings.bootstrap_servers}))
+    handle.write(json.dumps({"pid": os.getpid(), "api_port": settings.api.port, "bootstrap": settings.broker.bootstrap_servers}))
     handle.flush()
     return UpLock(handle, path)
 
 
 def home_topic(settings: Settings) -> str:
-    return f"{settings.topic_prefix}home"
+    return f"{settings.broker.topic_prefix}home"
 
 
 def _home_id(settings: Settings) -> str:
@@ -84,7 +84,7 @@ def _home_id(settings: Settings) -> str:
 
 
 async def _cluster_id(settings: Settings) -> str:
-    admin = AIOKafkaAdminClient(**kafka_options(settings), client_id="memstream-up")
+    admin = AIOKafkaAdminClient(**kafka_options(settings.broker), client_id="memstream-up")
     await admin.start()
     try:
         return str((await admin.describe_cluster())["cluster_id"])
@@ -104,7 +104,7 @@ async def _read_owner(settings: Settings) -> dict[str, str] | None:
     topic = home_topic(settings)
     if not (await topic_partitions(settings, [topic], client_id="memstream-up")).get(topic):
         return None
-    consumer = AIOKafkaConsumer(**kafka_options(settings), client_id="memstream-up", group_id=None, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**kafka_options(settings.broker), client_id="memstream-up", group_id=None, enable_auto_commit=False)
     await consumer.start()
     try:
         tp = TopicPartition(topic, 0)
@@ -126,15 +126,15 @@ async def _read_owner(settings: Settings) -> dict[str, str] | None:
 
 
 async def _write_owner(settings: Settings, me: dict[str, str]) -> None:
-    admin = AIOKafkaAdminClient(**kafka_options(settings), client_id="memstream-up")
+    admin = AIOKafkaAdminClient(**kafka_options(settings.broker), client_id="memstream-up")
     await admin.start()
     try:
         if home_topic(settings) not in await admin.list_topics():
             config = {"cleanup.policy": "compact"}
-            await admin.create_topics([NewTopic(home_topic(settings), 1, settings.replication_factor, topic_configs=config)])
+            await admin.create_topics([NewTopic(home_topic(settings), 1, settings.broker.replication_factor, topic_configs=config)])
     finally:
         await admin.close()
-    producer = AIOKafkaProducer(**kafka_options(settings), client_id="memstream-up", acks="all")
+    producer = AIOKafkaProducer(**kafka_options(settings.broker), client_id="memstream-up", acks="all")
     await producer.start()
     try:
         await producer.send_and_wait(home_topic(settings), json.dumps(me).encode(), key=b"home")
@@ -149,14 +149,14 @@ def claim_topics(settings: Settings, *, share: bool) -> str:
     owner = asyncio.run(_read_owner(settings))
     if owner is None:
         asyncio.run(_write_owner(settings, me))
-        return f"Topics: {settings.topic_prefix}* are served from this home"
+        return f"Topics: {settings.broker.topic_prefix}* are served from this home"
     if owner["id"] == me["id"]:
-        return f"Topics: {settings.topic_prefix}* belong to this home"
+        return f"Topics: {settings.broker.topic_prefix}* belong to this home"
     other = f"{owner.get('home', '?')} on {owner.get('host', '?')}"
     if share:
-        return f"Topics: {settings.topic_prefix}* belong to the home {other}; shared as asked (--share-broker)"
+        return f"Topics: {settings.broker.topic_prefix}* belong to the home {other}; shared as asked (--share-broker)"
     raise CLIError(
-        f"the topics {settings.topic_prefix}* on {settings.bootstrap_servers} belong to another memstream home "
-        f"({other}); pass --share-broker to serve them from this home too, or use another MEMSTREAM_TOPIC_PREFIX "
+        f"the topics {settings.broker.topic_prefix}* on {settings.broker.bootstrap_servers} belong to another memstream home "
+        f"({other}); pass --share-broker to serve them from this home too, or use another MEMSTREAM_BROKER_TOPIC_PREFIX "
         "or broker (MEMSTREAM_BROKER_PORT)"
     )

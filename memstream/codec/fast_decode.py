@@ -299,7 +299,7 @@ class _ModelReader:
     def _generate_values(self, flatten: str | None) -> Callable[[Any], Any]:
         """The check of a decoded struct as one straight-line function, generated here
         from the model's fields (as ``dataclasses`` generates ``__init__``): the
-        projector reads every record through it (costs in docs/benchmarks.md). The model field ``flatten`` (a model without validators) is read in line: its
+        projector reads every record through it (costs in docs/benchmarks-history.md). The model field ``flatten`` (a model without validators) is read in line: its
         values take its place in the result, and its patterns join ours."""
         code = _Code()
         inner: _ModelReader | None = None

@@ -19,7 +19,7 @@ Shape of the contract (the committed spec is ``docs/openapi.json``; regenerate i
 * **Errors** all have one shape: ``{"error": {"code", "message", "details"}}``.
 * ``GET /healthz`` and ``GET /metrics`` (Prometheus) need no key; MCP over streamable
   HTTP is served at ``/mcp`` for the bank of the presented key; the web console at
-  ``/console`` (``memstream.interfaces.console``; ``MEMSTREAM_CONSOLE=false``: off).
+  ``/console`` (``memstream.interfaces.console``; ``MEMSTREAM_API_CONSOLE=false``: off).
 
 Keys are never logged: they travel only in headers, and only their hash is compared.
 """
@@ -52,7 +52,7 @@ from memstream.interfaces.mcp_http import McpServers
 from memstream.interfaces.ratelimit import RateLimiter
 from memstream.interfaces.routes_ops import ops_router
 from memstream.interfaces.service import MemoryService
-from memstream.memory_release import pin_mmap_threshold, release_every
+from memstream.memory_release import MMAP_THRESHOLD_BYTES, RELEASE_EVERY_S, pin_mmap_threshold, release_every
 from memstream.settings import Settings
 
 __all__ = ["create_api", "openapi_spec", "main"]
@@ -81,17 +81,17 @@ def create_api(settings: Settings, *, registry: RegistrySource | None = None) ->
         responses={500: {"model": ErrorResponse, "description": "Unexpected error."}},
     )
     app.state.registry = source
-    app.state.limiter = RateLimiter(settings.api_rate_per_s, settings.api_rate_burst)
+    app.state.limiter = RateLimiter(settings.api.rate_per_s, settings.api.rate_burst)
     app.state.service = None
     app.state.mcp_servers = None
     install_error_handlers(app)
     app.add_middleware(LeanWrites, api=app)  # inside the body limit
-    app.add_middleware(BodyLimit, max_bytes=settings.api_max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
     app.router.routes.append(Route("/mcp", endpoint=McpEndpoint(app), methods=["GET", "POST", "DELETE"], include_in_schema=False))
     app.include_router(routes_write.router)
     app.include_router(routes_read.router)
     app.include_router(ops_router(log_registry, log_state))
-    if settings.console:
+    if settings.api.console:
         mount_console(app, settings)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
@@ -121,12 +121,12 @@ def _lifespan(
                 await servers.get(name)
             app.state.service = service
             app.state.mcp_servers = servers
-            pin_mmap_threshold(settings.malloc_mmap_threshold_kb * 1024)
-            releasing = asyncio.create_task(release_every(settings.release_memory_every_s), name="release-memory")
+            pin_mmap_threshold(MMAP_THRESHOLD_BYTES)
+            releasing = asyncio.create_task(release_every(RELEASE_EVERY_S), name="release-memory")
             stack.callback(releasing.cancel)
             log.info(
                 "API ready: %d bank(s) [%s], topics %s*, store %s",
-                len(servers.names), ", ".join(servers.names) or "none", settings.topic_prefix, settings.lance_dir,
+                len(servers.names), ", ".join(servers.names) or "none", settings.broker.topic_prefix, settings.storage.root,
             )
             try:
                 yield

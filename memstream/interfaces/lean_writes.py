@@ -3,7 +3,7 @@
 
 Why: under a steady stream of writes the API is bound to one core, and FastAPI's route
 matching, dependency solving, body handling and response validation cost a write more
-CPU than the write's own checks (docs/benchmarks.md, issue 23). This ASGI middleware
+CPU than the write's own checks (docs/benchmarks-history.md). This ASGI middleware
 (inside the body limit, outside FastAPI's routing) answers a well-formed request
 itself: the body parsed and validated once, the key checked, then the same
 ``routes_write`` function the FastAPI route calls, and the answer written directly.

@@ -59,7 +59,7 @@ class McpServers:
             source.current().bank(name), self._settings, service=self._service,
             live=lambda: source.current().bank(name),
         )
-        server.streamable_http_app(streamable_http_path="/mcp", host=self._settings.api_host)
+        server.streamable_http_app(streamable_http_path="/mcp", host=self._settings.api.host)
         running: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         async def serve() -> None:

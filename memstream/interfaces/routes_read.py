@@ -44,7 +44,7 @@ async def get_search(
     entity: Annotated[str | None, Query(max_length=200, description="Only memories naming this entity.")] = None,
     include_superseded: Annotated[bool, Query(description="False drops superseded memories and duplicates.")] = True,
     explain: Annotated[bool, Query(description="Include the score parts of every result.")] = False,
-    rerank: Annotated[bool, Query(description="Let the configured cross-encoder reranker (MEMSTREAM_RERANK_URL) order the top results.")] = False,
+    rerank: Annotated[bool, Query(description="Let the configured cross-encoder reranker (MEMSTREAM_EMBEDDINGS_RERANK_URL) order the top results.")] = False,
     min_position: MinPosition = [],  # noqa: B006
     wait_s: WaitS = None,
 ) -> SearchOut:

@@ -115,15 +115,15 @@ class MemoryService:
 
     def __init__(self, settings: Settings, *, client_id: str = "memstream-api") -> None:
         self.settings = settings
-        self.topics = Topics.from_settings(settings)
+        self.topics = Topics.from_settings(settings.broker)
         self.client_id = client_id
         self.producer: MemstreamProducer | None = None
         self._store: CurrentStore[LanceStore] | None = None  # follows a replay's swap
         self.embedder: Embedder | None = None
         # what searches read, kept between them
-        self.search_cache = SearchCache(settings.search_cache_rows, settings.search_cache_vectors)
+        self.search_cache = SearchCache(settings.storage.search_cache_rows, settings.storage.search_cache_vectors)
         self.owners = MemoryOwners(self.search_cache)  # the owner check's id -> agent, per space
-        self.reranker: HttpReranker | None = build_reranker(settings)
+        self.reranker: HttpReranker | None = build_reranker(settings.embeddings)
         self._offsets: AIOKafkaConsumer | None = None
         self._offsets_lock = asyncio.Lock()
         self._partitions: dict[str, tuple[int, ...]] = {}  # per topic, from the last metadata read
@@ -143,12 +143,12 @@ class MemoryService:
         await producer.start()
         try:
             following = CurrentStore(
-                self.settings.lance_dir,
+                self.settings.storage.root,
                 lambda root: open_store(self.settings, root, read_consistency_interval=timedelta(0)),
             )
             await asyncio.to_thread(following.get)
             self._store = following
-            self.embedder = await asyncio.to_thread(build_embedder, self.settings)
+            self.embedder = await asyncio.to_thread(build_embedder, self.settings.embeddings)
         except BaseException:
             await producer.stop()
             raise
@@ -271,7 +271,7 @@ class MemoryService:
             self.check_topic(p)
         if not wanted:
             return
-        bound = self.settings.read_wait_max_s if timeout_s is None else min(timeout_s, self.settings.read_wait_max_s)
+        bound = self.settings.api.read_wait_max_s if timeout_s is None else min(timeout_s, self.settings.api.read_wait_max_s)
         start = time.monotonic()
         checked_ends = False
         while True:
@@ -323,7 +323,7 @@ class MemoryService:
         reranker = None
         if rerank:
             if self.reranker is None:
-                raise RerankUnavailable("rerank=true needs a reranker: set MEMSTREAM_RERANK_URL to a /rerank endpoint")
+                raise RerankUnavailable("rerank=true needs a reranker: set MEMSTREAM_EMBEDDINGS_RERANK_URL to a /rerank endpoint")
             reranker = self.reranker
 
         def run() -> list[SearchResult]:
@@ -374,7 +374,7 @@ class MemoryService:
         async with self._offsets_lock:
             if self._offsets is None:
                 consumer = AIOKafkaConsumer(
-                    **kafka_options(self.settings),
+                    **kafka_options(self.settings.broker),
                     client_id=f"{self.client_id}-offsets",
                     enable_auto_commit=False,
                     group_id=None,

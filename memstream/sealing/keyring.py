@@ -120,7 +120,7 @@ class Keyring:
         if wrapped_by != self._wrapper.key_id:
             raise MasterKeyError(
                 f"the stored data keys were wrapped by master key {wrapped_by}, this node holds "
-                f"{self._wrapper.key_id}: restore the original master key (MEMSTREAM_MASTER_KEY or "
+                f"{self._wrapper.key_id}: restore the original master key (MEMSTREAM_SECURITY_MASTER_KEY or "
                 "<home>/master.key); nothing is read or written in plaintext meanwhile"
             )
         return self._wrapper.unwrap(wrapped, key)

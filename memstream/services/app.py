@@ -2,14 +2,15 @@
 
 Why a subclass of :class:`faust.App`: the worker's Faust data directory is created
 with its parents, its internal topics exist before its consumer first joins, and the
-start line names the agents. The projector does not read
+start line names the services it runs. The projector does not read
 through Faust at all: it owns every partition of its topics and resumes from the
 positions stored with its rows (see :mod:`memstream.streams.projector_feed`), so it
 runs as a service of this app with its own group-less consumer.
 
-Which processors run is picked per worker (``--agents``): the projector and the
-extractor are ``mode`` services with their own consumers, the reflector is a Faust
-agent; each registers itself through ``register_<name>(app, settings, topics)``.
+Which services run is picked per worker (``--services``): the projector, the extractor
+and the sealer are ``mode`` services with their own plain consumers, the reflector is
+implemented as Faust agents over Faust tables; each registers itself through
+``register_<name>(app, settings, topics)`` (docs/architecture.md says why).
 """
 
 from __future__ import annotations
@@ -25,14 +26,20 @@ import faust
 from faust.auth import SASLCredentials, SSLCredentials
 from faust.types.auth import CredentialsT
 
-from memstream.memory_release import pin_mmap_threshold, release_free_memory, trim_supported
+from memstream.memory_release import (
+    MMAP_THRESHOLD_BYTES,
+    RELEASE_EVERY_S,
+    pin_mmap_threshold,
+    release_free_memory,
+    trim_supported,
+)
 from memstream.projections.table_sets import TableSets
 from memstream.services.extractor_service import register_extractor
 from memstream.services.projector_service import register_projector
 from memstream.services.reflector_agent import register_reflector
 from memstream.services.shard_owner import register_group_projector
 from memstream.services.shard_routing import projects_sharded
-from memstream.settings import Settings
+from memstream.settings import BrokerSettings, Settings
 from memstream.streams.admin import topic_partitions
 from memstream.streams.connect import kafka_options
 from memstream.streams.inflation_bound import bound_inflation
@@ -40,7 +47,7 @@ from memstream.streams.sealer import register_sealer
 from memstream.streams.topics import Topics
 
 __all__ = [
-    "AGENT_NAMES",
+    "SERVICE_NAMES",
     "MemstreamApp",
     "FAUST_LOGGER",
     "build_app",
@@ -50,24 +57,24 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-AGENT_NAMES: tuple[str, ...] = ("projector", "extractor", "reflector", "sealer")
-"""Every agent a worker can run, in registration order."""
+SERVICE_NAMES: tuple[str, ...] = ("projector", "extractor", "reflector", "sealer")
+"""Every service a worker can run, in registration order."""
 
 
-
-def faust_credentials(settings: Settings) -> CredentialsT | None:
+def faust_credentials(broker: BrokerSettings) -> CredentialsT | None:
     """The identity of :func:`kafka_options` for faust (``App(broker_credentials=...)``);
     here, so that the Kafka clients of the CLI never import faust."""
-    options = kafka_options(settings)
-    protocol = settings.kafka_security_protocol
+    options = kafka_options(broker)
+    protocol = broker.security_protocol
     if protocol == "PLAINTEXT":
         return None
     if protocol == "SSL":
         return SSLCredentials(options["ssl_context"])
     return SASLCredentials(
         username=options["sasl_plain_username"], password=options["sasl_plain_password"],
-        mechanism=settings.kafka_sasl_mechanism, ssl_context=options.get("ssl_context"),
+        mechanism=broker.sasl_mechanism, ssl_context=options.get("ssl_context"),
     )
+
 
 def broker_urls(bootstrap_servers: str) -> list[str]:
     """``"h1:9092,h2:9092"`` -> ``["kafka://h1:9092", "kafka://h2:9092"]`` (Faust's form)."""
@@ -125,42 +132,42 @@ class MemstreamApp(faust.App):
 
     async def on_started(self) -> None:
         await super().on_started()
-        log.info("worker %s started; agents: %s", self.conf.id, ", ".join(sorted(self.agents)))
+        log.info("worker %s started; Faust agents: %s", self.conf.id, ", ".join(sorted(self.agents)))
 
 
 def group_instance_id(settings: Settings) -> str:
     """The worker's static consumer-group member id: app id and host name."""
-    suffix = f"-{settings.worker_instance}" if settings.worker_instance else ""
-    return f"{settings.app_id}@{socket.gethostname()}{suffix}"
+    suffix = f"-{settings.worker.instance}" if settings.worker.instance else ""
+    return f"{settings.worker.app_id}@{socket.gethostname()}{suffix}"
 
 
 def build_app(
     settings: Settings,
     *,
-    agents: Sequence[str] | None = None,
+    services: Sequence[str] | None = None,
     loop: asyncio.AbstractEventLoop | None = None,
 ) -> MemstreamApp:
-    """The configured Faust app with its agents registered.
+    """The configured Faust app with its services registered.
 
-    ``agents`` picks which processors to run (default: all of them).
+    ``services`` picks which to run (default: all of them).
     Faust's own web server stays off (it needs aiohttp, which memstream does not
     ship); health and metrics are served by memstream's HTTP API.
     """
-    requested = list(agents) if agents is not None else list(AGENT_NAMES)
-    unknown = [a for a in requested if a not in AGENT_NAMES]
+    requested = list(services) if services is not None else list(SERVICE_NAMES)
+    unknown = [a for a in requested if a not in SERVICE_NAMES]
     if unknown:
-        raise ValueError(f"unknown agent(s) {', '.join(unknown)} (known: {', '.join(AGENT_NAMES)})")
+        raise ValueError(f"unknown service(s) {', '.join(unknown)} (known: {', '.join(SERVICE_NAMES)})")
 
-    topics = Topics.from_settings(settings)
-    bound_inflation(settings.max_inflated_batch_bytes)  # every consumer of the worker
+    topics = Topics.from_settings(settings.broker)
+    bound_inflation(settings.broker.max_inflated_batch_bytes)  # every consumer of the worker
     app = MemstreamApp(
-        settings.app_id,
-        broker=broker_urls(settings.bootstrap_servers),
-        broker_credentials=faust_credentials(settings),
-        store=settings.table_store,
+        settings.worker.app_id,
+        broker=broker_urls(settings.broker.bootstrap_servers),
+        broker_credentials=faust_credentials(settings.broker),
+        store="memory://",  # tables are rebuilt from their changelog topics
         datadir=str(settings.home / "faust"),
-        topic_partitions=settings.partitions,
-        topic_replication_factor=settings.replication_factor,
+        topic_partitions=settings.broker.partitions,
+        topic_replication_factor=settings.broker.replication_factor,
         # The log is the source of truth: a new consumer group starts at the beginning.
         consumer_auto_offset_reset="earliest",
         # Static membership: a worker restarted on the same host (after a crash, a
@@ -171,29 +178,29 @@ def build_app(
         producer_acks=-1,
         # Agents emit many small records (reflections, expiries, re-keyed work); a
         # short linger lets the producer batch them instead of one request each.
-        producer_linger=settings.producer_linger_ms / 1000.0,
-        producer_max_batch_size=settings.producer_max_batch_bytes,
+        producer_linger=settings.broker.producer_linger_ms / 1000.0,
+        producer_max_batch_size=settings.broker.producer_max_batch_bytes,
         web_enabled=False,
         loop=loop,
     )
     app.memstream_settings = settings
 
     # A sharded set is written by workers in a consumer group, each owning some shards.
-    sharded = projects_sharded(settings, TableSets(settings.lance_dir).current())
+    sharded = projects_sharded(settings, TableSets(settings.storage.root).current())
     register: dict[str, Callable[[MemstreamApp, Settings, Topics], object]] = {
         "projector": register_group_projector if sharded else register_projector,
         "extractor": register_extractor,
         "reflector": register_reflector,
         "sealer": register_sealer,
     }
-    for name in AGENT_NAMES:
+    for name in SERVICE_NAMES:
         if name in requested:
             register[name](app, settings, topics)
-    pin_mmap_threshold(settings.malloc_mmap_threshold_kb * 1024)
-    if settings.release_memory_every_s > 0 and trim_supported():
+    pin_mmap_threshold(MMAP_THRESHOLD_BYTES)
+    if trim_supported():
 
         async def release_memory() -> None:
             await asyncio.to_thread(release_free_memory)
 
-        app.timer(settings.release_memory_every_s, name="memstream.release-memory")(release_memory)
+        app.timer(RELEASE_EVERY_S, name="memstream.release-memory")(release_memory)
     return app

@@ -14,9 +14,12 @@ from memstream.projections.search import RESULT_COLUMNS, SearchFilters, build_wh
 from memstream.projections.store import VECTOR_REFINE_FACTOR
 from memstream.services.shard_routing import store_for
 
-__all__ = ["CandidateRecall", "store_recall"]
+__all__ = ["CandidateRecall", "store_recall", "DEDUP_CANDIDATES"]
 
 log = logging.getLogger(__name__)
+
+DEDUP_CANDIDATES = 5
+"""Current memories of its space a new memory is compared with for duplicates."""
 
 
 CandidateRecall = Callable[[ReadScope, Sequence[str], Sequence["Sequence[float] | None"], int], list[list[Candidate]]]

@@ -49,14 +49,14 @@ def _reason_kind(reason: str) -> str:
 async def recent_dead_letters(settings: Settings, *, limit: int = 25, offset: int = 0) -> DeadLetterPage:
     """Dead letters newest first: the last ``offset + limit`` records of every
     partition are read and merged by time, and the page ``[offset, offset+limit)``."""
-    topic = Topics.from_settings(settings).dead_letter
+    topic = Topics.from_settings(settings.broker).dead_letter
     want = offset + limit + 1
-    consumer = AIOKafkaConsumer(**kafka_options(settings), group_id=None, enable_auto_commit=False,
+    consumer = AIOKafkaConsumer(**kafka_options(settings.broker), group_id=None, enable_auto_commit=False,
                                 client_id="memstream-console-dead-letters")
     await consumer.start()
     page = DeadLetterPage()
     try:
-        found = await topic_partitions(settings.bootstrap_servers, [topic], client_id="memstream-console-dead-letters")
+        found = await topic_partitions(settings.broker.bootstrap_servers, [topic], client_id="memstream-console-dead-letters")
         tps = [TopicPartition(topic, p) for p in sorted(found.get(topic, ()))]
         if not tps:
             return page

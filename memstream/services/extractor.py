@@ -10,7 +10,7 @@ background) through the steps of :mod:`memstream.domain.extraction`:
    in their memory space (``LanceStore.find_hashes_in_spaces``);
 4. ONE embedding call for the remaining memories;
 5. candidate recall per memory, inside the memory's own space and agent: the top
-   ``dedup_candidates_k`` current memories by vector (with the vector just computed,
+   ``DEDUP_CANDIDATES`` current memories by vector (with the vector just computed,
    no second embedding call), else by full text, else none;
 6. ONE batched LLM judgment for every memory that has candidates (skipped when none
    has); if it fails after its retry, every memory is stored;
@@ -56,6 +56,7 @@ from memstream.domain.events import (
 )
 from memstream.domain.extraction import (
     EXTRACTION_PROMPTS,
+    MAX_MEMORIES,
     Action,
     Candidate,
     Decision,
@@ -79,7 +80,7 @@ from memstream.domain.prompts import PromptError, PromptLibrary
 from memstream.llm import ChatModel, LLMError
 from memstream.metrics import record_extraction_fallback
 from memstream.projections.embedder import embed_array
-from memstream.services.candidate_recall import CandidateRecall, store_recall
+from memstream.services.candidate_recall import DEDUP_CANDIDATES, CandidateRecall, store_recall
 from memstream.services.extraction_calls import ask, counted, judge, llm_stage, with_note
 from memstream.services.extractor_sources import SourceKeys
 from memstream.services.extraction_run import (
@@ -140,7 +141,7 @@ class Extractor:
         self.sources: SourceKeys | None = None
         """With sealing on: the check that a window's keys are still held before its
         events are sealed (set by the runner, which shares the producer's keyring)."""
-        self.prompts = prompts or PromptLibrary(settings.prompts_dir)
+        self.prompts = prompts or PromptLibrary(settings.extraction.prompts_dir)
         self.clock = clock
         self.id_key = memory_id_key(worker_key(settings))  # ids no client can compute
         if recall is not None:
@@ -205,7 +206,7 @@ class Extractor:
                 w.session_id,
                 w.turns,
                 w.background,
-                max_background=self.settings.extract_background_turns,
+                max_background=self.settings.extraction.background_turns,
             )
             run = WindowRun("x-" + new_event_id().hex, window, tuple(record_items(window, (), ())))
             run.attempt, run.final, run.extra_record = w.attempt, w.final, tuple(w.record)
@@ -263,11 +264,10 @@ class Extractor:
             return
         run.known = await self._known_memories(run)
         try:
-            prompt = self.prompts.get(EXTRACTION_PROMPTS[self.settings.extract_prompt], window.scope)
+            prompt = self.prompts.get(EXTRACTION_PROMPTS[self.settings.extraction.prompt], window.scope)
             background_text, new_text = render_turns(window)
-            max_memories = self.settings.extract_max_memories
             values = {"background": background_text, "turns": new_text, "known": render_known(run.known)}
-            system, user = prompt.render({**values, "max_memories": max_memories})
+            system, user = prompt.render({**values, "max_memories": MAX_MEMORIES})
         except PromptError as exc:
             self._fail(run, f"prompt: {exc}")
             return
@@ -281,13 +281,13 @@ class Extractor:
                     self.llm,
                     system,
                     user,
-                    extraction_schema(self.settings.extract_prompt, max_memories),
+                    extraction_schema(self.settings.extraction.prompt, MAX_MEMORIES),
                     "memstream_extraction",
-                    lambda value: counted(parse_extraction, value, window, max_memories),
-                    retries=self.settings.llm_max_retries,
+                    lambda value: counted(parse_extraction, value, window, MAX_MEMORIES),
+                    retries=self.settings.extraction.llm_max_retries,
                 )
         except TimeoutError:
-            budget = self.settings.extract_retry_budget_s
+            budget = self.settings.extraction.retry_budget_s
             self._fall_back(run, FallbackReason.budget, f"the retry budget ({budget:g} s) ran out during the call")
             return
         except LLMError as exc:
@@ -311,14 +311,14 @@ class Extractor:
         flagged = declared_empty_with_facts(window) if parsed.nothing_to_remember else None
         if flagged is not None:
             run.issues.append(flagged)
-            if self.settings.extract_declared_empty_fallback:
+            if self.settings.extraction.declared_empty_fallback:
                 self._fall_back(run, FallbackReason.declared_empty, flagged.detail)
 
     async def _known_memories(self, run: WindowRun) -> list[Candidate]:
         """The memories of the turns' agent closest to the window's new turns, for the
         extraction call: the judgment's candidate recall (same scope), by the turns' vectors (one
         embedding call) else by full text; none if recall is off or fails."""
-        limit = self.settings.extract_known_memories
+        limit = self.settings.extraction.known_memories
         turns = run.window.new_turns
         if not limit or self._recall is None or not turns:
             return []
@@ -443,12 +443,11 @@ class Extractor:
     async def _candidates_and_judgment(self, run: WindowRun) -> None:
         """Candidate recall, then ONE batched judgment for the window's new memories."""
         assert self._recall is not None
-        k = self.settings.dedup_candidates_k
         contents = [d.content for d in run.new]
         vectors: list[Sequence[float] | None] = [None if v is None else v.tolist() for v in run.vectors]
         try:
             # pinned to the turns' agent: other agents' memories never reach the judgment prompt
-            candidates = await asyncio.to_thread(self._recall, ReadScope.pinned(run.scope), contents, vectors, k)
+            candidates = await asyncio.to_thread(self._recall, ReadScope.pinned(run.scope), contents, vectors, DEDUP_CANDIDATES)
         except Exception as exc:  # noqa: BLE001 - recall degrades to "no candidates"
             log.warning("extraction %s: candidate recall failed, storing: %s", run.run_id, exc)
             candidates = [[] for _ in run.new]
@@ -456,7 +455,7 @@ class Extractor:
         assert self.llm is not None  # judged only with an LLM
         left = uncertain(candidates, run.known, decided)
         run.decisions, run.judgment, calls = await judge(
-            self.llm, self.prompts, run.scope, run.new, left, run.budget_left(), retries=self.settings.llm_max_retries
+            self.llm, self.prompts, run.scope, run.new, left, run.budget_left(), retries=self.settings.extraction.llm_max_retries
         )
         for i, found in enumerate(candidates):
             if found and not left[i] and i not in decided:

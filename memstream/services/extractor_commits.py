@@ -25,7 +25,7 @@ _COMMIT_EVERY_S = 1.0
 
 def consumer_group(settings: Settings) -> str:
     """The extractor's own consumer group (its commits mean "extracted up to here")."""
-    return f"{settings.app_id}.extractor"
+    return f"{settings.worker.app_id}.extractor"
 
 
 class ExtractorCommits:
@@ -59,7 +59,7 @@ class ExtractorCommits:
         try:
             if self._admin is None:
                 admin = AIOKafkaAdminClient(
-                    **kafka_options(self.settings), client_id="memstream-extractor-admin"
+                    **kafka_options(self.settings.broker), client_id="memstream-extractor-admin"
                 )
                 await admin.start()
                 self._admin = admin

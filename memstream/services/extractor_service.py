@@ -67,7 +67,7 @@ MAX_CONCURRENT_BATCHES = 3
 """Without an LLM: batches of windows in flight at once. A batch is interpreter work
 but for its lookup, embedding call and produce; other batches fill those waits, and
 beyond that they only take turns on the interpreter lock (the choice is measured in
-docs/benchmarks.md)."""
+docs/benchmarks-history.md)."""
 _POLL_MS = 200
 _STOP_GRACE_S = 5.0
 
@@ -147,12 +147,12 @@ class ExtractorRunner:
         if clock is not None:
             buffer_kwargs["clock"] = clock
         self.buffer = TurnBuffer(
-            min_new=settings.extract_min_new_turns,
-            idle_seconds=settings.extract_idle_seconds,
-            max_new=settings.extract_max_new_turns,
-            max_background=settings.extract_background_turns,
-            max_attempts=settings.extract_max_attempts,
-            retry_budget_s=settings.extract_retry_budget_s,
+            min_new=settings.extraction.min_new_turns,
+            idle_seconds=settings.extraction.idle_seconds,
+            max_new=settings.extraction.max_new_turns,
+            max_background=settings.extraction.background_turns,
+            max_attempts=settings.extraction.max_attempts,
+            retry_budget_s=settings.extraction.retry_budget_s,
             **buffer_kwargs,
         )
         self.stats = ExtractorStats()
@@ -187,9 +187,9 @@ class ExtractorRunner:
         llm = build_llm(settings) if isinstance(self._llm_arg, str) else self._llm_arg
         self._llm = llm
         if self._embedder is None:
-            self._embedder = await asyncio.to_thread(build_embedder, settings)
+            self._embedder = await asyncio.to_thread(build_embedder, settings.embeddings)
             await asyncio.to_thread(warm_up, self._embedder)  # before its first batch, not in it
-        if settings.sealing:
+        if settings.security.sealing:
             self._keys = await until_started(
                 lambda: SubjectKeys(settings, self.topics, client_id="memstream-extractor-keys"), "extractor keyring"
             )
@@ -218,7 +218,7 @@ class ExtractorRunner:
             # read in one burst would be extracted in a chain of sequential batches,
             # and the longest session would set the pace.
             self.buffer.min_new = 1
-            self.buffer.max_new = max(self.buffer.max_new, settings.extract_batch_turns)
+            self.buffer.max_new = max(self.buffer.max_new, settings.extraction.batch_turns)
             self.buffer.retry_budget_s = None  # the heuristic makes no call that could stall
             self._batching = True
             if self._concurrency_arg is None:
@@ -228,7 +228,7 @@ class ExtractorRunner:
 
         def make_consumer() -> AIOKafkaConsumer:
             consumer = AIOKafkaConsumer(
-                **kafka_options(settings),
+                **kafka_options(settings.broker),
                 group_id=consumer_group(settings),
                 client_id="memstream-extractor",
                 enable_auto_commit=False,
@@ -380,7 +380,7 @@ class ExtractorRunner:
                 started.append(self._start_job([job]))
         while len(self._computing) < self.concurrency and len(self._jobs) < 2 * self.concurrency:
             if self._batching:
-                jobs = self.buffer.due(flush=flush, max_turns=self.settings.extract_batch_turns)
+                jobs = self.buffer.due(flush=flush, max_turns=self.settings.extraction.batch_turns)
             else:
                 jobs = self.buffer.due(flush=flush, limit=1)
             if not jobs:

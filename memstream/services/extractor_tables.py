@@ -51,7 +51,7 @@ class ExtractorTables:
         not exist yet, :meth:`ensure` opens them when the first turn needs them."""
         try:
             store = await asyncio.to_thread(
-                open_store, self.settings, TableSets(self.settings.lance_dir).current(),
+                open_store, self.settings, TableSets(self.settings.storage.root).current(),
                 read_consistency_interval=timedelta(0), create=False,
             )
         except Exception as exc:  # noqa: BLE001 - not there yet: opened on first use
@@ -66,7 +66,7 @@ class ExtractorTables:
         store = self.store
         if store is None or self._lock.locked():
             return
-        current = TableSets(self.settings.lance_dir).current()
+        current = TableSets(self.settings.storage.root).current()
         if getattr(store, "root", current) == current:
             return
         async with self._lock:
@@ -86,7 +86,7 @@ class ExtractorTables:
             if self.store is not None:
                 return
             store = await asyncio.to_thread(
-                open_store, self.settings, TableSets(self.settings.lance_dir).current(),
+                open_store, self.settings, TableSets(self.settings.storage.root).current(),
                 read_consistency_interval=timedelta(0),
             )
             self._attach(store)

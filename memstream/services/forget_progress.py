@@ -62,7 +62,7 @@ class ForgetProgress:
 
 def projected_positions(settings: Settings) -> dict[tuple[str, int], int]:
     """The current table set's stored positions (empty before the first projection)."""
-    current = TableSets(settings.lance_dir).current()
+    current = TableSets(settings.storage.root).current()
     if not shard_routing.has_projection(current):
         return {}
     try:
@@ -76,14 +76,14 @@ async def forget_positions(settings: Settings, team_id: str, user_id: str | None
     """The positions of the latest forget of the subject (a user, or every user of the
     team), found by reading the events and messages topics: only forgets the worker
     signed count (a forged one forgets nothing, so it must not read as progress)."""
-    topics = Topics.from_settings(settings)
+    topics = Topics.from_settings(settings.broker)
     key = worker_key(settings, create=False) if worker_key_path(settings).exists() else None
-    consumer = AIOKafkaConsumer(**kafka_options(settings), group_id=None,
+    consumer = AIOKafkaConsumer(**kafka_options(settings.broker), group_id=None,
                                 enable_auto_commit=False, client_id="memstream-forget-status")
     await consumer.start()
     try:
         names = (topics.events, topics.messages)
-        found = await topic_partitions(settings.bootstrap_servers, names, client_id="memstream-forget-status")
+        found = await topic_partitions(settings.broker.bootstrap_servers, names, client_id="memstream-forget-status")
         tps = [TopicPartition(t, p) for t in names for p in sorted(found.get(t, ()))]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)

@@ -278,6 +278,6 @@ class PriceFileProvider:
 
 def build_outcome_provider(settings: Settings) -> OutcomeProvider | None:
     """The provider the settings ask for: prices from ``outcome_prices_path`` if set."""
-    if settings.outcome_prices_path is None:
+    if settings.worker.outcome_prices_path is None:
         return None
-    return PriceFileProvider(settings.outcome_prices_path, settings.outcome_benchmark_symbol)
+    return PriceFileProvider(settings.worker.outcome_prices_path, settings.worker.outcome_benchmark_symbol)

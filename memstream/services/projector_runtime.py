@@ -116,9 +116,9 @@ class ProjectorRuntime:
         self._dead_letters = dead_letters or DeadLetterPublisher(
             topics.dead_letter,
             settings=settings,
-            client_id=f"{settings.app_id}-projector-dlq",
+            client_id=f"{settings.worker.app_id}-projector-dlq",
         )
-        self.sets = TableSets(settings.lance_dir)
+        self.sets = TableSets(settings.storage.root)
         self._open_lock = threading.Lock()
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-lance")
         self._indexer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-index")
@@ -252,7 +252,7 @@ class ProjectorRuntime:
         self._count(outcome)
         if outcome.records < _SMALL_BATCH:
             self._commits_since_compaction += 1
-        if self._commits_since_compaction >= self.settings.compact_after_commits:
+        if self._commits_since_compaction >= self.settings.storage.compact_after_commits:
             await self.maintain(indexes=False)
         return outcome
 
@@ -325,7 +325,7 @@ class ProjectorRuntime:
         (minutes at a million rows). Beside the writer because the writer now mostly
         *appends* (new keys, positions), and LanceDB rebases an append over a
         compaction: on the writer thread, compaction paused projection long enough to
-        set the freshness p99 (docs/benchmarks.md). A compaction that loses to a
+        set the freshness p99 (docs/benchmarks-history.md). A compaction that loses to a
         conflicting write (an upsert of known keys) is simply retried at the next call.
         Nothing starts while the indexer is busy.
 
@@ -337,7 +337,7 @@ class ProjectorRuntime:
         opens each fragment."""
         if self._index_build is not None and not self._index_build.done():
             return
-        cleanup = time.monotonic() - self._cleaned_at >= self.settings.reader_grace_s / 2
+        cleanup = time.monotonic() - self._cleaned_at >= self.settings.storage.reader_grace_s / 2
         self._commits_since_compaction = 0
         self._index_build = asyncio.ensure_future(self._maintenance_round(cleanup, indexes))
 
@@ -353,7 +353,7 @@ class ProjectorRuntime:
         if hasattr(projector, "finish_shredding"):
             projector.finish_shredding()
         try:
-            retired = self.sets.retire_previous(self.settings.reader_grace_s)
+            retired = self.sets.retire_previous(self.settings.storage.reader_grace_s)
         except OSError as exc:  # a maintenance task: the next round tries again
             log.warning("removing the replaced table set failed (will retry): %s", exc)
             return

@@ -76,6 +76,8 @@ log = logging.getLogger(__name__)
 _HINT_EVERY_S = 1.0
 _SWAP_POLL_S = 0.1
 _LINGER_CHECK_S = 0.05
+LINGER_BELOW = 500
+"""A batch this large is written without a linger; below it the linger shrinks with the batch."""
 """How often a linger looks at the records waiting on the log (it ends once they are many)."""
 _HANDOVER_MAX_S = 600.0
 """Longest pause for a replay's hand-over; then the worker resumes on its own set."""
@@ -84,7 +86,7 @@ _HANDOVER_MAX_S = 600.0
 def projector_group(settings: Settings) -> str:
     """The consumer group the projector commits its progress to, as a hint for lag
     monitors only (``kafka-consumer-groups.sh --describe``); resuming never reads it."""
-    return f"{settings.app_id}.projector"
+    return f"{settings.worker.app_id}.projector"
 
 
 def ready_file(settings: Settings) -> Path:
@@ -105,7 +107,7 @@ def feed_consumer(settings: Settings, client_id: str, *, group_id: str | None = 
     from aiokafka import AIOKafkaConsumer
 
     return AIOKafkaConsumer(
-        **kafka_options(settings),
+        **kafka_options(settings.broker),
         group_id=group_id,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
@@ -144,7 +146,7 @@ class ProjectorService(Service):
         settings = self.runtime.settings
 
         self._consumer = await until_started(
-            lambda: feed_consumer(settings, f"{settings.app_id}-projector", group_id=projector_group(settings)),
+            lambda: feed_consumer(settings, f"{settings.worker.app_id}-projector", group_id=projector_group(settings)),
             "projector consumer",
         )
         self._task = asyncio.ensure_future(self._run())
@@ -208,16 +210,16 @@ class ProjectorService(Service):
             start=start,
             on_decoded=rt.prepare_batch,
             list_partitions=lambda names: topic_partitions(
-                rt.settings, names, client_id=f"{rt.settings.app_id}-projector-admin"
+                rt.settings, names, client_id=f"{rt.settings.worker.app_id}-projector-admin"
             ),
-            max_batch=rt.settings.projector_batch_size,
-            fetch_records=min(2_000, rt.settings.projector_batch_size),
-            poll_ms=max(1, int(rt.settings.projector_batch_seconds * 1000)),
-            fast_decoder=FastMemoryDecoder.for_projector(rt.projector, rt.settings.projector_fast_path),
+            max_batch=rt.settings.worker.projector_batch_size,
+            fetch_records=min(2_000, rt.settings.worker.projector_batch_size),
+            poll_ms=max(1, int(rt.settings.worker.projector_batch_seconds * 1000)),
+            fast_decoder=FastMemoryDecoder.for_projector(rt.projector),
             reroute=True,
             worker_key=worker_key(rt.settings),
             legacy_trust=load_legacy_trust(rt.settings),
-            keys=SubjectKeys(rt.settings, client_id=f"{rt.settings.app_id}-keys") if rt.settings.sealing else None,
+            keys=SubjectKeys(rt.settings, client_id=f"{rt.settings.worker.app_id}-keys") if rt.settings.security.sealing else None,
             partitions=partitions,
             on_reading=lambda n: mark_ready(rt.settings, n),
         )
@@ -242,9 +244,9 @@ class ProjectorService(Service):
         or outnumber the batch just written (behind: the feed's queue could not hold
         what a linger collects, and lingering would only fall further behind)."""
         settings = self.runtime.settings
-        below = settings.projector_linger_below
+        below = LINGER_BELOW
         # shorter as the batch grows: a trickle waits it all, a fast stream a fraction
-        deadline = started + settings.projector_linger_s * (1 - records / below)
+        deadline = started + settings.worker.projector_linger_s * (1 - records / below)
         if records >= below or self._waiting() > records:
             return
         while (rest := deadline - time.monotonic()) > 0:
@@ -324,4 +326,4 @@ def add_projector(
     async def maintenance() -> None:
         await maintain()
 
-    app.timer(settings.optimize_every_s, name="memstream.lance-maintenance")(maintenance)
+    app.timer(settings.storage.optimize_every_s, name="memstream.lance-maintenance")(maintenance)

@@ -198,11 +198,11 @@ _UNREACHABLE = ("timeout", "connection", "http")
 
 
 def build_reflection_writer(settings: Settings) -> ReflectionWriter:
-    """The LLM writer when an LLM endpoint is configured (``MEMSTREAM_LLM_BASE_URL``),
+    """The LLM writer when an LLM endpoint is configured (``MEMSTREAM_EXTRACTION_LLM_BASE_URL``),
     else the templated one."""
     client = build_llm(settings)
     if client is None:
         return TemplateReflectionWriter()
     return LLMReflectionWriter(
-        client, prompts=PromptLibrary(settings.prompts_dir), retries=settings.llm_max_retries
+        client, prompts=PromptLibrary(settings.extraction.prompts_dir), retries=settings.extraction.llm_max_retries
     )

@@ -71,7 +71,7 @@ _UNSET: Any = object()
 
 def work_topic_name(settings: Settings) -> str:
     """``<app_id>-reflector-work``: named like Faust's own internal topics."""
-    return f"{settings.app_id}-{WORK_TOPIC_SUFFIX}"
+    return f"{settings.worker.app_id}-{WORK_TOPIC_SUFFIX}"
 
 
 TABLE_NAMES = ("reflector-decisions", "reflector-subjects", "reflector-early-outcomes")
@@ -80,7 +80,7 @@ TABLE_NAMES = ("reflector-decisions", "reflector-subjects", "reflector-early-out
 def state_topics(settings: Settings) -> list[str]:
     """Every topic holding the reflector's state: its work topic and the changelogs
     of its tables (Faust names them ``<app_id>-<table>-changelog``)."""
-    return [work_topic_name(settings), *(f"{settings.app_id}-{name}-changelog" for name in TABLE_NAMES)]
+    return [work_topic_name(settings), *(f"{settings.worker.app_id}-{name}-changelog" for name in TABLE_NAMES)]
 
 
 @dataclass
@@ -122,7 +122,7 @@ class _Reflector:
         self.work = app.topic(
             work_topic_name(settings),
             partitions=self.partitions,
-            replicas=settings.replication_factor,
+            replicas=settings.broker.replication_factor,
             internal=True,
             retention=WORK_RETENTION,
             key_serializer="raw",
@@ -142,7 +142,7 @@ class _Reflector:
         )
         self.signing_key = worker_key(settings)  # its events are system events: signed
         self.verify = verifier(self.signing_key)
-        self.keyring = LazyKeys(settings, topics, client_id=f"{settings.app_id}-reflector-keys")
+        self.keyring = LazyKeys(settings, topics, client_id=f"{settings.worker.app_id}-reflector-keys")
         # Reflections whose send is not confirmed yet: key -> (partition, event). The
         # entry is durably "emitting" meanwhile. The ack's callback queues the key on its
         # partition's list; the next record handled on that partition (stream iteration,
@@ -458,7 +458,7 @@ def register_reflector(
 
     ``writer`` defaults to the LLM writer when ``settings.llm_*`` configure an LLM,
     else the templated one; ``provider`` defaults to the price-file provider when
-    ``settings.outcome_prices_path`` is set (pass ``None`` to disable polling).
+    ``settings.worker.outcome_prices_path`` is set (pass ``None`` to disable polling).
     """
     reflector = _Reflector(
         app,
@@ -483,7 +483,7 @@ def register_reflector(
     async def reflect(stream: Any) -> None:
         await reflector.run(stream)
 
-    @app.timer(settings.reflection_poll_seconds, on_leader=True)
+    @app.timer(settings.worker.reflection_poll_seconds, on_leader=True)
     async def tick() -> None:
         await reflector.tick()
 

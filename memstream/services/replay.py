@@ -106,7 +106,7 @@ def _utc_stamp(now: datetime) -> str:
 
 
 def _open_store(path: Path, settings: Settings) -> Any:
-    return shard_routing.open_store(settings, path)  # sharded when settings.sharded
+    return shard_routing.open_store(settings, path)  # sharded when settings.storage.sharded
 
 
 def _open_projector(store: Any, settings: Settings) -> Any:
@@ -119,7 +119,7 @@ async def _partitions(settings: Settings, topic_names: Sequence[str]) -> list[To
             settings, topic_names, client_id="memstream-replay-admin"
         )
     except KafkaError as exc:
-        raise ReplayError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from exc
+        raise ReplayError(f"cannot reach Kafka at {settings.broker.bootstrap_servers}: {exc}") from exc
     partitions: list[TopicPartition] = []
     for name in topic_names:
         if name not in found:
@@ -243,7 +243,7 @@ class _MisroutedBeyond:
         if not todo:
             return
         if self._producer is None:
-            self._producer = create_kafka_producer(self._settings, client_id="memstream-replay-reroute")
+            self._producer = create_kafka_producer(self._settings.broker, client_id="memstream-replay-reroute")
             await self._producer.start()
         await Rerouter(self._producer).publish(todo)
         self._report.rerouted += len(todo)
@@ -291,7 +291,7 @@ async def replay(
     """
     if batch_size < 1:
         raise ReplayError("batch size must be at least 1")
-    sets = TableSets(settings.lance_dir)
+    sets = TableSets(settings.storage.root)
     replays = LanceDirLock(sets.root / "replay")
     try:
         replays.acquire("memstream replay")
@@ -363,21 +363,21 @@ class _Build:
     async def open(self, topics: Topics, handled: Mapping[tuple[str, int], int]) -> dict[TopicPartition, int]:
         loop = asyncio.get_running_loop()
         self.partitions = await _partitions(self.settings, (topics.messages, topics.events))
-        bound_inflation(self.settings.max_inflated_batch_bytes)
+        bound_inflation(self.settings.broker.max_inflated_batch_bytes)
         try:
             self.legacy_trust = load_legacy_trust(self.settings)
         except LegacyTrustError as exc:
             raise ReplayError(str(exc)) from None
         self.consumer = AIOKafkaConsumer(
-            **kafka_options(self.settings), group_id=None, enable_auto_commit=False,
+            **kafka_options(self.settings.broker), group_id=None, enable_auto_commit=False,
             auto_offset_reset="earliest", client_id="memstream-replay",
             max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024,
         )
         try:
             await self.consumer.start()
         except KafkaError as exc:
-            raise ReplayError(f"cannot reach Kafka at {self.settings.bootstrap_servers}: {exc}") from exc
-        if self.settings.sealing:
+            raise ReplayError(f"cannot reach Kafka at {self.settings.broker.bootstrap_servers}: {exc}") from exc
+        if self.settings.security.sealing:
             self.keys = await SubjectKeys(self.settings, topics, client_id="memstream-replay-keys").start()
         self.store = await loop.run_in_executor(self._opener, _open_store, self.report.replay_dir, self.settings)
         self.projector = await loop.run_in_executor(self._opener, _open_projector, self.store, self.settings)
@@ -392,8 +392,7 @@ class _Build:
         self.expected += sum(ends[tp] - begins[tp] for tp in todo)
         await _consume_into(
             self.consumer, todo, begins, ends, self.projector, self.report, self.batch_size,
-            self.on_progress, self.expected,
-            fast_path=self.settings.projector_fast_path, on_decoded=self.rerouter.publish, started=self.started,
+            self.on_progress, self.expected, on_decoded=self.rerouter.publish, started=self.started,
             all_partitions=self.partitions, worker_key=load_worker_key(self.settings), keys=self.keys,
             legacy_trust=self.legacy_trust,
         )
@@ -431,7 +430,7 @@ async def _replay(
     try:
         with report.timed("connect"):
             handled = await loop.run_in_executor(None, _live_positions, live_dir, settings)
-            begins = await build.open(Topics.from_settings(settings), handled)
+            begins = await build.open(Topics.from_settings(settings.broker), handled)
             assert build.consumer is not None
             ends = await build.consumer.end_offsets(build.partitions)
         report.end_offsets = {(tp.topic, tp.partition): ends[tp] for tp in build.partitions}

@@ -129,7 +129,7 @@ class GroupRuntime(ProjectorRuntime):
 
     async def open(self) -> None:
         def nothing_owned() -> tuple[Any, Any]:
-            self._embedder = build_embedder(self.settings)
+            self._embedder = build_embedder(self.settings.embeddings)
             store = open_shards(self.settings, self.set_dir, ())
             return store, open_projector(store, self.settings, embedder=self._embedder)
 
@@ -177,14 +177,14 @@ class _Listener(ConsumerRebalanceListener):
 def member_consumer(settings: Settings, client_id: str) -> AIOKafkaConsumer:
     """The group membership consumer (it reads nothing: its partitions stay paused)."""
     return AIOKafkaConsumer(
-        **kafka_options(settings),
+        **kafka_options(settings.broker),
         group_id=projector_group(settings),
         client_id=client_id,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         partition_assignment_strategy=(RangePartitionAssignor,),
-        session_timeout_ms=int(settings.worker_session_timeout_s * 1000),
-        heartbeat_interval_ms=max(100, int(settings.worker_session_timeout_s * 1000 / 5)),
+        session_timeout_ms=int(settings.worker.session_timeout_s * 1000),
+        heartbeat_interval_ms=max(100, int(settings.worker.session_timeout_s * 1000 / 5)),
         fetch_max_bytes=1024 * 1024,
         max_partition_fetch_bytes=64 * 1024,
     )
@@ -207,7 +207,7 @@ class GroupProjectorService(ProjectorService):
         self._members: AIOKafkaConsumer | None = None
         self._membership: asyncio.Task[None] | None = None
         self._leases = ShardLeases(
-            runtime.set_dir, f"memstream worker {runtime.settings.app_id}", runtime.settings.storage_lease_ttl_s
+            runtime.set_dir, f"memstream worker {runtime.settings.worker.app_id}", runtime.settings.storage.lease_ttl_s
         )  # the lock adds the pid
         self.rebalances = 0
 
@@ -215,9 +215,9 @@ class GroupProjectorService(ProjectorService):
         rt = self.runtime
         await rt.open()
         s = rt.settings
-        self._consumer = await until_started(lambda: feed_consumer(s, f"{s.app_id}-projector"), "projector consumer")
+        self._consumer = await until_started(lambda: feed_consumer(s, f"{s.worker.app_id}-projector"), "projector consumer")
         self._members = await until_started(
-            lambda: member_consumer(s, f"{s.app_id}-projector-member"), "projector group member"
+            lambda: member_consumer(s, f"{s.worker.app_id}-projector-member"), "projector group member"
         )
         await _topics_known(self._members, rt.source_topics)
         self._members.subscribe(list(rt.source_topics), listener=_Listener(self))

@@ -60,17 +60,18 @@ def open_store(
     partitions: int | None = None,
 ) -> Any:
     """The set's store: a :class:`ShardedStore` when the set is sharded (or is new and
-    ``settings.sharded``; ``partitions`` defaults to ``settings.partitions``), else
+    ``settings.storage.sharded``; ``partitions`` defaults to ``settings.broker.partitions``), else
     the unsharded ``LanceStore``."""
 
     def opener(path: Any) -> LanceStore:
         # an existing shard is its owner's to change (indexes included): readers open it as it is
         made = (path / "positions.lance").exists() and path != as_path(set_dir)
         return LanceStore.from_settings(
-            settings, path, create=create and not made, read_consistency_interval=read_consistency_interval
+            settings.storage, settings.embeddings.dim, path,
+            create=create and not made, read_consistency_interval=read_consistency_interval
         )
 
-    if not is_sharded(set_dir) and create and settings.sharded and not _legacy(set_dir):
+    if not is_sharded(set_dir) and create and settings.storage.sharded and not _legacy(set_dir):
         create_shards(settings, set_dir, partitions)
     if is_sharded(set_dir):
         return ShardedStore.open(set_dir, opener, space_partition)
@@ -80,7 +81,7 @@ def open_store(
 def open_projector(store: Any, settings: Settings, *, embedder: Any = None, reuse: Any = None) -> Any:
     """The projector writing ``store`` (one per shard for a sharded set; ``reuse``: a
     :class:`ShardedProjector` whose shards still open in ``store`` are kept)."""
-    embedder = embedder if embedder is not None else build_embedder(settings)
+    embedder = embedder if embedder is not None else build_embedder(settings.embeddings)
     if isinstance(store, ShardedStore):
         kept = reuse.projectors if isinstance(reuse, ShardedProjector) else None
         return ShardedProjector(store, embedder, kept)
@@ -91,19 +92,20 @@ def open_shards(settings: Settings, set_dir: Any, partitions: Iterable[int], reu
     """The given shards of a sharded set, for writing (``reuse``: a :class:`ShardedStore`
     whose shards that stay are kept open as they are)."""
     kept = reuse.shards if isinstance(reuse, ShardedStore) else {}
-    init_layout(set_dir, settings.partitions)
+    init_layout(set_dir, settings.broker.partitions)
     shards = {
-        p: kept.get(p) or LanceStore.from_settings(settings, shard_dir(set_dir, p)) for p in sorted(set(partitions))
+        p: kept.get(p) or LanceStore.from_settings(settings.storage, settings.embeddings.dim, shard_dir(set_dir, p))
+        for p in sorted(set(partitions))
     }
     count = shard_count(set_dir)
     return ShardedStore(
-        set_dir, shards, lambda scope: space_partition(scope, count), embedding_dim=settings.embedding_dim
+        set_dir, shards, lambda scope: space_partition(scope, count), embedding_dim=settings.embeddings.dim
     )
 
 
 def projects_sharded(settings: Settings, set_dir: Any) -> bool:
     """Whether a worker starting now writes shards (workers then form a consumer group)."""
-    return is_sharded(set_dir) or (settings.sharded and not _legacy(set_dir))
+    return is_sharded(set_dir) or (settings.storage.sharded and not _legacy(set_dir))
 
 
 def store_for(store: Any, scope: Scope | ReadScope) -> Any:
@@ -115,12 +117,12 @@ def create_shards(settings: Settings, set_dir: Any, partitions: int | None = Non
     """Create every shard's tables once, one process at a time (workers starting
     together, and readers, must not race to create them). The layout marker comes
     last: a reader sees every shard, or an unsharded set not made yet."""
-    count = partitions or settings.partitions
-    with LanceDirLock(as_path(set_dir) / "shards" / "create", lease_ttl_s=settings.storage_lease_ttl_s) as lock:
+    count = partitions or settings.broker.partitions
+    with LanceDirLock(as_path(set_dir) / "shards" / "create", lease_ttl_s=settings.storage.lease_ttl_s) as lock:
         lock.acquire_waiting("memstream (creating shards)")
         if is_sharded(set_dir):
             count = shard_count(set_dir)
         for p in range(count):
             if not (shard_dir(set_dir, p) / "positions.lance").exists():
-                LanceStore.from_settings(settings, shard_dir(set_dir, p))
+                LanceStore.from_settings(settings.storage, settings.embeddings.dim, shard_dir(set_dir, p))
         init_layout(set_dir, count)

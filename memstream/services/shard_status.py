@@ -39,7 +39,7 @@ class ShardStatus:
 
 
 async def end_offsets(settings: Settings, topics: list[str], partitions: int) -> dict[tuple[str, int], int]:
-    consumer = AIOKafkaConsumer(**kafka_options(settings), client_id=f"{settings.app_id}-shards")
+    consumer = AIOKafkaConsumer(**kafka_options(settings.broker), client_id=f"{settings.worker.app_id}-shards")
     await consumer.start()
     try:
         ends = await consumer.end_offsets([TopicPartition(t, p) for t in topics for p in range(partitions)])
@@ -50,14 +50,14 @@ async def end_offsets(settings: Settings, topics: list[str], partitions: int) ->
 
 def shard_statuses(settings: Settings, ends: dict[tuple[str, int], int] | None) -> list[ShardStatus]:
     """One status per shard (``ends``: the log end offsets, None when Kafka is not asked)."""
-    current = TableSets(settings.lance_dir).current()
+    current = TableSets(settings.storage.root).current()
     if not is_sharded(current):
         raise NotShardedError(
-            f"the table set {current} is not sharded (MEMSTREAM_SHARDED=true and `memstream replay` migrate it)"
+            f"the table set {current} is not sharded (MEMSTREAM_STORAGE_SHARDED=true and `memstream replay` migrate it)"
         )
     store = open_store(settings, current, create=False)
     assert isinstance(store, ShardedStore)
-    topics = Topics.from_settings(settings)
+    topics = Topics.from_settings(settings.broker)
     out = []
     for p, shard in store.shards.items():
         stored = shard.positions()

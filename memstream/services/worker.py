@@ -6,7 +6,7 @@ Why not ``faust -A ... worker``: the app is built from :class:`Settings` at run 
 subscribes (the broker may refuse to auto-create them, and auto-created topics would
 get the broker's retention instead of "forever"), and a worker must stop cleanly on
 SIGINT and SIGTERM: Faust's :class:`faust.Worker` installs those handlers, stops the
-agents (the batch being written finishes first), flushes the producer, and exits 0.
+services (the batch being written finishes first), flushes the producer, and exits 0.
 A SIGKILL loses nothing either: the projector resumes from its stored positions.
 
 One projector worker per LanceDB directory: the projector's tables hold every
@@ -14,8 +14,8 @@ partition, so a second worker sharing the consumer group would only see part of 
 log. The worker takes the directory's lock (``<lance_dir>.lock``, see
 :class:`~memstream.services.projector_service.LanceDirLock`) and refuses to start when
 another worker or a replay's swap holds it. Scale reads with more API processes, not
-more projector workers. Workers running other agent sets (``--agents extractor``)
-should use their own ``MEMSTREAM_APP_ID``: one Faust app, one set of agents.
+more projector workers. Workers running other service sets (``--services extractor``)
+should use their own ``MEMSTREAM_WORKER_APP_ID``: one Faust app, one set of services.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from memstream.gc_tuning import tune_gc
 from memstream.projections.dir_lock import LanceDirBusyError, LanceDirLock
 from memstream.private_files import private_by_default
 from memstream.projections.table_sets import TableSets
-from memstream.services.app import AGENT_NAMES, FAUST_LOGGER, build_app
+from memstream.services.app import SERVICE_NAMES, FAUST_LOGGER, build_app
 from memstream.services.shard_routing import create_shards, projects_sharded
 from memstream.settings import Settings, load_settings, parse_log_level
 from memstream.streams.admin import TopicCreationError, ensure_topics
@@ -73,10 +73,10 @@ class _Worker(faust.Worker):
         s = self.memstream_settings
         log.info(
             "memstream worker %s: broker %s, topics %s*, LanceDB %s",
-            s.app_id,
-            s.bootstrap_servers,
-            s.topic_prefix,
-            s.lance_dir,
+            s.worker.app_id,
+            s.broker.bootstrap_servers,
+            s.broker.topic_prefix,
+            s.storage.root,
         )
 
 
@@ -109,13 +109,13 @@ def worker_settings(settings: Settings) -> Settings:
     """The settings a worker process opens its tables with: LanceDB's metadata cache
     bounded by ``worker_lance_metadata_cache_mb`` (the writer reads at its newest
     version; old versions' manifests in a larger cache are only memory)."""
-    return settings.model_copy(update={"lance_metadata_cache_mb": settings.worker_lance_metadata_cache_mb})
+    return settings.model_copy(update={"storage.lance_metadata_cache_mb": settings.storage.worker_lance_metadata_cache_mb})
 
 
 def run_worker(
     settings: Settings,
     *,
-    agents: Sequence[str] | None = None,
+    services: Sequence[str] | None = None,
     loglevel: str = "info",
 ) -> int:
     """Create the topics, then run the worker until SIGINT/SIGTERM. Returns the exit code.
@@ -129,7 +129,7 @@ def run_worker(
     settings = worker_settings(settings)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    topics = Topics.from_settings(settings)
+    topics = Topics.from_settings(settings.broker)
     try:
         # A worker started while the broker (re)starts waits for it instead of dying.
         loop.run_until_complete(
@@ -139,14 +139,14 @@ def run_worker(
         loop.close()
         raise WorkerError(str(exc)) from exc
 
-    lock = LanceDirLock(settings.lance_dir, lease_ttl_s=settings.storage_lease_ttl_s)
-    if agents is None or "projector" in agents:
+    lock = LanceDirLock(settings.storage.root, lease_ttl_s=settings.storage.lease_ttl_s)
+    if services is None or "projector" in services:
         # Workers writing shards share the root (each shard has its own lease); a
         # worker writing an unsharded set, or a replay's swap, holds it alone.
-        current = TableSets(settings.lance_dir).current()
+        current = TableSets(settings.storage.root).current()
         sharded = projects_sharded(settings, current)
         try:
-            lock.acquire(f"memstream worker {settings.app_id}", shared=sharded)
+            lock.acquire(f"memstream worker {settings.worker.app_id}", shared=sharded)
             if sharded:
                 create_shards(settings, current)
         except LanceDirBusyError as exc:
@@ -154,13 +154,13 @@ def run_worker(
             raise WorkerError(f"cannot project: {exc}") from exc
 
     try:
-        app = build_app(settings, agents=agents, loop=loop)
+        app = build_app(settings, services=services, loop=loop)
     except ValueError as exc:
         lock.release()
         loop.close()
         raise WorkerError(str(exc)) from exc
 
-    tune_gc(settings.gc_threshold)
+    tune_gc()
     worker = _Worker(
         app,
         settings,
@@ -174,7 +174,7 @@ def run_worker(
         worker.execute_from_commandline()
     except SystemExit as exc:
         code = int(exc.code or 0)
-        log.info("memstream worker %s stopped (exit code %d)", settings.app_id, code)
+        log.info("memstream worker %s stopped (exit code %d)", settings.worker.app_id, code)
         return code
     except Exception as exc:  # noqa: BLE001 - report the crash as one line + exit 1
         log.debug("worker crashed", exc_info=True)
@@ -185,22 +185,27 @@ def run_worker(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m memstream.services.worker [--agents projector,...] [--loglevel info]``."""
+    """``python -m memstream.services.worker [--services projector,...] [--loglevel info]``
+    (``--agents``: the old name of ``--services``, kept for one release)."""
     private_by_default()
     parser = argparse.ArgumentParser(
         prog="python -m memstream.services.worker",
         description="Run the memstream Faust worker (settings from MEMSTREAM_* variables).",
     )
     parser.add_argument(
-        "--agents",
+        "--services",
         default=None,
-        help=f"comma-separated subset of {','.join(AGENT_NAMES)} (default: all available)",
+        help=f"comma-separated subset of {','.join(SERVICE_NAMES)} (default: all available)",
     )
+    parser.add_argument("--agents", default=None, help="deprecated: use --services")
     parser.add_argument("--loglevel", default="info")
     args = parser.parse_args(argv)
-    agents = [a.strip() for a in args.agents.split(",") if a.strip()] if args.agents else None
+    if args.agents is not None:
+        print("warning: --agents is deprecated, use --services", file=sys.stderr)
+    chosen = args.services or args.agents
+    services = [a.strip() for a in chosen.split(",") if a.strip()] if chosen else None
     try:
-        return run_worker(load_settings(), agents=agents, loglevel=args.loglevel)
+        return run_worker(load_settings(), services=services, loglevel=args.loglevel)
     except WorkerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -148,11 +148,11 @@ def acl_rules(settings: Settings) -> list[AclRule]:
     """The ACL set of one deployment (docs/security.md lists the same for a managed
     cluster). Readers get the kept-forever topics only: ingress and dead letters hold
     plaintext."""
-    topics = Topics.from_settings(settings)
-    prefixes = tuple(dict.fromkeys((settings.topic_prefix, settings.app_id)))
+    topics = Topics.from_settings(settings.broker)
+    prefixes = tuple(dict.fromkeys((settings.broker.topic_prefix, settings.worker.app_id)))
     sealed = tuple(topics.kept_forever())
     return [
-        AclRule((WORKER,), ("All",), "PREFIXED", topics=prefixes, groups=(settings.app_id,), transactional_ids=(settings.app_id,)),
+        AclRule((WORKER,), ("All",), "PREFIXED", topics=prefixes, groups=(settings.worker.app_id,), transactional_ids=(settings.worker.app_id,)),
         AclRule((WORKER, PRODUCER), ("IdempotentWrite",), "LITERAL", cluster=True),
         AclRule((PRODUCER,), ("Write", "Describe"), "LITERAL", topics=(topics.ingress,)),
         AclRule((PRODUCER,), ("Describe",), "LITERAL", topics=(*sealed, topics.dead_letter)),
@@ -187,7 +187,7 @@ def apply_acls(java: str, libs: Path, settings: Settings, paths: BrokerPaths, jv
     (``acls.json``); returns whether it ran."""
     rules = acl_rules(settings)
     marker = _marker(paths)
-    wanted = _fingerprint(rules, settings.broker_port)
+    wanted = _fingerprint(rules, settings.broker.port)
     try:
         if json.loads(marker.read_text()).get("fingerprint") == wanted:
             return False
@@ -195,7 +195,7 @@ def apply_acls(java: str, libs: Path, settings: Settings, paths: BrokerPaths, jv
         pass
     config = _admin_config(settings, paths)
     base = [java, *jvm, "-cp", str(libs / "*"), "org.apache.kafka.tools.AclCommand",
-            "--bootstrap-server", f"127.0.0.1:{settings.broker_port}", "--command-config", str(config)]
+            "--bootstrap-server", f"127.0.0.1:{settings.broker.port}", "--command-config", str(config)]
 
     def run(rule: AclRule) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*base, *rule.arguments()], stdin=subprocess.DEVNULL, capture_output=True,

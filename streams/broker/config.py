@@ -7,14 +7,14 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from memstream.settings import Settings
+from memstream.settings import BrokerSettings
 
 __all__ = ["server_properties", "render_properties", "cluster_id"]
 
 _NODE_ID = 1
 
 
-def server_properties(settings: Settings, data_dir: Path, sasl: Mapping[str, str] | None = None) -> dict[str, str]:
+def server_properties(broker: BrokerSettings, data_dir: Path, sasl: Mapping[str, str] | None = None) -> dict[str, str]:
     """The broker's configuration for one combined KRaft node on loopback.
 
     ``sasl`` (ACL mode, :func:`memstream.streams.broker.acl.sasl_properties`): both
@@ -25,7 +25,7 @@ def server_properties(settings: Settings, data_dir: Path, sasl: Mapping[str, str
     own single voter; changing ``controller_port`` later needs no re-format.
     """
     host = "127.0.0.1"
-    port, cport = settings.broker_port, settings.controller_port
+    port, cport = broker.port, broker.controller_port
     client, controller = ("SASL_PLAINTEXT", "SASL_PLAINTEXT") if sasl is not None else ("PLAINTEXT", "PLAINTEXT")
     props = {
         "process.roles": "broker,controller",
@@ -37,7 +37,7 @@ def server_properties(settings: Settings, data_dir: Path, sasl: Mapping[str, str
         "inter.broker.listener.name": client,
         "listener.security.protocol.map": f"CONTROLLER:{controller},{client}:{client}",
         "log.dirs": str(data_dir),
-        "num.partitions": str(settings.partitions),
+        "num.partitions": str(broker.partitions),
         "default.replication.factor": "1",
         "min.insync.replicas": "1",
         "offsets.topic.replication.factor": "1",
@@ -48,7 +48,7 @@ def server_properties(settings: Settings, data_dir: Path, sasl: Mapping[str, str
         "share.coordinator.state.topic.replication.factor": "1",
         "share.coordinator.state.topic.min.isr": "1",
         "group.initial.rebalance.delay.ms": "0",
-        "auto.create.topics.enable": "true" if settings.broker_auto_create_topics else "false",
+        "auto.create.topics.enable": "true" if broker.auto_create_topics else "false",
         "delete.topic.enable": "true",
     }
     return {**props, **(sasl or {})}

@@ -18,17 +18,20 @@ from memstream.streams.broker.paths import BrokerError
 
 __all__ = ["PACKAGE", "jar_dir", "jar_cache_complete", "ensure_jars", "locked"]
 
+FETCH_TIMEOUT_S = 900.0
+"""Upper bound for the one-time ``mvn dependency:copy-dependencies`` run."""
+
 PACKAGE = "memstream.streams.broker"
 _MARKER = "complete.json"
 
 
 def _version_dir(settings: Settings) -> Path:
     cache = settings.resolved_kafka_cache_dir.expanduser().resolve()
-    return cache / f"kafka-{settings.kafka_version}"
+    return cache / f"kafka-{settings.broker.kafka_version}"
 
 
 def jar_dir(settings: Settings) -> Path:
-    """Where the jars of ``settings.kafka_version`` live once fetched."""
+    """Where the jars of ``settings.broker.kafka_version`` live once fetched."""
     return _version_dir(settings) / "libs"
 
 
@@ -65,7 +68,7 @@ def ensure_jars(settings: Settings) -> Path:
     if jar_cache_complete(libs):
         return libs
     version_dir = libs.parent
-    with locked(version_dir.parent / f"kafka-{settings.kafka_version}.lock"):
+    with locked(version_dir.parent / f"kafka-{settings.broker.kafka_version}.lock"):
         if jar_cache_complete(libs):  # another process fetched them while we waited
             return libs
         mvn = shutil.which("mvn")
@@ -80,7 +83,7 @@ def ensure_jars(settings: Settings) -> Path:
         jars = _fetch(settings, mvn, version_dir, staging)
         shutil.rmtree(libs, ignore_errors=True)
         staging.rename(libs)
-        marker = {"version": settings.kafka_version, "jars": jars}
+        marker = {"version": settings.broker.kafka_version, "jars": jars}
         tmp_marker = version_dir / f"{_MARKER}.tmp"
         tmp_marker.write_text(json.dumps(marker, indent=1))
         tmp_marker.replace(version_dir / _MARKER)
@@ -100,7 +103,7 @@ def _fetch(settings: Settings, mvn: str, version_dir: Path, staging: Path) -> li
         "dependency:copy-dependencies",
         "-DincludeScope=runtime",
         f"-DoutputDirectory={staging}",
-        f"-Dkafka.version={settings.kafka_version}",
+        f"-Dkafka.version={settings.broker.kafka_version}",
     ]
     try:
         done = subprocess.run(
@@ -109,21 +112,21 @@ def _fetch(settings: Settings, mvn: str, version_dir: Path, staging: Path) -> li
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
-            timeout=settings.kafka_fetch_timeout_s,
+            timeout=FETCH_TIMEOUT_S,
             check=False,
         )
     except subprocess.TimeoutExpired as exc:
         shutil.rmtree(staging, ignore_errors=True)
         raise BrokerError(
-            f"fetching Kafka {settings.kafka_version} with Maven took longer than "
-            f"{settings.kafka_fetch_timeout_s:.0f} s (MEMSTREAM_KAFKA_FETCH_TIMEOUT_S)"
+            f"fetching Kafka {settings.broker.kafka_version} with Maven took longer than "
+            f"{FETCH_TIMEOUT_S:.0f} s"
         ) from exc
     jars = sorted(p.name for p in staging.glob("*.jar")) if staging.is_dir() else []
     if done.returncode != 0 or not any(n.startswith("kafka_2.13-") for n in jars):
         shutil.rmtree(staging, ignore_errors=True)
         output = last_lines((done.stdout or "") + (done.stderr or ""), 25)
         raise BrokerError(
-            f"Maven could not fetch Kafka {settings.kafka_version} "
+            f"Maven could not fetch Kafka {settings.broker.kafka_version} "
             f"(exit code {done.returncode}); is Maven Central reachable?\n{output}"
         )
     return jars

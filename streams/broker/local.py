@@ -82,6 +82,9 @@ __all__ = [
     "stop",
 ]
 
+STOP_TIMEOUT_S = 30.0
+"""How long `memstream broker stop` waits after SIGTERM before it sends SIGKILL."""
+
 def _login(settings: Settings, acl_mode: bool) -> tuple[str, str] | None:
     """The admin's PLAIN login for probing an ACL-mode broker (``None``: plain mode,
     or no credentials in this home)."""
@@ -96,12 +99,12 @@ def _login(settings: Settings, acl_mode: bool) -> tuple[str, str] | None:
 def _status(settings: Settings, paths: BrokerPaths) -> BrokerStatus:
     state = read_state(paths)
     pid = our_pid(paths)
-    acl_mode = bool(state.get("acl")) if pid is not None and state.get("pid") == pid else settings.broker_acl
+    acl_mode = bool(state.get("acl")) if pid is not None and state.get("pid") == pid else settings.broker.acl
     base = BrokerStatus(
         "stopped",
-        version=settings.kafka_version,
-        port=settings.broker_port,
-        controller_port=settings.controller_port,
+        version=settings.broker.kafka_version,
+        port=settings.broker.port,
+        controller_port=settings.broker.controller_port,
         broker_dir=paths.root,
         data_dir=paths.data_dir,
         log_file=paths.server_log,
@@ -143,7 +146,7 @@ def start(settings: Settings) -> BrokerStatus:
 
     A no-op (``started=False``) when our broker already runs. Raises ``BrokerError``
     when the port is taken by something else, when the jars cannot be fetched, or when
-    the broker does not answer within ``settings.broker_start_timeout_s`` (the process
+    the broker does not answer within ``settings.broker.start_timeout_s`` (the process
     is then killed and the message ends with the log's tail).
     """
     paths = BrokerPaths.from_settings(settings)
@@ -151,16 +154,16 @@ def start(settings: Settings) -> BrokerStatus:
     with locked(paths.lock_file):
         current = _status(settings, paths)
         if current.state == "running":
-            if current.acl != settings.broker_acl:
+            if current.acl != settings.broker.acl:
                 raise BrokerError(
                     f"the local broker runs {'with' if current.acl else 'without'} ACLs (SASL); stop it "
-                    f"(`memstream broker stop`) to start it {'with' if settings.broker_acl else 'without'} them"
+                    f"(`memstream broker stop`) to start it {'with' if settings.broker.acl else 'without'} them"
                 )
             return current
         if current.state == "external":
             raise BrokerError(
                 f"cannot start the local broker: {current.detail}. Stop that program, or "
-                "choose other ports with MEMSTREAM_BROKER_PORT and MEMSTREAM_CONTROLLER_PORT"
+                "choose other ports with MEMSTREAM_BROKER_PORT and MEMSTREAM_BROKER_CONTROLLER_PORT"
             )
         if current.state == "starting" and current.pid is not None:
             # Our process from an earlier start is still coming up (or hung): give it
@@ -172,24 +175,24 @@ def start(settings: Settings) -> BrokerStatus:
         java = find_java()
         paths.logs_dir.mkdir(parents=True, exist_ok=True)
         paths.data_dir.mkdir(parents=True, exist_ok=True)
-        sasl = acl.sasl_properties(acl.ensure_credentials(settings)) if settings.broker_acl else None
+        sasl = acl.sasl_properties(acl.ensure_credentials(settings)) if settings.broker.acl else None
         # 0600: in ACL mode it holds the principals' passwords
         paths.config_file.touch(mode=0o600)
         paths.config_file.chmod(0o600)
         paths.config_file.write_text(
-            render_properties(server_properties(settings, paths.data_dir, sasl)), encoding="ascii"
+            render_properties(server_properties(settings.broker, paths.data_dir, sasl)), encoding="ascii"
         )
         paths.log4j_file.write_bytes(
             resources.files(PACKAGE).joinpath("log4j2.properties").read_bytes()
         )
         if not paths.formatted:
             acl.forget_acls(paths)  # a fresh metadata log holds no ACLs yet
-            format_storage(java, libs, settings, paths)
+            format_storage(java, libs, settings.broker, paths)
 
-        pid, offsets = launch(java, libs, settings, paths)
+        pid, offsets = launch(java, libs, settings.broker, paths)
         ready = _await_ready(settings, paths, pid, started=True, offsets=offsets)
-        if settings.broker_acl:
-            acl.apply_acls(java, libs, settings, paths, jvm_options(settings, paths))
+        if settings.broker.acl:
+            acl.apply_acls(java, libs, settings, paths, jvm_options(settings.broker, paths))
         return ready
 
 
@@ -203,8 +206,8 @@ def _await_ready(
 ) -> BrokerStatus:
     """Wait until the broker ``pid`` answers a metadata request. If it exits or the
     deadline passes (then it is killed), raise with what it logged."""
-    deadline = time.monotonic() + settings.broker_start_timeout_s
-    port = settings.broker_port
+    deadline = time.monotonic() + settings.broker.start_timeout_s
+    port = settings.broker.port
     state = read_state(paths)
     if state.get("pid") == pid:
         port = int(str(state.get("port", port)))
@@ -216,10 +219,10 @@ def _await_ready(
             how = f" with exit code {code}" if code is not None else ""
             raise BrokerError(
                 f"the Kafka broker exited during startup{how} (port {port}, controller port "
-                f"{settings.controller_port}, data {paths.data_dir})\n{log_report(paths, offsets)}"
+                f"{settings.broker.controller_port}, data {paths.data_dir})\n{log_report(paths, offsets)}"
             )
         if port_open(port):
-            probe = probe_metadata(port, plain=_login(settings, bool(state.get("acl", settings.broker_acl))))
+            probe = probe_metadata(port, plain=_login(settings, bool(state.get("acl", settings.broker.acl))))
             if probe is not None:
                 current = _status(settings, paths)
                 if current.state == "running":
@@ -229,14 +232,14 @@ def _await_ready(
             forget(paths)
             raise BrokerError(
                 f"the Kafka broker did not answer at 127.0.0.1:{port} within "
-                f"{settings.broker_start_timeout_s:.0f} s (MEMSTREAM_BROKER_START_TIMEOUT_S); "
+                f"{settings.broker.start_timeout_s:.0f} s (MEMSTREAM_BROKER_START_TIMEOUT_S); "
                 f"it was stopped\n{log_report(paths, offsets)}"
             )
         time.sleep(POLL_S)
 
 
 def stop(settings: Settings) -> bool:
-    """Stop our local broker: SIGTERM, then SIGKILL after ``broker_stop_timeout_s``.
+    """Stop our local broker: SIGTERM, then SIGKILL after ``STOP_TIMEOUT_S``.
 
     Returns True if a broker was stopped, False if none of ours was running (a stale
     pid file is removed). Data is kept; an external broker is never touched.
@@ -249,7 +252,7 @@ def stop(settings: Settings) -> bool:
         if pid is None:
             forget(paths)
             return False
-        terminate(pid, timeout=settings.broker_stop_timeout_s)
+        terminate(pid, timeout=STOP_TIMEOUT_S)
         if alive(pid):
             raise BrokerError(f"the Kafka broker (pid {pid}) survived SIGKILL; is the machine overloaded?")
         forget(paths)

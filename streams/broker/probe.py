@@ -6,7 +6,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
-from memstream.settings import Settings
+from memstream.settings import BrokerSettings
 
 __all__ = [
     "MetadataProbe",
@@ -43,26 +43,26 @@ def bootstrap_reachable(bootstrap: str, timeout: float = 1.0) -> bool:
     return False
 
 
-def is_local_bootstrap(settings: Settings) -> bool:
-    """Whether ``settings.bootstrap_servers`` names only this machine's local broker
+def is_local_bootstrap(broker: BrokerSettings) -> bool:
+    """Whether ``broker.bootstrap_servers`` names only this machine's local broker
     (loopback hosts, ``broker_port``), so that :func:`start` can provide it when
     nothing answers there."""
-    entries = [e.strip() for e in settings.bootstrap_servers.split(",")]
+    entries = [e.strip() for e in broker.bootstrap_servers.split(",")]
     hosts = {e.rpartition(":")[0] for e in entries}
     ports = {e.rpartition(":")[2] for e in entries}
-    return hosts <= _LOOPBACK and ports == {str(settings.broker_port)}
+    return hosts <= _LOOPBACK and ports == {str(broker.port)}
 
 
-def unreachable_message(settings: Settings) -> str:
+def unreachable_message(broker: BrokerSettings) -> str:
     """Why nothing answers and the local broker cannot be started for it, naming the
     variables that move the local broker (a common trap: only the bootstrap address
     was set to another port)."""
     return (
-        f"cannot reach Kafka at MEMSTREAM_BOOTSTRAP_SERVERS={settings.bootstrap_servers}, and the local broker "
-        f"would listen on MEMSTREAM_BROKER_PORT={settings.broker_port} (controller MEMSTREAM_CONTROLLER_PORT="
-        f"{settings.controller_port}); to run the local broker on another port set MEMSTREAM_BROKER_PORT and a "
-        "free MEMSTREAM_CONTROLLER_PORT (MEMSTREAM_BOOTSTRAP_SERVERS then follows), or start the broker "
-        "MEMSTREAM_BOOTSTRAP_SERVERS names"
+        f"cannot reach Kafka at MEMSTREAM_BROKER_BOOTSTRAP_SERVERS={broker.bootstrap_servers}, and the local broker "
+        f"would listen on MEMSTREAM_BROKER_PORT={broker.port} (controller MEMSTREAM_BROKER_CONTROLLER_PORT="
+        f"{broker.controller_port}); to run the local broker on another port set MEMSTREAM_BROKER_PORT and a "
+        "free MEMSTREAM_BROKER_CONTROLLER_PORT (MEMSTREAM_BROKER_BOOTSTRAP_SERVERS then follows), or start the broker "
+        "MEMSTREAM_BROKER_BOOTSTRAP_SERVERS names"
     )
 
 

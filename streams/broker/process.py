@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from memstream.settings import Settings
+from memstream.settings import BrokerSettings
 from memstream.streams.broker.config import cluster_id
 from memstream.streams.broker.logs import file_size, last_lines
 from memstream.streams.broker.paths import BrokerError, BrokerPaths
@@ -115,9 +115,9 @@ def find_java() -> str:
     return java
 
 
-def jvm_options(settings: Settings, paths: BrokerPaths) -> list[str]:
+def jvm_options(broker: BrokerSettings, paths: BrokerPaths) -> list[str]:
     return [
-        f"-Xmx{settings.broker_heap}",
+        f"-Xmx{broker.heap}",
         "-XX:+UseG1GC",
         "-XX:MaxGCPauseMillis=20",
         "-XX:+ExplicitGCInvokesConcurrent",
@@ -127,10 +127,10 @@ def jvm_options(settings: Settings, paths: BrokerPaths) -> list[str]:
     ]
 
 
-def format_storage(java: str, libs: Path, settings: Settings, paths: BrokerPaths) -> None:
+def format_storage(java: str, libs: Path, broker: BrokerSettings, paths: BrokerPaths) -> None:
     command = [
         java,
-        *jvm_options(settings, paths),
+        *jvm_options(broker, paths),
         "-cp",
         str(libs / "*"),
         "kafka.tools.StorageTool",
@@ -176,12 +176,12 @@ def forget(paths: BrokerPaths) -> None:
     paths.state_file.unlink(missing_ok=True)
 
 
-def launch(java: str, libs: Path, settings: Settings, paths: BrokerPaths) -> tuple[int, dict[Path, int]]:
+def launch(java: str, libs: Path, broker: BrokerSettings, paths: BrokerPaths) -> tuple[int, dict[Path, int]]:
     """Start the broker's JVM in a session of its own and record its pid and settings;
     returns the pid and where its logs stood (failure reports show only this start's)."""
     command = [
         java,
-        *jvm_options(settings, paths),
+        *jvm_options(broker, paths),
         "-cp",
         str(libs / "*"),
         "kafka.Kafka",
@@ -207,10 +207,10 @@ def launch(java: str, libs: Path, settings: Settings, paths: BrokerPaths) -> tup
         json.dumps(
             {
                 "pid": process.pid,
-                "version": settings.kafka_version,
-                "port": settings.broker_port,
-                "controller_port": settings.controller_port,
-                "acl": settings.broker_acl,
+                "version": broker.kafka_version,
+                "port": broker.port,
+                "controller_port": broker.controller_port,
+                "acl": broker.acl,
                 "jars": str(libs),
                 "started_at": time.time(),
             },

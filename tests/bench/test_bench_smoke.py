@@ -5,8 +5,6 @@ and real LanceDB, returns its named figures, and its counts match what it produc
 the rows the search benchmark bulk-loads (memories, their L0 turns, entities) are
 exactly the rows the real projector writes for the same events (otherwise it would time a table the product never
 builds); ``memstream bench`` prints the JSON object as its last line.
-
-Covers ``memstream/cli/bench.py``.
 """
 
 from __future__ import annotations

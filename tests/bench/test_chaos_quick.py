@@ -56,7 +56,7 @@ def test_flaky_llm_fails_at_its_rate_and_answers_every_turn_otherwise() -> None:
 
 def test_short_chaos_run_loses_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Sealed, as the product runs by default: the log is verified through its keys.
-    monkeypatch.setenv("MEMSTREAM_SEALING", "true")
+    monkeypatch.setenv("MEMSTREAM_SECURITY_SEALING", "true")
     plan = ChaosPlan(
         events=1_500,
         worker_kills=3,

@@ -1,5 +1,5 @@
 """``memstream bench extractor --llm-url``: the harness against an endpoint, here the
-scripted fake answering like the weak model of issue 24 (a copied type list, a speaker
+scripted fake answering like a weak model (SmolLM2-135M: a copied type list, a speaker
 name as a source id, a sentence its sources never said), over llama-cpp-python's
 refusal of ``json_schema``. No timing is asserted: the counts must match what the
 scripted model wrote, and nothing may be lost."""

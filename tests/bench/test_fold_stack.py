@@ -6,9 +6,7 @@ must equal the reference model's answer (:mod:`memstream.domain.fold`).
 
 Real broker, sealed log, the worker (projector and reflector) as its own process,
 the API's read path in this process. Seeded and bounded (two examples of a dozen
-steps, and one on a sharded set); ``memstream bench fold --seconds N`` runs the same steps for longer.
-
-Covers ``memstream/bench/fold_stack.py``."""
+steps, and one on a sharded set); ``memstream bench fold --seconds N`` runs the same steps for longer."""
 
 from __future__ import annotations
 
@@ -77,8 +75,8 @@ class FoldMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         try:
             self.run(self.stack.stop())
-            self.run(delete_topics(self.stack.settings.bootstrap_servers, Topics.from_settings(self.stack.settings),
-                                   self.stack.settings.app_id))
+            self.run(delete_topics(self.stack.settings.broker.bootstrap_servers, Topics.from_settings(self.stack.settings.broker),
+                                   self.stack.settings.worker.app_id))
         finally:
             self.loop.close()
 
@@ -128,7 +126,7 @@ class FoldMachine(RuleBasedStateMachine):
         self.run(self.stack.turn(space, agent, "c0"))
         self.stack.start_worker()
 
-    @precondition(lambda self: self.stack.settings.sharded and self.stack.serving)
+    @precondition(lambda self: self.stack.settings.storage.sharded and self.stack.serving)
     @rule()
     def rebalance(self) -> None:
         self.stack.rebalance()
@@ -214,7 +212,7 @@ def test_a_write_after_a_forget_made_while_the_worker_was_down_survives(kafka_bo
             return stack
         finally:
             await stack.stop()
-            await delete_topics(kafka_bootstrap, Topics.from_settings(stack.settings), stack.settings.app_id)
+            await delete_topics(kafka_bootstrap, Topics.from_settings(stack.settings.broker), stack.settings.worker.app_id)
 
     stack = asyncio.run(scenario())
     assert stack.reads > 100

@@ -27,9 +27,9 @@ ALICE = Scope(team_id="acme", user_id="alice")
 @pytest.fixture
 def lance_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     root = tmp_path / "lance"
-    monkeypatch.setenv("MEMSTREAM_EMBEDDER", "local")  # the lexical embedder at a small width
-    monkeypatch.setenv("MEMSTREAM_EMBEDDING_DIM", str(DIM))
-    monkeypatch.setenv("MEMSTREAM_LANCE_DIR", str(root))
+    monkeypatch.setenv("MEMSTREAM_EMBEDDINGS_PROVIDER", "local")  # the lexical embedder at a small width
+    monkeypatch.setenv("MEMSTREAM_EMBEDDINGS_DIM", str(DIM))
+    monkeypatch.setenv("MEMSTREAM_STORAGE_ROOT", str(root))
     get_settings.cache_clear()
     store = LanceStore(root, embedding_dim=DIM)
     Projector(store, LocalEmbedder(DIM)).apply(
@@ -88,7 +88,7 @@ def test_search_rerank_goes_through_the_configured_reranker(
     with pytest.raises(CLIError, match="--rerank needs a reranker"):
         CliRunner().invoke(cli, ["search", "pizza", "--team", "acme", "--user", "alice", "--rerank"], catch_exceptions=False)
     with OpenAICompatServer() as fake:
-        monkeypatch.setenv("MEMSTREAM_RERANK_URL", fake.base_url)
+        monkeypatch.setenv("MEMSTREAM_EMBEDDINGS_RERANK_URL", fake.base_url)
         get_settings.cache_clear()
         for word in ("cheese", "pepperoni"):  # the reranker alone decides which comes first
             fake.rerank.responder = lambda body, word=word: Reply(scores=[1.0 if word in d else 0.0 for d in body["documents"]])
@@ -189,9 +189,9 @@ def test_commands_refuse_a_missing_projection(cli: typer.Typer, tmp_path: Path) 
 
 def test_memory_ids_never_wrap_in_an_80_column_table(cli: typer.Typer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "uuids"
-    monkeypatch.setenv("MEMSTREAM_EMBEDDER", "local")
-    monkeypatch.setenv("MEMSTREAM_EMBEDDING_DIM", str(DIM))
-    monkeypatch.setenv("MEMSTREAM_LANCE_DIR", str(root))
+    monkeypatch.setenv("MEMSTREAM_EMBEDDINGS_PROVIDER", "local")
+    monkeypatch.setenv("MEMSTREAM_EMBEDDINGS_DIM", str(DIM))
+    monkeypatch.setenv("MEMSTREAM_STORAGE_ROOT", str(root))
     get_settings.cache_clear()
     ids = ["0b8e2f4c-3a51-4f0e-9d6a-7c1e5b2a9f30", "5d1c7a9e-2b64-4e8f-a3c0-9f7b1d2e6a48"]
     Projector(LanceStore(root, embedding_dim=DIM), LocalEmbedder(DIM)).apply(

@@ -1,8 +1,6 @@
 """``memstream console token`` as an operator runs it: the token file is made once,
 private (0600), shown on request, and replaced only by ``--rotate``; a token file
-others can read is refused as a credential.
-
-Covers ``memstream/interfaces/console/session.py`` (the operator token's file)."""
+others can read is refused as a credential."""
 
 from __future__ import annotations
 

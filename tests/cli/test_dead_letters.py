@@ -1,9 +1,7 @@
 """``memstream dead-letters`` on the real broker: a producer's bad record sent to the
 ingress (sealing on, the default) is listed with its full reason opened by the master
 key of the host, counted by stable code and stage, filtered by topic, time and space;
-without the master key it stays sealed. ``memstream tail ingress`` takes the short name.
-
-Covers ``streams/dead_letter_reader.py``."""
+without the master key it stays sealed. ``memstream tail ingress`` takes the short name."""
 
 from __future__ import annotations
 
@@ -55,7 +53,7 @@ async def test_an_operator_reads_counts_and_filters_sealed_dead_letters(
         "type": "MemoryAdded", "schema_version": 2, "event_id": str(uuid.uuid4()), "occurred_at": "2026-12-01T10:00:00Z",
         "scope": {"team_id": "acme", "user_id": "alice"}, "memory_id": "m-1", "contnet": f"{canary} window seats",
     }
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.broker.bootstrap_servers)
     await producer.start()
     try:
         await producer.send_and_wait(fresh_topics.ingress, json.dumps(misnamed).encode(), key=b"acme/alice",
@@ -97,12 +95,12 @@ async def test_an_operator_reads_counts_and_filters_sealed_dead_letters(
 
     # another host (no master key): the letter is listed, its reason stays sealed
     elsewhere = await acli(settings, "dead-letters", "list", "--json", "--topic", "events",
-                    MEMSTREAM_MASTER_KEY_FILE=str(tmp_path / "absent.key"))
+                    MEMSTREAM_SECURITY_MASTER_KEY_FILE=str(tmp_path / "absent.key"))
     [shut] = lines(elsewhere)
     assert shut["code"] == "sealed" and "content" not in shut["reason"] and "master key" in elsewhere.stderr
 
     # the sealer deleted what it sealed from the ingress: a record sent now is still there
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.broker.bootstrap_servers)
     await producer.start()
     try:
         await producer.send_and_wait(fresh_topics.ingress, json.dumps({**misnamed, "memory_id": canary}).encode(), key=b"acme/alice")

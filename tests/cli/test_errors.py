@@ -48,6 +48,12 @@ def test_a_bad_setting_names_the_variable_the_user_set(capsys: pytest.CaptureFix
     assert err.startswith("error: invalid setting MEMSTREAM_LOG_LEVEL:")
 
 
+def test_a_bad_grouped_setting_names_its_variable() -> None:
+    with pytest.raises(ValidationError) as caught:
+        Settings(broker={"partitions": 0})
+    assert validation_line(caught.value).startswith("invalid setting MEMSTREAM_BROKER_PARTITIONS:")
+
+
 def test_validation_line_counts_the_other_problems() -> None:
     with pytest.raises(ValidationError) as caught:
         Settings(log_level="LOUD", embedding_dim=-3)

@@ -44,7 +44,7 @@ def test_no_flag_shows_a_type_and_every_summary_is_whole() -> None:
 
 
 def test_a_wrong_broker_port_ends_with_the_error_alone(tmp_path: Path) -> None:
-    env = {"MEMSTREAM_HOME": str(tmp_path), "MEMSTREAM_BOOTSTRAP_SERVERS": "127.0.0.1:1", "PATH": "/usr/bin:/bin"}
+    env = {"MEMSTREAM_HOME": str(tmp_path), "MEMSTREAM_BROKER_BOOTSTRAP_SERVERS": "127.0.0.1:1", "PATH": "/usr/bin:/bin"}
     for args in (["dead-letters", "count"], ["shards"]):
         run = subprocess.run([sys.executable, "-m", "memstream", *args], env=env, capture_output=True, text=True, timeout=180)
         assert run.returncode == 1, run.stderr

@@ -36,14 +36,14 @@ def test_only_settings_that_differ_from_their_default_are_carried(tmp_path: Path
     plain = _server(Settings(home=tmp_path))["env"]
     assert plain == {"MEMSTREAM_HOME": str(tmp_path)}
     tuned = _server(Settings(home=tmp_path, embedder="local", embedding_dim=64, lance_dir=tmp_path / "elsewhere"))["env"]
-    assert tuned["MEMSTREAM_EMBEDDER"] == "local"
-    assert tuned["MEMSTREAM_EMBEDDING_DIM"] == "64"
-    assert tuned["MEMSTREAM_LANCE_DIR"] == str(tmp_path / "elsewhere")
+    assert tuned["MEMSTREAM_EMBEDDINGS_PROVIDER"] == "local"
+    assert tuned["MEMSTREAM_EMBEDDINGS_DIM"] == "64"
+    assert tuned["MEMSTREAM_STORAGE_ROOT"] == str(tmp_path / "elsewhere")
 
 
 def test_secrets_never_go_into_the_snippet(tmp_path: Path) -> None:
     settings = Settings(home=tmp_path, llm_api_key="sk-very-secret")
     text = snippet_json(settings, "ops")
     assert "sk-very-secret" not in text
-    assert "MEMSTREAM_LLM_API_KEY" not in json.loads(text)["mcpServers"]["memstream"]["env"]
-    assert secrets_left_out(settings) == ["MEMSTREAM_LLM_API_KEY"]
+    assert "MEMSTREAM_EXTRACTION_LLM_API_KEY" not in json.loads(text)["mcpServers"]["memstream"]["env"]
+    assert secrets_left_out(settings) == ["MEMSTREAM_EXTRACTION_LLM_API_KEY"]

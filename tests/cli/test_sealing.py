@@ -31,7 +31,7 @@ async def test_forget_waits_for_the_projections_and_status_says_where_it_stands(
     settings = settings_for(fresh_topics, embedder="local", embedding_dim=32, sealing=True)
     async with MemstreamProducer(settings) as producer:
         await producer.send_many([MemoryAdded(scope=ALICE, memory_id=f"m{i}", content=f"fact {i}") for i in range(3)])
-    worker = WorkerProcess(settings, tmp_path / "worker", agents=["projector", "sealer"])
+    worker = WorkerProcess(settings, tmp_path / "worker", services=["projector", "sealer"])
     worker.start()
     worker.stop()  # the tables exist; nothing applies the forget now
 

@@ -1,7 +1,5 @@
 """The fast MemoryAdded read path never admits what the general path refuses, and when
-it admits a record its values are exactly the model's.
-
-Covers ``values``."""
+it admits a record its values are exactly the model's."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """The event model's validation: every documented rule, its one-line reason, and a fuzz
-proving that nothing but :class:`EventValidationError` ever escapes ``parse_event``.
-
-Covers ``domain/events/models.py``, ``domain/events/parsing.py``, ``domain/events/values.py``."""
+proving that nothing but :class:`EventValidationError` ever escapes ``parse_event``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The pure rules of the extractor's fallback and of its commits' resume marks.
-
-Covers ``fallback``, ``resume_marks``."""
+"""The pure rules of the extractor's fallback and of its commits' resume marks."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """The injection gate over its corpus (``memstream.bench.gate_corpus``): every attack
 is caught, on normalised text, and no benign text about instructions is refused.
-``memstream bench gate`` prints the same figures (docs/benchmarks.md).
-
-Covers ``normalise``."""
+``memstream bench gate`` prints the same figures (docs/benchmarks-history.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """The published JSON Schemas: committed files equal the generator's output, and the
-schemas accept what the models accept (and refuse the documented violations).
-
-Covers ``memstream/schemas_gen.py``."""
+schemas accept what the models accept (and refuse the documented violations)."""
 
 from __future__ import annotations
 

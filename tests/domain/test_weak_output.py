@@ -1,6 +1,6 @@
 """What weak models write inside well-formed JSON, handled by rule: the memory type
 repair, the grounding check, and an answer that leaves no memory (the answers here are
-the ones SmolLM2-135M gave in issue 24, and variations)."""
+the ones SmolLM2-135M gave, and variations)."""
 
 from __future__ import annotations
 

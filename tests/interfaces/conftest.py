@@ -50,10 +50,10 @@ def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         reflection_poll_seconds=0.5,
         rerank_url=rerank.base_url,
     )
-    asyncio.run(ensure_topics(kafka_bootstrap, Topics.from_settings(settings)))
+    asyncio.run(ensure_topics(kafka_bootstrap, Topics.from_settings(settings.broker)))
     from memstream.projections.store import LanceStore
 
-    LanceStore.from_settings(settings)  # create the tables before two processes open them
+    LanceStore.from_settings(settings.storage, settings.embeddings.dim)  # create the tables before two processes open them
     keys = {name: create_key(settings, name)[0] for name in ("alice", "acme", "bot", "globex", "carol", "dave", "erin", "frank", "planner", "spy", "trustteam")}
     env = {**child_env(settings), "PYTHONUNBUFFERED": "1"}
     logs = root / "logs"

@@ -81,11 +81,11 @@ class Stack:
     logs: Path
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     rerank: OpenAICompatServer | None = None
-    """The scripted server behind ``MEMSTREAM_RERANK_URL`` (its ``rerank`` script)."""
+    """The scripted server behind ``MEMSTREAM_EMBEDDINGS_RERANK_URL`` (its ``rerank`` script)."""
 
     @property
     def topics(self) -> Topics:
-        return Topics.from_settings(self.settings)
+        return Topics.from_settings(self.settings.broker)
 
     def headers(self, bank: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.keys[bank]}"}

@@ -1,6 +1,7 @@
 """Agent isolation through the real API (real broker, worker and LanceDB): two keys
 pinned to two agents of one user ("planner" and "spy", banks in ``iface_stack``),
-and a team-wide key of the same team. Each test is one hole of issue 16, closed."""
+and a team-wide key of the same team. Each test is one way a key could read or write
+another agent's memories, closed."""
 
 from __future__ import annotations
 

@@ -2,9 +2,7 @@
 ``memstream mcp`` started the way an MCP host starts it (the official MCP client, the
 JSON snippet ``memstream mcp --print-config`` printed, another working directory, only
 the snippet's environment), and ``search`` / ``sql`` from a third directory, all read
-and write the same projection on the same broker.
-
-Covers ``memstream/cli/projector.py``."""
+and write the same projection on the same broker."""
 
 from __future__ import annotations
 
@@ -46,13 +44,13 @@ def installed(kafka_bootstrap: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
     home.mkdir()
     prefix = f"t{uuid.uuid4().hex[:10]}."
     (home / "config.env").write_text(
-        f"MEMSTREAM_TOPIC_PREFIX={prefix}\nMEMSTREAM_APP_ID=app-{uuid.uuid4().hex[:8]}\n"
-        "MEMSTREAM_PROJECTOR_BATCH_SECONDS=0.05\nMEMSTREAM_READ_WAIT_MAX_S=30\n"
+        f"MEMSTREAM_BROKER_TOPIC_PREFIX={prefix}\nMEMSTREAM_WORKER_APP_ID=app-{uuid.uuid4().hex[:8]}\n"
+        "MEMSTREAM_WORKER_PROJECTOR_BATCH_SECONDS=0.05\nMEMSTREAM_API_READ_WAIT_MAX_S=30\n"
     )
     dirs = {name: tmp_path / name for name in ("worker_cwd", "host_cwd", "cli_cwd")}
     for d in dirs.values():
         d.mkdir()
-    env = {**host_env(home), "MEMSTREAM_BOOTSTRAP_SERVERS": kafka_bootstrap}
+    env = {**host_env(home), "MEMSTREAM_BROKER_BOOTSTRAP_SERVERS": kafka_bootstrap}
     added = cli(["banks", "add", "ops", "--team", "acme", "--user", "alice", "--description", "Alice's notes."],
                 dirs["worker_cwd"], env)
     assert added.returncode == 0, added.stderr

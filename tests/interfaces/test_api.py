@@ -1,10 +1,5 @@
 """The HTTP API on a real uvicorn server (loopback, random port) with real Kafka, a real
-worker projecting into LanceDB, and tenant-bound keys.
-
-Covers ``api``, ``api_auth``, ``api_models``, ``api_requests``, ``asgi`` (the ``/mcp``
-endpoint) and ``routes_write`` / ``routes_read`` / ``routes_ops``.
-
-Covers ``memstream/interfaces/errors.py``, ``memstream/interfaces/guards.py``, ``memstream/interfaces/routes_ops.py``, ``memstream/interfaces/routes_read.py``, ``memstream/interfaces/routes_write.py``."""
+worker projecting into LanceDB, and tenant-bound keys."""
 
 from __future__ import annotations
 
@@ -40,7 +35,7 @@ async def client(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest.fixture(scope="session")
 async def offsets_consumer(stack: Stack) -> AsyncIterator[AIOKafkaConsumer]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=stack.settings.bootstrap_servers, group_id=None)
+    consumer = AIOKafkaConsumer(bootstrap_servers=stack.settings.broker.bootstrap_servers, group_id=None)
     await consumer.start()
     yield consumer
     await consumer.stop()
@@ -241,7 +236,7 @@ async def test_non_json_and_oversized_bodies(stack: Stack, client: httpx.AsyncCl
     before = await end_offsets()
     h = {**stack.headers("acme"), "content-type": "application/json"}
     assert_error(await client.post("/v1/events", content=b"{not json", headers=h), 422, "validation_error")
-    huge = json.dumps({"content": "x" * (stack.settings.api_max_body_bytes + 1)}).encode()
+    huge = json.dumps({"content": "x" * (stack.settings.api.max_body_bytes + 1)}).encode()
     assert_error(await client.post("/v1/memories", content=huge, headers=h), 413, "payload_too_large")
     assert await end_offsets() == before
 
@@ -318,8 +313,8 @@ async def test_health_metrics_and_unknown_routes(stack: Stack, client: httpx.Asy
     assert gauges["memstream_search_kept_memories"] >= 1 and gauges["memstream_search_kept_bytes"] > 0
     assert gauges["memstream_search_kept_spaces"] >= 1 and gauges["memstream_search_cache_spaces"] >= 1
     assert "memstream_search_change_steps" in gauges
-    assert gauges["memstream_search_cache_rows_max"] == stack.settings.search_cache_rows
-    assert gauges["memstream_search_kept_memories_max"] == stack.settings.search_cache_vectors
+    assert gauges["memstream_search_cache_rows_max"] == stack.settings.storage.search_cache_rows
+    assert gauges["memstream_search_kept_memories_max"] == stack.settings.storage.search_cache_vectors
     assert 'memstream_events_in_total{interface="api",type="MemoryAdded"}' in text
     events = stack.topics.events
     assert f'memstream_log_end_offset{{partition="0",topic="{events}"}}' in text
@@ -451,5 +446,5 @@ async def test_rerank_without_a_configured_reranker_is_refused(tmp_path: Path) -
     from memstream.interfaces.service import MemoryService, RerankUnavailable
 
     service = MemoryService(Settings(home=tmp_path, rerank_url=None))
-    with pytest.raises(RerankUnavailable, match="MEMSTREAM_RERANK_URL"):
+    with pytest.raises(RerankUnavailable, match="MEMSTREAM_EMBEDDINGS_RERANK_URL"):
         await service.search(Scope(team_id="t", user_id="u"), "anything", 5, None, interface="api", rerank=True)

@@ -1,6 +1,4 @@
-"""Memory banks and API keys: parsing, access rules, hashing-only storage, reloads.
-
-Covers ``memstream/banks.py``."""
+"""Memory banks and API keys: parsing, access rules, hashing-only storage, reloads."""
 
 from __future__ import annotations
 
@@ -154,9 +152,9 @@ def test_registry_source_reloads_on_change_and_fails_closed(tmp_path: Path) -> N
     # A broken banks file is never a reason to keep serving its old keys.
     raw, record = create_key(settings, "a")
     assert source.current().authenticate(raw) is not None
-    assert settings.banks_file is not None
-    settings.banks_file.write_text("[banks.a\n")
-    os.utime(settings.banks_file, ns=(1, 1))
+    assert settings.api.banks_file is not None
+    settings.api.banks_file.write_text("[banks.a\n")
+    os.utime(settings.api.banks_file, ns=(1, 1))
     assert source.current().banks == {} and source.current().authenticate(raw) is None
     assert source.last_error and "not valid" in source.last_error
 
@@ -168,18 +166,18 @@ def test_an_invalid_bank_entry_is_skipped_with_its_line(tmp_path: Path, caplog: 
     raw_b, _ = create_key(settings, "b")
     source = RegistrySource(settings)
     assert source.current().authenticate(raw_b) is not None
-    assert settings.banks_file is not None
+    assert settings.api.banks_file is not None
     # bank b becomes invalid (a bad team id): b and its key are out, a keeps working
-    settings.banks_file.write_text(good + "\n[banks.b]\nteam_id = 'bad team'\ndescription = 'd'\n")
+    settings.api.banks_file.write_text(good + "\n[banks.b]\nteam_id = 'bad team'\ndescription = 'd'\n")
     with caplog.at_level("ERROR", logger="memstream.banks"):
         registry = source.current()
     assert set(registry.banks) == {"a"}
     assert registry.authenticate(raw_a) is not None and registry.authenticate(raw_b) is None
-    assert source.last_error and f"{settings.banks_file}:5: skipped: bank 'b'" in source.last_error
+    assert source.last_error and f"{settings.api.banks_file}:5: skipped: bank 'b'" in source.last_error
     assert any(":5: skipped" in r.getMessage() for r in caplog.records)
     # a keys file that does not parse grants nothing (the banks file's own keys still work)
-    assert settings.keys_file is not None
-    settings.keys_file.write_text("[[keys]\n")
+    assert settings.api.keys_file is not None
+    settings.api.keys_file.write_text("[[keys]\n")
     assert source.current().authenticate(raw_a) is None
 
 
@@ -261,7 +259,7 @@ def test_cli_banks_add_then_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     from memstream.cli import main
     from memstream.settings import get_settings
 
-    for name in ("BANKS_FILE", "KEYS_FILE"):
+    for name in ("API_BANKS_FILE", "API_KEYS_FILE"):
         monkeypatch.delenv(f"MEMSTREAM_{name}", raising=False)
     monkeypatch.setenv("MEMSTREAM_HOME", str(tmp_path / "home"))
 

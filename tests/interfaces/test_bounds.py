@@ -1,8 +1,6 @@
 """Bounded resources at the HTTP boundary: hostile bodies get a 4xx (never a 500), and
 a key over its rate limit gets 429 with Retry-After. Real uvicorn server and broker
-(the shared stack), and the real app in process for the limiter.
-
-Covers ``asgi.BodyLimit`` and ``ratelimit``."""
+(the shared stack), and the real app in process for the limiter."""
 
 from __future__ import annotations
 

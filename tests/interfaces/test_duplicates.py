@@ -39,7 +39,7 @@ async def _read(client: httpx.AsyncClient, stack: Stack, bank: str, memory_id: s
 
 
 def _rows(stack: Stack, content: str) -> list[tuple[str, str, str]]:
-    table = LanceStore.from_settings(stack.settings, create=False).table("memories").to_arrow()
+    table = LanceStore.from_settings(stack.settings.storage, stack.settings.embeddings.dim, create=False).table("memories").to_arrow()
     rows = zip(*(table.column(c).to_pylist() for c in ("content", "user_id", "agent_id", "memory_id")))
     return sorted((user, agent, mid) for text, user, agent, mid in rows if text == content)
 

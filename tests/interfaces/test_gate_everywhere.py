@@ -52,7 +52,7 @@ async def test_mcp_and_sdk_memory_writes_are_gated(stack: Stack) -> None:
 async def _send_raw(stack: Stack, topic: str, event: EventBase) -> RecordMetadata:
     """One record as a producer in another language writes it (no SDK check)."""
     record = encode_event(event)
-    producer = AIOKafkaProducer(bootstrap_servers=stack.settings.bootstrap_servers)
+    producer = AIOKafkaProducer(bootstrap_servers=stack.settings.broker.bootstrap_servers)
     await producer.start()
     try:
         return await producer.send_and_wait(topic, record.value, key=record.key, headers=record.headers)
@@ -61,7 +61,7 @@ async def _send_raw(stack: Stack, topic: str, event: EventBase) -> RecordMetadat
 
 
 async def _dead_letter_reason(stack: Stack, md: RecordMetadata) -> str:
-    consumer = AIOKafkaConsumer(stack.topics.dead_letter, bootstrap_servers=stack.settings.bootstrap_servers,
+    consumer = AIOKafkaConsumer(stack.topics.dead_letter, bootstrap_servers=stack.settings.broker.bootstrap_servers,
                                 group_id=None, auto_offset_reset="earliest")
     await consumer.start()
     try:

@@ -1,10 +1,6 @@
 """Real MCP client sessions (the SDK's ``Client``) against memstream's MCP server: in
 process, over stdio (``python -m memstream mcp --bank NAME``) and over streamable HTTP
-inside the API server, with the real broker and the real worker projecting.
-
-Covers ``mcp_server`` and ``mcp_tools``.
-
-Covers ``memstream/cli/serve.py``."""
+inside the API server, with the real broker and the real worker projecting."""
 
 from __future__ import annotations
 
@@ -44,7 +40,7 @@ async def call(client: Client, tool: str, args: dict[str, Any]) -> dict[str, Any
 @pytest.fixture
 def reader(stack: Stack) -> LanceStore:
     """A second reader of the projection, to check where writes really landed."""
-    return LanceStore.from_settings(stack.settings, read_consistency_interval=timedelta(0))
+    return LanceStore.from_settings(stack.settings.storage, stack.settings.embeddings.dim, read_consistency_interval=timedelta(0))
 
 
 async def test_in_process_session_pins_the_bank(stack: Stack, reader: LanceStore) -> None:

@@ -1,9 +1,7 @@
 """MCP tools read their bank from the live registry on every call (the API server's
 wiring and ``memstream mcp`` over stdio): a bank moved to another team reads and writes the new team at once, and a
 removed bank answers a tool error; a bank declared while the API runs is served over
-MCP at its first request. Real broker, real worker, real LanceDB.
-
-Covers ``mcp_http``."""
+MCP at its first request. Real broker, real worker, real LanceDB."""
 
 from __future__ import annotations
 
@@ -67,7 +65,7 @@ async def test_stdio_follows_the_bank_file_without_a_restart(stack: Stack, tmp_p
     beta, gamma = f"beta{mark}", f"gamma{mark}"
     banks = tmp_path / "banks.toml"
     banks.write_text(_bank(beta))
-    env = {**stack.env, "MEMSTREAM_BANKS_FILE": str(banks), "MEMSTREAM_KEYS_FILE": str(tmp_path / "keys.toml")}
+    env = {**stack.env, "MEMSTREAM_API_BANKS_FILE": str(banks), "MEMSTREAM_API_KEYS_FILE": str(tmp_path / "keys.toml")}
     params = StdioServerParameters(command=sys.executable, args=["-m", "memstream", "mcp", "--bank", "mover"], env=env)
     async with Client(params, read_timeout_seconds=60) as client:
         await _call(client, "add_memory", {"content": f"beta secret {mark}"})
@@ -87,8 +85,8 @@ async def test_stdio_follows_the_bank_file_without_a_restart(stack: Stack, tmp_p
 async def test_a_bank_declared_while_the_api_runs_is_served_over_http(stack: Stack) -> None:
     mark = uuid.uuid4().hex[:8]
     name = f"late{mark}"
-    assert stack.settings.banks_file is not None
-    with stack.settings.banks_file.open("a", encoding="utf-8") as fh:  # as `memstream banks add` would, while `up` runs
+    assert stack.settings.api.banks_file is not None
+    with stack.settings.api.banks_file.open("a", encoding="utf-8") as fh:  # as `memstream banks add` would, while `up` runs
         fh.write(f"\n[banks.{name}]\nteam_id = 'late'\nuser_id = 'u{mark}'\ndescription = 'Declared after the API started.'\n")
     key, _ = create_key(stack.settings, name)
     headers = {"Authorization": f"Bearer {key}"}

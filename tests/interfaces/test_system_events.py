@@ -57,7 +57,7 @@ async def test_keys_cannot_write_system_events(stack: Stack, client: httpx.Async
 
 async def _dead_letter_for(stack: Stack, position: Any, timeout: float = 60.0) -> str:
     consumer = AIOKafkaConsumer(
-        stack.topics.dead_letter, bootstrap_servers=stack.settings.bootstrap_servers,
+        stack.topics.dead_letter, bootstrap_servers=stack.settings.broker.bootstrap_servers,
         group_id=None, auto_offset_reset="earliest",
     )
     await consumer.start()

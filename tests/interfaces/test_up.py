@@ -127,14 +127,14 @@ def test_ctrl_c_stops_the_broker_that_up_started(kafka_bootstrap: str, tmp_path:
         try:
             _wait_for_line(err, "memstream is up", proc)
             pid = local.status(settings).pid
-            assert pid is not None and bootstrap_reachable(settings.bootstrap_servers)
+            assert pid is not None and bootstrap_reachable(settings.broker.bootstrap_servers)
         finally:
             proc.send_signal(signal.SIGINT)
             code = proc.wait(120)
     log = err.read_text()
     assert code == 0, log
     assert "Kafka: local broker stopped" in log
-    assert not bootstrap_reachable(settings.bootstrap_servers), log
+    assert not bootstrap_reachable(settings.broker.bootstrap_servers), log
     assert local.status(settings).state == "stopped", log
     assert bootstrap_reachable(kafka_bootstrap)  # the session's broker was never touched
 
@@ -142,11 +142,11 @@ def test_ctrl_c_stops_the_broker_that_up_started(kafka_bootstrap: str, tmp_path:
 def test_only_the_bootstrap_address_elsewhere_names_the_variables(tmp_path: Path) -> None:
     elsewhere = free_port()
     env = {k: v for k, v in child_env(Settings(home=tmp_path / "home")).items()
-           if k not in ("MEMSTREAM_BROKER_PORT", "MEMSTREAM_CONTROLLER_PORT")}
-    env["MEMSTREAM_BOOTSTRAP_SERVERS"] = f"127.0.0.1:{elsewhere}"
+           if k not in ("MEMSTREAM_BROKER_PORT", "MEMSTREAM_BROKER_CONTROLLER_PORT")}
+    env["MEMSTREAM_BROKER_BOOTSTRAP_SERVERS"] = f"127.0.0.1:{elsewhere}"
     run = subprocess.run([sys.executable, "-m", "memstream", "up"], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 1
     line = " ".join(run.stderr.split())
-    for name in ("MEMSTREAM_BOOTSTRAP_SERVERS", "MEMSTREAM_BROKER_PORT", "MEMSTREAM_CONTROLLER_PORT"):
+    for name in ("MEMSTREAM_BROKER_BOOTSTRAP_SERVERS", "MEMSTREAM_BROKER_PORT", "MEMSTREAM_BROKER_CONTROLLER_PORT"):
         assert name in line.replace("MEMSTREAM_ ", "MEMSTREAM_"), run.stderr
     assert str(elsewhere) in line

@@ -1,7 +1,5 @@
 """The embedder interface and registry: checked matrices (``embedder_api``) and
-``build_embedder`` (``memstream.projections.embedder``).
-
-Covers ``embedder`` and ``embedder_api``."""
+``build_embedder`` (``memstream.projections.embedder``)."""
 
 from __future__ import annotations
 
@@ -56,16 +54,16 @@ def test_embed_array_is_the_vectors_as_one_float32_matrix() -> None:
 
 
 def test_build_embedder(fake: FakeOpenAI) -> None:
-    assert isinstance(build_embedder(Settings(embedder="local", embedding_dim=64)), LocalEmbedder)
+    assert isinstance(build_embedder(Settings(embedder="local", embedding_dim=64).embeddings), LocalEmbedder)
     remote = build_embedder(
         Settings(embedder="openai", embedding_model="fake-embedding", embedding_dim=16,
-                 embedding_base_url=fake.base_url, embedding_api_key=SecretStr("sk-test"))
+                 embedding_base_url=fake.base_url, embedding_api_key=SecretStr("sk-test")).embeddings
     )
     assert isinstance(remote, OpenAIEmbedder) and remote.model_id == "fake-embedding"
     assert len(remote.embed(["x"])[0]) == 16
     with pytest.raises(EmbedderConfigError, match="API_KEY"):
-        build_embedder(Settings(embedder="openai"))
+        build_embedder(Settings(embedder="openai").embeddings)
     with pytest.raises(EmbedderConfigError, match="unknown embedder"):
-        build_embedder(Settings(embedder="word2vec"))
+        build_embedder(Settings(embedder="word2vec").embeddings)
     with pytest.raises(EmbedderConfigError, match="384"):
-        build_embedder(Settings(embedder="minilm", embedding_dim=128))
+        build_embedder(Settings(embedder="minilm", embedding_dim=128).embeddings)

@@ -123,8 +123,8 @@ def test_a_bare_list_answer_with_score_is_read_too(fake_llm: FakeOpenAI) -> None
 
 
 def test_settings_build_a_reranker_only_when_a_url_is_set(fake_llm: FakeOpenAI) -> None:
-    assert build_reranker(Settings(rerank_url=None)) is None
-    built = build_reranker(Settings(rerank_url=fake_llm.base_url, rerank_candidates=7, rerank_model="m"))
+    assert build_reranker(Settings(rerank_url=None).embeddings) is None
+    built = build_reranker(Settings(rerank_url=fake_llm.base_url, rerank_candidates=7, rerank_model="m").embeddings)
     assert built is not None
     try:
         assert (built.endpoint, built.top_n, built.model) == (fake_llm.base_url + "/rerank", 7, "m")

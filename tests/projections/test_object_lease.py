@@ -1,8 +1,8 @@
 """The expiring lease on an object store, against a real S3-compatible server
 (SeaweedFS, ``scripts/s3-tests``): one holder at a time, a stalled holder's lease
 taken over only after it went unrenewed for its ttl (with a higher generation), the
-stalled holder told it lost it and no longer valid, and a released lease taken at once.
-Covers ``dir_lock`` on an object-store root."""
+stalled holder told it lost it and no longer valid, and a released lease taken at once
+(``dir_lock`` on an object-store root)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Storage paths: a local root stays a ``Path``; an ``s3://`` root is an
 :class:`ObjectPath` whose reads, atomic writes, listings and conditional writes run
-against a real S3-compatible server (SeaweedFS, ``scripts/s3-tests``).
-Covers ``table_sets`` on an object-store root."""
+against a real S3-compatible server (SeaweedFS, ``scripts/s3-tests``), and
+``table_sets`` on an object-store root."""
 
 from __future__ import annotations
 

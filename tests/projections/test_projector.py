@@ -1,7 +1,5 @@
 """The projector against real LanceDB tables: idempotence, positions, links, embeddings,
-bad events, the decision ledger and entities.
-
-Covers ``projections/plan_writer.py``."""
+bad events, the decision ledger and entities."""
 
 from __future__ import annotations
 

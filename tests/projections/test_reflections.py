@@ -133,9 +133,9 @@ def test_list_reflections_newest_first(loaded: LanceStore) -> None:
 @pytest.fixture
 def cli_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     root = tmp_path / "cli-lance"
-    monkeypatch.setenv("MEMSTREAM_EMBEDDER", "local")
-    monkeypatch.setenv("MEMSTREAM_EMBEDDING_DIM", str(DIM))
-    monkeypatch.setenv("MEMSTREAM_LANCE_DIR", str(root))
+    monkeypatch.setenv("MEMSTREAM_EMBEDDINGS_PROVIDER", "local")
+    monkeypatch.setenv("MEMSTREAM_EMBEDDINGS_DIM", str(DIM))
+    monkeypatch.setenv("MEMSTREAM_STORAGE_ROOT", str(root))
     get_settings.cache_clear()
     store = LanceStore(root, embedding_dim=DIM)
     events = [reflected(ANA, n, "AAPL") for n in range(1, 4)] + [reflected(ANA, 9, "MSFT"), reflected(GLOBEX, 5, "AAPL")]
@@ -182,7 +182,7 @@ def test_cli_list_shows_the_newest_reflections_of_the_space(cli_env: Path) -> No
 
 
 def test_cli_without_a_projection_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MEMSTREAM_LANCE_DIR", str(tmp_path / "nothing-here"))
+    monkeypatch.setenv("MEMSTREAM_STORAGE_ROOT", str(tmp_path / "nothing-here"))
     get_settings.cache_clear()
     try:
         with pytest.raises(CLIError, match="no projection"):
@@ -198,8 +198,8 @@ def test_cli_without_a_projection_says_so(tmp_path: Path, monkeypatch: pytest.Mo
 def test_cli_prints_tenant_text_as_text_never_as_markup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # a lesson holding rich markup crashed `reflections list` with a traceback
     root = tmp_path / "markup-lance"
-    monkeypatch.setenv("MEMSTREAM_EMBEDDING_DIM", str(DIM))
-    monkeypatch.setenv("MEMSTREAM_LANCE_DIR", str(root))
+    monkeypatch.setenv("MEMSTREAM_EMBEDDINGS_DIM", str(DIM))
+    monkeypatch.setenv("MEMSTREAM_STORAGE_ROOT", str(root))
     get_settings.cache_clear()
     try:
         store = LanceStore(root, embedding_dim=DIM)

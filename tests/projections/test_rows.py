@@ -1,7 +1,5 @@
 """The fast read path and its column-built rows give exactly the tables the general
-path (pydantic events, per-event handlers) gives: same rows, same columns, same view.
-
-Covers ``schema``."""
+path (pydantic events, per-event handlers) gives: same rows, same columns, same view."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """Hybrid search on real LanceDB tables (``memstream.projections.search`` and its ranking,
 ``search_ranking``): hard isolation (as a property), supersession, entity boost,
-recency, listing, the reranker hook.
-
-Covers ``search``, ``search_ranking`` and ``search_results``."""
+recency, listing, the reranker hook."""
 
 from __future__ import annotations
 

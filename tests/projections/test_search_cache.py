@@ -5,9 +5,7 @@ search's filters, and stays within its bound.
 
 Each scenario compares a search served from the cache with the same search after
 ``CACHE.clear()`` (everything read again), and checks that the cache was
-really used (a warm search reads no session).
-
-Covers ``search_cache``, ``search_view`` and ``search_turns``."""
+really used (a warm search reads no session)."""
 
 from __future__ import annotations
 

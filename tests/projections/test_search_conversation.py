@@ -1,9 +1,7 @@
 """Conversation-aware search on real LanceDB tables: turns in the ``messages`` table,
 one memory per turn (as the no-LLM extractor writes them), and the steps that use
 them: the answer after a matching question, the speaker prior, and isolation of the
-neighbour lookup.
-
-Covers ``search_conversation`` (and ``search_turns``)."""
+neighbour lookup."""
 
 from __future__ import annotations
 

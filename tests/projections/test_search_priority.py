@@ -1,7 +1,5 @@
 """Priority in ranking: it orders near-equals and never outweighs relevance; --explain
-shows it. Real LanceDB tables on disk, the local embedder.
-
-Covers ``domain/priority.py``."""
+shows it. Real LanceDB tables on disk, the local embedder."""
 
 from __future__ import annotations
 
@@ -68,8 +66,8 @@ def test_explain_shows_the_priority_factor(tmp_path: Path, monkeypatch: pytest.M
     from memstream.settings import get_settings
 
     _project(tmp_path, [memory(ALICE, "m", "answer in French about invoices", priority=90)])
-    monkeypatch.setenv("MEMSTREAM_EMBEDDER", "local")  # the lexical embedder at the tables' small width
-    monkeypatch.setenv("MEMSTREAM_EMBEDDING_DIM", str(DIM))
+    monkeypatch.setenv("MEMSTREAM_EMBEDDINGS_PROVIDER", "local")  # the lexical embedder at the tables' small width
+    monkeypatch.setenv("MEMSTREAM_EMBEDDINGS_DIM", str(DIM))
     get_settings.cache_clear()
     try:
         base = ["search", "French invoices", "--team", "acme", "--user", "alice", "--lance-dir", str(tmp_path / "lance")]

@@ -5,9 +5,7 @@ boost follow every write.
 Search and the store read rows by id (``<id> IN (...) AND pk IN (<scoped keys>)``,
 ``LanceStore.ids_where``) instead of by the space predicate. Two spaces here hold the
 same memory and message ids with different rows, and ids that exist in one space only:
-every lookup must return the asking space's row or nothing.
-
-Covers ``search_reads``, ``search_queries``, ``search_facts`` and ``lance_async``."""
+every lookup must return the asking space's row or nothing."""
 
 from __future__ import annotations
 

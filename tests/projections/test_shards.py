@@ -1,7 +1,5 @@
 """The sharded table-set layout and the per-partition cut of batches (real LanceDB
-tables under ``tmp_path``; the end-to-end paths are in tests/services/test_shards_e2e.py).
-
-Covers ``sharded_projector``, ``memstream/codec/batch.py``."""
+tables under ``tmp_path``; the end-to-end paths are in tests/services/test_shards_e2e.py)."""
 
 from __future__ import annotations
 

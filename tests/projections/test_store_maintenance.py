@@ -271,7 +271,7 @@ def _bytes(path: Path) -> int:
 
 def _store(path: Path, reader_grace_s: float = 3600.0) -> LanceStore:
     settings = Settings(home=path.parent, embedding_dim=DIM, embedder="local", reader_grace_s=reader_grace_s)
-    return LanceStore.from_settings(settings, path)
+    return LanceStore.from_settings(settings.storage, settings.embeddings.dim, path)
 
 
 def _batches(projector: Projector, n: int, start: int = 0) -> int:

@@ -1,9 +1,5 @@
 """Scoped lookups (``memstream.projections.store_reads``): exact dedup by hash, and no
-lookup without a scope.
-
-Covers ``store_reads`` and ``store_filters``.
-
-Covers ``store``."""
+lookup without a scope."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """Reads of several tables as of one projected position
 (``memstream.projections.store_snapshot``): a memory read while the writer is half-way
-through a batch answers as of the batch before, links and view together.
-
-Covers ``projections/store_snapshot.py``."""
+through a batch answers as of the batch before, links and view together."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """The projector's writes (``memstream.projections.store_writes``): appends for new keys,
-merges for known ones, and a first write that loads nothing.
-
-Covers ``projections/key_filter.py``."""
+merges for known ones, and a first write that loads nothing."""
 
 from __future__ import annotations
 

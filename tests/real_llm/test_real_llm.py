@@ -144,7 +144,7 @@ async def test_conversations_through_the_extractor_lose_no_turn_and_store_only_v
     sessions = conversations(SESSIONS)
     turns = [t for session in sessions for t in session]
     session_of = {t.message_id: t.session_id for t in turns}
-    store = await asyncio.to_thread(LanceStore.from_settings, settings)
+    store = await asyncio.to_thread(LanceStore.from_settings, settings.storage, settings.embeddings.dim)
     client = LLMClient.from_settings(settings)
     async with MemstreamProducer(settings=settings, topics=fresh_topics) as producer:
         positions = await producer.send_many(turns)
@@ -152,7 +152,7 @@ async def test_conversations_through_the_extractor_lose_no_turn_and_store_only_v
         for p in positions:
             ends[(p.topic, p.partition)] = max(ends.get((p.topic, p.partition), 0), p.offset + 1)
         runner = ExtractorRunner(
-            settings, fresh_topics, llm=client, embedder=LocalEmbedder(settings.embedding_dim),
+            settings, fresh_topics, llm=client, embedder=LocalEmbedder(settings.embeddings.dim),
             store=store, producer=producer,
         )
         runner.stats.recent = deque()  # every outcome, for the account
@@ -171,7 +171,7 @@ async def test_conversations_through_the_extractor_lose_no_turn_and_store_only_v
     account = account_turns(session_of, outcomes, set(session_of) - consumed)
     assert account.lost == set(), f"turns consumed without a memory or an explicit 'nothing': {sorted(account.lost)}"
     assert account.pending == set(), f"turns never extracted nor fallen back: {sorted(account.pending)}"
-    assert meter.max_stall_s <= settings.extract_retry_budget_s + STALL_SLACK_S
+    assert meter.max_stall_s <= settings.extraction.retry_budget_s + STALL_SLACK_S
     assert client.output_mode != "plain"
 
     by_model = [o for o in outcomes if o.method == "llm" and o.fallback is None and o.memories]
@@ -186,7 +186,7 @@ async def test_conversations_through_the_extractor_lose_no_turn_and_store_only_v
 
     produced = [m for o in outcomes for m in o.memories]
     on_log = await events_on(
-        settings.bootstrap_servers, fresh_topics.events,
+        settings.broker.bootstrap_servers, fresh_topics.events,
         lambda evs: sum(isinstance(e, MemoryAdded) for e in evs) >= len(produced), timeout=60.0,
     )
     stored = [e for e in on_log if isinstance(e, MemoryAdded)]
@@ -202,7 +202,7 @@ async def test_decisions_and_outcomes_give_one_reflection_each_and_the_model_wri
 ) -> None:
     settings = settings_for(fresh_topics, reflection_poll_seconds=0.5, **LLM_SETTINGS)
     scope = Scope(team_id="acme", user_id="ana", agent_id="trader")
-    app = build_app(settings, agents=["reflector"])
+    app = build_app(settings, services=["reflector"])
     reflections: list[MemoryReflected] = []
     await app.start()
     try:
@@ -218,7 +218,7 @@ async def test_decisions_and_outcomes_give_one_reflection_each_and_the_model_wri
                 )
                 # the reflector retries a decision whose call timed out: waiting is the budget
                 events = await events_on(
-                    settings.bootstrap_servers, fresh_topics.events,
+                    settings.broker.bootstrap_servers, fresh_topics.events,
                     lambda evs: len({e.reflection_id for e in evs if isinstance(e, MemoryReflected)}) > i,
                     timeout=WAIT_S,
                 )

@@ -19,7 +19,7 @@ from memstream.streams.topics import Topics
 def reflector_only(fresh_topics: Topics, settings_for: Callable[..., Settings]) -> tuple[Settings, MemstreamApp]:
     """A worker app of private topics running the reflector alone (not started)."""
     settings = settings_for(fresh_topics)
-    return settings, build_app(settings, agents=["reflector"])
+    return settings, build_app(settings, services=["reflector"])
 
 
 @pytest.mark.kafka

@@ -1,9 +1,7 @@
 """``memstream extract --retry-failed`` reads only the window's own agent's turns: a
 fallback memory is a client event like any other, so whoever writes one names the
 turn ids of its window, and the retry must not look them up in another agent's
-conversation. Real broker and LanceDB; the model is the scripted fake.
-
-Covers ``memstream/services/extraction_retry.py`` (``projections/session_turns.py``)."""
+conversation. Real broker and LanceDB; the model is the scripted fake."""
 
 from __future__ import annotations
 

@@ -11,10 +11,6 @@ Three levels (the scheduling, :class:`TurnBuffer`, is tested in ``test_turn_buff
   once it is back, nothing lost; the ``provenance`` and ``extract`` commands;
 * the whole worker (``python -m memstream.services.worker``, projector + extractor) end
   to end: an outage, a repeated fact, a changed preference.
-
-Covers ``domain/log.py``, ``extraction_run``, ``extractor_service``.
-
-Covers ``memstream/cli/extract.py``, ``memstream/services/candidate_recall.py``, ``memstream/services/extraction_calls.py``, ``memstream/services/extractor_commits.py``, ``memstream/services/extractor_tables.py``.
 """
 
 from __future__ import annotations
@@ -46,7 +42,7 @@ from memstream.projections.projector import Projector
 from memstream.projections.search import SearchFilters, search
 from memstream.projections.schema import MEMORIES
 from memstream.projections.store import LanceStore, space_where
-from memstream.settings import Settings
+from memstream.settings import Settings, child_env
 from memstream.streams.consumer import decode_or_dead_letter
 from memstream.services.extractor import Extractor
 from memstream.services.extraction_run import ExtractionOutcome, WindowInput
@@ -113,12 +109,12 @@ async def env(fresh_topics: Topics, settings_for: Any, fake_llm: FakeOpenAI) -> 
         # memories (tests/services/test_extractor_known.py covers that path)
         extract_known_memories=0,
     )
-    store = await asyncio.to_thread(LanceStore.from_settings, settings)
+    store = await asyncio.to_thread(LanceStore.from_settings, settings.storage, settings.embeddings.dim)
     producer = MemstreamProducer(settings, topics=fresh_topics, client_id="test-extractor")
     await producer.start()
     llm = LLMClient.from_settings(settings)
     try:
-        yield Env(settings, fresh_topics, store, LocalEmbedder(settings.embedding_dim), producer, llm, fake_llm, {})
+        yield Env(settings, fresh_topics, store, LocalEmbedder(settings.embeddings.dim), producer, llm, fake_llm, {})
     finally:
         await llm.close()
         await producer.stop()
@@ -128,10 +124,10 @@ async def read_topic(
     settings: Settings, topic: str, start: dict[tuple[str, int], int] | None = None
 ) -> list[PositionedEvent]:
     """Everything in ``topic`` up to its current end (from ``start`` offsets)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.broker.bootstrap_servers, enable_auto_commit=False)
     await consumer.start()
     try:
-        parts = [TopicPartition(topic, p) for p in range(settings.partitions)]
+        parts = [TopicPartition(topic, p) for p in range(settings.broker.partitions)]
         consumer.assign(parts)
         ends = await consumer.end_offsets(parts)
         for tp in parts:
@@ -689,12 +685,12 @@ async def produce_turns(env: Env, turns: Sequence[MessageObserved]) -> None:
 
 async def committed(settings: Settings, topic: str) -> dict[int, int]:
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers, group_id=consumer_group(settings), enable_auto_commit=False
+        bootstrap_servers=settings.broker.bootstrap_servers, group_id=consumer_group(settings), enable_auto_commit=False
     )
     await consumer.start()
     try:
         out = {}
-        for p in range(settings.partitions):
+        for p in range(settings.broker.partitions):
             off = await consumer.committed(TopicPartition(topic, p))
             if off is not None:
                 out[p] = off
@@ -885,7 +881,7 @@ async def test_provenance_and_extract_commands(env: Env) -> None:
     await asyncio.to_thread(Projector(env.store, env.embedder).apply, messages)
 
     runner = CliRunner()
-    base = ["--team", "acme", "--user", "ana", "--lance-dir", str(env.settings.lance_dir)]
+    base = ["--team", "acme", "--user", "ana", "--lance-dir", str(env.settings.storage.root)]
     result = await asyncio.to_thread(runner.invoke, app, ["provenance", memory.memory_id, *base, "--json"])
     assert result.exit_code == 0, result.output
     shown = json.loads(result.output)
@@ -900,7 +896,7 @@ async def test_provenance_and_extract_commands(env: Env) -> None:
     assert result.exit_code == 0, result.output
     assert "extraction v2" in result.output and "fake-model" in result.output and "I like cheese pizza" in result.output
 
-    result = await asyncio.to_thread(runner.invoke, app, ["provenance", memory.memory_id, "--team", "other", "--lance-dir", str(env.settings.lance_dir)])
+    result = await asyncio.to_thread(runner.invoke, app, ["provenance", memory.memory_id, "--team", "other", "--lance-dir", str(env.settings.storage.root)])
     assert result.exit_code != 0
 
     # a dry-run extraction of the session with the configured (heuristic: no LLM) extractor
@@ -915,20 +911,8 @@ async def test_provenance_and_extract_commands(env: Env) -> None:
 
 
 def worker_env(settings: Settings) -> dict[str, str]:
-    """The ``MEMSTREAM_*`` variables that rebuild ``settings`` in the worker process."""
-    import os
-
-    from pydantic import SecretStr
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSTREAM_")}
-    for name in Settings.model_fields:
-        value = getattr(settings, name)
-        if value is None:
-            continue
-        if isinstance(value, SecretStr):
-            value = value.get_secret_value()
-        env[f"MEMSTREAM_{name.upper()}"] = str(value).lower() if isinstance(value, bool) else str(value)
-    return env
+    """The environment that rebuilds ``settings`` in the worker process."""
+    return child_env(settings)
 
 
 PEPPERONI = "Ana now likes pepperoni pizza instead of cheese pizza."
@@ -1000,7 +984,7 @@ async def test_the_worker_extracts_dedups_links_and_survives_an_llm_outage(
     log_path = tmp_path / "worker.log"
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "memstream.services.worker", "--agents", "projector,extractor"],
+            [sys.executable, "-m", "memstream.services.worker", "--services", "projector,extractor"],
             env=worker_env(settings),
             cwd=tmp_path,
             stdout=log_file,
@@ -1023,9 +1007,9 @@ async def test_the_worker_extracts_dedups_links_and_survives_an_llm_outage(
     def memories() -> list[dict[str, Any]]:
         nonlocal store
         if store is None:
-            if not (settings.lance_dir / "memories.lance").exists():
+            if not (settings.storage.root / "memories.lance").exists():
                 return []
-            store = LanceStore.from_settings(settings, read_consistency_interval=timedelta(0))
+            store = LanceStore.from_settings(settings.storage, settings.embeddings.dim, read_consistency_interval=timedelta(0))
         return store.rows(MEMORIES, space_where(SCOPE)).to_pylist()
 
     try:
@@ -1045,7 +1029,7 @@ async def test_the_worker_extracts_dedups_links_and_survives_an_llm_outage(
         assert by_content[CHEESE]["source_message_ids"] == ["m1"]
         assert by_content["Ana said: I work as a nurse in Leeds"]["source_message_ids"] == ["m3"]
         assert store is not None
-        results = await asyncio.to_thread(search, store, LocalEmbedder(settings.embedding_dim), SCOPE, "nurse Leeds", 3)
+        results = await asyncio.to_thread(search, store, LocalEmbedder(settings.embeddings.dim), SCOPE, "nurse Leeds", 3)
         assert results[0].content == "Ana said: I work as a nurse in Leeds"
         assert results[0].source_message_ids == ("m3",)
         cheese_id = by_content[CHEESE]["memory_id"]
@@ -1065,7 +1049,7 @@ async def test_the_worker_extracts_dedups_links_and_survives_an_llm_outage(
             "the supersedes link in the view",
         )
         new_id = next(m["memory_id"] for m in memories() if m["content"] == PEPPERONI)
-        results = await asyncio.to_thread(search, store, LocalEmbedder(settings.embedding_dim), SCOPE, "cheese pizza", 5)
+        results = await asyncio.to_thread(search, store, LocalEmbedder(settings.embeddings.dim), SCOPE, "cheese pizza", 5)
         ids = [r.memory_id for r in results]
         assert ids.index(new_id) < ids.index(cheese_id)
         older = store.get_memory(SCOPE, cheese_id)

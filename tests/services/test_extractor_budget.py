@@ -181,7 +181,7 @@ async def test_a_window_queued_behind_a_stalled_one_falls_back_when_its_own_budg
         settings, env.topics, llm=llm, embedder=env.embedder, store=env.store, producer=env.producer,
         concurrency=1, on_outcome=lambda job, outcome: outcomes.append((job.session_id, outcome)),
     )
-    other = _other_scope(settings.partitions)
+    other = _other_scope(settings.broker.partitions)
     await runner.start()
     try:
         # one slot: "first" takes it (a 2 s answer) and holds SCOPE's partition; "stuck",

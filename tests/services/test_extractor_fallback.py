@@ -11,10 +11,6 @@ the scripted OpenAI-compatible endpoint behind the real ``openai`` client.
 * a restarted extractor builds the windows an uninterrupted one builds: turns after
   the commit that were extracted already are background (the commit's resume mark),
   and earlier background turns come from the ``messages`` projection.
-
-Covers ``memstream/metrics.py``.
-
-Covers ``memstream/services/extraction_retry.py``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Extraction informed by memory: the extraction call is shown the space's memories
 closest to the new turns (the judgment's own recall, in scope), links to them at once,
 and the judgment is kept for the drafts whose closest memory the call did not see.
-Real broker and LanceDB, the scripted endpoint behind the real ``openai`` client.
-
-Covers ``domain/known.py``."""
+Real broker and LanceDB, the scripted endpoint behind the real ``openai`` client."""
 
 from __future__ import annotations
 

@@ -3,9 +3,6 @@ window waiting for more turns, not from an LLM call in flight. Nothing of them i
 written, no key is made for the forgotten subject, and the subject's later writes (a
 new life, under a new key) are extracted as usual. Real broker, real LanceDB, the
 scripted LLM endpoint behind the real ``openai`` client; the log is sealed.
-
-Covers ``memstream/services/extractor_sources.py`` and the forget path of
-``turn_buffer`` and ``extractor_service``.
 """
 
 from __future__ import annotations
@@ -64,7 +61,7 @@ def _one_memory_per_turn(delay: float) -> Any:
 
 async def _event_records(settings: Settings, topics: Topics) -> list[tuple[bytes, bytes]]:
     """(record key, value) of everything in the events topic."""
-    records = await read_to_end(settings.bootstrap_servers, [topics.events], topics.partitions)
+    records = await read_to_end(settings.broker.bootstrap_servers, [topics.events], topics.partitions)
     return [(r.key or b"", r.value or b"") for r in records]
 
 
@@ -103,9 +100,9 @@ async def sealed(fresh_topics: Topics, settings_for: Any, fake_llm: FakeOpenAI) 
 
 
 async def _runner(settings: Settings, topics: Topics) -> ExtractorRunner:
-    store = await asyncio.to_thread(LanceStore.from_settings, settings)
+    store = await asyncio.to_thread(LanceStore.from_settings, settings.storage, settings.embeddings.dim)
     runner = ExtractorRunner(
-        settings, topics, llm=LLMClient.from_settings(settings), embedder=LocalEmbedder(settings.embedding_dim), store=store
+        settings, topics, llm=LLMClient.from_settings(settings), embedder=LocalEmbedder(settings.embeddings.dim), store=store
     )
     await runner.start()
     return runner

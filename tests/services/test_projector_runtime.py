@@ -51,11 +51,11 @@ async def assert_maintenance_drops_old_versions(rt: ProjectorRuntime, store: Any
 def test_the_worker_writing_many_commits_keeps_lancedbs_metadata_cache_within_its_bound(tmp_path: Path) -> None:
     # The writer commits a version a fraction of a second under a trickle; each
     # version's manifest stayed in a cache bounded for readers (64 MB): the worker's
-    # memory grew by several MB a minute (docs/benchmarks.md, issue 23 worker, session 14).
+    # memory grew by several MB a minute (docs/benchmarks-history.md).
     settings = worker_settings(
         Settings(home=tmp_path, embedding_dim=DIM, embedder="local", worker_lance_metadata_cache_mb=1)
     )
-    bounded = LanceStore.from_settings(settings, tmp_path / "bounded")
+    bounded = LanceStore.from_settings(settings.storage, settings.embeddings.dim, tmp_path / "bounded")
     reader_bound = LanceStore(tmp_path / "default", embedding_dim=DIM)  # Settings' default bound
     for store in (bounded, reader_bound):
         projector = Projector(store, LocalEmbedder(DIM))

@@ -1,9 +1,7 @@
 """The reflector's own state on a sealed log: its work topic and its tables' changelogs
 hold no plaintext of a decision, and forgetting the subject leaves nothing readable
 there (entries dropped, records unopenable), while another subject's decision goes on
-to its reflection. Real broker, the reflector in a Faust app in this process.
-
-Covers ``memstream/services/reflection_sealing.py``."""
+to its reflection. Real broker, the reflector in a Faust app in this process."""
 
 from __future__ import annotations
 

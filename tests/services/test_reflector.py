@@ -1,8 +1,6 @@
 """Deferred reflection: the state machine, the retry runner, the writers, the price-file
 provider, and the Faust reflector on the real broker (including a SIGKILL between
-settling and reflecting).
-
-Covers ``memstream/cli/reflect.py``, ``app``, ``outcomes``, ``reflection_runner``, ``reflection_writers``, ``reflector_agent``."""
+settling and reflecting)."""
 
 from __future__ import annotations
 
@@ -506,8 +504,8 @@ async def quiet_ticks(handle: ReflectorHandle, partitions: int, rounds: int = 3)
 @contextlib.asynccontextmanager
 async def reflector_app(settings: Settings, **kwargs: Any) -> AsyncIterator[ReflectorHandle]:
     """A worker in this process running only the reflector (with injectable parts)."""
-    app = build_app(settings, agents=[])
-    handle = register_reflector(app, settings, Topics.from_settings(settings), **kwargs)
+    app = build_app(settings, services=[])
+    handle = register_reflector(app, settings, Topics.from_settings(settings.broker), **kwargs)
     await app.start()
     try:
         yield handle
@@ -531,7 +529,7 @@ async def test_decision_outcome_one_reflection_projected_and_injected(
     from memstream.projections.store import LanceStore
 
     settings = settings_for(fresh_topics, reflection_poll_seconds=0.3)
-    app = build_app(settings, agents=["projector", "reflector"])
+    app = build_app(settings, services=["projector", "reflector"])
     await app.start()
     try:
         handle: ReflectorHandle = app.reflector  # type: ignore[attr-defined]
@@ -548,11 +546,11 @@ async def test_decision_outcome_one_reflection_projected_and_injected(
         assert handle.core.state(decision_key(ACME, "d1")) is DecisionState.reflected
 
         def projected() -> bool:
-            store = LanceStore.from_settings(settings, read_consistency_interval=timedelta(0))
+            store = LanceStore.from_settings(settings.storage, settings.embeddings.dim, read_consistency_interval=timedelta(0))
             return store.count("reflections") == 1
 
         await wait_for(projected, what="the reflection projected")
-        store = LanceStore.from_settings(settings, read_consistency_interval=timedelta(0))
+        store = LanceStore.from_settings(settings.storage, settings.embeddings.dim, read_consistency_interval=timedelta(0))
         ctx = context_for(store, ACME, "AAPL", 600)
         assert [r.reflection_id for r in ctx.same_subject] == [reflection.reflection_id]
         assert "Buy AAPL: services keep compounding." in ctx.text
@@ -730,17 +728,17 @@ def _worker_env(settings: Settings, llm_url: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         {
-            "MEMSTREAM_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-            "MEMSTREAM_TOPIC_PREFIX": settings.topic_prefix,
-            "MEMSTREAM_PARTITIONS": str(settings.partitions),
-            "MEMSTREAM_APP_ID": settings.app_id,
+            "MEMSTREAM_BROKER_BOOTSTRAP_SERVERS": settings.broker.bootstrap_servers,
+            "MEMSTREAM_BROKER_TOPIC_PREFIX": settings.broker.topic_prefix,
+            "MEMSTREAM_BROKER_PARTITIONS": str(settings.broker.partitions),
+            "MEMSTREAM_WORKER_APP_ID": settings.worker.app_id,
             "MEMSTREAM_HOME": str(settings.home),
-            "MEMSTREAM_LANCE_DIR": str(settings.lance_dir),
-            "MEMSTREAM_LLM_BASE_URL": llm_url,
-            "MEMSTREAM_LLM_MODEL": "fake-model",
-            "MEMSTREAM_LLM_TIMEOUT_S": "300",
-            "MEMSTREAM_LLM_MAX_RETRIES": "0",
-            "MEMSTREAM_REFLECTION_POLL_SECONDS": "0.5",
+            "MEMSTREAM_STORAGE_ROOT": str(settings.storage.root),
+            "MEMSTREAM_EXTRACTION_LLM_BASE_URL": llm_url,
+            "MEMSTREAM_EXTRACTION_LLM_MODEL": "fake-model",
+            "MEMSTREAM_EXTRACTION_LLM_TIMEOUT_S": "300",
+            "MEMSTREAM_EXTRACTION_LLM_MAX_RETRIES": "0",
+            "MEMSTREAM_WORKER_REFLECTION_POLL_SECONDS": "0.5",
             # Faust reads these itself: a killed member leaves the group within seconds
             "BROKER_SESSION_TIMEOUT": "6",
             "BROKER_HEARTBEAT_INTERVAL": "1",
@@ -752,7 +750,7 @@ def _worker_env(settings: Settings, llm_url: str) -> dict[str, str]:
 def _start_worker(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
     with open(log_path, "ab") as out:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(
-            [sys.executable, "-m", "memstream.services.worker", "--agents", "reflector", "--loglevel", "info"],
+            [sys.executable, "-m", "memstream.services.worker", "--services", "reflector", "--loglevel", "info"],
             env=env,
             cwd=log_path.parent,
             stdout=out,
@@ -821,8 +819,8 @@ def test_cli_decide_and_outcome_write_to_the_log(
 
     topics = Topics(prefix=topic_prefix, partitions=3)
     asyncio.run(ensure_topics(kafka_bootstrap, topics))
-    monkeypatch.setenv("MEMSTREAM_BOOTSTRAP_SERVERS", kafka_bootstrap)
-    monkeypatch.setenv("MEMSTREAM_TOPIC_PREFIX", topic_prefix)
+    monkeypatch.setenv("MEMSTREAM_BROKER_BOOTSTRAP_SERVERS", kafka_bootstrap)
+    monkeypatch.setenv("MEMSTREAM_BROKER_TOPIC_PREFIX", topic_prefix)
     get_settings.cache_clear()
     cli = typer.Typer()
     reflect.register(cli)

@@ -9,9 +9,6 @@ Real broker, real LanceDB directories under ``tmp_path``. What must hold:
   a real replay points ``CURRENT`` at the new set, reports how the old live set
   differed, and the next replay removes the replaced set;
 * one replay at a time (tests/services/test_replay_serving.py: while a worker runs).
-
-Covers ``projections/dir_lock.py``, ``projections/table_sets.py``, ``replay_report``, ``replay_diff``.
-Covers ``replay_finish`` (the steps after the build, the vector index after the swap).
 """
 
 from __future__ import annotations
@@ -66,10 +63,10 @@ async def produce_log(settings: Settings, start: int, count: int) -> None:
         )
     async with MemstreamProducer(settings) as producer:
         await producer.send_many(events)
-    raw = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    raw = AIOKafkaProducer(bootstrap_servers=settings.broker.bootstrap_servers)
     await raw.start()
     try:
-        await raw.send_and_wait(Topics.from_settings(settings).events, value=b"{oops", key=b"acme/alice")
+        await raw.send_and_wait(Topics.from_settings(settings.broker).events, value=b"{oops", key=b"acme/alice")
     finally:
         await raw.stop()
 
@@ -83,7 +80,7 @@ async def test_replay_builds_verifies_compares_and_swaps(
     fresh_topics: Topics, settings_for, tmp_path: Path  # type: ignore[no-untyped-def]
 ) -> None:
     settings = settings_for(fresh_topics, lance_dir=tmp_path / "data" / "lance")
-    sets = TableSets(settings.lance_dir)
+    sets = TableSets(settings.storage.root)
     await produce_log(settings, 0, 30)
 
     seen: list[ReplayProgress] = []
@@ -112,10 +109,10 @@ async def test_replay_builds_verifies_compares_and_swaps(
     second = await replay(settings, on_phase=phases.append, now=clock(2))
     assert phases == [PHASE_COMPACT, PHASE_VERIFY, PHASE_SWAP]
     assert second.swapped and sets.current_name() == "20250102T030402000Z"
-    assert second.replay_dir == sets.current() and second.old_dir == Path(settings.lance_dir)
+    assert second.replay_dir == sets.current() and second.old_dir == Path(settings.storage.root)
     assert second.replay_digest == first.replay_digest
-    assert LanceStore.from_settings(settings).table_digest() == first.replay_digest
-    superseded = LanceStore.from_settings(settings).get_memories(ALICE, ["mem0"])[0]
+    assert LanceStore.from_settings(settings.storage, settings.embeddings.dim).table_digest() == first.replay_digest
+    superseded = LanceStore.from_settings(settings.storage, settings.embeddings.dim).get_memories(ALICE, ["mem0"])[0]
     assert superseded["superseded_by"] == "mem29"
 
     # The log grows; the live set now lags and the comparison says where.
@@ -130,14 +127,14 @@ async def test_replay_builds_verifies_compares_and_swaps(
     fourth = await replay(settings, now=clock(4))
     assert fourth.swapped and fourth.old_dir == second.replay_dir
     assert fourth.replay_digest == third.replay_digest
-    assert LanceStore.from_settings(settings).table_digest() == third.replay_digest
+    assert LanceStore.from_settings(settings.storage, settings.embeddings.dim).table_digest() == third.replay_digest
     # The replaced set is kept, untouched, for readers still on it...
-    assert LanceStore.from_settings(settings, fourth.old_dir).table_digest() == first.replay_digest
+    assert LanceStore.from_settings(settings.storage, settings.embeddings.dim, fourth.old_dir).table_digest() == first.replay_digest
     assert "swapped in" in fourth.summary()
     # ...until the next replay removes it.
     fifth = await replay(settings, now=clock(5))
     assert not second.replay_dir.exists() and fourth.replay_dir.exists() and fifth.replay_dir == sets.current()
-    assert sorted(p.name for p in (Path(settings.lance_dir) / "sets").iterdir()) == [
+    assert sorted(p.name for p in (Path(settings.storage.root) / "sets").iterdir()) == [
         fourth.replay_dir.name, fifth.replay_dir.name
     ]
 
@@ -155,7 +152,7 @@ async def test_the_vector_index_is_trained_after_the_swap_never_before(
     # Swapped in untrained (searches are exact until the worker's maintenance trains it).
     assert first.swapped and first.vector_index_due
     assert phases == [PHASE_COMPACT, PHASE_VERIFY, PHASE_SWAP]
-    assert LanceStore.from_settings(settings).vector_index_due()
+    assert LanceStore.from_settings(settings.storage, settings.embeddings.dim).vector_index_due()
     assert "vector index is due" in first.summary()
     # Every phase that ran is named and timed; together they are the call's wall time.
     assert {"connect", "read_project", "optimize", "digests", "swap"} <= set(first.phase_s) <= set(PHASE_TIMES)
@@ -166,7 +163,7 @@ async def test_the_vector_index_is_trained_after_the_swap_never_before(
     second = await replay(settings, on_phase=phases.append, now=clock(2), build_vector_index=True)
     assert phases == [PHASE_COMPACT, PHASE_VERIFY, PHASE_SWAP, PHASE_VECTOR_INDEX]
     assert second.swapped and not second.vector_index_due and "vector_index" in second.phase_s
-    trained = LanceStore.from_settings(settings)
+    trained = LanceStore.from_settings(settings.storage, settings.embeddings.dim)
     assert not trained.vector_index_due() and trained.has_vector_index()
     assert second.replay_digest == first.replay_digest
 
@@ -176,17 +173,17 @@ async def test_a_second_replay_is_refused_while_one_runs(
 ) -> None:
     settings = settings_for(fresh_topics)
     await produce_log(settings, 0, 3)
-    held = LanceDirLock(Path(settings.lance_dir) / "replay")
+    held = LanceDirLock(Path(settings.storage.root) / "replay")
     held.acquire("memstream replay")
     try:
         with pytest.raises(ReplayError, match="another replay is running"):
             await replay(settings, now=clock(1))
     finally:
         held.release()
-    assert not (Path(settings.lance_dir) / "sets").exists() or not any((Path(settings.lance_dir) / "sets").iterdir())
+    assert not (Path(settings.storage.root) / "sets").exists() or not any((Path(settings.storage.root) / "sets").iterdir())
     # A replay holds the worker lock only while it runs.
     await replay(settings, now=clock(4))
-    again = LanceDirLock(settings.lance_dir)
+    again = LanceDirLock(settings.storage.root)
     again.acquire("check")
     again.release()
 
@@ -233,12 +230,12 @@ async def test_a_replay_that_diverges_from_live_is_listed_by_space_and_never_swa
     fresh_topics: Topics, settings_for, tmp_path: Path  # type: ignore[no-untyped-def]
 ) -> None:
     settings = settings_for(fresh_topics, lance_dir=tmp_path / "lance")
-    sets = TableSets(settings.lance_dir)
+    sets = TableSets(settings.storage.root)
     await produce_log(settings, 0, 10)
     built = await replay(settings, now=clock(1))
     assert built.swapped and not built.diverged
     # The live set loses rows the log still holds (as a forget applied out of order did).
-    LanceStore.from_settings(settings, sets.current()).table("memories").delete("user_id = 'alice' AND memory_id IN ('mem3', 'mem4')")
+    LanceStore.from_settings(settings.storage, settings.embeddings.dim, sets.current()).table("memories").delete("user_id = 'alice' AND memory_id IN ('mem3', 'mem4')")
     await produce_log(settings, 10, 2)  # the live set now also lags: that part the log explains
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -253,5 +250,5 @@ async def test_a_replay_that_diverges_from_live_is_listed_by_space_and_never_swa
     forced = cli("--force")
     assert forced.returncode == 0, forced.stdout + forced.stderr
     assert "FORCED: swapped in" in forced.stdout and sets.current_name() != built.replay_dir.name
-    memories = LanceStore.from_settings(settings, sets.current()).get_memories(ALICE, ["mem3", "mem11"])
+    memories = LanceStore.from_settings(settings.storage, settings.embeddings.dim, sets.current()).get_memories(ALICE, ["mem3", "mem11"])
     assert sorted(m["memory_id"] for m in memories) == ["mem11", "mem3"]

@@ -3,9 +3,7 @@ built, caught up, swapped in atomically; every search during it answers, whole; 
 worker then writes into the new set. And a replay interrupted by Ctrl-C cleans up.
 
 Real broker, the worker as its own process, the API's own read path
-(:class:`~memstream.interfaces.service.MemoryService`) in this process.
-
-Covers ``memstream/interfaces/service.py``."""
+(:class:`~memstream.interfaces.service.MemoryService`) in this process."""
 
 from __future__ import annotations
 
@@ -56,14 +54,14 @@ async def caught_up(worker: WorkerProcess, topics: Topics, root: Path) -> None:
 
 async def test_replay_while_serving_swaps_atomically(fresh_topics: Topics, settings_for, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     settings = settings_for(fresh_topics, projector_batch_seconds=0.05, read_wait_max_s=60.0)
-    sets = TableSets(settings.lance_dir)
+    sets = TableSets(settings.storage.root)
     await produce(settings, STABLE, "stable", 20)
     await produce(settings, BUSY, "bulk", 3000)
     worker = WorkerProcess(settings, tmp_path)
     worker.start()
     service = MemoryService(settings)
     try:
-        await caught_up(worker, fresh_topics, settings.lance_dir)
+        await caught_up(worker, fresh_topics, settings.storage.root)
         await service.start()
         stop = asyncio.Event()
         searches: list[str | None] = []  # the set each search ran on
@@ -120,7 +118,7 @@ async def test_replay_while_serving_swaps_atomically(fresh_topics: Topics, setti
 def test_ctrl_c_during_a_replay_cleans_up(fresh_topics: Topics, settings_for, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     settings = settings_for(fresh_topics)
     asyncio.run(produce(settings, BUSY, "bulk", 4000))
-    root = Path(settings.lance_dir)
+    root = Path(settings.storage.root)
     proc = subprocess.Popen(
         [sys.executable, "-m", "memstream", "replay", "--batch-size", "20", "--no-progress"],
         cwd=tmp_path, env=child_env(settings), stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -5,11 +5,7 @@ lost or duplicated, every shard equals a replay of its partitions, searches duri
 the rebalances never failed nor crossed spaces, and records put on the wrong
 partition by kcat's default (crc32) partitioner are projected in the right shard.
 
-Real broker, real LanceDB under ``tmp_path``, the workers as their own processes.
-
-Covers ``shard_routing``.
-
-Covers ``memstream/services/shard_owner.py``."""
+Real broker, real LanceDB under ``tmp_path``, the workers as their own processes."""
 
 from __future__ import annotations
 
@@ -70,15 +66,15 @@ class GroupWorker(WorkerProcess):
     def env(self) -> dict[str, str]:
         env = super().env()
         env.update(
-            MEMSTREAM_SHARDED="true",
+            MEMSTREAM_STORAGE_SHARDED="true",
             MEMSTREAM_WORKER_INSTANCE=self.instance,
-            MEMSTREAM_WORKER_SESSION_TIMEOUT_S=str(self.settings.worker_session_timeout_s),
+            MEMSTREAM_WORKER_SESSION_TIMEOUT_S=str(self.settings.worker.session_timeout_s),
         )
         return env
 
 
 def stored_positions(settings: Settings) -> dict[tuple[str, int], int]:
-    current = TableSets(settings.lance_dir).current()
+    current = TableSets(settings.storage.root).current()
     try:
         return open_store(settings, current, create=False).positions()
     except Exception:  # noqa: BLE001 - shards not created yet
@@ -122,7 +118,7 @@ def kcat_produce(settings: Settings, topic: str, event: MemoryAdded, tmp_path: P
     at = flags.index("topic.partitioner=murmur2_random")
     del flags[at - 1 : at + 1]  # kcat's own default partitioner: crc32 (consistent_random)
     run = subprocess.run(
-        [kcat(), "-P", "-b", settings.bootstrap_servers, "-t", topic, "-k", record.key.decode(), *flags, str(body)],
+        [kcat(), "-P", "-b", settings.broker.bootstrap_servers, "-t", topic, "-k", record.key.decode(), *flags, str(body)],
         capture_output=True, text=True, timeout=60,
     )
     assert run.returncode == 0, run.stderr
@@ -152,7 +148,7 @@ async def test_three_workers_lose_a_member_under_load_and_the_shards_stay_exact(
             kcat_produce(settings, topics.events, crc32_misrouted(i), tmp_path)
         victim = workers[1]
         victim.kill()  # SIGKILL under load: its shards must move to the other two
-        await asyncio.sleep(settings.worker_session_timeout_s + 6)
+        await asyncio.sleep(settings.worker.session_timeout_s + 6)
         for i in range(4, 8):
             kcat_produce(settings, topics.events, crc32_misrouted(i), tmp_path)
         await asyncio.sleep(3)
@@ -177,7 +173,7 @@ async def test_three_workers_lose_a_member_under_load_and_the_shards_stay_exact(
     # `memstream shards` names a live owner for every shard, no lag, every row.
     shown = subprocess.run(
         [sys.executable, "-m", "memstream", "shards", "--json"],
-        env={**child_env(settings), "MEMSTREAM_SHARDED": "true"}, cwd=tmp_path, capture_output=True, text=True, timeout=180,
+        env={**child_env(settings), "MEMSTREAM_STORAGE_SHARDED": "true"}, cwd=tmp_path, capture_output=True, text=True, timeout=180,
     )
     assert shown.returncode == 0, shown.stderr
     statuses = [json.loads(line) for line in shown.stdout.splitlines()]
@@ -201,7 +197,7 @@ async def wait_until_progress(settings: Settings, rows: int, workers: list[Group
 def assert_shards_exact(settings: Settings, acked: dict[Scope, set[str]], extra: dict[str, Scope] | None = None) -> ShardedStore:
     """Every acknowledged memory (``acked`` per space, plus ``extra`` memory ids with
     their space) is in exactly one shard, its space's, once; no shard holds anything else."""
-    live = open_store(settings, TableSets(settings.lance_dir).current(), create=False)
+    live = open_store(settings, TableSets(settings.storage.root).current(), create=False)
     assert isinstance(live, ShardedStore)
     wanted: dict[tuple[str, str], set[str]] = {}
     for scope, ids in acked.items():

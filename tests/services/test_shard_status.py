@@ -27,7 +27,7 @@ async def sharded_set(settings: Settings, per_space: int) -> dict[int, int]:
     await produce(settings, per_space)
     report = await replay(settings)
     assert report.swapped, report.summary()
-    return dict(Counter(space_partition(s, settings.partitions) for s in SPACES))
+    return dict(Counter(space_partition(s, settings.broker.partitions) for s in SPACES))
 
 
 async def test_each_shard_shows_its_owner_positions_lag_and_rows(
@@ -58,7 +58,7 @@ async def test_each_shard_shows_its_owner_positions_lag_and_rows(
 
     # The owner is whoever holds the shard's lease, and only while it holds it.
     busy = next(p for p, n in spaces.items() if n)
-    leases = ShardLeases(TableSets(settings.lance_dir).current(), "memstream worker test")
+    leases = ShardLeases(TableSets(settings.storage.root).current(), "memstream worker test")
     await leases.take(busy)
     try:
         owners = {s.partition: s.owner for s in shard_statuses(settings, None)}
@@ -75,5 +75,5 @@ async def test_an_unsharded_set_is_refused_with_the_way_to_migrate(
     settings = settings_for(fresh_topics, embedder="local")
     await produce(settings, 1)
     assert (await replay(settings)).swapped
-    with pytest.raises(NotShardedError, match="is not sharded .*MEMSTREAM_SHARDED=true and `memstream replay`"):
+    with pytest.raises(NotShardedError, match="is not sharded .*MEMSTREAM_STORAGE_SHARDED=true and `memstream replay`"):
         shard_statuses(settings, None)

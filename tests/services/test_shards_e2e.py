@@ -54,7 +54,7 @@ def assert_each_shard_holds_its_partitions_spaces(store: ShardedStore, per_space
 class ShardedWorker(WorkerProcess):
     def env(self) -> dict[str, str]:
         env = super().env()
-        env["MEMSTREAM_SHARDED"] = "true" if self.settings.sharded else "false"
+        env["MEMSTREAM_STORAGE_SHARDED"] = "true" if self.settings.storage.sharded else "false"
         return env
 
 
@@ -64,7 +64,7 @@ async def caught_up(worker: WorkerProcess, topics: Topics) -> None:
     deadline = time.monotonic() + 120
     while True:
         worker.assert_alive()
-        current = TableSets(settings.lance_dir).current()
+        current = TableSets(settings.storage.root).current()
         try:
             stored = open_store(settings, current, create=False).positions()
         except StoreError:  # not created yet
@@ -85,7 +85,7 @@ async def test_the_worker_writes_one_shard_per_partition_and_searches_find_their
     service = MemoryService(settings)
     try:
         await caught_up(worker, fresh_topics)
-        current = TableSets(settings.lance_dir).current()
+        current = TableSets(settings.storage.root).current()
         assert is_sharded(current) and shard_count(current) == fresh_topics.partitions
         store = open_store(settings, current, create=False)
         assert_each_shard_holds_its_partitions_spaces(store, 5)

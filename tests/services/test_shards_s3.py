@@ -95,7 +95,7 @@ async def test_workers_project_into_s3_hand_over_through_leases_and_replay_equal
         settings_for, kafka_bootstrap, topic_prefix, PARTITIONS,
         worker_session_timeout_s=SESSION_S, storage_lease_ttl_s=LEASE_TTL_S, **storage_settings(s3_prefix),
     )
-    root = TableSets(settings.lance_dir).root
+    root = TableSets(settings.storage.root).root
     assert isinstance(root, ObjectPath)
     workers = [S3Worker(settings, tmp_path, f"w{i}") for i in range(2)]
     for w in workers:
@@ -122,7 +122,7 @@ async def _project_hand_over_and_replay(
         await wait_for(
             "both workers own shards", lambda: {pid_of(o) for o in owners(settings).values()} == pids, workers
         )
-        assert all((shard_dir(TableSets(settings.lance_dir).current(), p).with_name(f"{p}.lease")).is_file()
+        assert all((shard_dir(TableSets(settings.storage.root).current(), p).with_name(f"{p}.lease")).is_file()
                    for p in range(PARTITIONS))
 
         victim, survivor = workers
@@ -159,7 +159,7 @@ async def _project_hand_over_and_replay(
     live_digest = live.table_digest()
     report = await replay(settings)
     assert report.swapped and report.live_matches is True, report.differences
-    rebuilt = open_store(settings, TableSets(settings.lance_dir).current(), create=False)
+    rebuilt = open_store(settings, TableSets(settings.storage.root).current(), create=False)
     assert isinstance(rebuilt, ShardedStore) and str(rebuilt.root).startswith("s3://")
     # ...and equal, row for row, to the same log replayed into a local root.
     local = settings.model_copy(update={"lance_dir": tmp_path / "local"})
@@ -176,7 +176,7 @@ async def test_a_shard_lease_is_handed_over_and_the_old_holder_can_no_longer_wri
         Topics(prefix=topic_prefix, partitions=2, replication_factor=1),
         sharded=True, embedder="local", storage_lease_ttl_s=LEASE_TTL_S, **storage_settings(s3_prefix),
     )
-    set_dir = TableSets(settings.lance_dir).current()
+    set_dir = TableSets(settings.storage.root).current()
     first = ShardLeases(set_dir, "worker one", LEASE_TTL_S)
     second = ShardLeases(set_dir, "worker two", LEASE_TTL_S)
     await first.take(0)

@@ -8,8 +8,6 @@ What must hold:
 * SIGKILL at arbitrary moments under load loses and duplicates nothing: after the last
   restart the tables equal a full replay of the log (same rows, same content hashes),
   and the replay swaps in.
-
-Covers ``projector_service``.
 """
 
 from __future__ import annotations
@@ -65,20 +63,20 @@ class WorkerProcess:
         s = self.settings
         env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSTREAM_")}
         env.update(
-            MEMSTREAM_BOOTSTRAP_SERVERS=s.bootstrap_servers,
-            MEMSTREAM_TOPIC_PREFIX=s.topic_prefix,
-            MEMSTREAM_PARTITIONS=str(s.partitions),
-            MEMSTREAM_APP_ID=s.app_id,
-            MEMSTREAM_LANCE_DIR=str(s.lance_dir),
+            MEMSTREAM_BROKER_BOOTSTRAP_SERVERS=s.broker.bootstrap_servers,
+            MEMSTREAM_BROKER_TOPIC_PREFIX=s.broker.topic_prefix,
+            MEMSTREAM_BROKER_PARTITIONS=str(s.broker.partitions),
+            MEMSTREAM_WORKER_APP_ID=s.worker.app_id,
+            MEMSTREAM_STORAGE_ROOT=str(s.storage.root),
             MEMSTREAM_HOME=str(s.home),
-            MEMSTREAM_PROJECTOR_BATCH_SIZE=str(s.projector_batch_size),
-            MEMSTREAM_PROJECTOR_BATCH_SECONDS=str(s.projector_batch_seconds),
-            MEMSTREAM_OPTIMIZE_EVERY_S=str(s.optimize_every_s),
-            MEMSTREAM_COMPACT_AFTER_COMMITS=str(s.compact_after_commits),
-            MEMSTREAM_PROJECTOR_LINGER_S=str(s.projector_linger_s),
-            MEMSTREAM_READER_GRACE_S=str(s.reader_grace_s),
-            MEMSTREAM_EMBEDDER=s.embedder,
-            MEMSTREAM_EMBEDDING_DIM=str(s.embedding_dim),
+            MEMSTREAM_WORKER_PROJECTOR_BATCH_SIZE=str(s.worker.projector_batch_size),
+            MEMSTREAM_WORKER_PROJECTOR_BATCH_SECONDS=str(s.worker.projector_batch_seconds),
+            MEMSTREAM_STORAGE_OPTIMIZE_EVERY_S=str(s.storage.optimize_every_s),
+            MEMSTREAM_STORAGE_COMPACT_AFTER_COMMITS=str(s.storage.compact_after_commits),
+            MEMSTREAM_WORKER_PROJECTOR_LINGER_S=str(s.worker.projector_linger_s),
+            MEMSTREAM_STORAGE_READER_GRACE_S=str(s.storage.reader_grace_s),
+            MEMSTREAM_EMBEDDINGS_PROVIDER=s.embeddings.provider,
+            MEMSTREAM_EMBEDDINGS_DIM=str(s.embeddings.dim),
         )
         return env
 
@@ -87,7 +85,7 @@ class WorkerProcess:
         self.starts += 1
         log = open(self.workdir / f"worker-{self.starts}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "memstream.services.worker", "--agents", "projector"],
+            [sys.executable, "-m", "memstream.services.worker", "--services", "projector"],
             cwd=self.workdir,  # no stray .env file is read
             env=self.env(),
             stdout=log,
@@ -161,13 +159,13 @@ def read_positions(lance_dir: Path) -> dict[tuple[str, int], int]:
 
 
 async def end_offsets(settings: Settings, topic_names: list[str]) -> dict[tuple[str, int], int]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers)
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.broker.bootstrap_servers)
     await consumer.start()
     try:
         tps = [
             TopicPartition(name, p)
             for name in topic_names
-            for p in range(settings.partitions)
+            for p in range(settings.broker.partitions)
         ]
         ends = await consumer.end_offsets(tps)
     finally:
@@ -181,7 +179,7 @@ async def wait_caught_up(worker: WorkerProcess, topics: Topics) -> dict[tuple[st
     deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
     while True:
         worker.assert_alive()
-        positions = read_positions(worker.settings.lance_dir)
+        positions = read_positions(worker.settings.storage.root)
         if all(positions.get(k, 0) >= v for k, v in ends.items()):
             return positions
         if time.monotonic() > deadline:
@@ -197,7 +195,7 @@ async def wait_backlog(worker: WorkerProcess, topics: Topics) -> None:
     deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
     while time.monotonic() < deadline:
         ends = await end_offsets(worker.settings, [topics.events, topics.messages])
-        if sum(ends.values()) > sum(read_positions(worker.settings.lance_dir).values()):
+        if sum(ends.values()) > sum(read_positions(worker.settings.storage.root).values()):
             return
         await asyncio.sleep(0.01)
     raise AssertionError("the worker was never behind the log")
@@ -208,7 +206,7 @@ async def wait_progress(worker: WorkerProcess, beyond: int) -> int:
     deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
     while True:
         worker.assert_alive()
-        total = sum(read_positions(worker.settings.lance_dir).values())
+        total = sum(read_positions(worker.settings.storage.root).values())
         if total > beyond:
             return total
         if time.monotonic() > deadline:
@@ -217,7 +215,7 @@ async def wait_progress(worker: WorkerProcess, beyond: int) -> int:
 
 
 async def group_offsets(settings: Settings) -> dict[tuple[str, int], int]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.broker.bootstrap_servers)
     await admin.start()
     try:
         offsets = await admin.list_consumer_group_offsets(projector_group(settings))
@@ -227,7 +225,7 @@ async def group_offsets(settings: Settings) -> dict[tuple[str, int], int]:
 
 
 async def send_raw(settings: Settings, topic: str, records: list[tuple[bytes | None, bytes | None]]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.broker.bootstrap_servers)
     await producer.start()
     try:
         for key, value in records:
@@ -238,7 +236,7 @@ async def send_raw(settings: Settings, topic: str, records: list[tuple[bytes | N
 
 async def read_dead_letters(settings: Settings, topic: str) -> list:
     consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=settings.bootstrap_servers, auto_offset_reset="earliest"
+        topic, bootstrap_servers=settings.broker.bootstrap_servers, auto_offset_reset="earliest"
     )
     await consumer.start()
     out = []
@@ -310,8 +308,8 @@ async def test_events_become_searchable_bad_records_are_dead_lettered(
     await wait_caught_up(worker, fresh_topics)
     assert worker.stop(signal.SIGINT) == 0, worker.log_text()[-3000:]
 
-    store = LanceStore.from_settings(settings)
-    embedder = build_embedder(settings)
+    store = LanceStore.from_settings(settings.storage, settings.embeddings.dim)
+    embedder = build_embedder(settings.embeddings)
     hits = search(store, embedder, alice, "where does Alice live", k=3)
     assert hits and hits[0].memory_id == "a-city"
     assert {h.memory_id for h in hits} <= {"a-city", "a-pet", "a-food"}  # never Bob's
@@ -335,11 +333,11 @@ async def test_events_become_searchable_bad_records_are_dead_lettered(
     committed = await group_offsets(settings)
     ends = await end_offsets(settings, [fresh_topics.events, fresh_topics.messages])
     assert {k: v for k, v in ends.items() if v} == {k: committed.get(k) for k, v in ends.items() if v}
-    Path(settings.lance_dir).rename(Path(str(settings.lance_dir) + ".first"))
+    Path(settings.storage.root).rename(Path(str(settings.storage.root) + ".first"))
     worker.start()
     await wait_caught_up(worker, fresh_topics)
     assert worker.stop(signal.SIGTERM) == 0, worker.log_text()[-3000:]
-    assert LanceStore.from_settings(settings).table_digest() == first_digest
+    assert LanceStore.from_settings(settings.storage, settings.embeddings.dim).table_digest() == first_digest
 
 
 async def _produce_load(
@@ -357,7 +355,7 @@ async def _produce_load(
     ``min_memories``, then on until ``enough`` is set (or ``max_memories``)."""
     rng = random.Random(7)
     scopes = [Scope(team_id=f"t{i % 3}", user_id=f"u{i}") for i in range(6)]
-    raw = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    raw = AIOKafkaProducer(bootstrap_servers=settings.broker.bootstrap_servers)
     await raw.start()
     try:
         async with MemstreamProducer(settings) as producer:
@@ -439,7 +437,7 @@ async def test_sigkill_under_load_equals_a_full_replay(
         await wait_backlog(worker, fresh_topics)
         worker.kill()
         kills += 1
-        progress = sum(read_positions(settings.lance_dir).values())
+        progress = sum(read_positions(settings.storage.root).values())
         ends = await end_offsets(settings, [fresh_topics.events, fresh_topics.messages])
         behind_at_kill.append(sum(ends.values()) - progress)
         worker.start()
@@ -453,7 +451,7 @@ async def test_sigkill_under_load_equals_a_full_replay(
     await wait_caught_up(worker, fresh_topics)
     assert worker.stop(signal.SIGTERM) == 0, worker.log_text()[-3000:]
 
-    live = LanceStore.from_settings(settings)
+    live = LanceStore.from_settings(settings.storage, settings.embeddings.dim)
     memories = live.rows("memories", None, ["pk"]).column("pk").to_pylist()
     messages = live.rows("messages", None, ["pk"]).column("pk").to_pylist()
     assert len(memories) == len(set(memories)), "duplicate memory rows"
@@ -469,7 +467,7 @@ async def test_sigkill_under_load_equals_a_full_replay(
     assert report.replay_digest == live_digest, report.differences
     assert report.live_matches is True and report.swapped
     assert report.old_dir is not None and report.old_dir.exists()
-    assert LanceStore.from_settings(settings).table_digest() == live_digest
+    assert LanceStore.from_settings(settings.storage, settings.embeddings.dim).table_digest() == live_digest
 
     # Every poison record was dead-lettered (a kill may have duplicated some; none lost).
     dead = await read_dead_letters(settings, fresh_topics.dead_letter)
@@ -499,7 +497,7 @@ async def test_a_trickle_of_writes_is_committed_together_within_the_linger(
     async with MemstreamProducer(settings) as producer:
         await producer.send(MemoryAdded(scope=alice, memory_id="m0", content="the first write after a quiet spell"))
         await wait_caught_up(worker, fresh_topics)  # written at once: no linger before it
-        assert len(position_rows(settings.lance_dir, fresh_topics.events)) == 1
+        assert len(position_rows(settings.storage.root, fresh_topics.events)) == 1
         # Four writes 0.2 s apart, all within the linger that followed the first commit:
         # without it each would be a commit of its own.
         for i in range(1, 5):
@@ -508,10 +506,10 @@ async def test_a_trickle_of_writes_is_committed_together_within_the_linger(
     positions = await wait_caught_up(worker, fresh_topics)
     assert worker.stop(signal.SIGTERM) == 0, worker.log_text()[-3000:]
 
-    rows = position_rows(settings.lance_dir, fresh_topics.events)
+    rows = position_rows(settings.storage.root, fresh_topics.events)
     assert len(rows) == 2, f"the four trickle writes took {len(rows) - 1} commits, not one"
     assert rows[-1] == sum(v for (t, _), v in positions.items() if t == fresh_topics.events)
-    store = LanceStore.from_settings(settings)
+    store = LanceStore.from_settings(settings.storage, settings.embeddings.dim)
     assert sorted(store.rows("memories", None, ["memory_id"]).column("memory_id").to_pylist()) == [
         f"m{i}" for i in range(5)
     ]
@@ -533,10 +531,10 @@ async def test_worker_refuses_a_directory_another_worker_holds(
     fresh_topics: Topics, settings_for, tmp_path: Path  # type: ignore[no-untyped-def]
 ) -> None:
     settings = settings_for(fresh_topics)
-    held = LanceDirLock(settings.lance_dir)
+    held = LanceDirLock(settings.storage.root)
     held.acquire("memstream worker elsewhere")
     try:
-        done = _run_worker_cli(settings, tmp_path, "--agents", "projector")
+        done = _run_worker_cli(settings, tmp_path, "--services", "projector")
     finally:
         held.release()
     assert done.returncode == 1
@@ -544,9 +542,18 @@ async def test_worker_refuses_a_directory_another_worker_holds(
     assert done.stderr.strip().count("\n") == 0, "one readable line, no traceback"
 
 
-async def test_worker_rejects_unknown_agents(
+async def test_worker_rejects_unknown_services(
+    fresh_topics: Topics, settings_for, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    done = _run_worker_cli(settings_for(fresh_topics), tmp_path, "--services", "projector,telepathy")
+    assert done.returncode == 1
+    assert "unknown service(s) telepathy" in done.stderr
+
+
+async def test_the_old_agents_flag_still_picks_services_with_a_warning(
     fresh_topics: Topics, settings_for, tmp_path: Path  # type: ignore[no-untyped-def]
 ) -> None:
     done = _run_worker_cli(settings_for(fresh_topics), tmp_path, "--agents", "projector,telepathy")
     assert done.returncode == 1
-    assert "unknown agent(s) telepathy" in done.stderr
+    assert "--agents is deprecated, use --services" in done.stderr
+    assert "unknown service(s) telepathy" in done.stderr

@@ -1,9 +1,7 @@
 """Holes 1-3 of the Kafka side, tried as an attacker would on the real broker: a
 forged ``SubjectForgotten``, forged key records and tombstones, and hostile headers.
 Each does nothing to any tenant: dead-lettered or ignored (and counted), never a
-dropped key, a deleted row, a stalled partition or a process that cannot start.
-
-Covers ``key_records``, ``record_codec``, ``keys``."""
+dropped key, a deleted row, a stalled partition or a process that cannot start."""
 
 from __future__ import annotations
 
@@ -43,7 +41,7 @@ def _forged(kind: str, log: str) -> float:
 
 async def _send_raw(settings, topic: str, records: list[tuple[bytes | None, bytes | None, list]]) -> None:  # type: ignore[no-untyped-def,type-arg]
     """Records written by a plain Kafka producer: what anyone with producer rights can do."""
-    raw = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    raw = AIOKafkaProducer(bootstrap_servers=settings.broker.bootstrap_servers)
     await raw.start()
     try:
         for key, value, headers in records:
@@ -60,7 +58,7 @@ def _forged_forget(victim_kid: bytes) -> tuple[bytes, bytes, list]:  # type: ign
 
 
 async def _events_records(settings, topic: str) -> list:  # type: ignore[no-untyped-def,type-arg]
-    return [r for r in await read_to_end(settings.bootstrap_servers, [topic], settings.partitions)]
+    return [r for r in await read_to_end(settings.broker.bootstrap_servers, [topic], settings.broker.partitions)]
 
 
 async def test_a_forged_subject_forgotten_drops_no_key(fresh_topics: Topics, settings_for) -> None:  # type: ignore[no-untyped-def]
@@ -82,7 +80,7 @@ async def test_forged_key_records_never_shred_and_never_stop_a_start(fresh_topic
         bob_kid = (await keys.key_for(bob)).kid
     before = (_forged("tombstone", "keys"), _forged("key", "keys"))
     bogus_key = key_record_key(Subject("acme", "mallory"), b"\x01" * 16)
-    [original] = [r for r in await read_to_end(settings.bootstrap_servers, [fresh_topics.keys], 1) if r.value]
+    [original] = [r for r in await read_to_end(settings.broker.bootstrap_servers, [fresh_topics.keys], 1) if r.value]
     await _send_raw(
         settings,
         fresh_topics.keys,
@@ -100,7 +98,7 @@ async def test_forged_key_records_never_shred_and_never_stop_a_start(fresh_topic
 
 def _memories(settings, scope: Scope) -> set[str]:  # type: ignore[no-untyped-def]
     try:
-        store = LanceStore.from_settings(settings, TableSets(settings.lance_dir).current(), create=False)
+        store = LanceStore.from_settings(settings.storage, settings.embeddings.dim, TableSets(settings.storage.root).current(), create=False)
         rows = store.table("memories").search().where(subject_where(scope.team_id, scope.user_id)).limit(None).to_list()
     except StoreError:
         return set()
@@ -116,7 +114,7 @@ async def _until(check, what: str, timeout_s: float = 60.0) -> None:  # type: ig
 
 async def _dead_reasons(settings, topics: Topics) -> dict[tuple[str, int, int], str]:  # type: ignore[no-untyped-def]
     out = {}
-    for r in await read_to_end(settings.bootstrap_servers, [topics.dead_letter], 1):  # one partition
+    for r in await read_to_end(settings.broker.bootstrap_servers, [topics.dead_letter], 1):  # one partition
         dl = parse_dead_letter(r.key, r.value, r.headers)
         out[(dl.source_topic, dl.source_partition, dl.source_offset)] = dl.reason
     return out
@@ -129,7 +127,7 @@ async def test_hostile_records_on_a_live_worker_leave_every_tenant_whole(
     settings = settings_for(fresh_topics, embedder="local", embedding_dim=32, sealing=True)
     async with MemstreamProducer(settings) as producer:
         await producer.send_many([MemoryAdded(scope=s, memory_id="m1", content=f"{s.user_id} likes tea") for s in (ALICE, BOB)])
-    worker = WorkerProcess(settings, tmp_path / "worker", agents=["projector", "sealer"])
+    worker = WorkerProcess(settings, tmp_path / "worker", services=["projector", "sealer"])
     worker.start()
     try:
         await _until(lambda: _memories(settings, ALICE) == {"m1"} and _memories(settings, BOB) == {"m1"}, "first memories")

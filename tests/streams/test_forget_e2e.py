@@ -1,9 +1,7 @@
 """Forgetting end to end on the real broker and LanceDB: a worker (projector and
 sealer) killed around a forget converges after restart, no byte of the forgotten user
 is left in the kept-forever topics or the table files, a replay brings nothing back,
-and the other user's rows are untouched.
-
-Covers ``forget``."""
+and the other user's rows are untouched."""
 
 from __future__ import annotations
 
@@ -37,7 +35,7 @@ BOB = Scope(team_id="acme", user_id="bob")
 
 
 def _store(settings) -> LanceStore:  # type: ignore[no-untyped-def]
-    return LanceStore.from_settings(settings, TableSets(settings.lance_dir).current(), create=False)
+    return LanceStore.from_settings(settings.storage, settings.embeddings.dim, TableSets(settings.storage.root).current(), create=False)
 
 
 def _count(settings, scope: Scope) -> int:  # type: ignore[no-untyped-def]
@@ -80,7 +78,7 @@ async def _until(check, what: str, timeout_s: float = 90.0) -> None:  # type: ig
 
 
 async def _raw_records(settings, topics: Topics, extra: list[str] = ()) -> list[bytes]:  # type: ignore[no-untyped-def,assignment]
-    records = await read_to_end(settings.bootstrap_servers, [*topics.kept_forever(), *extra], topics.partitions)
+    records = await read_to_end(settings.broker.bootstrap_servers, [*topics.kept_forever(), *extra], topics.partitions)
     return [record_bytes(r) for r in records]
 
 
@@ -95,7 +93,7 @@ async def test_forget_converges_across_a_killed_worker_and_leaves_nothing(
         events += [MessageObserved(scope=scope, message_id=f"t{i}", content=f"{canary}{scope.user_id} said {i}") for i in range(5)]
     async with MemstreamProducer(settings) as producer:
         await producer.send_many(events)
-    raw = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)  # a producer that cannot seal
+    raw = AIOKafkaProducer(bootstrap_servers=settings.broker.bootstrap_servers)  # a producer that cannot seal
     await raw.start()
     try:
         rec = encode_event(MemoryAdded(scope=ALICE, memory_id="via-ingress", content=f"{canary}alice via kcat"))
@@ -103,7 +101,7 @@ async def test_forget_converges_across_a_killed_worker_and_leaves_nothing(
     finally:
         await raw.stop()
 
-    worker = WorkerProcess(settings, tmp_path / "worker", agents=["projector", "sealer"])
+    worker = WorkerProcess(settings, tmp_path / "worker", services=["projector", "sealer"])
     worker.start()
     try:
         await _until(lambda: _count(settings, ALICE) >= 21 + 5 and _count(settings, BOB) >= 25, "projection")
@@ -175,7 +173,7 @@ async def test_forget_under_concurrent_writers_leaves_nothing_and_loses_no_other
     canary = f"zq{uuid.uuid4().hex[:10]}"
     carol = Scope(team_id="acme", user_id="carol")
     writers = {s.user_id: _Writer(settings, s, canary) for s in (ALICE, BOB, carol)}
-    worker = WorkerProcess(settings, tmp_path / "worker", agents=["projector", "sealer", "reflector"])
+    worker = WorkerProcess(settings, tmp_path / "worker", services=["projector", "sealer", "reflector"])
     worker.start()
     tasks = {name: asyncio.create_task(w.run()) for name, w in writers.items()}
     try:
@@ -229,7 +227,7 @@ async def test_a_write_after_a_forget_survives_a_worker_started_after_both(
     canary = f"zq{uuid.uuid4().hex[:10]}"
     old = [MemoryAdded(scope=ALICE, memory_id="m-old", content=f"{canary} old fact"),
            MessageObserved(scope=ALICE, message_id="t-old", content=f"{canary} old turn")]
-    worker = WorkerProcess(settings, tmp_path / "worker", agents=["projector", "sealer"])
+    worker = WorkerProcess(settings, tmp_path / "worker", services=["projector", "sealer"])
     async with MemstreamProducer(settings) as producer:
         await producer.send_many(old)
     worker.start()
@@ -261,13 +259,13 @@ async def test_a_forget_after_a_replay_leaves_no_copy_in_the_replaced_set(
     async with MemstreamProducer(settings) as producer:
         await producer.send_many([MemoryAdded(scope=s, memory_id=f"m{i}", content=f"{canary}{s.user_id} fact {i}")
                                   for s in (ALICE, BOB) for i in range(5)])
-    worker = WorkerProcess(settings, tmp_path / "worker", agents=["projector", "sealer"])
+    worker = WorkerProcess(settings, tmp_path / "worker", services=["projector", "sealer"])
     worker.start()
     try:
         await _until(lambda: _count(settings, ALICE) >= 5 and _count(settings, BOB) >= 5, "projection")
-        replaced = TableSets(settings.lance_dir).current()
+        replaced = TableSets(settings.storage.root).current()
         result = await replay(settings)  # beside the running worker: the old set is kept for its readers
-        assert result.swapped and replaced != TableSets(settings.lance_dir).current()
+        assert result.swapped and replaced != TableSets(settings.storage.root).current()
         await forget(settings, "acme", "alice")
         await _until(lambda: _count(settings, ALICE) == 0, "alice's rows gone")
         await _until(lambda: not _files_holding(tmp_path / "lance", f"{canary}alice".encode()), "alice's bytes gone everywhere", 60)

@@ -1,5 +1,5 @@
 """The inflation bound: a compressed batch that would inflate past
-``MEMSTREAM_MAX_INFLATED_BATCH_BYTES`` is dead-lettered without being inflated whole,
+``MEMSTREAM_BROKER_MAX_INFLATED_BATCH_BYTES`` is dead-lettered without being inflated whole,
 and the records after it are read as before.
 
 * the parsing step alone (batches built with aiokafka's own builder);
@@ -139,7 +139,7 @@ def test_aiokafka_s_fetcher_still_parses_where_the_bound_hooks_in() -> None:
 
 async def send_bomb(settings: Settings, topic: str, size: int) -> None:
     producer = AIOKafkaProducer(
-        bootstrap_servers=settings.bootstrap_servers, compression_type="gzip", max_request_size=size + MiB
+        bootstrap_servers=settings.broker.bootstrap_servers, compression_type="gzip", max_request_size=size + MiB
     )
     await producer.start()
     try:
@@ -203,7 +203,7 @@ class BoundedWorker(WorkerProcess):
         self.bound = bound
 
     def env(self) -> dict[str, str]:
-        return {**super().env(), "MEMSTREAM_MAX_INFLATED_BATCH_BYTES": str(self.bound)}
+        return {**super().env(), "MEMSTREAM_BROKER_MAX_INFLATED_BATCH_BYTES": str(self.bound)}
 
 
 @pytest.mark.kafka
@@ -243,5 +243,5 @@ async def test_a_worker_dead_letters_a_200_mib_bomb_within_its_bound(
     assert [d.original_value for d in dead] == [b"not json", None]
     assert dead[1].source_topic == fresh_topics.events
     assert "gzip batch inflating past the bound of 16777216 bytes" in dead[1].reason
-    store = LanceStore.from_settings(settings)
+    store = LanceStore.from_settings(settings.storage, settings.embeddings.dim)
     assert {m["memory_id"] for m in store.get_memories(ALICE, ["before", "after"])} == {"before", "after"}

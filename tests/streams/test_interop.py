@@ -1,7 +1,5 @@
 """Interoperability: records from a non-Python client (Kafka's own Java console
-producer) are accepted, and the ``produce`` / ``tail`` commands work end to end.
-
-Covers ``memstream/cli/events.py``."""
+producer) are accepted, and the ``produce`` / ``tail`` commands work end to end."""
 
 from __future__ import annotations
 
@@ -82,9 +80,9 @@ def memstream_cli(args: list[str], settings: Settings, cwd: Path, stdin: bytes |
     """Run the real command line in a child process (``python -m memstream``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSTREAM_")}
     env.update(
-        MEMSTREAM_BOOTSTRAP_SERVERS=settings.bootstrap_servers,
-        MEMSTREAM_TOPIC_PREFIX=settings.topic_prefix,
-        MEMSTREAM_PARTITIONS=str(settings.partitions),
+        MEMSTREAM_BROKER_BOOTSTRAP_SERVERS=settings.broker.bootstrap_servers,
+        MEMSTREAM_BROKER_TOPIC_PREFIX=settings.broker.topic_prefix,
+        MEMSTREAM_BROKER_PARTITIONS=str(settings.broker.partitions),
         COLUMNS="200",
     )
     done = subprocess.run(

@@ -1,8 +1,4 @@
-"""The shared keyring on the real broker: two nodes follow ``memstream.keys``.
-
-Covers ``admin``, ``topics``.
-
-Covers ``memstream/sealing/keyring.py``, ``memstream/sealing/master.py``."""
+"""The shared keyring on the real broker: two nodes follow ``memstream.keys``."""
 
 from __future__ import annotations
 
@@ -96,7 +92,7 @@ async def test_a_forgotten_key_leaves_the_brokers_disk_within_the_bound(topic_pr
     (``keys_segment_ms``) + the roll record's second + the cleaner's back-off (15 s) +
     ``file.delete.delay.ms`` (1 s)."""
     env = Settings()
-    if not local.is_local_bootstrap(env):
+    if not local.is_local_bootstrap(env.broker):
         pytest.skip("needs the local broker's data directory")
     segment_ms = 3000
     topics = Topics(topic_prefix, 3, 1, keys_segment_ms=segment_ms)
@@ -110,7 +106,7 @@ async def test_a_forgotten_key_leaves_the_brokers_disk_within_the_bound(topic_pr
     async with SubjectKeys(settings) as node:
         await node.key_for(BOB)
         key = await node.key_for(ALICE)
-        wrapped = next(v for k, v in await _key_records(settings.bootstrap_servers, topics.keys) if k and key.kid.hex().encode() in k)
+        wrapped = next(v for k, v in await _key_records(settings.broker.bootstrap_servers, topics.keys) if k and key.kid.hex().encode() in k)
         needle = json.loads(wrapped)["wrapped"].encode()
         assert holding(needle)
         await node.forget("acme", "alice")

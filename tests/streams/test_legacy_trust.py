@@ -1,9 +1,7 @@
 """Trust in a log's unsigned past (``memstream.streams.legacy_trust``): an unsigned
 system event below the partition's recorded end replays into the projection; after it,
 or with no record at all, it is dead-lettered as before. The record is a private file
-that cannot be moved by accident.
-
-Covers ``legacy_trust``."""
+that cannot be moved by accident."""
 
 from __future__ import annotations
 
@@ -121,5 +119,5 @@ async def test_a_replay_keeps_the_trusted_past_and_dead_letters_the_rest(
         await producer.send(forged)
     report = await replay(settings, force=True)
     assert report.applied == 1 and report.dead_decode == 1  # the forged one
-    rows = LanceStore.from_settings(settings).get_memories(S, ["old", "new"])
+    rows = LanceStore.from_settings(settings.storage, settings.embeddings.dim).get_memories(S, ["old", "new"])
     assert [r["memory_id"] for r in rows] == ["old"]

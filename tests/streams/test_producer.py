@@ -1,9 +1,5 @@
 """The producer SDK against the real broker: durability, order per memory space,
-byte-identical records, back-pressure, batch failures, the sync wrapper.
-
-Covers ``sync_producer``.
-
-Covers ``streams/kafka_producer.py``."""
+byte-identical records, back-pressure, batch failures, the sync wrapper."""
 
 from __future__ import annotations
 

@@ -2,9 +2,7 @@
 space on the SDK's partition, and a record on another partition (kcat's crc32
 default) is re-published to its key's partition by the worker, then projected, never
 dead-lettered. Every example writes to the topic the default configuration (sealing
-on) reads, and the documented records go through it into the log.
-
-Covers ``rerouting``."""
+on) reads, and the documented records go through it into the log."""
 
 from __future__ import annotations
 
@@ -25,7 +23,7 @@ from tests.support import read_records
 
 from memstream.domain.events import MemoryAdded, Scope
 from memstream.projections.store import LanceStore, StoreError
-from memstream.settings import Settings
+from memstream.settings import SecuritySettings
 from memstream.streams.consumer import EventConsumer
 from memstream.streams.keys import SubjectKeys
 from memstream.streams.producer import MemstreamProducer
@@ -136,7 +134,7 @@ async def test_a_record_on_the_wrong_partition_is_rerouted_and_projected(
         while time.monotonic() < deadline:
             worker.assert_alive()
             try:
-                store = LanceStore.from_settings(settings, create=False)
+                store = LanceStore.from_settings(settings.storage, settings.embeddings.dim, create=False)
             except StoreError:  # the worker is still making its tables, one after another
                 store = None
             if store is not None:
@@ -190,11 +188,11 @@ async def test_every_example_writes_where_the_default_configuration_reads(
     for name, code in examples.items():
         assert set(re.findall(r"memstream\.[a-z-]+", code)) == {default.ingress}, name
 
-    assert Settings.model_fields["sealing"].default is True
+    assert SecuritySettings.model_fields["sealing"].default is True
     settings = settings_for(fresh_topics, sealing=True)
     records = documented_records()
     assert [json.loads(r)["type"] for r in records] == ["MemoryAdded", "MessageObserved"]
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.broker.bootstrap_servers)
     await producer.start()
     try:
         for value in records:  # as every example sends it: key and the three headers

@@ -1,7 +1,5 @@
 """The record codec: any bytes in, an event, a dead letter with a one-line reason, or
-a counted skip out; never an exception. And every reader of the log goes through it.
-
-Covers ``record_codec``, ``record_batches``, ``key_records``."""
+a counted skip out; never an exception. And every reader of the log goes through it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""`memstream reseal` on the real broker: a plaintext log becomes a sealed one in place.
-
-Covers ``sealed_records``."""
+"""`memstream reseal` on the real broker: a plaintext log becomes a sealed one in place."""
 
 from __future__ import annotations
 
@@ -33,7 +31,7 @@ async def test_reseal_seals_a_plaintext_log_in_place(fresh_topics: Topics, setti
         scope = Scope(team_id="acme", user_id=user)
         events += [MemoryAdded(scope=scope, memory_id=f"{user}-{i}", content=f"{canary} {user} {i}") for i in range(4)]
         events += [MessageObserved(scope=scope, message_id=f"{user}-t{i}", content=f"{canary} says {i}") for i in range(3)]
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.broker.bootstrap_servers)
     await producer.start()
     try:
         for e in events:
@@ -43,7 +41,7 @@ async def test_reseal_seals_a_plaintext_log_in_place(fresh_topics: Topics, setti
     finally:
         await producer.stop()
     before = {
-        t: [(r.partition, r.offset) for r in await _records(settings.bootstrap_servers, t, 3)]
+        t: [(r.partition, r.offset) for r in await _records(settings.broker.bootstrap_servers, t, 3)]
         for t in (fresh_topics.events, fresh_topics.messages)
     }
 
@@ -55,7 +53,7 @@ async def test_reseal_seals_a_plaintext_log_in_place(fresh_topics: Topics, setti
         opener = RecordOpener(keys.keyring)
         decoded = []
         for topic in (fresh_topics.events, fresh_topics.messages):
-            records = await _records(settings.bootstrap_servers, topic, 3)
+            records = await _records(settings.broker.bootstrap_servers, topic, 3)
             assert [(r.partition, r.offset) for r in records] == before[topic]  # positions stay valid
             for r in records:
                 assert is_sealed(r.value) and canary.encode() not in r.value

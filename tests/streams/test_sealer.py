@@ -39,7 +39,7 @@ async def test_ingress_records_are_sealed_into_their_topics(fresh_topics: Topics
     canary = f"canary-{uuid.uuid4().hex[:8]}"
     memory = MemoryAdded(scope=scope, memory_id="m1", content=f"{canary} lives in Lyon", memory_type="persona")
     turn = MessageObserved(scope=scope, message_id="t1", content=f"I am {canary}")
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.broker.bootstrap_servers)
     await producer.start()
     try:
         for event in (memory, turn):
@@ -53,8 +53,8 @@ async def test_ingress_records_are_sealed_into_their_topics(fresh_topics: Topics
         sealer = IngressSealer(settings, keys, fresh_topics)
         await sealer.run(until_idle=True)
         assert (sealer.sealed, sealer.dead_lettered) == (2, 1)
-        events = await _read_all(settings.bootstrap_servers, fresh_topics.events)
-        messages = await _read_all(settings.bootstrap_servers, fresh_topics.messages)
+        events = await _read_all(settings.broker.bootstrap_servers, fresh_topics.events)
+        messages = await _read_all(settings.broker.bootstrap_servers, fresh_topics.messages)
         assert len(events) == len(messages) == 1
         opener = RecordOpener(keys.keyring)
         for raw, original in ((events[0], memory), (messages[0], turn)):
@@ -69,7 +69,7 @@ async def test_ingress_records_are_sealed_into_their_topics(fresh_topics: Topics
         assert opener.open(events[0].value, events[0].headers) is None
         assert opener.counts.forgotten == 1
 
-    dead = await _read_all(settings.bootstrap_servers, fresh_topics.dead_letter)
+    dead = await _read_all(settings.broker.bootstrap_servers, fresh_topics.dead_letter)
     assert len(dead) == 1
     assert "cannot seal" in parse_dead_letter(dead[0].key, dead[0].value, dead[0].headers).reason
 
@@ -81,7 +81,7 @@ async def test_an_ingress_record_written_before_a_forget_is_never_sealed_under_t
     scope = Scope(team_id="acme", user_id="alice")
     stale = MemoryAdded(scope=scope, memory_id="m1", content="alice's old address")
     fresh = MemoryAdded(scope=scope, memory_id="m2", content="alice, again")
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.broker.bootstrap_servers)
     await producer.start()
     try:
         async with SubjectKeys(settings) as keys:
@@ -98,18 +98,18 @@ async def test_an_ingress_record_written_before_a_forget_is_never_sealed_under_t
             sealer = IngressSealer(settings, keys, fresh_topics)
             await sealer.run(until_idle=True)
             assert (sealer.sealed, sealer.dead_lettered) == (1, 1)
-            (event,) = await _read_all(settings.bootstrap_servers, fresh_topics.events)
+            (event,) = await _read_all(settings.broker.bootstrap_servers, fresh_topics.events)
             assert sealed_header(event.value).event_id == str(fresh.event_id)
     finally:
         await producer.stop()
-    (dead,) = await _read_all(settings.bootstrap_servers, fresh_topics.dead_letter)
+    (dead,) = await _read_all(settings.broker.bootstrap_servers, fresh_topics.dead_letter)
     assert "written before" in parse_dead_letter(dead.key, dead.value, dead.headers).reason
 
 
 async def test_sealed_ingress_records_are_deleted_from_the_ingress(fresh_topics: Topics, settings_for) -> None:  # type: ignore[no-untyped-def]
     settings = settings_for(fresh_topics)
     canary = f"canary-{uuid.uuid4().hex[:8]}"
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.broker.bootstrap_servers)
     await producer.start()
     try:
         for i in range(3):
@@ -117,10 +117,10 @@ async def test_sealed_ingress_records_are_deleted_from_the_ingress(fresh_topics:
             await producer.send_and_wait(fresh_topics.ingress, rec.value, key=rec.key, headers=rec.headers)
     finally:
         await producer.stop()
-    assert len(await _read_all(settings.bootstrap_servers, fresh_topics.ingress)) == 3
+    assert len(await _read_all(settings.broker.bootstrap_servers, fresh_topics.ingress)) == 3
     async with SubjectKeys(settings) as keys:
         sealer = IngressSealer(settings, keys, fresh_topics)
         await sealer.run(until_idle=True)
     assert sealer.sealed == 3
     # Sealed and committed: the plaintext is gone from the ingress, not kept for its retention.
-    assert await _read_all(settings.bootstrap_servers, fresh_topics.ingress) == []
+    assert await _read_all(settings.broker.bootstrap_servers, fresh_topics.ingress) == []

@@ -1,9 +1,7 @@
 """The worker's producer identity (``memstream.streams.worker_identity``) and the
 projector's decode stage that relies on it: a system event, or a client memory that
 trips the injection gate, from a record the worker did not sign is a dead letter;
-signed, it is an event. Both read paths (general and fast) are checked.
-
-Covers ``record_batches``."""
+signed, it is an event. Both read paths (general and fast) are checked."""
 
 from __future__ import annotations
 

@@ -76,7 +76,7 @@ def principal(request: Request) -> Principal:
 
 
 def operator_token_path(settings: Settings) -> Path:
-    return settings.console_operator_token_file or (settings.home / "operator.token")
+    return settings.api.console_operator_token_file or (settings.home / "operator.token")
 
 
 def ensure_operator_token(settings: Settings) -> Path:

@@ -1,6 +1,4 @@
-"""The no-LLM extractor and its entity finder.
-
-Covers ``drafts``."""
+"""The no-LLM extractor and its entity finder."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Reading the model's extraction answer into drafts.
-
-Covers ``domain/extraction/schema.py``."""
+"""Reading the model's extraction answer into drafts."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The pure ranking math: fusion, recency, supersession caps, entity mentions and IDF.
-
-Covers ``weights``."""
+"""The pure ranking math: fusion, recency, supersession caps, entity mentions and IDF."""
 
 from __future__ import annotations
 

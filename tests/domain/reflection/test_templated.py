@@ -1,6 +1,4 @@
-"""The templated reflection.
-
-Covers ``domain/reflection/wording.py``."""
+"""The templated reflection."""
 
 from __future__ import annotations
 

@@ -34,8 +34,8 @@ def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         banks_file=root / "banks.toml", keys_file=root / "keys.toml", api_host="127.0.0.1", api_port=port,
         read_wait_max_s=20.0, projector_batch_seconds=0.05, reflection_poll_seconds=0.5, sealing=True,
     )
-    asyncio.run(ensure_topics(kafka_bootstrap, Topics.from_settings(settings)))
-    LanceStore.from_settings(settings)  # the tables, before two processes open them
+    asyncio.run(ensure_topics(kafka_bootstrap, Topics.from_settings(settings.broker)))
+    LanceStore.from_settings(settings.storage, settings.embeddings.dim)  # the tables, before two processes open them
     keys = {name: create_key(settings, name)[0] for name in ("acme", "globex", "planner", "spy", "trustteam")}
     logs = root / "logs"
     logs.mkdir()

@@ -5,9 +5,7 @@ A person logs in with a key, finds a memory written through the API, opens its
 story (source turns, links); another tenant's key and another agent of the same user
 never see it; an operator forgets a subject and watches it complete; a dead-lettered
 record shows its reason. ``MEMSTREAM_CONSOLE_SHOTS=<dir>`` saves the pages'
-screenshots there (how docs/console/*.png are made).
-
-Covers ``memstream/interfaces/console/__init__.py`` (the mount, static files, the error pages)."""
+screenshots there (how docs/console/*.png are made)."""
 
 from __future__ import annotations
 
@@ -162,7 +160,7 @@ def test_a_dead_lettered_record_shows_its_reason(browser: Any, stack: Stack) -> 
     mark = uuid.uuid4().hex[:8]
 
     async def produce() -> str:  # a record no decoder accepts, straight onto the events topic
-        producer = AIOKafkaProducer(bootstrap_servers=stack.settings.bootstrap_servers)
+        producer = AIOKafkaProducer(bootstrap_servers=stack.settings.broker.bootstrap_servers)
         await producer.start()
         try:
             md = await producer.send_and_wait(stack.topics.events, f"not an event {mark}".encode(), key=b"acme|dlq")

@@ -1,11 +1,7 @@
 """Every console page and fragment answers within the key's scope, against the real
 stack (broker, worker, API): the owner sees its memory everywhere; another tenant's
 key and another agent of the same user see none of it on any page or fragment, and
-the operations pages refuse every key.
-
-Covers ``routes_auth``, ``routes_memory``, ``routes_ledger``, ``routes_ops``, ``pages``.
-Covers ``projections/console_reads.py`` (every page's paged read).
-Covers ``memstream/services/dead_letter_view.py`` (the dead-letter page, operator only)."""
+the operations pages refuse every key."""
 
 from __future__ import annotations
 

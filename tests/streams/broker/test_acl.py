@@ -4,10 +4,7 @@ principal write everything it needs, and a write through the ingress made as the
 makes it in ACL mode is sealed and projected by a worker running as the worker principal.
 
 One SASL + StandardAuthorizer broker is started for the module on free ports (data
-under a temporary home), next to the session's broker.
-
-Covers ``streams/broker/acl.py``, ``streams/broker/config.py`` (ACL entries),
-``streams/broker/probe.py`` (SASL login), ``streams/connect.py`` (client security)."""
+under a temporary home), next to the session's broker."""
 
 from __future__ import annotations
 
@@ -54,7 +51,7 @@ def acl_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]
     status = local.start(settings)
     try:
         assert status.acl and status.running
-        asyncio.run(ensure_topics(settings, Topics.from_settings(settings)))  # as the worker
+        asyncio.run(ensure_topics(settings, Topics.from_settings(settings.broker)))  # as the worker
         yield settings
     finally:
         local.stop(settings)
@@ -69,9 +66,9 @@ def as_principal(settings: Settings, principal: str) -> Settings:
 async def _write(settings: Settings, topic: str, *, idempotent: bool = True) -> int:
     """One record to ``topic``; its offset (raises what the broker answered)."""
     if idempotent:
-        producer = create_kafka_producer(settings, client_id="acl-test")
+        producer = create_kafka_producer(settings.broker, client_id="acl-test")
     else:  # a principal without IdempotentWrite: a plain producer reaches the topic check
-        producer = AIOKafkaProducer(**kafka_options(settings), client_id="acl-test", acks=1)
+        producer = AIOKafkaProducer(**kafka_options(settings.broker), client_id="acl-test", acks=1)
     await producer.start()
     try:
         return (await asyncio.wait_for(producer.send_and_wait(topic, b"{}", key=b"acme/alice"), 30)).offset
@@ -91,13 +88,13 @@ def test_the_broker_files_hold_the_secrets_privately(acl_settings: Settings) -> 
 
 async def test_a_producer_principal_is_refused_on_events_and_keys_and_writes_the_ingress(acl_settings: Settings) -> None:
     producer = as_principal(acl_settings, acl.PRODUCER)
-    topics = Topics.from_settings(acl_settings)
+    topics = Topics.from_settings(acl_settings.broker)
     for forbidden in (topics.events, topics.keys, topics.messages, topics.pending_reflections, topics.outcomes):
         with pytest.raises(TopicAuthorizationFailedError):
             await _write(producer, forbidden)
     event = MemoryAdded(scope=Scope(team_id="acme", user_id="alice"), memory_id="m-ingress", content="ingress only")
     record = encode_event(event)
-    client = create_kafka_producer(producer, client_id="acl-test")
+    client = create_kafka_producer(producer.broker, client_id="acl-test")
     await client.start()
     try:
         sent = await client.send_and_wait(topics.ingress, record.value, key=record.key, headers=record.headers)
@@ -121,7 +118,7 @@ async def test_the_worker_principal_writes_the_log_keys_and_its_own_topics(acl_s
 async def _read_from_start(settings: Settings, topic: str, partitions: int) -> int:
     """How many records ``settings``' principal gets from ``topic`` (an unauthorized
     topic yields none: aiokafka logs the refusal and returns nothing)."""
-    consumer = AIOKafkaConsumer(**kafka_options(settings), group_id=None, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**kafka_options(settings.broker), group_id=None, enable_auto_commit=False)
     await consumer.start()
     try:
         consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
@@ -136,12 +133,12 @@ async def _read_from_start(settings: Settings, topic: str, partitions: int) -> i
 
 async def test_a_reader_reads_the_sealed_log_only(acl_settings: Settings) -> None:
     reader = as_principal(acl_settings, acl.READER)
-    topics = Topics.from_settings(acl_settings)
+    topics = Topics.from_settings(acl_settings.broker)
     with pytest.raises(TopicAuthorizationFailedError):
         await _write(reader, topics.ingress, idempotent=False)
     await _write(acl_settings, topics.events)  # the worker writes one record to each
     await _write(acl_settings, topics.ingress)
-    partitions = acl_settings.partitions
+    partitions = acl_settings.broker.partitions
     assert await _read_from_start(reader, topics.events, partitions) >= 1
     assert await _read_from_start(acl_settings, topics.ingress, partitions) >= 1
     assert await _read_from_start(reader, topics.ingress, partitions) == 0  # plaintext: not for readers
@@ -149,23 +146,23 @@ async def test_a_reader_reads_the_sealed_log_only(acl_settings: Settings) -> Non
 
 async def test_a_wrong_password_or_no_login_gets_nothing(acl_settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
     wrong = acl_settings.model_copy(update={"kafka_password_file": None, "kafka_password": SecretStr("not-the-password")})
-    producer = AIOKafkaProducer(**kafka_options(wrong), client_id="acl-test", request_timeout_ms=5000)
+    producer = AIOKafkaProducer(**kafka_options(wrong.broker), client_id="acl-test", request_timeout_ms=5000)
     with pytest.raises(KafkaConnectionError):
         await producer.start()
     await producer.stop()
     assert "Invalid username or password" in caplog.text  # the broker's SaslAuthenticationFailed
     # no login at all: the listener speaks SASL only
-    anonymous = AIOKafkaProducer(bootstrap_servers=acl_settings.bootstrap_servers, request_timeout_ms=5000)
+    anonymous = AIOKafkaProducer(bootstrap_servers=acl_settings.broker.bootstrap_servers, request_timeout_ms=5000)
     with pytest.raises(KafkaConnectionError):
         await anonymous.start()
     await anonymous.stop()
-    assert local.probe_metadata(acl_settings.broker_port) is None  # unauthenticated probe: nothing
+    assert local.probe_metadata(acl_settings.broker.port) is None  # unauthenticated probe: nothing
 
 
 def test_a_write_through_the_ingress_as_the_api_makes_it_is_projected(acl_settings: Settings, tmp_path: Path) -> None:
     """The API's ACL-mode settings (producer principal, ingress only, no master key) and
     a worker subprocess as the worker principal: the memory reaches the view."""
-    LanceStore.from_settings(acl_settings)  # tables created before the worker opens them
+    LanceStore.from_settings(acl_settings.storage, acl_settings.embeddings.dim)  # tables created before the worker opens them
     log_file = tmp_path / "worker.log"
     with open(log_file, "wb") as out:
         worker = subprocess.Popen(
@@ -181,11 +178,11 @@ def test_a_write_through_the_ingress_as_the_api_makes_it_is_projected(acl_settin
         async def write() -> str:
             async with MemstreamProducer(api, client_id="acl-api") as producer:
                 sent = await producer.add_memory(scope, content, memory_type="persona")
-            assert sent.position.topic == Topics.from_settings(acl_settings).ingress
+            assert sent.position.topic == Topics.from_settings(acl_settings.broker).ingress
             return sent.event.memory_id
 
         memory_id = asyncio.run(write())
-        store = LanceStore.from_settings(acl_settings, read_consistency_interval=timedelta(0))
+        store = LanceStore.from_settings(acl_settings.storage, acl_settings.embeddings.dim, read_consistency_interval=timedelta(0))
         # a readiness bound for a worker starting on a loaded machine, not a speed check
         deadline = time.monotonic() + 240
         while (row := store.get_memory(scope, memory_id)) is None:

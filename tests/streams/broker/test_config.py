@@ -10,7 +10,7 @@ from tests.streams.broker.helpers import broker_settings, parse_properties
 
 def test_server_properties_describe_one_kraft_node_on_loopback(tmp_path: Path) -> None:
     settings = broker_settings(tmp_path, broker_port=29192, controller_port=29193)
-    props = config.server_properties(settings, tmp_path / "data")
+    props = config.server_properties(settings.broker, tmp_path / "data")
 
     assert props["process.roles"] == "broker,controller"
     assert props["listeners"] == "PLAINTEXT://127.0.0.1:29192,CONTROLLER://127.0.0.1:29193"
@@ -30,12 +30,12 @@ def test_server_properties_describe_one_kraft_node_on_loopback(tmp_path: Path) -
         assert props[key] == "1", key
     assert props["auto.create.topics.enable"] == "false"
     flipped = broker_settings(tmp_path, broker_auto_create_topics=True)
-    assert config.server_properties(flipped, tmp_path)["auto.create.topics.enable"] == "true"
+    assert config.server_properties(flipped.broker, tmp_path)["auto.create.topics.enable"] == "true"
 
 
 def test_rendered_properties_round_trip_odd_paths(tmp_path: Path) -> None:
     odd = tmp_path / "dätä dir" / "back\\slash=x:y #not-a-comment"
-    props = config.server_properties(broker_settings(tmp_path), odd)
+    props = config.server_properties(broker_settings(tmp_path).broker, odd)
     text = config.render_properties(props)
 
     assert text.isascii()  # Kafka reads .properties as ISO-8859-1

@@ -3,9 +3,7 @@ reused, stopped and restarted next to the session's broker, and the ports it wil
 
 The lifecycle tests launch their own JVM on free ports with data under ``tmp_path``;
 the jars come from the shared cache (fetched by Maven on first use), so these are real
-starts, not simulations.
-
-Covers ``streams/broker/logs.py``, ``streams/broker/paths.py``, ``streams/broker/process.py``, ``memstream/cli/broker.py``."""
+starts, not simulations."""
 
 from __future__ import annotations
 
@@ -25,12 +23,12 @@ from tests.streams.broker.helpers import broker_settings
 
 
 def test_bootstrap_servers_follow_the_broker_port_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("MEMSTREAM_BOOTSTRAP_SERVERS", raising=False)
+    monkeypatch.delenv("MEMSTREAM_BROKER_BOOTSTRAP_SERVERS", raising=False)
     monkeypatch.setenv("MEMSTREAM_BROKER_PORT", "29300")
-    assert Settings(_env_file=None).bootstrap_servers == "127.0.0.1:29300"  # type: ignore[call-arg]
-    assert Settings(_env_file=None, broker_port=29400).bootstrap_servers == "127.0.0.1:29400"  # type: ignore[call-arg]
-    monkeypatch.setenv("MEMSTREAM_BOOTSTRAP_SERVERS", "kafka:9092")
-    assert Settings(_env_file=None).bootstrap_servers == "kafka:9092"  # type: ignore[call-arg]
+    assert Settings(_env_file=None).broker.bootstrap_servers == "127.0.0.1:29300"  # type: ignore[call-arg]
+    assert Settings(_env_file=None, broker={"port": 29400}).broker.bootstrap_servers == "127.0.0.1:29400"  # type: ignore[call-arg]
+    monkeypatch.setenv("MEMSTREAM_BROKER_BOOTSTRAP_SERVERS", "kafka:9092")
+    assert Settings(_env_file=None).broker.bootstrap_servers == "kafka:9092"  # type: ignore[call-arg]
 
 
 def test_a_port_held_by_another_program_is_reported_and_never_taken_over(
@@ -55,7 +53,7 @@ def test_status_of_a_never_started_broker_is_stopped(tmp_path: Path) -> None:
     current = local.status(settings)
     assert current.state == "stopped"
     assert current.pid is None
-    assert current.port == settings.broker_port
+    assert current.port == settings.broker.port
     assert local.stop(settings) is False
 
 
@@ -86,7 +84,7 @@ def test_second_broker_starts_once_serves_stops_and_keeps_its_data(tmp_path: Pat
         first = local.start(settings)
         assert first.state == "running" and first.started
         assert first.pid is not None and paths.pid_file.read_text().strip() == str(first.pid)
-        assert first.port == settings.broker_port
+        assert first.port == settings.broker.port
         meta = (paths.data_dir / "meta.properties").read_text()
         assert f"cluster.id={first.cluster_id}" in meta
 
@@ -108,7 +106,7 @@ def test_second_broker_starts_once_serves_stops_and_keeps_its_data(tmp_path: Pat
         assert "brokertest.events" in created.stdout and "created" in created.stdout
         repeated = _cli(settings, "topics", "create")
         assert repeated.returncode == 0 and "exists" in repeated.stdout and "created" not in repeated.stdout
-        described = asyncio.run(_describe(settings.bootstrap_servers, "brokertest.events"))
+        described = asyncio.run(_describe(settings.broker.bootstrap_servers, "brokertest.events"))
         assert described["error_code"] == 0 and len(described["partitions"]) == 2  # type: ignore[arg-type]
 
         cli_stop = _cli(settings, "broker", "stop")
@@ -121,8 +119,8 @@ def test_second_broker_starts_once_serves_stops_and_keeps_its_data(tmp_path: Pat
 
         restarted = local.start(settings)
         assert restarted.started and restarted.cluster_id == first.cluster_id
-        topics = Topics.from_settings(settings)
-        after = asyncio.run(ensure_topics(settings.bootstrap_servers, topics))
+        topics = Topics.from_settings(settings.broker)
+        after = asyncio.run(ensure_topics(settings.broker.bootstrap_servers, topics))
         assert set(after.values()) == {"exists"}  # the data survived the stop
     finally:
         local.stop(settings)
