@@ -35,11 +35,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from pydantic import SecretStr
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from memstream.services.extractor_service import consumer_group
 from memstream.settings import Settings
 from memstream.streams.topics import Topics
 
@@ -274,8 +277,6 @@ class WorkerProcess:
 # ------------------------------------------------------------------------------ offsets
 async def group_offsets(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
     """The offsets consumer group ``group`` committed (``{}`` if it has none)."""
-    from aiokafka.admin import AIOKafkaAdminClient
-
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
@@ -288,8 +289,6 @@ async def group_offsets(bootstrap: str, group: str) -> dict[tuple[str, int], int
 async def delete_topics(bootstrap: str, topics: Topics, app_id: str | None = None) -> list[str]:
     """Delete a private run's topics: every topic under ``topics.prefix`` and, with
     ``app_id``, Faust's internal topics of that app (``<app_id>-...``)."""
-    from aiokafka.admin import AIOKafkaAdminClient
-
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
@@ -334,11 +333,6 @@ class LogWatch:
     open across polls: connecting per poll took longer than the poll interval."""
 
     def __init__(self, settings: Settings) -> None:
-        from aiokafka import AIOKafkaConsumer
-        from aiokafka.admin import AIOKafkaAdminClient
-
-        from memstream.services.extractor_service import consumer_group
-
         self.topics = Topics.from_settings(settings)
         self.group = consumer_group(settings)
         self.consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False)
@@ -360,8 +354,6 @@ class LogWatch:
         behind (then the work cannot be done yet), the stored positions: reading the
         LanceDB positions table is most of a poll's CPU, which the benchmark's process
         (its embedding server included) would otherwise take from the run it measures."""
-        from aiokafka import TopicPartition
-
         observed = time.perf_counter()
         tps: list[TopicPartition] = []
         for name in (self.topics.messages, self.topics.events):

@@ -39,6 +39,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import aiokafka
+import lancedb
 import numpy as np
 import pyarrow as pa
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -58,6 +60,7 @@ from memstream.bench._common import console, err_console, percentile
 from memstream.bench._common import delete_topics as _delete_topics
 from memstream.domain.content import content_hash, normalize_content
 from memstream.domain.events import EmbeddingPayload, Entity, MemoryAdded, MemoryType, MessageObserved, Scope
+from memstream.projections.embedder import LocalEmbedder
 from memstream.projections.schema import ENTITIES, MEMORIES, MESSAGES, schema_for, scoped_key
 from memstream.settings import Settings
 from memstream.streams.admin import ensure_topics
@@ -204,9 +207,6 @@ def load_average() -> float | None:
 
 def machine_info() -> dict[str, Any]:
     """What the figures were measured on: cores, memory, load, library versions."""
-    import aiokafka
-    import lancedb
-
     mem_gb: float | None = None
     with contextlib.suppress(OSError, ValueError):
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -662,8 +662,6 @@ def produce_log(settings: Settings, n: int, *, spaces: int) -> ProducedLog:
     """The common set-up of the throughput benchmarks (projector, replay): generate
     ``n`` memories, produce them durably as events carrying their vectors, and build
     the same rows for the raw-add ceiling."""
-    from memstream.projections.embedder import LocalEmbedder
-
     model_id = LocalEmbedder(settings.embedding_dim).model_id
     status(f"generating {n:,} memories over {spaces} spaces")
     corpus = make_corpus(n, spaces=spaces, dim=settings.embedding_dim)
@@ -737,8 +735,6 @@ def raw_lance_add(rows: pa.Table, directory: Path) -> tuple[float, float]:
     """The write ceiling: (seconds, CPU seconds of this process, LanceDB's threads
     included) for one LanceDB bulk ``add`` of ``rows`` into a fresh table with the
     memories schema (no merge, no dedupe, no index upkeep)."""
-    import lancedb
-
     directory.mkdir(parents=True, exist_ok=True)
     db = lancedb.connect(str(directory))
     table = db.create_table("memories", schema=rows.schema)
@@ -764,8 +760,6 @@ def wait_for_count(
     """Poll the ``memories`` row count in ``lance_dir`` (a separate reader that sees
     every commit) until it reaches ``expected``; returns ``time.perf_counter()`` at the
     poll that saw it. Raises if the count stops moving for ``stall_timeout_s``."""
-    import lancedb
-
     last_change = time.perf_counter()
     last = -1
     table = None

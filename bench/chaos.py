@@ -45,7 +45,9 @@ The last line (the CLI prints it) is the JSON summary with ``acked``, ``in_log``
 from __future__ import annotations
 
 import asyncio
+import asyncio as _asyncio
 import json
+import logging
 import random
 import re
 import shutil
@@ -62,23 +64,43 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+
 from memstream.bench._common import (
     WorkerProcess,
     console,
     err_console,
+    group_offsets,
+    percentile,
     progress,
     table,
     wait_caught_up,
 )
+from memstream.bench.disk_use import disk_ratios, drop_replaced_versions, set_bytes
 from memstream.bench.openai_fake import OpenAICompatServer
 from memstream.bench.openai_fake import Reply as ChatReply
-from memstream.domain.events import EventBase, MemoryAdded, MessageObserved, Scope
+from memstream.codec.wire import encode_event
+from memstream.domain.access import ReadScope
+from memstream.domain.events import EventBase, MemoryAdded, MessageObserved, Scope, SubjectForgotten
 from memstream.domain.log import LogPosition
-from memstream.sealing import TamperedRecord
+from memstream.domain.quality import gate
+from memstream.projections.embedder import build_embedder
+from memstream.projections.schema import MEMORIES
+from memstream.projections.search import SearchCache, search
+from memstream.projections.table_sets import TableSets
+from memstream.sealing import Subject, TamperedRecord
+from memstream.sealing.keyring import key_record_key
+from memstream.services.extractor_service import consumer_group
+from memstream.services.replay import PHASE_VERIFY, replay
+from memstream.services.shard_routing import open_store, store_for
 from memstream.settings import Settings
-from memstream.sealing import Subject
+from memstream.streams.admin import ensure_topics
+from memstream.streams.broker import local
+from memstream.streams.deadletter import DeadLetter, NotADeadLetter, parse_dead_letter
 from memstream.streams.keys import SubjectKeys
-from memstream.streams.record_codec import screen
+from memstream.streams.producer import MemstreamProducer, ProduceError, create_kafka_producer
+from memstream.streams.record_codec import decode_or_dead_letter, screen
 from memstream.streams.sealed_records import RecordOpener
 from memstream.streams.topics import Topics
 
@@ -233,8 +255,6 @@ class BadRecord:
 def make_bad_records(n: int, rng: random.Random, topics: Topics, tenants: int) -> list[BadRecord]:
     """``n`` malformed records, the kinds of :data:`BAD_KINDS` in turn, on both
     source topics (a bad turn must not stop the extractor either)."""
-    from memstream.codec.wire import encode_event
-
     out: list[BadRecord] = []
     for i in range(n):
         kind = BAD_KINDS[i % len(BAD_KINDS)]
@@ -377,8 +397,6 @@ class Ledger:
 
 
 async def _send_valid(producer: Any, batch: list[EventBase], ledger: Ledger, stop_at: float) -> None:
-    from memstream.streams.producer import ProduceError
-
     pending = batch
     while pending:
         try:
@@ -402,8 +420,6 @@ async def _send_valid(producer: Any, batch: list[EventBase], ledger: Ledger, sto
 
 
 async def _send_bad(raw: Any, records: list[BadRecord], ledger: Ledger, stop_at: float) -> None:
-    from aiokafka.errors import KafkaError
-
     pending = records
     while pending:
         futures = []
@@ -441,8 +457,6 @@ async def _produce(
     ledger: Ledger,
     on_progress: Any,
 ) -> float:
-    from memstream.streams.producer import MemstreamProducer, create_kafka_producer
-
     producer = MemstreamProducer(settings, client_id="memstream-chaos")
     raw = create_kafka_producer(settings, client_id="memstream-chaos-raw")
     await producer.start()
@@ -487,8 +501,6 @@ async def _inject(
     done: asyncio.Event,
 ) -> None:
     """Kill the worker and restart the broker on a schedule spread over the window."""
-    from memstream.streams.broker import local
-
     window = plan.produce_seconds
     actions = [(window * (0.05 + 0.9 * rng.random()), "kill") for _ in range(plan.worker_kills)]
     actions += [(window * (i + 1) / (plan.broker_restarts + 1), "broker") for i in range(plan.broker_restarts)]
@@ -526,8 +538,6 @@ async def _inject(
 
 async def _read_topics(bootstrap: str, names: Sequence[str]) -> list[Any]:
     """Every record of ``names`` up to their current end."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
         max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024,
@@ -592,11 +602,6 @@ async def _forge_keys(settings: Settings, topics: Topics, ledger: Ledger) -> dic
     every data key, a bogus key record, and a forged ``SubjectForgotten`` naming each
     key's real id on ``events`` (its position joins the bad inputs: it must be dead-
     lettered). Then a new keyring must start and still hold every subject."""
-    from memstream.codec.wire import encode_event
-    from memstream.domain.events import SubjectForgotten
-    from memstream.sealing.keyring import key_record_key
-    from memstream.streams.producer import create_kafka_producer
-
     async with SubjectKeys(settings, topics, client_id="memstream-bench-chaos-forger") as keys:
         ring = keys.keyring
         assert ring is not None
@@ -639,9 +644,6 @@ class Verdict:
 
 
 def _verify_log(records: list[Any], topics: Topics, ledger: Ledger, valid: list[EventBase]) -> dict[str, Any]:
-    from memstream.streams.record_codec import decode_or_dead_letter
-    from memstream.streams.deadletter import DeadLetter, NotADeadLetter, parse_dead_letter
-
     counts: Counter[str] = Counter()
     valid_positions: set[tuple[str, int, int]] = set()
     dead: dict[tuple[str, int, int], str] = {}
@@ -680,8 +682,6 @@ def _verify_log(records: list[Any], topics: Topics, ledger: Ledger, valid: list[
 
 def memory_rows(store: Any, columns: list[str]) -> list[dict[str, Any]]:
     """The memories table's ``columns``, over every shard of a sharded store."""
-    from memstream.projections.schema import MEMORIES
-
     rows = store.table_source(MEMORIES) if hasattr(store, "shards") else store.table(MEMORIES).to_arrow()
     return rows.select(columns).to_pylist()
 
@@ -690,13 +690,6 @@ def _verify_turns(
     settings: Settings, store: Any, valid: list[EventBase], positions: dict[str, LogPosition]
 ) -> dict[str, int]:
     """Every qualifying turn: extracted (a memory cites it) or still pending."""
-    import asyncio as _asyncio
-
-    from memstream.bench._common import group_offsets
-    from memstream.domain.quality import gate
-    from memstream.projections.schema import MEMORIES
-    from memstream.services.extractor_service import consumer_group
-
     committed = _asyncio.run(group_offsets(settings.bootstrap_servers, consumer_group(settings)))
     cited: set[tuple[str, str]] = set()
     table_ = memory_rows(store, ["team_id", "user_id", "source_message_ids"])
@@ -724,10 +717,6 @@ def _searches(
     a cross-tenant result), half pinned to one of its agents (a result of another
     agent is a cross-agent result). Returns (cross-tenant, cross-agent, results,
     latencies)."""
-    from memstream.domain.access import ReadScope
-    from memstream.projections.search import SearchCache, search
-    from memstream.services.shard_routing import store_for
-
     cache = SearchCache()
     jobs = []
     for _ in range(plan.searches):
@@ -801,16 +790,6 @@ def run_plan(
     """Run ``plan`` (see the module docstring) and return the summary; ``sharded``: the
     worker writes one shard per partition (its group projector), and the summary gives
     each shard's disk use against a replayed set's."""
-    from memstream.bench.disk_use import disk_ratios, drop_replaced_versions, set_bytes
-    from memstream.projections.embedder import build_embedder
-    from memstream.projections.table_sets import TableSets
-    from memstream.services.replay import PHASE_VERIFY, replay
-    from memstream.services.shard_routing import open_store, store_for
-    from memstream.streams.admin import ensure_topics
-    from memstream.streams.broker import local
-
-    import logging
-
     # aiokafka reports every failed connection while the broker is down on purpose
     for name in ("aiokafka", "kafka"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
@@ -912,7 +891,6 @@ def run_plan(
         figures.update(_verify_turns(settings, store, valid, ledger.acked))
 
         acked_memories = [e for e in valid if isinstance(e, MemoryAdded) and str(e.event_id) in ledger.acked]
-        from memstream.projections.schema import MEMORIES
 
         live_ids = {
             (r["team_id"], r["memory_id"])
@@ -954,7 +932,6 @@ def run_plan(
         store.optimize()
         embedder = build_embedder(settings)
         leaks, agent_leaks, returned, latencies = _searches(store, embedder, plan, rng)
-        from memstream.bench._common import percentile
 
         figures.update(
             worker_kills=faults.worker_kills,

@@ -37,6 +37,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from memstream.bench._common import percentile
 from memstream.bench._events import BenchWorkdir, WorkerProcess, bench_settings, machine_info, print_table, status
+from memstream.codec.wire import encode_event
 from memstream.domain.events import DecisionRecorded, EmbeddingPayload, MemoryAdded, MessageObserved, Scope, utcnow
 from memstream.projections.embedder import build_embedder
 from memstream.projections.forget import SCOPED_TABLES, subject_where
@@ -49,7 +50,6 @@ from memstream.settings import Settings
 from memstream.streams.admin import ensure_topics
 from memstream.streams.forget import forget
 from memstream.streams.producer import MemstreamProducer
-from memstream.codec.wire import encode_event
 from memstream.streams.topics import Topics
 
 __all__ = ["run"]

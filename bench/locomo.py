@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import shutil
 import tempfile
@@ -53,13 +54,24 @@ from memstream.bench._common import (
     LogWatch,
     WorkerProcess,
     console,
+    delete_topics,
     err_console,
     progress,
     table,
     wait_caught_up,
 )
+from memstream.bench.openai_fake import OpenAICompatServer
 from memstream.domain.events import MessageObserved, Scope
+from memstream.domain.ranking import RankingWeights
+from memstream.projections import search as s
+from memstream.projections.embedder import build_embedder, embed_array
+from memstream.projections.http_reranker import HttpReranker
+from memstream.projections.schema import MEMORIES
+from memstream.projections.store import LanceStore
 from memstream.settings import Settings
+from memstream.streams.admin import ensure_topics
+from memstream.streams.producer import MemstreamProducer
+from memstream.streams.topics import Topics
 
 __all__ = [
     "CATEGORY_NAMES",
@@ -162,8 +174,6 @@ def turn_text(raw: Mapping[str, Any]) -> str:
 
 def load_locomo(path: Path) -> list[Conversation]:
     """Read a LoCoMo JSON file (a list of samples) into :class:`Conversation` values."""
-    import json
-
     with open(path, encoding="utf-8") as fh:
         raw = json.load(fh)
     if not isinstance(raw, list):
@@ -358,12 +368,6 @@ def ingest(settings: Settings, conversations: Sequence[Conversation], workdir: P
 def ingest_events(settings: Settings, events: Sequence[Any], workdir: Path) -> IngestReport:
     """Run the worker, send ``events`` (turns and memories), wait until every turn is
     extracted and everything projected."""
-    from memstream.projections.schema import MEMORIES
-    from memstream.projections.store import LanceStore
-    from memstream.streams.admin import ensure_topics
-    from memstream.streams.producer import MemstreamProducer
-    from memstream.streams.topics import Topics
-
     asyncio.run(ensure_topics(settings.bootstrap_servers, Topics.from_settings(settings)))
     worker = WorkerProcess(settings, workdir / "worker", loglevel="info")
     started = time.perf_counter()
@@ -456,9 +460,6 @@ supersession, entity boost): reported as ``memstream_plain``, the "before"."""
 
 
 def _systems(reranker: Any = None) -> dict[str, SearchFn]:
-    from memstream.domain.ranking import RankingWeights
-    from memstream.projections import search as s
-
     plain = RankingWeights(**PLAIN_RANKING)
     cache = s.SearchCache()  # held across the run, as a serving process holds one
     extra: dict[str, SearchFn] = {}
@@ -552,9 +553,6 @@ def run(
     the configured one); returns the JSON summary. ``rerank_url``: a ``/rerank``
     endpoint whose reranker is measured as ``memstream_rerank`` (``fake``: the scripted
     server's word-overlap stand-in, which measures the hook's cost, not a model)."""
-    from memstream.projections.embedder import build_embedder
-    from memstream.projections.store import LanceStore
-
     cutoffs = tuple(sorted(set(k) | {10}))
     conversations = load_locomo(Path(data))
     workdir = Path(tempfile.mkdtemp(prefix="memstream-bench-locomo-"))
@@ -624,9 +622,6 @@ def run(
 @contextlib.contextmanager
 def _reranker(url: str | None) -> Iterator[Any]:
     """The reranker at ``url`` (``fake``: one the bench serves itself), closed after."""
-    from memstream.bench.openai_fake import OpenAICompatServer
-    from memstream.projections.http_reranker import HttpReranker
-
     if not url:
         yield None
         return
@@ -645,9 +640,6 @@ EMBED_BATCH = 500
 def embed_alone_s(embedder: Any, store: Any) -> float:
     """Seconds the embedder alone takes to embed every stored memory's content in
     batches: the floor of an ingest that must embed them all."""
-    from memstream.projections.embedder import embed_array
-    from memstream.projections.schema import MEMORIES
-
     texts = store.table(MEMORIES).to_arrow().column("content").to_pylist()
     started = time.perf_counter()
     for i in range(0, len(texts), EMBED_BATCH):
@@ -657,9 +649,6 @@ def embed_alone_s(embedder: Any, store: Any) -> float:
 
 def cleanup_run(settings: Settings, workdir: Path, keep: bool) -> None:
     """Delete a run's private topics and (unless ``keep``) its working directory."""
-    from memstream.bench._common import delete_topics
-    from memstream.streams.topics import Topics
-
     try:
         asyncio.run(delete_topics(settings.bootstrap_servers, Topics.from_settings(settings), settings.app_id))
     except Exception as exc:  # noqa: BLE001 - cleanup must not hide the result

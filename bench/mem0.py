@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import tempfile
 import time
 from collections.abc import Sequence
@@ -39,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 from memstream.bench._common import (
-    LatencyLog,
     console,
     err_console,
     progress,
@@ -50,14 +48,17 @@ from memstream.bench.locomo import (
     SCORED_CATEGORIES,
     Conversation,
     Evaluation,
-    cleanup_run,
     bench_settings,
+    cleanup_run,
     evaluate,
     ingest,
     load_locomo,
     scope_of,
 )
 from memstream.bench.openai_fake import OpenAICompatServer
+from memstream.projections.embedder import build_embedder
+from memstream.projections.search import SearchCache, search
+from memstream.projections.store import LanceStore
 from memstream.settings import Settings
 
 __all__ = ["mem0_config", "Mem0Notes", "Mem0Runner", "run"]
@@ -146,8 +147,6 @@ class Mem0Runner:
 
 
 def _embedder(name: str) -> Any:
-    from memstream.projections.embedder import build_embedder
-
     return build_embedder(Settings(embedder=name, llm_base_url=None))
 
 
@@ -158,8 +157,6 @@ def _ratio(a: float, b: float) -> float | None:
 def run(data: Path, embedder: str | None = None, k: tuple[int, ...] = (5, 10, 20)) -> dict[str, Any]:
     """Run both systems (see the module docstring) with ``embedder`` (default: the
     configured one); returns the JSON summary."""
-    from memstream.projections.store import LanceStore
-
     cutoffs = tuple(sorted(set(k) | {10}))
     conversations = load_locomo(Path(data))
     model = _embedder(embedder or Settings().embedder)
@@ -185,8 +182,6 @@ def run(data: Path, embedder: str | None = None, k: tuple[int, ...] = (5, 10, 20
         before = _embedding_work(server)
         report = ingest(settings, conversations, workdir)
         ms_work = _embedding_work(server, since=before)
-        from memstream.projections.embedder import build_embedder
-        from memstream.projections.search import SearchCache, search
 
         store = LanceStore.from_settings(settings)
         store.optimize()

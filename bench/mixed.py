@@ -74,8 +74,6 @@ from typing import Any
 import httpx
 
 from memstream.banks import create_key
-from memstream.bench.mixed_rounds import PhaseLog, merged, pooled_figures
-from memstream.bench.process_samples import CACHE_GAUGES, ProcessSampler
 from memstream.bench._events import (
     SPEAKERS,
     BenchWorkdir,
@@ -85,11 +83,12 @@ from memstream.bench._events import (
     machine_info,
     make_corpus,
     make_queries,
-    percentile,
-    process_cpu_seconds,
     print_table,
+    process_cpu_seconds,
     status,
 )
+from memstream.bench.mixed_rounds import PhaseLog, merged, pooled_figures
+from memstream.bench.process_samples import CACHE_GAUGES, ProcessSampler
 from memstream.domain.content import content_hash
 from memstream.domain.events import EventBase, MemoryAdded, MessageObserved, Scope
 from memstream.projections.schema import MEMORIES, scoped_key
