@@ -26,6 +26,7 @@ import asyncio
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -39,7 +40,15 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from pydantic import SecretStr
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from memstream.services.extractor_service import consumer_group
@@ -51,7 +60,8 @@ __all__ = [
     "err_console",
     "percentile",
     "LatencyLog",
-    "progress",
+    "progress_bar",
+    "free_port",
     "table",
     "fmt",
     "settings_env",
@@ -131,13 +141,23 @@ def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> 
     return t
 
 
-def progress() -> Progress:
-    """A progress bar on stderr (transient: it disappears when done)."""
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def progress_bar() -> Progress:
+    """A progress bar on stderr (stdout keeps only the tables and the JSON line), with
+    the time left: these phases take minutes. Transient: it disappears when done."""
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
+        TaskProgressColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        TextColumn("left"),
+        TimeRemainingColumn(),
         console=err_console,
         transient=True,
     )

@@ -40,7 +40,7 @@ from typing import Any
 from memstream.bench._common import (
     console,
     err_console,
-    progress,
+    progress_bar,
     table,
 )
 from memstream.bench.locomo import (
@@ -127,7 +127,7 @@ class Mem0Runner:
     def add_turns(self, conversations: Sequence[Conversation]) -> float:
         total = sum(len(c.turns) for c in conversations)
         start = time.perf_counter()
-        with progress() as bar:
+        with progress_bar() as bar:
             task = bar.add_task("mem0 add (infer=False)", total=total)
             for conv in conversations:
                 user = scope_of(conv).user_id
