@@ -26,6 +26,7 @@ import asyncio
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -35,10 +36,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
+from memstream.services.extractor_service import consumer_group
 from memstream.settings import Settings, settings_env
 from memstream.streams.topics import Topics
 
@@ -47,7 +59,8 @@ __all__ = [
     "err_console",
     "percentile",
     "LatencyLog",
-    "progress",
+    "progress_bar",
+    "free_port",
     "table",
     "fmt",
     "settings_env",
@@ -127,13 +140,23 @@ def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> 
     return t
 
 
-def progress() -> Progress:
-    """A progress bar on stderr (transient: it disappears when done)."""
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def progress_bar() -> Progress:
+    """A progress bar on stderr (stdout keeps only the tables and the JSON line), with
+    the time left: these phases take minutes. Transient: it disappears when done."""
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
+        TaskProgressColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        TextColumn("left"),
+        TimeRemainingColumn(),
         console=err_console,
         transient=True,
     )
@@ -249,8 +272,6 @@ class WorkerProcess:
 # ------------------------------------------------------------------------------ offsets
 async def group_offsets(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
     """The offsets consumer group ``group`` committed (``{}`` if it has none)."""
-    from aiokafka.admin import AIOKafkaAdminClient
-
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
@@ -263,8 +284,6 @@ async def group_offsets(bootstrap: str, group: str) -> dict[tuple[str, int], int
 async def delete_topics(bootstrap: str, topics: Topics, app_id: str | None = None) -> list[str]:
     """Delete a private run's topics: every topic under ``topics.prefix`` and, with
     ``app_id``, Faust's internal topics of that app (``<app_id>-...``)."""
-    from aiokafka.admin import AIOKafkaAdminClient
-
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
@@ -309,11 +328,6 @@ class LogWatch:
     open across polls: connecting per poll took longer than the poll interval."""
 
     def __init__(self, settings: Settings) -> None:
-        from aiokafka import AIOKafkaConsumer
-        from aiokafka.admin import AIOKafkaAdminClient
-
-        from memstream.services.extractor_service import consumer_group
-
         self.topics = Topics.from_settings(settings.broker)
         self.group = consumer_group(settings)
         self.consumer = AIOKafkaConsumer(bootstrap_servers=settings.broker.bootstrap_servers, enable_auto_commit=False)
@@ -335,8 +349,6 @@ class LogWatch:
         behind (then the work cannot be done yet), the stored positions: reading the
         LanceDB positions table is most of a poll's CPU, which the benchmark's process
         (its embedding server included) would otherwise take from the run it measures."""
-        from aiokafka import TopicPartition
-
         observed = time.perf_counter()
         tps: list[TopicPartition] = []
         for name in (self.topics.messages, self.topics.events):

@@ -45,40 +45,64 @@ The last line (the CLI prints it) is the JSON summary with ``acked``, ``in_log``
 from __future__ import annotations
 
 import asyncio
-import json
+import asyncio as _asyncio
+import logging
 import random
-import re
 import shutil
-import socket
 import tempfile
-import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from memstream.bench._common import (
     WorkerProcess,
     console,
     err_console,
-    progress,
+    free_port,
+    group_offsets,
+    percentile,
+    progress_bar,
     table,
     wait_caught_up,
 )
+from memstream.bench.chaos_send import Faults, Ledger, forge_keys, inject_faults, produce_traffic
+from memstream.bench.chaos_traffic import (
+    _VOCAB,
+    BAD_KINDS,
+    ChaosPlan,
+    FlakyLLM,
+    make_bad_records,
+    make_valid_events,
+    tenant_scope,
+)
+from memstream.bench.disk_use import disk_ratios, drop_replaced_versions, set_bytes
 from memstream.bench.openai_fake import OpenAICompatServer
-from memstream.bench.openai_fake import Reply as ChatReply
-from memstream.domain.events import EventBase, MemoryAdded, MessageObserved, Scope
+from memstream.domain.access import ReadScope
+from memstream.domain.events import EventBase, MemoryAdded, MessageObserved
 from memstream.domain.log import LogPosition
+from memstream.domain.quality import gate
+from memstream.projections.embedder import build_embedder
+from memstream.projections.schema import MEMORIES
+from memstream.projections.search import SearchCache, search
+from memstream.projections.table_sets import TableSets
 from memstream.sealing import TamperedRecord
+from memstream.services.extractor_service import consumer_group
+from memstream.services.replay import PHASE_VERIFY, replay
+from memstream.services.shard_routing import open_store, store_for
 from memstream.settings import Settings
-from memstream.sealing import Subject
+from memstream.streams.admin import ensure_topics
+from memstream.streams.broker import local
+from memstream.streams.deadletter import DeadLetter, NotADeadLetter, parse_dead_letter
 from memstream.streams.keys import SubjectKeys
-from memstream.streams.record_codec import screen
+from memstream.streams.record_codec import decode_or_dead_letter, screen
 from memstream.streams.sealed_records import RecordOpener
 from memstream.streams.topics import Topics
 
@@ -93,441 +117,9 @@ __all__ = [
     "run",
 ]
 
-BAD_KINDS: tuple[str, ...] = (
-    "random_bytes",
-    "truncated_json",
-    "wrong_types",
-    "missing_scope",
-    "oversized_content",
-    "unknown_type",
-    "control_chars",
-    "hostile_header",
-    "duplicate_header",
-    "forged_system",
-)
-
-
-@dataclass(frozen=True)
-class ChaosPlan:
-    """What to break and how much traffic to push through it."""
-
-    events: int = 100_000
-    turn_share: float = 0.2
-    """Share of the valid events that are conversation turns (the rest are memories)."""
-    worker_kills: int = 20
-    broker_restarts: int = 3
-    bad_inputs: int = 10_000
-    tenants: int = 50
-    agents: int = 3
-    """Agents per tenant, all of one user: the searches pinned to one agent check the
-    agent boundary inside a memory space too."""
-    searches: int = 10_000
-    llm_failure_rate: float = 0.3
-    produce_seconds: float = 300.0
-    """Production is paced over this window, so faults land while traffic flows."""
-    settle_timeout_s: float = 900.0
-    seed: int = 7
-
-    @classmethod
-    def full(cls) -> "ChaosPlan":
-        return cls()
-
-    @classmethod
-    def quick(cls) -> "ChaosPlan":
-        """10,000 events with every fault kind, in a few minutes."""
-        return cls(
-            events=10_000,
-            worker_kills=6,
-            broker_restarts=1,
-            bad_inputs=1_000,
-            searches=2_000,
-            produce_seconds=90.0,
-            settle_timeout_s=600.0,
-        )
-
-    def __post_init__(self) -> None:
-        if self.events < 1 or self.tenants < 1 or self.agents < 1:
-            raise ValueError("events, tenants and agents must be positive")
-        if not 0.0 <= self.turn_share <= 1.0 or not 0.0 <= self.llm_failure_rate < 1.0:
-            raise ValueError("turn_share must be in [0, 1] and llm_failure_rate in [0, 1)")
-
-
-# ------------------------------------------------------------------------------ traffic
-_VOCAB = (
-    "apple budget camera dentist engine forest garden harbor invoice jacket kettle ladder "
-    "market notebook orange pencil quarter rocket saddle ticket umbrella violin window "
-    "yogurt zebra anchor bridge candle desert eagle falcon glacier hammer island jungle "
-    "kayak lantern meadow needle oyster piano quiz river sunset tunnel valley wagon "
-    "concert recipe holiday meeting project deadline report tennis guitar painting"
-).split()
-
-
-def tenant_scope(i: int, agent: int = 0) -> Scope:
-    """Tenant ``i``'s memory space (every tenant its own team: the strongest isolation),
-    written by its agent ``agent`` (agents share the tenant's one user)."""
-    return Scope(team_id=f"chaos-t{i:02d}", user_id="main", agent_id=f"a{agent}")
-
-
-def _sentence(rng: random.Random, words: int) -> str:
-    return " ".join(rng.choice(_VOCAB) for _ in range(words))
-
-
-_T0 = datetime(2025, 1, 6, 9, 0, tzinfo=timezone.utc)
-
-
-def make_valid_events(plan: ChaosPlan, rng: random.Random, run_id: str) -> list[EventBase]:
-    """The valid traffic: memories and turns spread over the tenants (seeded).
-
-    Each memory names its tenant in its text; each turn is an ordinary sentence that
-    passes the quality gate, in sessions of about 30 turns."""
-    events: list[EventBase] = []
-    sessions = [0] * plan.tenants
-    turns_in_session = [0] * plan.tenants
-    for j in range(plan.events):
-        t = rng.randrange(plan.tenants)
-        agent = rng.randrange(plan.agents)
-        scope = tenant_scope(t, agent)
-        when = _T0 + timedelta(minutes=j)
-        if rng.random() < plan.turn_share:
-            if turns_in_session[t] >= 30:
-                sessions[t] += 1
-                turns_in_session[t] = 0
-            turns_in_session[t] += 1
-            speaker = "Ana" if j % 2 else "Ben"
-            events.append(
-                MessageObserved(
-                    scope=scope,
-                    message_id=f"{run_id}-turn-{j}",
-                    role="user",
-                    speaker=speaker,
-                    content=f"I planned the {_sentence(rng, 2)} with the {_sentence(rng, 3)} on day {j}.",
-                    occurred_at=when,
-                    recorded_at=when,
-                    session_id=f"s{sessions[t]}",
-                    producer="memstream-bench-chaos",
-                )
-            )
-        else:
-            events.append(
-                MemoryAdded(
-                    scope=scope,
-                    memory_id=f"{run_id}-mem-{j}",
-                    content=f"Tenant {t:02d} agent a{agent} note {j}: {_sentence(rng, rng.randint(4, 12))}",
-                    occurred_at=when,
-                    recorded_at=when,
-                    producer="memstream-bench-chaos",
-                )
-            )
-    return events
-
-
-@dataclass(frozen=True)
-class BadRecord:
-    kind: str
-    topic: str
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[tuple[str, bytes], ...] = ()
-
-
-def make_bad_records(n: int, rng: random.Random, topics: Topics, tenants: int) -> list[BadRecord]:
-    """``n`` malformed records, the kinds of :data:`BAD_KINDS` in turn, on both
-    source topics (a bad turn must not stop the extractor either)."""
-    from memstream.codec.wire import encode_event
-
-    out: list[BadRecord] = []
-    for i in range(n):
-        kind = BAD_KINDS[i % len(BAD_KINDS)]
-        scope = tenant_scope(rng.randrange(tenants))
-        turn = i % 2 == 0
-        topic = topics.messages if turn else topics.events
-        if turn:
-            good: EventBase = MessageObserved(
-                scope=scope, message_id=f"bad-{i}", content=f"bad input {i} {_sentence(rng, 4)}"
-            )
-        else:
-            good = MemoryAdded(scope=scope, memory_id=f"bad-{i}", content=f"bad input {i} {_sentence(rng, 4)}")
-        record = encode_event(good)
-        body: dict[str, Any] = json.loads(record.value)
-        value: bytes | None
-        if kind == "random_bytes":
-            value = bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 300)))
-        elif kind == "truncated_json":
-            value = record.value[: rng.randint(1, len(record.value) - 2)]
-        elif kind == "wrong_types":
-            field_name, wrong = rng.choice([("content", 12345), ("occurred_at", 1700000000), ("scope", "acme")])
-            body[field_name] = wrong
-            value = json.dumps(body).encode()
-        elif kind == "missing_scope":
-            body.pop("scope", None)
-            value = json.dumps(body).encode()
-        elif kind == "oversized_content":
-            limit = 32_000 if turn else 8_000
-            body["content"] = "x" * (limit + 1 + rng.randint(0, 1000))
-            value = json.dumps(body).encode()
-        elif kind == "unknown_type":
-            body["type"] = rng.choice(["MemoryTeleported", "memoryadded", "Event", ""])
-            value = json.dumps(body).encode()
-        elif kind == "hostile_header":  # a reader's marker with bad hex and an invalid body (once a stall)
-            value = record.value[: len(record.value) // 2]
-            out.append(BadRecord(kind, topic, record.key, value, (("memstream-opened", b"zz"), ("x-junk", b"\xff\xfe"))))
-            continue
-        elif kind == "duplicate_header":
-            value = record.value
-            out.append(BadRecord(kind, topic, record.key, value, (*record.headers, ("memstream-type", b"\xff"))))
-            continue
-        elif kind == "forged_system":  # claims the extractor, without the worker's signature
-            body["producer"] = "memstream-extractor"
-            value = json.dumps(body).encode()
-        elif kind == "control_chars":
-            text = str(body["content"])
-            cut = rng.randint(0, len(text))
-            body["content"] = text[:cut] + rng.choice(["\x00", "\x07", "\x1b[31m", "\x08"]) + text[cut:]
-            value = json.dumps(body).encode()
-        else:  # pragma: no cover - BAD_KINDS is exhaustive
-            raise AssertionError(kind)
-        out.append(BadRecord(kind, topic, record.key, value))
-    return out
-
-
-# ------------------------------------------------------------------------------ flaky LLM
-_NEW_TURNS = re.compile(r"NEW TURNS[^\n]*\n(.*?)(?:\n\s*\n|\Z)", re.S)
-_TURN_LINE = re.compile(r"^\[(t\d+)\][^|]*\|\s*(?:\w+)(?: ([^:]+))?: (.*)$")
-_JUDGE_ITEM = re.compile(r"^N(\d+) ", re.M)
-
-
-class FlakyLLM:
-    """A scripted extraction model that fails ``rate`` of its calls.
-
-    Failures, in turn: a delay longer than the client's timeout, an HTTP 500, a garbage
-    body, a dropped connection, an answer that is not JSON. Successful extraction
-    answers make one memory per new turn, citing it; judgment answers store every new
-    memory. Thread-safe (the HTTP server answers from several threads)."""
-
-    FAILURES = ("timeout", "http_500", "garbage_body", "dropped", "not_json")
-
-    def __init__(self, rate: float, seed: int, timeout_s: float) -> None:
-        self.rate = rate
-        self.timeout_s = timeout_s
-        self._rng = random.Random(seed)
-        self._lock = threading.Lock()
-        self.failures: Counter[str] = Counter()
-        self.calls = 0
-
-    def __call__(self, body: dict[str, Any]) -> ChatReply:
-        with self._lock:
-            self.calls += 1
-            fail = self._rng.random() < self.rate
-            kind = self.FAILURES[self.failures.total() % len(self.FAILURES)] if fail else None
-            if kind:
-                self.failures[kind] += 1
-        if kind == "timeout":
-            return ChatReply(content="{}", delay=self.timeout_s + 1.0)
-        if kind == "http_500":
-            return ChatReply(status=500)
-        if kind == "garbage_body":
-            return ChatReply(raw=b"\x00\xff<html>upstream error")
-        if kind == "dropped":
-            return ChatReply(drop=True)
-        if kind == "not_json":
-            return ChatReply(content="Sure! Here are the memories you asked for: none, sorry.")
-        prompt = "\n".join(str(m.get("content") or "") for m in body.get("messages") or ())
-        if "NEW MEMORIES AND THEIR CANDIDATES" in prompt:
-            numbers = sorted({int(n) for n in _JUDGE_ITEM.findall(prompt)})
-            decisions = [{"new": n, "action": "store", "links": [], "reason": "new information"} for n in numbers]
-            return ChatReply(content=json.dumps({"decisions": decisions}))
-        match = _NEW_TURNS.search(prompt)
-        memories: list[dict[str, Any]] = []
-        for line in (match.group(1) if match else "").splitlines():
-            m = _TURN_LINE.match(line.strip())
-            if not m:
-                continue
-            alias, speaker, text = m.group(1), (m.group(2) or "The user").strip(), m.group(3).strip()
-            memories.append(
-                {
-                    "content": f"{speaker} said: {text}"[:2000],
-                    "type": "episodic",
-                    "priority": 50,
-                    "source_ids": [alias],
-                    "timestamp": None,
-                    "timestamp_start": None,
-                    "timestamp_end": None,
-                    "entities": [{"name": speaker, "kind": "person"}],
-                }
-            )
-        scenes = [{"title": "chat", "message_ids": [m["source_ids"][0] for m in memories], "memories": memories}]
-        return ChatReply(content=json.dumps({"scenes": scenes if memories else []}))
-
-
 # ------------------------------------------------------------------------------ running
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Ledger:
-    """What the producers were told."""
-
-    acked: dict[str, LogPosition] = field(default_factory=dict)
-    bad: dict[tuple[str, int, int], str] = field(default_factory=dict)
-    resends: int = 0
-    send_errors: Counter[str] = field(default_factory=Counter)
-
-
-async def _send_valid(producer: Any, batch: list[EventBase], ledger: Ledger, stop_at: float) -> None:
-    from memstream.streams.producer import ProduceError
-
-    pending = batch
-    while pending:
-        try:
-            positions = await producer.send_many(pending)
-            for event, pos in zip(pending, positions):
-                ledger.acked[str(event.event_id)] = pos
-            return
-        except ProduceError as exc:
-            retry = []
-            for event, result in zip(pending, exc.results):
-                if isinstance(result, LogPosition):
-                    ledger.acked[str(event.event_id)] = result
-                else:
-                    retry.append(event)
-                    ledger.send_errors[type(result).__name__] += 1
-            ledger.resends += len(retry)
-            pending = retry
-            if time.monotonic() > stop_at:
-                raise RuntimeError(f"{len(pending)} events still not acknowledged after the deadline") from exc
-            await asyncio.sleep(1.0)
-
-
-async def _send_bad(raw: Any, records: list[BadRecord], ledger: Ledger, stop_at: float) -> None:
-    from aiokafka.errors import KafkaError
-
-    pending = records
-    while pending:
-        futures = []
-        for r in pending:
-            try:
-                futures.append(await raw.send(r.topic, value=r.value, key=r.key, headers=list(r.headers)))
-            except KafkaError as exc:
-                ledger.send_errors[type(exc).__name__] += 1
-                futures.append(None)
-        retry = []
-        for r, fut in zip(pending, futures):
-            if fut is None:
-                retry.append(r)
-                continue
-            try:
-                md = await fut
-            except KafkaError as exc:
-                ledger.send_errors[type(exc).__name__] += 1
-                retry.append(r)
-                continue
-            ledger.bad[(md.topic, md.partition, md.offset)] = r.kind
-        ledger.resends += len(retry)
-        pending = retry
-        if pending:
-            if time.monotonic() > stop_at:
-                raise RuntimeError(f"{len(pending)} bad records still not acknowledged after the deadline")
-            await asyncio.sleep(1.0)
-
-
-async def _produce(
-    settings: Settings,
-    valid: list[EventBase],
-    bad: list[BadRecord],
-    plan: ChaosPlan,
-    ledger: Ledger,
-    on_progress: Any,
-) -> float:
-    from memstream.streams.producer import MemstreamProducer, create_kafka_producer
-
-    producer = MemstreamProducer(settings, client_id="memstream-chaos")
-    raw = create_kafka_producer(settings.broker, client_id="memstream-chaos-raw")
-    await producer.start()
-    await raw.start()
-    start = time.monotonic()
-    stop_at = start + plan.produce_seconds + plan.settle_timeout_s
-    try:
-        batch = 200
-        chunks = max(1, (len(valid) + batch - 1) // batch)
-        bad_per_chunk = [len(bad) * (i + 1) // chunks - len(bad) * i // chunks for i in range(chunks)]
-        b = 0
-        for i in range(chunks):
-            due = start + plan.produce_seconds * i / chunks
-            now = time.monotonic()
-            if due > now:
-                await asyncio.sleep(due - now)
-            await _send_valid(producer, valid[i * batch : (i + 1) * batch], ledger, stop_at)
-            await _send_bad(raw, bad[b : b + bad_per_chunk[i]], ledger, stop_at)
-            b += bad_per_chunk[i]
-            on_progress(min(len(valid), (i + 1) * batch))
-    finally:
-        await producer.stop()
-        await raw.stop()
-    return time.monotonic() - start
-
-
-@dataclass
-class Faults:
-    worker_kills: int = 0
-    worker_crashes: int = 0
-    broker_restarts: int = 0
-    broker_down_s: float = 0.0
-    log: list[str] = field(default_factory=list)
-
-
-async def _inject(
-    worker: WorkerProcess,
-    broker_settings: Settings,
-    plan: ChaosPlan,
-    rng: random.Random,
-    faults: Faults,
-    done: asyncio.Event,
-) -> None:
-    """Kill the worker and restart the broker on a schedule spread over the window."""
-    from memstream.streams.broker import local
-
-    window = plan.produce_seconds
-    actions = [(window * (0.05 + 0.9 * rng.random()), "kill") for _ in range(plan.worker_kills)]
-    actions += [(window * (i + 1) / (plan.broker_restarts + 1), "broker") for i in range(plan.broker_restarts)]
-    actions.sort()
-    start = time.monotonic()
-    for at, action in actions:
-        while time.monotonic() - start < at:
-            if not worker.alive():
-                faults.worker_crashes += 1
-                faults.log.append(f"{time.monotonic() - start:6.1f}s worker exited by itself ({worker.exit_code()}): restarted")
-                worker.start()
-            await asyncio.sleep(0.2)
-        t = time.monotonic() - start
-        if action == "kill":
-            worker.kill()
-            faults.worker_kills += 1
-            await asyncio.sleep(rng.uniform(0.2, 1.5))
-            worker.start()
-            faults.log.append(f"{t:6.1f}s worker SIGKILLed and restarted")
-        else:
-            t0 = time.monotonic()
-            await asyncio.to_thread(local.stop, broker_settings)
-            await asyncio.sleep(rng.uniform(1.0, 3.0))
-            await asyncio.to_thread(local.start, broker_settings)
-            faults.broker_down_s += time.monotonic() - t0
-            faults.broker_restarts += 1
-            faults.log.append(f"{t:6.1f}s broker stopped and restarted ({time.monotonic() - t0:.1f}s down)")
-    while not done.is_set():
-        if not worker.alive():
-            faults.worker_crashes += 1
-            faults.log.append("worker exited by itself after the faults: restarted")
-            worker.start()
-        await asyncio.sleep(0.5)
-
-
 async def _read_topics(bootstrap: str, names: Sequence[str]) -> list[Any]:
     """Every record of ``names`` up to their current end."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
         max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024,
@@ -587,51 +179,6 @@ async def _opened(settings: Settings, topics: Topics, records: list[Any]) -> lis
         return out
 
 
-async def _forge_keys(settings: Settings, topics: Topics, ledger: Ledger) -> dict[str, Any]:
-    """What a producer without the worker key tries on the keys: a forged tombstone of
-    every data key, a bogus key record, and a forged ``SubjectForgotten`` naming each
-    key's real id on ``events`` (its position joins the bad inputs: it must be dead-
-    lettered). Then a new keyring must start and still hold every subject."""
-    from memstream.codec.wire import encode_event
-    from memstream.domain.events import SubjectForgotten
-    from memstream.sealing.keyring import key_record_key
-    from memstream.streams.producer import create_kafka_producer
-
-    async with SubjectKeys(settings, topics, client_id="memstream-bench-chaos-forger") as keys:
-        ring = keys.keyring
-        assert ring is not None
-        held = {s: ring.kids_of(s) for s in ring.known_subjects()}
-    raw = create_kafka_producer(settings.broker, client_id="memstream-chaos-forger")
-    await raw.start()
-    forged = 0
-    try:
-        for subject, kids in held.items():
-            for kid in kids:
-                await raw.send_and_wait(topics.keys, None, key=key_record_key(subject, kid), partition=0)
-                rec = encode_event(
-                    SubjectForgotten(scope=Scope(team_id="globex", user_id="mallory"), key_ids=(kid.hex(),), producer="memstream-forget")
-                )
-                md = await raw.send_and_wait(topics.events, rec.value, key=rec.key, headers=rec.headers)
-                ledger.bad[(md.topic, md.partition, md.offset)] = "forged_forget"
-                forged += 2
-        bogus = json.dumps({"wrapped": "AAAA", "wrapped_by": "deadbeefdeadbeef"}).encode()
-        await raw.send_and_wait(topics.keys, bogus, key=key_record_key(Subject("globex", "mallory"), b"\x01" * 16), partition=0)
-        forged += 1
-    finally:
-        await raw.stop()
-    async with SubjectKeys(settings, topics, client_id="memstream-bench-chaos-after") as after:
-        ring = after.keyring
-        assert ring is not None
-        kept = sum(1 for subject, kids in held.items() if all(ring.by_kid(k) is not None for k in kids))
-    console.print(f"forged {forged} key records and forget orders: {kept}/{len(held)} subjects still hold their keys")
-    return {
-        "forged_key_records": forged,
-        "forged_forgets": len([k for k in ledger.bad.values() if k == "forged_forget"]),
-        "subjects_keyed": len(held),
-        "subjects_keyed_after_forgery": kept,
-    }
-
-
 @dataclass
 class Verdict:
     figures: dict[str, Any]
@@ -639,9 +186,6 @@ class Verdict:
 
 
 def _verify_log(records: list[Any], topics: Topics, ledger: Ledger, valid: list[EventBase]) -> dict[str, Any]:
-    from memstream.streams.record_codec import decode_or_dead_letter
-    from memstream.streams.deadletter import DeadLetter, NotADeadLetter, parse_dead_letter
-
     counts: Counter[str] = Counter()
     valid_positions: set[tuple[str, int, int]] = set()
     dead: dict[tuple[str, int, int], str] = {}
@@ -680,8 +224,6 @@ def _verify_log(records: list[Any], topics: Topics, ledger: Ledger, valid: list[
 
 def memory_rows(store: Any, columns: list[str]) -> list[dict[str, Any]]:
     """The memories table's ``columns``, over every shard of a sharded store."""
-    from memstream.projections.schema import MEMORIES
-
     rows = store.table_source(MEMORIES) if hasattr(store, "shards") else store.table(MEMORIES).to_arrow()
     return rows.select(columns).to_pylist()
 
@@ -690,13 +232,6 @@ def _verify_turns(
     settings: Settings, store: Any, valid: list[EventBase], positions: dict[str, LogPosition]
 ) -> dict[str, int]:
     """Every qualifying turn: extracted (a memory cites it) or still pending."""
-    import asyncio as _asyncio
-
-    from memstream.bench._common import group_offsets
-    from memstream.domain.quality import gate
-    from memstream.projections.schema import MEMORIES
-    from memstream.services.extractor_service import consumer_group
-
     committed = _asyncio.run(group_offsets(settings.broker.bootstrap_servers, consumer_group(settings)))
     cited: set[tuple[str, str]] = set()
     table_ = memory_rows(store, ["team_id", "user_id", "source_message_ids"])
@@ -724,10 +259,6 @@ def _searches(
     a cross-tenant result), half pinned to one of its agents (a result of another
     agent is a cross-agent result). Returns (cross-tenant, cross-agent, results,
     latencies)."""
-    from memstream.domain.access import ReadScope
-    from memstream.projections.search import SearchCache, search
-    from memstream.services.shard_routing import store_for
-
     cache = SearchCache()
     jobs = []
     for _ in range(plan.searches):
@@ -753,7 +284,7 @@ def _searches(
 
     leaks = agent_leaks = returned = 0
     latencies: list[float] = []
-    with progress() as bar, ThreadPoolExecutor(max_workers=4) as pool:
+    with progress_bar() as bar, ThreadPoolExecutor(max_workers=4) as pool:
         task = bar.add_task("searches", total=len(jobs))
         for leak, agent_leak, n, ms in pool.map(one, jobs):
             leaks += leak
@@ -766,33 +297,34 @@ def _searches(
 
 def chaos_settings(workdir: Path, llm_base_url: str, *, timeout_s: float, sharded: bool = False) -> Settings:
     """A private world: broker ports, topics, app id, directories, the flaky LLM."""
-    port, controller = _free_port(), _free_port()
+    port, controller = free_port(), free_port()
     while controller == port:
-        controller = _free_port()
+        controller = free_port()
     suffix = uuid.uuid4().hex[:8]
-    base = Settings().model_dump()
-    base.update(
-        bootstrap_servers=f"127.0.0.1:{port}",
-        broker_port=port,
-        controller_port=controller,
-        broker_dir=None,
-        broker_heap="512m",
+    # keywords beat the environment, so an operator's MEMSTREAM_* cannot leak into the private world
+    return Settings(
         home=workdir / "home",
-        lance_dir=workdir / "lance",
-        topic_prefix=f"chaos-{suffix}.",
-        app_id=f"chaos-{suffix}",
-        partitions=3,
-        embedder="local",
-        llm_base_url=llm_base_url,
-        llm_api_key="unused",
-        llm_model="chaos-scripted",
-        llm_timeout_s=timeout_s,
-        llm_max_retries=1,
-        extract_idle_seconds=1.0,
-        optimize_every_s=5.0,
-        sharded=sharded,
+        broker={
+            "bootstrap_servers": f"127.0.0.1:{port}",
+            "port": port,
+            "controller_port": controller,
+            "dir": None,
+            "heap": "512m",
+            "topic_prefix": f"chaos-{suffix}.",
+            "partitions": 3,
+        },
+        storage={"root": workdir / "lance", "optimize_every_s": 5.0, "sharded": sharded},
+        worker={"app_id": f"chaos-{suffix}"},
+        embeddings={"provider": "local"},
+        extraction={
+            "llm_base_url": llm_base_url,
+            "llm_api_key": "unused",
+            "llm_model": "chaos-scripted",
+            "llm_timeout_s": timeout_s,
+            "llm_max_retries": 1,
+            "idle_seconds": 1.0,
+        },
     )
-    return Settings(**base)
 
 
 def run_plan(
@@ -801,16 +333,6 @@ def run_plan(
     """Run ``plan`` (see the module docstring) and return the summary; ``sharded``: the
     worker writes one shard per partition (its group projector), and the summary gives
     each shard's disk use against a replayed set's."""
-    from memstream.bench.disk_use import disk_ratios, drop_replaced_versions, set_bytes
-    from memstream.projections.embedder import build_embedder
-    from memstream.projections.table_sets import TableSets
-    from memstream.services.replay import PHASE_VERIFY, replay
-    from memstream.services.shard_routing import open_store, store_for
-    from memstream.streams.admin import ensure_topics
-    from memstream.streams.broker import local
-
-    import logging
-
     # aiokafka reports every failed connection while the broker is down on purpose
     for name in ("aiokafka", "kafka"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
@@ -845,11 +367,11 @@ def run_plan(
 
         async def traffic() -> float:
             done = asyncio.Event()
-            with progress() as bar:
+            with progress_bar() as bar:
                 task = bar.add_task("produce under faults", total=len(valid))
-                injector = asyncio.create_task(_inject(worker, settings, plan, rng, faults, done))
+                injector = asyncio.create_task(inject_faults(worker, settings, plan, rng, faults, done))
                 try:
-                    seconds = await _produce(
+                    seconds = await produce_traffic(
                         settings, valid, bad, plan, ledger, lambda n: bar.update(task, completed=n)
                     )
                     while not injector.done() and faults.worker_kills + faults.broker_restarts < (
@@ -863,7 +385,7 @@ def run_plan(
 
         produce_s = asyncio.run(traffic())
         if settings.security.sealing:
-            figures.update(asyncio.run(_forge_keys(settings, topics, ledger)))
+            figures.update(asyncio.run(forge_keys(settings, topics, ledger)))
         console.print(
             f"produced in {produce_s:.0f} s: {len(ledger.acked)} events and {len(ledger.bad)} bad inputs "
             f"acknowledged; {faults.worker_kills} kills, {faults.broker_restarts} broker restarts"
@@ -884,7 +406,7 @@ def run_plan(
         settle_start = time.monotonic()
         caught_up = True
         try:
-            with progress() as bar:
+            with progress_bar() as bar:
                 task = bar.add_task("drain (extract + project)", total=None)
                 asyncio.run(
                     wait_caught_up(
@@ -912,7 +434,6 @@ def run_plan(
         figures.update(_verify_turns(settings, store, valid, ledger.acked))
 
         acked_memories = [e for e in valid if isinstance(e, MemoryAdded) and str(e.event_id) in ledger.acked]
-        from memstream.projections.schema import MEMORIES
 
         live_ids = {
             (r["team_id"], r["memory_id"])
@@ -954,7 +475,6 @@ def run_plan(
         store.optimize()
         embedder = build_embedder(settings.embeddings)
         leaks, agent_leaks, returned, latencies = _searches(store, embedder, plan, rng)
-        from memstream.bench._common import percentile
 
         figures.update(
             worker_kills=faults.worker_kills,

@@ -38,7 +38,13 @@ import numpy as np
 from memstream.bench._events import print_table, status
 from memstream.bench.openai_fake import OpenAICompatServer, Reply
 from memstream.domain.events import MessageObserved, Scope
-from memstream.domain.extraction import EXTRACTION_PROMPTS, build_window, extraction_schema, parse_extraction, render_turns
+from memstream.domain.extraction import (
+    EXTRACTION_PROMPTS,
+    build_window,
+    extraction_schema,
+    parse_extraction,
+    render_turns,
+)
 from memstream.domain.prompts import PromptLibrary
 from memstream.llm import LLMClient, LLMError
 from memstream.projections.embedder import build_embedder, embed_array

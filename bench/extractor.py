@@ -50,7 +50,12 @@ from memstream.bench._events import bench_settings, create_topics, delete_topics
 from memstream.domain.events import MemoryAdded, MessageObserved, Scope
 from memstream.domain.log import LogPosition, PositionedEvent
 from memstream.llm import ChatResult
+from memstream.projections.embedder import build_embedder
+from memstream.projections.projector import Projector
+from memstream.projections.store import LanceStore
+from memstream.services.extractor_service import ExtractorRunner
 from memstream.settings import Settings
+from memstream.streams.producer import MemstreamProducer
 
 __all__ = ["ScriptedExtractionModel", "run", "DEFAULT_TURNS", "QUICK_TURNS"]
 
@@ -228,9 +233,6 @@ def _turns(n: int, seed: int = 7) -> list[MessageObserved]:
 
 def _seed(settings: Settings, embedder: Any) -> Any:
     """Project ``_SEED_MEMORIES`` memories into every space (directly, not via Kafka)."""
-    from memstream.projections.projector import Projector
-    from memstream.projections.store import LanceStore
-
     store = LanceStore.from_settings(settings.storage, settings.embeddings.dim)
     events: list[PositionedEvent] = []
     for space in range(_SPACES):
@@ -246,12 +248,8 @@ def _seed(settings: Settings, embedder: Any) -> Any:
 
 
 async def _measure(settings: Settings, n: int) -> dict[str, Any]:
-    from memstream.projections.embedder import build_embedder
-    from memstream.services.extractor_service import ExtractorRunner
-    from memstream.streams.producer import MemstreamProducer
-
     topics = await create_topics(settings)
-    embedder = await asyncio.to_thread(build_embedder, settings.embeddings)
+    embedder = await asyncio.to_thread(build_embedder, settings)
     status(f"seeding {_SPACES} spaces with {_SEED_MEMORIES} memories each")
     store = await asyncio.to_thread(_seed, settings, embedder)
 

@@ -43,7 +43,13 @@ from memstream.bench.extractor import run as run_pipeline
 from memstream.bench.openai_fake import OpenAICompatServer, Reply
 from memstream.domain.events import MessageObserved
 from memstream.domain.log import PositionedEvent
+from memstream.llm import LLMClient
+from memstream.projections.embedder import build_embedder
+from memstream.projections.projector import Projector
+from memstream.projections.store import LanceStore
+from memstream.services.extractor_service import ExtractorRunner
 from memstream.settings import Settings
+from memstream.streams.producer import MemstreamProducer
 
 __all__ = ["FAULTS", "fault_turns", "responder", "run", "run_faults", "QUICK_FAULT_TURNS", "FAULT_TURNS"]
 
@@ -143,9 +149,6 @@ class _StallClock:
 
 
 async def _project_turns(settings: Settings, store: Any, embedder: Any, turns: list[MessageObserved]) -> None:
-    from memstream.projections.projector import Projector
-    from memstream.streams.producer import MemstreamProducer
-
     producer = MemstreamProducer(settings, client_id="bench-faults")
     await producer.start()
     try:
@@ -161,12 +164,6 @@ async def _project_turns(settings: Settings, store: Any, embedder: Any, turns: l
 async def _extract(settings: Settings, turns: list[MessageObserved], restart_after: int | None) -> _Run:
     """One run over fresh topics: produce and project the turns, extract them all
     (with a restart once ``restart_after`` windows are done)."""
-    from memstream.llm import LLMClient
-    from memstream.projections.embedder import build_embedder
-    from memstream.projections.store import LanceStore
-    from memstream.services.extractor_service import ExtractorRunner
-    from memstream.streams.producer import MemstreamProducer
-
     topics = await create_topics(settings)
     embedder = await asyncio.to_thread(build_embedder, settings.embeddings)
     store = await asyncio.to_thread(LanceStore.from_settings, settings.storage, settings.embeddings.dim)

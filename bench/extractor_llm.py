@@ -56,7 +56,11 @@ from prometheus_client import REGISTRY
 from memstream.bench._events import bench_settings, create_topics, delete_topics, machine_info, print_table, status
 from memstream.domain.events import MessageObserved, Scope
 from memstream.llm import ChatResult, LLMClient
+from memstream.projections.embedder import build_embedder
+from memstream.projections.store import LanceStore
+from memstream.services.extractor_service import ExtractorRunner
 from memstream.settings import Settings
+from memstream.streams.producer import MemstreamProducer
 
 __all__ = ["conversations", "TimedChat", "TurnAccount", "account_turns", "StallMeter", "run"]
 
@@ -260,11 +264,6 @@ def _pct(values: Sequence[float], q: float) -> float:
 
 
 async def _measure(settings: Settings, sessions: int, deadline_s: float) -> dict[str, Any]:
-    from memstream.projections.embedder import build_embedder
-    from memstream.projections.store import LanceStore
-    from memstream.services.extractor_service import ExtractorRunner
-    from memstream.streams.producer import MemstreamProducer
-
     topics = await create_topics(settings)
     embedder = await asyncio.to_thread(build_embedder, settings.embeddings)
     store = await asyncio.to_thread(LanceStore.from_settings, settings.storage, settings.embeddings.dim)

@@ -28,7 +28,12 @@ from memstream.bench.extractor import ScriptedExtractionModel
 from memstream.bench.locomo import conversation_events, load_locomo
 from memstream.domain.events import MessageObserved
 from memstream.domain.log import PositionedEvent
+from memstream.projections.embedder import build_embedder
+from memstream.projections.projector import Projector
+from memstream.projections.store import LanceStore
+from memstream.services.extractor_service import ExtractorRunner
 from memstream.settings import Settings
+from memstream.streams.producer import MemstreamProducer
 
 __all__ = ["run"]
 
@@ -36,12 +41,6 @@ _SETTLE_TIMEOUT_S = 300.0
 
 
 async def _replay(settings: Settings, sessions: list[list[MessageObserved]]) -> dict[str, Any]:
-    from memstream.projections.embedder import build_embedder
-    from memstream.projections.projector import Projector
-    from memstream.projections.store import LanceStore
-    from memstream.services.extractor_service import ExtractorRunner
-    from memstream.streams.producer import MemstreamProducer
-
     topics = await create_topics(settings)
     embedder = await asyncio.to_thread(build_embedder, settings.embeddings)
     store = await asyncio.to_thread(LanceStore.from_settings, settings.storage, settings.embeddings.dim)

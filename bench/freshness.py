@@ -33,6 +33,8 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import lancedb
+
 from memstream.bench._events import (
     TEAM,
     BenchWorkdir,
@@ -47,6 +49,7 @@ from memstream.bench._events import (
     progress_bar,
     status,
 )
+from memstream.codec.wire import EncodedRecord, encode_event
 from memstream.domain.events import Scope
 from memstream.projections.embedder import LocalEmbedder, build_embedder
 from memstream.projections.schema import scoped_key
@@ -54,7 +57,6 @@ from memstream.projections.search import SearchCache, search
 from memstream.projections.store import LanceStore, in_list
 from memstream.settings import Settings
 from memstream.streams.producer import MemstreamProducer
-from memstream.codec.wire import EncodedRecord, encode_event
 
 __all__ = ["run", "TARGET_P99_MS", "DEFAULT_SECONDS", "QUICK_SECONDS", "VisibilityPoller"]
 
@@ -93,8 +95,6 @@ class VisibilityPoller(threading.Thread):
         self.join(timeout=30)
 
     def run(self) -> None:
-        import lancedb
-
         try:
             db = lancedb.connect(str(self.settings.storage.root), read_consistency_interval=timedelta(0))
             table = None

@@ -41,6 +41,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from memstream.banks import create_key
+from memstream.bench._common import free_port
 from memstream.bench._events import (
     BenchWorkdir,
     WorkerProcess,
@@ -53,7 +54,7 @@ from memstream.bench._events import (
     process_cpu_seconds,
     status,
 )
-from memstream.bench.mixed import ApiProcess, Tenant, _banks_toml, _broker_pid, _free_port
+from memstream.bench.serving import ApiProcess, Tenant, banks_toml, broker_pid
 from memstream.domain.log import LogPosition
 from memstream.projections.embedder import build_embedder
 from memstream.projections.store import LanceStore
@@ -220,11 +221,11 @@ def run(
     machine = machine_info()
     tenant = Tenant("ingest", "team0", "user0")
     with BenchWorkdir("ingest", keep=keep) as wd:
-        (wd.path / "banks.toml").write_text(_banks_toml([tenant]), encoding="utf-8")
+        (wd.path / "banks.toml").write_text(banks_toml([tenant]), encoding="utf-8")
         overrides: dict[str, Any] = {"embedder": embedder or EmbeddingSettings.model_fields["provider"].default}
         settings = wd.track(bench_settings(
             wd.path, banks_file=wd.path / "banks.toml", keys_file=wd.path / "keys.toml",
-            api_host="127.0.0.1", api_port=_free_port(), api_rate_per_s=0, **overrides,
+            api_host="127.0.0.1", api_port=free_port(), api_rate_per_s=0, **overrides,
         ))
         tenant.key = create_key(settings, tenant.name)[0]
         asyncio.run(create_topics(settings))
@@ -235,7 +236,7 @@ def run(
             worker.wait_ready()
             api.start()
             store = LanceStore.from_settings(settings.storage, settings.embeddings.dim, read_consistency_interval=timedelta(0), create=False)
-            cpu = Cpu({"api": api.pid, "worker": worker.pid, "broker": _broker_pid(settings)})
+            cpu = Cpu({"api": api.pid, "worker": worker.pid, "broker": broker_pid(settings)})
             model = build_embedder(settings.embeddings)
             model.embed(["warm up the model"])
             front = Doors(settings, api.url, tenant)

@@ -41,10 +41,9 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +52,38 @@ from memstream.bench._common import (
     LogWatch,
     WorkerProcess,
     console,
+    delete_topics,
     err_console,
-    progress,
+    progress_bar,
     table,
     wait_caught_up,
 )
+from memstream.bench.locomo_data import (
+    CATEGORY_NAMES,
+    SCORED_CATEGORIES,
+    Conversation,
+    QAItem,
+    ScoreBoard,
+    Turn,
+    hit_at_k,
+    load_locomo,
+    parse_session_time,
+    recall_at_k,
+    resolve_evidence,
+    split_evidence,
+)
+from memstream.bench.openai_fake import OpenAICompatServer
 from memstream.domain.events import MessageObserved, Scope
+from memstream.domain.ranking import RankingWeights
+from memstream.projections import search as s
+from memstream.projections.embedder import build_embedder, embed_array
+from memstream.projections.http_reranker import HttpReranker
+from memstream.projections.schema import MEMORIES
+from memstream.projections.store import LanceStore
 from memstream.settings import Settings
+from memstream.streams.admin import ensure_topics
+from memstream.streams.producer import MemstreamProducer
+from memstream.streams.topics import Topics
 
 __all__ = [
     "CATEGORY_NAMES",
@@ -91,209 +115,8 @@ __all__ = [
     "run",
 ]
 
-CATEGORY_NAMES: dict[int, str] = {
-    1: "multi-hop",
-    2: "temporal",
-    3: "open-domain",
-    4: "single-hop",
-    5: "adversarial",
-}
-SCORED_CATEGORIES: tuple[int, ...] = (1, 2, 3, 4)
-"""Categories averaged into "overall" (5 is adversarial: no answer to find)."""
 DEFAULT_K: tuple[int, ...] = (5, 10, 20)
 TEAM = "locomo-bench"
-
-
-# ------------------------------------------------------------------------------ data
-@dataclass(frozen=True)
-class Turn:
-    dia_id: str
-    speaker: str
-    text: str
-    session: int
-    occurred_at: datetime
-
-
-@dataclass(frozen=True)
-class QAItem:
-    question: str
-    category: int
-    evidence: tuple[str, ...]
-    """The evidence strings as given (unsplit)."""
-
-
-@dataclass(frozen=True)
-class Conversation:
-    sample_id: str
-    speakers: tuple[str, ...]
-    turns: tuple[Turn, ...]
-    qa: tuple[QAItem, ...]
-
-    @property
-    def turn_ids(self) -> frozenset[str]:
-        return frozenset(t.dia_id for t in self.turns)
-
-
-_SESSION_KEY = re.compile(r"^session_(\d+)$")
-_SESSION_TIME_FORMATS = ("%I:%M %p on %d %B, %Y", "%I:%M %p on %d %b, %Y", "%I:%M%p on %d %B, %Y")
-
-
-def parse_session_time(text: str) -> datetime:
-    """``"1:56 pm on 8 May, 2023"`` -> 2023-05-08 13:56 UTC. LoCoMo states no time zone;
-    UTC is assumed (only the order and distances of times matter here)."""
-    cleaned = " ".join(text.strip().split())
-    for fmt in _SESSION_TIME_FORMATS:
-        try:
-            return datetime.strptime(cleaned, fmt).replace(tzinfo=timezone.utc)
-        except ValueError:
-            continue
-    raise ValueError(f"unrecognised session date-time {text!r} (expected e.g. '1:56 pm on 8 May, 2023')")
-
-
-def turn_text(raw: Mapping[str, Any]) -> str:
-    """The turn's text, with the caption of a shared image appended: the caption is all
-    a text-only memory system can know about the picture."""
-    text = str(raw.get("text") or "").strip()
-    caption = str(raw.get("blip_caption") or "").strip()
-    if caption:
-        return f"{text} [image: {caption}]" if text else f"[image: {caption}]"
-    return text
-
-
-def load_locomo(path: Path) -> list[Conversation]:
-    """Read a LoCoMo JSON file (a list of samples) into :class:`Conversation` values."""
-    import json
-
-    with open(path, encoding="utf-8") as fh:
-        raw = json.load(fh)
-    if not isinstance(raw, list):
-        raise ValueError(f"{path}: expected a JSON list of conversations")
-    out: list[Conversation] = []
-    for sample in raw:
-        conv = sample["conversation"]
-        sessions = sorted(
-            (int(m.group(1)), key) for key in conv if (m := _SESSION_KEY.match(key)) and isinstance(conv[key], list)
-        )
-        turns: list[Turn] = []
-        for number, key in sessions:
-            when_text = conv.get(f"{key}_date_time")
-            if not when_text:
-                raise ValueError(f"{sample.get('sample_id')}: {key} has no date_time")
-            when = parse_session_time(when_text)
-            for item in conv[key]:
-                text = turn_text(item)
-                if not text:
-                    continue
-                turns.append(Turn(str(item["dia_id"]), str(item["speaker"]), text, number, when))
-        qa = tuple(
-            QAItem(
-                question=str(q["question"]),
-                category=int(q["category"]),
-                evidence=tuple(str(e) for e in (q.get("evidence") or ())),
-            )
-            for q in sample.get("qa") or ()
-        )
-        speakers = tuple(str(conv[k]) for k in ("speaker_a", "speaker_b") if conv.get(k))
-        out.append(Conversation(str(sample["sample_id"]), speakers, tuple(turns), qa))
-    return out
-
-
-# ------------------------------------------------------------------------------ metrics
-_EVIDENCE_SPLIT = re.compile(r"[;,\s]+")
-
-
-def split_evidence(evidence: Iterable[Any]) -> list[str]:
-    """Every id in the evidence strings (split on ``;``, ``,`` and whitespace), in order,
-    without repeats."""
-    ids: list[str] = []
-    for item in evidence:
-        for part in _EVIDENCE_SPLIT.split(str(item)):
-            part = part.strip()
-            if part and part not in ids:
-                ids.append(part)
-    return ids
-
-
-def resolve_evidence(evidence: Iterable[Any], known_ids: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """``(valid, invalid)``: the evidence ids that name a turn of the conversation, and
-    those that do not (ignored by the scoring, counted in the report)."""
-    known = set(known_ids)
-    ids = split_evidence(evidence)
-    return tuple(i for i in ids if i in known), tuple(i for i in ids if i not in known)
-
-
-def _found(results: Sequence[Sequence[str]], k: int) -> set[str]:
-    return {sid for sources in results[:k] for sid in sources}
-
-
-def recall_at_k(results: Sequence[Sequence[str]], evidence: Iterable[str], k: int) -> float:
-    """Share of ``evidence`` among the source ids of the first ``k`` results (each
-    result is its sequence of source message ids). Raises on empty evidence: such an
-    item cannot be scored."""
-    wanted = set(evidence)
-    if not wanted:
-        raise ValueError("recall of an item without evidence is undefined")
-    if k < 1:
-        raise ValueError("k must be at least 1")
-    return len(wanted & _found(results, k)) / len(wanted)
-
-
-def hit_at_k(results: Sequence[Sequence[str]], evidence: Iterable[str], k: int) -> float:
-    """1.0 when any evidence id is among the first ``k`` results' sources, else 0.0."""
-    wanted = set(evidence)
-    if not wanted:
-        raise ValueError("hit of an item without evidence is undefined")
-    if k < 1:
-        raise ValueError("k must be at least 1")
-    return 1.0 if wanted & _found(results, k) else 0.0
-
-
-@dataclass
-class ScoreBoard:
-    """Accumulates recall@k / hit@k per system and category; :meth:`summary` averages."""
-
-    cutoffs: tuple[int, ...]
-    _sums: dict[tuple[str, int, str, int], float] = field(default_factory=lambda: defaultdict(float))
-    _counts: dict[tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))
-
-    def add(self, system: str, category: int, results: Sequence[Sequence[str]], evidence: Sequence[str]) -> None:
-        self._counts[(system, category)] += 1
-        for k in self.cutoffs:
-            self._sums[(system, category, "recall", k)] += recall_at_k(results, evidence, k)
-            self._sums[(system, category, "hit", k)] += hit_at_k(results, evidence, k)
-
-    def systems(self) -> list[str]:
-        return sorted({s for s, _ in self._counts}, key=lambda s: (not s.startswith("memstream"), s))
-
-    def mean(self, system: str, categories: Iterable[int], metric: str, k: int) -> float:
-        """Mean over the items of ``categories`` (micro-average: every item weighs 1)."""
-        cats = list(categories)
-        n = sum(self._counts.get((system, c), 0) for c in cats)
-        if n == 0:
-            return float("nan")
-        return sum(self._sums.get((system, c, metric, k), 0.0) for c in cats) / n
-
-    def count(self, system: str, categories: Iterable[int]) -> int:
-        return sum(self._counts.get((system, c), 0) for c in categories)
-
-    def summary(self) -> dict[str, dict[str, dict[str, float]]]:
-        """``{system: {"1".."5", "overall": {"recall@k": .., "hit@k": .., "n": ..}}}``."""
-        out: dict[str, dict[str, dict[str, float]]] = {}
-        for system in self.systems():
-            per: dict[str, dict[str, float]] = {}
-            groups: list[tuple[str, tuple[int, ...]]] = [(str(c), (c,)) for c in sorted(CATEGORY_NAMES)]
-            groups.append(("overall", SCORED_CATEGORIES))
-            for label, cats in groups:
-                n = self.count(system, cats)
-                if n == 0:
-                    continue
-                entry: dict[str, float] = {"n": n}
-                for k in self.cutoffs:
-                    entry[f"recall@{k}"] = round(self.mean(system, cats, "recall", k), 4)
-                    entry[f"hit@{k}"] = round(self.mean(system, cats, "hit", k), 4)
-                per[label] = entry
-            out[system] = per
-        return out
 
 
 # ------------------------------------------------------------------------------ ingest
@@ -328,17 +151,17 @@ def bench_settings(base: Settings, workdir: Path, *, embedder: str, tag: str) ->
     an LLM every turn is due at once, and the turns read together are extracted in
     one batch: no bench-only tuning)."""
     suffix = uuid.uuid4().hex[:8]
-    data = base.model_dump()
-    data.update(
-        topic_prefix=f"bench-{tag}-{suffix}.",
-        app_id=f"bench-{tag}-{suffix}",
-        lance_dir=workdir / "lance",
-        home=workdir / "home",
-        embedder=embedder,
-        llm_base_url=None,
-        llm_api_key=None,
+    return base.model_copy(
+        update={
+            "broker.topic_prefix": f"bench-{tag}-{suffix}.",
+            "worker.app_id": f"bench-{tag}-{suffix}",
+            "storage.root": workdir / "lance",
+            "home": workdir / "home",
+            "embeddings.provider": embedder,
+            "extraction.llm_base_url": None,
+            "extraction.llm_api_key": None,
+        }
     )
-    return Settings(**data)
 
 
 @dataclass(frozen=True)
@@ -358,12 +181,6 @@ def ingest(settings: Settings, conversations: Sequence[Conversation], workdir: P
 def ingest_events(settings: Settings, events: Sequence[Any], workdir: Path) -> IngestReport:
     """Run the worker, send ``events`` (turns and memories), wait until every turn is
     extracted and everything projected."""
-    from memstream.projections.schema import MEMORIES
-    from memstream.projections.store import LanceStore
-    from memstream.streams.admin import ensure_topics
-    from memstream.streams.producer import MemstreamProducer
-    from memstream.streams.topics import Topics
-
     asyncio.run(ensure_topics(settings.broker.bootstrap_servers, Topics.from_settings(settings.broker)))
     worker = WorkerProcess(settings, workdir / "worker", loglevel="info")
     started = time.perf_counter()
@@ -380,7 +197,7 @@ def ingest_events(settings: Settings, events: Sequence[Any], workdir: Path) -> I
                 store_box.append(LanceStore.from_settings(settings.storage, settings.embeddings.dim, read_consistency_interval=_ZERO))
             return store_box[0].positions()
 
-        with progress() as bar:
+        with progress_bar() as bar:
             task = bar.add_task("extract + project", total=len(events))
 
             def on_poll(state: Any) -> None:
@@ -456,9 +273,6 @@ supersession, entity boost): reported as ``memstream_plain``, the "before"."""
 
 
 def _systems(reranker: Any = None) -> dict[str, SearchFn]:
-    from memstream.domain.ranking import RankingWeights
-    from memstream.projections import search as s
-
     plain = RankingWeights(**PLAIN_RANKING)
     cache = s.SearchCache()  # held across the run, as a serving process holds one
     extra: dict[str, SearchFn] = {}
@@ -502,7 +316,7 @@ def evaluate(
     kmax = max(cutoffs)
     scored = unscored = invalid_ids = invalid_items = 0
     total = sum(len(c.qa) for c in conversations)
-    with progress() as bar:
+    with progress_bar() as bar:
         task = bar.add_task("search", total=total)
         for conv in conversations:
             scope = scope_of(conv)
@@ -552,9 +366,6 @@ def run(
     the configured one); returns the JSON summary. ``rerank_url``: a ``/rerank``
     endpoint whose reranker is measured as ``memstream_rerank`` (``fake``: the scripted
     server's word-overlap stand-in, which measures the hook's cost, not a model)."""
-    from memstream.projections.embedder import build_embedder
-    from memstream.projections.store import LanceStore
-
     cutoffs = tuple(sorted(set(k) | {10}))
     conversations = load_locomo(Path(data))
     workdir = Path(tempfile.mkdtemp(prefix="memstream-bench-locomo-"))
@@ -624,9 +435,6 @@ def run(
 @contextlib.contextmanager
 def _reranker(url: str | None) -> Iterator[Any]:
     """The reranker at ``url`` (``fake``: one the bench serves itself), closed after."""
-    from memstream.bench.openai_fake import OpenAICompatServer
-    from memstream.projections.http_reranker import HttpReranker
-
     if not url:
         yield None
         return
@@ -645,9 +453,6 @@ EMBED_BATCH = 500
 def embed_alone_s(embedder: Any, store: Any) -> float:
     """Seconds the embedder alone takes to embed every stored memory's content in
     batches: the floor of an ingest that must embed them all."""
-    from memstream.projections.embedder import embed_array
-    from memstream.projections.schema import MEMORIES
-
     texts = store.table(MEMORIES).to_arrow().column("content").to_pylist()
     started = time.perf_counter()
     for i in range(0, len(texts), EMBED_BATCH):
@@ -657,9 +462,6 @@ def embed_alone_s(embedder: Any, store: Any) -> float:
 
 def cleanup_run(settings: Settings, workdir: Path, keep: bool) -> None:
     """Delete a run's private topics and (unless ``keep``) its working directory."""
-    from memstream.bench._common import delete_topics
-    from memstream.streams.topics import Topics
-
     try:
         asyncio.run(delete_topics(settings.broker.bootstrap_servers, Topics.from_settings(settings.broker), settings.worker.app_id))
     except Exception as exc:  # noqa: BLE001 - cleanup must not hide the result

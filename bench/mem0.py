@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import tempfile
 import time
 from collections.abc import Sequence
@@ -39,10 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from memstream.bench._common import (
-    LatencyLog,
     console,
     err_console,
-    progress,
+    progress_bar,
     table,
 )
 from memstream.bench.locomo import (
@@ -50,14 +48,17 @@ from memstream.bench.locomo import (
     SCORED_CATEGORIES,
     Conversation,
     Evaluation,
-    cleanup_run,
     bench_settings,
+    cleanup_run,
     evaluate,
     ingest,
     load_locomo,
     scope_of,
 )
 from memstream.bench.openai_fake import OpenAICompatServer
+from memstream.projections.embedder import build_embedder
+from memstream.projections.search import SearchCache, search
+from memstream.projections.store import LanceStore
 from memstream.settings import EmbeddingSettings, Settings
 
 __all__ = ["mem0_config", "Mem0Notes", "Mem0Runner", "run"]
@@ -126,7 +127,7 @@ class Mem0Runner:
     def add_turns(self, conversations: Sequence[Conversation]) -> float:
         total = sum(len(c.turns) for c in conversations)
         start = time.perf_counter()
-        with progress() as bar:
+        with progress_bar() as bar:
             task = bar.add_task("mem0 add (infer=False)", total=total)
             for conv in conversations:
                 user = scope_of(conv).user_id
@@ -146,8 +147,6 @@ class Mem0Runner:
 
 
 def _embedder(name: str) -> Any:
-    from memstream.projections.embedder import build_embedder
-
     return build_embedder(EmbeddingSettings(provider=name))
 
 
@@ -158,8 +157,6 @@ def _ratio(a: float, b: float) -> float | None:
 def run(data: Path, embedder: str | None = None, k: tuple[int, ...] = (5, 10, 20)) -> dict[str, Any]:
     """Run both systems (see the module docstring) with ``embedder`` (default: the
     configured one); returns the JSON summary."""
-    from memstream.projections.store import LanceStore
-
     cutoffs = tuple(sorted(set(k) | {10}))
     conversations = load_locomo(Path(data))
     model = _embedder(embedder or Settings().embeddings.provider)
@@ -168,14 +165,15 @@ def run(data: Path, embedder: str | None = None, k: tuple[int, ...] = (5, 10, 20
     logging.getLogger("mem0").addHandler(notes)
     logging.getLogger("mem0").setLevel(logging.WARNING)
     server = OpenAICompatServer(model).start()
-    base = Settings().model_dump()
-    base.update(
-        embedding_base_url=server.base_url,
-        embedding_model=model.model_id,
-        embedding_dim=model.dim,
-        embedding_api_key="unused",
+    base = Settings().model_copy(
+        update={
+            "embedding_base_url": server.base_url,
+            "embedding_model": model.model_id,
+            "embedding_dim": model.dim,
+            "embedding_api_key": "unused",
+        }
     )
-    settings = bench_settings(Settings(**base), workdir, embedder="openai", tag="mem0")
+    settings = bench_settings(base, workdir, embedder="openai", tag="mem0")
     console.print(
         f"memstream vs Mem0 on {len(conversations)} conversations, "
         f"{sum(len(c.turns) for c in conversations)} turns; both embed with {model.model_id} "
@@ -185,8 +183,6 @@ def run(data: Path, embedder: str | None = None, k: tuple[int, ...] = (5, 10, 20
         before = _embedding_work(server)
         report = ingest(settings, conversations, workdir)
         ms_work = _embedding_work(server, since=before)
-        from memstream.projections.embedder import build_embedder
-        from memstream.projections.search import SearchCache, search
 
         store = LanceStore.from_settings(settings.storage, settings.embeddings.dim)
         store.optimize()

@@ -61,21 +61,12 @@ run's figures come from them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
-import subprocess
-import sys
 import time
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
-import httpx
-
 from memstream.banks import create_key
-from memstream.bench.mixed_rounds import PhaseLog, merged, pooled_figures
-from memstream.bench.process_samples import CACHE_GAUGES, ProcessSampler
+from memstream.bench._common import free_port
 from memstream.bench._events import (
     SPEAKERS,
     BenchWorkdir,
@@ -84,18 +75,18 @@ from memstream.bench._events import (
     create_topics,
     machine_info,
     make_corpus,
-    make_queries,
-    percentile,
-    process_cpu_seconds,
     print_table,
     status,
 )
+from memstream.bench.mixed_load import SESSION_TURNS, Load, Tally
+from memstream.bench.mixed_rounds import PhaseLog, merged, pooled_figures
+from memstream.bench.process_samples import CACHE_GAUGES, ProcessSampler
+from memstream.bench.serving import ApiProcess, Tenant, banks_toml, broker_pid
 from memstream.domain.content import content_hash
-from memstream.domain.events import EventBase, MemoryAdded, MessageObserved, Scope
+from memstream.domain.events import EventBase, MemoryAdded, MessageObserved
 from memstream.projections.schema import MEMORIES, scoped_key
 from memstream.projections.store import LanceStore, chunked, in_list
-from memstream.settings import Settings, child_env
-from memstream.streams.broker.local import status as broker_status
+from memstream.settings import Settings
 from memstream.streams.producer import MemstreamProducer
 
 __all__ = [
@@ -111,8 +102,6 @@ QUICK_ROUNDS = 5
 DEFAULT_RATE = 30
 TARGET_MIXED_RATIO = 0.7
 TARGET_P99_RATIO = 2.0
-SESSION_TURNS = 20
-_RYW_EVERY = 5
 _WARMUP_S = 5.0
 _WRITES_ALONE_S = 10.0
 _GAP_S = 1.0
@@ -122,123 +111,6 @@ _SETTLE_S = 12.0
 """Longer than the worker's maintenance period (10 s): the seed's indexes are current
 when the measured phases start."""
 _TENANTS: tuple[tuple[str, str], ...] = (("team0", "user0"), ("team0", "user1"), ("team1", "user0"))
-
-
-@dataclass
-class Tenant:
-    """One memory bank, its key, and the memories written to it."""
-
-    name: str
-    team: str
-    user: str
-    key: str = ""
-    memory_ids: set[str] = field(default_factory=set)
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.key}"}
-
-    @property
-    def scope(self) -> Scope:
-        return Scope(team_id=self.team, user_id=self.user)
-
-
-@dataclass
-class Tally:
-    """What every answer is checked for, over the whole run."""
-
-    status_counts: dict[int, int] = field(default_factory=dict)
-    errors_5xx: int = 0
-    other_errors: int = 0
-    cross_tenant: int = 0
-    results_checked: int = 0
-    writes: int = 0
-    memories_written: int = 0
-    ryw_checks: int = 0
-    ryw_failed: int = 0
-    timeouts: int = 0
-    """Requests the server did not answer within the client's 60 s."""
-    writes_skipped: int = 0
-    """Writes due in a phase that no writer had begun when it ended."""
-    last_positions: dict[str, dict[tuple[str, int], int]] = field(default_factory=dict)
-
-    def answer(self, response: httpx.Response) -> bool:
-        code = response.status_code
-        self.status_counts[code] = self.status_counts.get(code, 0) + 1
-        if code >= 500:
-            self.errors_5xx += 1
-        elif code >= 400:
-            self.other_errors += 1
-        return code < 400
-
-    def position(self, tenant: Tenant, text: str) -> None:
-        topic, partition, offset = text.rsplit(":", 2)
-        known = self.last_positions.setdefault(tenant.name, {})
-        key = (topic, int(partition))
-        known[key] = max(known.get(key, -1), int(offset))
-
-
-# ------------------------------------------------------------------------------ set-up
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _banks_toml(tenants: list[Tenant]) -> str:
-    return "".join(
-        f'[banks.{t.name}]\nteam_id = "{t.team}"\nuser_id = "{t.user}"\n'
-        f'description = "Benchmark tenant {t.name}."\n\n'
-        for t in tenants
-    )
-
-
-class ApiProcess:
-    """``python -m memstream api`` as a child process, its output in ``api.log``."""
-
-    def __init__(self, settings: Settings, workdir: Path) -> None:
-        self.settings = settings
-        self.log_path = workdir / "api.log"
-        self.url = f"http://{settings.api.host}:{settings.api.port}"
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    def start(self, timeout_s: float = 240.0) -> None:
-        env = {**child_env(self.settings), "PYTHONUNBUFFERED": "1"}
-        with open(self.log_path, "ab") as out:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "memstream", "api"], env=env, stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"the API server exited:\n{self.tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
-                    return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the API server did not become healthy:\n{self.tail()}")
-            time.sleep(0.3)
-
-    def stop(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-    def tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
 
 
 def _seed_events(tenants: list[Tenant], per_tenant: int) -> list[EventBase]:
@@ -294,179 +166,6 @@ def _wait_projected(settings: Settings, keys: list[str], worker: WorkerProcess, 
         time.sleep(0.5)
 
 
-# ------------------------------------------------------------------------------ load
-class Load:
-    """The searchers and writers, on one event loop in this process."""
-
-    def __init__(
-        self, url: str, tenants: list[Tenant], searchers: int, rate: float, writers: int, pids: dict[str, int | None]
-    ) -> None:
-        self.url = url
-        self.pids = pids
-        """The processes whose CPU each phase records (``api`` first)."""
-        self.tenants = tenants
-        self.searchers = searchers
-        self.rate = rate
-        self.writers = writers
-        self.queries = make_queries(400, seed=29)
-        self.tally = Tally()
-        self.phase: PhaseLog | None = None
-        self._stop = asyncio.Event()
-        self._reads: list[asyncio.Future[None]] = []
-        self._words = make_corpus(4_000, spaces=1, entity_rate=0.25, seed=31).contents
-        self._written = [0] * writers  # per writer, across phases: every write is a new id
-
-    def _client(self) -> httpx.AsyncClient:
-        limits = httpx.Limits(max_connections=self.searchers + self.writers + 4, max_keepalive_connections=64)
-        return httpx.AsyncClient(base_url=self.url, limits=limits, timeout=httpx.Timeout(60.0))
-
-    def _check_results(self, tenant: Tenant, body: dict[str, Any]) -> list[str]:
-        ids = []
-        for hit in body.get("results", ()):
-            self.tally.results_checked += 1
-            mid = str(hit.get("memory_id"))
-            if hit.get("team_id") != tenant.team or hit.get("user_id") != tenant.user or not mid.startswith(f"{tenant.name}-"):
-                self.tally.cross_tenant += 1
-            ids.append(mid)
-        return ids
-
-    async def _searcher(self, client: httpx.AsyncClient, index: int) -> None:
-        tenant = self.tenants[index % len(self.tenants)]
-        i = index * 37
-        while not self._stop.is_set():
-            query = self.queries[i % len(self.queries)]
-            i += 1
-            started = time.perf_counter()
-            response = await self._call(client.get("/v1/search", params={"q": query, "k": 10}, headers=tenant.headers))
-            elapsed_ms = (time.perf_counter() - started) * 1000.0
-            if response is not None and self.tally.answer(response):
-                self._check_results(tenant, response.json())
-                if self.phase is not None:
-                    self.phase.samples_ms.append(elapsed_ms)
-
-    async def _call(self, request: Any) -> httpx.Response | None:
-        """An answer, or ``None`` (counted) when the server did not answer in time."""
-        try:
-            response: httpx.Response = await request
-        except httpx.TimeoutException:
-            self.tally.timeouts += 1
-            return None
-        return response
-
-    async def search_for(self, seconds: float, log: PhaseLog | None, *, write: bool = False, search: bool = True) -> None:
-        """Run the searchers (unless not ``search``) and, with ``write``, the writers
-        for ``seconds``; writes not begun by then are skipped (counted)."""
-        self._stop.clear()
-        async with self._client() as client:
-            tasks = [asyncio.ensure_future(self._searcher(client, i)) for i in range(self.searchers if search else 0)]
-            if write:
-                tasks.append(asyncio.ensure_future(self._write(client, seconds)))
-            started = time.perf_counter()
-            cpu = self._cpu()
-            writes = self.tally.writes
-            self.phase = log
-            await asyncio.sleep(seconds)
-            self.phase = None
-            if log is not None:
-                log.seconds = time.perf_counter() - started
-                log.writes = self.tally.writes - writes
-                after = self._cpu()
-                log.cpu_s = {name: after[name] - cpu[name] for name in after.keys() & cpu.keys()}
-                log.api_cpu_s = log.cpu_s.get("api")
-            self._stop.set()
-            await asyncio.gather(*tasks)
-
-    def _cpu(self) -> dict[str, float]:
-        """CPU seconds so far of each process (this one's own, without its children)."""
-        out = {"client": time.process_time()}
-        for name, pid in self.pids.items():
-            used = process_cpu_seconds(pid)
-            if used is not None:
-                out[name] = used
-        return out
-
-    async def _write(self, client: httpx.AsyncClient, seconds: float) -> None:
-        """Writes at ``rate`` for ``seconds`` by ``writers`` tasks: write ``i`` is due
-        at ``i / rate`` (a writer still busy leaves it to the next free one)."""
-        queue: asyncio.Queue[int | None] = asyncio.Queue()
-        workers = [asyncio.ensure_future(self._writer(client, w, queue)) for w in range(self.writers)]
-        started = time.perf_counter()
-        n = int(seconds * self.rate / 2)  # pairs: a turn, then a memory drawn from it
-        for i in range(n):
-            if self._stop.is_set():
-                self.tally.writes_skipped += 2 * (n - i)
-                break
-            due = started + 2 * i / self.rate
-            delay = due - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            queue.put_nowait(i)
-        for _ in workers:
-            queue.put_nowait(None)
-        await asyncio.gather(*workers)
-        reads, self._reads = self._reads, []
-        await asyncio.gather(*reads)
-
-    async def _writer(self, client: httpx.AsyncClient, w: int, queue: asyncio.Queue[int | None]) -> None:
-        tenant = self.tenants[w % len(self.tenants)]
-        while True:
-            i = await queue.get()
-            if i is None:
-                return
-            if self._stop.is_set():  # the phase is over: a late write would run into the next
-                self.tally.writes_skipped += 2
-                continue
-            n = self._written[w]
-            text = f"{self._words[i % len(self._words)]} code{w}x{n}q"
-            session = f"w{w:02d}-s{n // SESSION_TURNS:04d}"
-            turn_id = f"{tenant.name}-w{w:02d}-t{n:06d}"
-            memory_id = f"{tenant.name}-w{w:02d}-m{n:06d}"
-            n = self._written[w] = n + 1
-            body = {"session_id": session, "messages": [{"content": text, "message_id": turn_id, "speaker": SPEAKERS[n % 2]}]}
-            response = await self._call(client.post("/v1/messages", json=body, headers=tenant.headers))
-            self.tally.writes += 1
-            if response is not None and self.tally.answer(response):
-                self.tally.position(tenant, response.json()["position"])
-            memory = {"content": text, "memory_id": memory_id, "session_id": session, "source_message_ids": [turn_id]}
-            response = await self._call(client.post("/v1/memories", json=memory, headers=tenant.headers))
-            self.tally.writes += 1
-            if response is None or not self.tally.answer(response):
-                continue
-            self.tally.memories_written += 1
-            tenant.memory_ids.add(memory_id)
-            position = response.json()["position"]
-            self.tally.position(tenant, position)
-            if n % _RYW_EVERY == 0:  # beside the writes: a slow read must not slow the rate
-                self._reads.append(asyncio.ensure_future(self._read_back(client, tenant, text, memory_id, position)))
-
-    async def _read_back(self, client: httpx.AsyncClient, tenant: Tenant, text: str, memory_id: str, position: str) -> None:
-        self.tally.ryw_checks += 1
-        response = await self._call(client.get(
-            "/v1/search", params={"q": text, "k": 10, "min_position": position}, headers=tenant.headers
-        ))
-        ok = response is not None and self.tally.answer(response)
-        if not ok or memory_id not in self._check_results(tenant, response.json()):  # type: ignore[union-attr]
-            self.tally.ryw_failed += 1
-
-    async def drain(self) -> None:
-        """One read per tenant that waits for the tenant's last writes."""
-        async with self._client() as client:
-            for tenant in self.tenants:
-                positions = [f"{t}:{p}:{o}" for (t, p), o in self.tally.last_positions.get(tenant.name, {}).items()]
-                if positions:
-                    response = await client.get(
-                        "/v1/search", params={"q": "drain", "k": 1, "min_position": positions}, headers=tenant.headers
-                    )
-                    self.tally.answer(response)
-
-
-def _broker_pid(settings: Settings) -> int | None:
-    """The local broker's process id (``None``: an external broker). The benchmark's
-    settings have a home of their own: the broker's is the environment's."""
-    found = broker_status(Settings(broker={"bootstrap_servers": settings.broker.bootstrap_servers}))
-    return found.pid if found.state == "running" else None
-
-
 def _missing(settings: Settings, tenants: list[Tenant]) -> int:
     """Memories written (acknowledged) that the store does not hold."""
     store = LanceStore.from_settings(settings.storage, settings.embeddings.dim, read_consistency_interval=timedelta(0), create=False)
@@ -503,11 +202,11 @@ def run(
     machine = machine_info()
     tenants = [Tenant(f"tenant{j}", team, user) for j, (team, user) in enumerate(_TENANTS)]
     with BenchWorkdir("mixed", keep=keep) as wd:
-        (wd.path / "banks.toml").write_text(_banks_toml(tenants), encoding="utf-8")
+        (wd.path / "banks.toml").write_text(banks_toml(tenants), encoding="utf-8")
         settings = wd.track(
             bench_settings(
                 wd.path, banks_file=wd.path / "banks.toml", keys_file=wd.path / "keys.toml",
-                api_host="127.0.0.1", api_port=_free_port(),
+                api_host="127.0.0.1", api_port=free_port(),
                 # the server's capacity, not the per-key policy: 12 searchers on 3 keys
                 # pass the default 50 requests/s a key, and the 429s capped the phases
                 api_rate_per_s=0,
@@ -531,7 +230,7 @@ def run(
             assert api.pid is not None and worker.pid is not None
             sampler = ProcessSampler({"api": api.pid, "worker": worker.pid}, f"{api.url}/metrics")
             sampler.start()
-            load = Load(api.url, tenants, searchers, rate, writers, {"api": api.pid, "worker": worker.pid, "broker": _broker_pid(settings)})
+            load = Load(api.url, tenants, searchers, rate, writers, {"api": api.pid, "worker": worker.pid, "broker": broker_pid(settings)})
             status(f"settling ({_SETTLE_S:.0f} s: the worker's maintenance makes the indexes current)")
             time.sleep(_SETTLE_S)
             asyncio.run(load.search_for(_WARMUP_S, None))

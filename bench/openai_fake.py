@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from memstream.projections.embedder import embed_array
 from memstream.projections.embedder_api import warm_up
 
 if TYPE_CHECKING:
@@ -474,8 +475,6 @@ class OpenAICompatServer:
         start = time.perf_counter()
         vectors: Sequence[Sequence[float]]
         if self.embedder is not None:
-            from memstream.projections.embedder import embed_array
-
             with self._embed_lock:
                 vectors = cast(Sequence[Sequence[float]], embed_array(self.embedder, texts))
         else:

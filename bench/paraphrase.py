@@ -32,6 +32,10 @@ from typing import Any
 from memstream.bench._common import LatencyLog, console, table
 from memstream.domain.events import MemoryAdded, Scope
 from memstream.domain.log import LogPosition, PositionedEvent
+from memstream.projections import search as s
+from memstream.projections.embedder import build_embedder
+from memstream.projections.projector import Projector
+from memstream.projections.store import LanceStore
 from memstream.settings import Settings
 
 __all__ = ["Fact", "load_facts", "recall_at", "project_facts", "evaluate", "run", "SCOPE", "CUTOFFS"]
@@ -72,8 +76,6 @@ def recall_at(ranked: Sequence[Sequence[str]], answers: Sequence[str], k: int) -
 
 def project_facts(store: Any, embedder: Any, facts: Sequence[Fact]) -> None:
     """Every fact as a ``MemoryAdded`` without a vector, applied by the projector."""
-    from memstream.projections.projector import Projector
-
     events = [
         PositionedEvent(
             position=LogPosition(topic="paraphrase", partition=0, offset=i),
@@ -91,8 +93,6 @@ SearchFn = Callable[[Any, Any, str, int], list[Any]]
 
 
 def _systems() -> dict[str, SearchFn]:
-    from memstream.projections import search as s
-
     cache = s.SearchCache()  # held across the run, as a serving process holds one
     return {
         "memstream": lambda store, emb, q, k: s.search(store, emb, SCOPE, q, k, cache=cache),
@@ -118,9 +118,6 @@ def evaluate(store: Any, embedder: Any, facts: Sequence[Fact]) -> dict[str, dict
 
 
 def _one_embedder(kind: str, facts: Sequence[Fact]) -> tuple[str, dict[str, dict[str, float]]]:
-    from memstream.projections.embedder import build_embedder
-    from memstream.projections.store import LanceStore
-
     settings = Settings(embeddings={"provider": kind})
     embedder = build_embedder(settings.embeddings)
     workdir = Path(tempfile.mkdtemp(prefix="memstream-bench-paraphrase-"))
@@ -143,8 +140,8 @@ def run(embedders: Sequence[str] = (), data: Path | None = None) -> dict[str, An
     for kind in kinds:
         model_id, scores = _one_embedder(kind, facts)
         result["embedders"][kind] = {"model": model_id, **scores}
-        for system, s in scores.items():
-            rows.append([kind, system, s["recall@1"], s["recall@5"], s["p50_ms"]])
+        for system, got in scores.items():
+            rows.append([kind, system, got["recall@1"], got["recall@5"], got["p50_ms"]])
     console.print(table("paraphrase recall", ["embedder", "system", "recall@1", "recall@5", "p50 ms"], rows))
     first = kinds[0]
     result["memstream_recall_at_5"] = result["embedders"][first]["memstream"]["recall@5"]

@@ -31,6 +31,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import lancedb
+
 from memstream.bench._events import (
     BenchWorkdir,
     Corpus,
@@ -141,7 +143,6 @@ def measure_projector(settings: Settings, workdir: Path, n: int, *, repeat: int)
         cpu = worker.cpu_seconds()
     finally:
         worker.stop()
-    import lancedb
 
     final = lancedb.connect(str(run_settings.storage.root)).open_table("memories").count_rows()
     if final != n:

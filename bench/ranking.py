@@ -40,6 +40,10 @@ from memstream.bench._common import LatencyLog, console, table
 from memstream.bench.ranking_shapes import PERSON_SEED, SHAPES, Query, Shape, build_shapes
 from memstream.domain.events import Scope
 from memstream.domain.ranking import RankingWeights
+from memstream.projections import search as s
+from memstream.projections.embedder import build_embedder
+from memstream.projections.schema import MEMORIES
+from memstream.projections.store import LanceStore, space_where
 from memstream.settings import Settings
 
 __all__ = ["CUTOFFS", "Bench", "recall", "summarise", "run"]
@@ -89,19 +93,13 @@ class Bench:
     cache: Any = None
 
     def __post_init__(self) -> None:
-        from memstream.projections import search as s
-
         self.cache = s.SearchCache()
         self._vectors: dict[Scope, tuple[list[str], np.ndarray, list[Sequence[str]]]] = {}
 
     def memstream(self, weights: RankingWeights | None = None) -> Callable[[Query, int], list[Any]]:
-        from memstream.projections import search as s
-
         return lambda q, k: s.search(self.store, self.embedder, q.scope, q.text, k, weights=weights, cache=self.cache)
 
     def bm25(self, q: Query, k: int) -> list[Any]:
-        from memstream.projections import search as s
-
         return s.text_search(self.store, self.embedder, q.scope, q.text, k)
 
     def embedder_alone(self, q: Query, k: int) -> list[Any]:
@@ -113,9 +111,6 @@ class Bench:
         return [_Hit(ids[i], sources[i]) for i in order]
 
     def _space(self, scope: Scope) -> tuple[list[str], np.ndarray, list[Sequence[str]]]:
-        from memstream.projections.schema import MEMORIES
-        from memstream.projections.store import space_where
-
         got = self._vectors.get(scope)
         if got is None:
             rows = (
@@ -162,9 +157,6 @@ class _Hit:
 def open_bench(data: Path, workdir: Path, embedder: str | None = None, seed: int = PERSON_SEED) -> Bench:
     """The shapes ingested into ``workdir`` (reused when a finished ingest of the same
     ``seed`` is there). ``seed`` draws the generated person shapes."""
-    from memstream.projections.embedder import build_embedder
-    from memstream.projections.store import LanceStore
-
     raw = json.loads(Path(data).read_text(encoding="utf-8"))
     shapes = build_shapes(locomo.load_locomo(Path(data)), raw, seed)
     marker = workdir / "ingested.json"
@@ -172,7 +164,7 @@ def open_bench(data: Path, workdir: Path, embedder: str | None = None, seed: int
         kept = json.loads(marker.read_text())
         if kept.pop("seed", PERSON_SEED) != seed:
             raise ValueError(f"{workdir} holds an ingest of another seed: use another --workdir")
-        settings = Settings(**{**Settings().model_dump(), **kept})
+        settings = Settings().model_copy(update={"storage.root": Path(kept["lance_dir"]), "embeddings.provider": kept["embedder"]})
     else:
         workdir.mkdir(parents=True, exist_ok=True)
         settings = locomo.bench_settings(Settings(), workdir, embedder=embedder or Settings().embeddings.provider, tag="ranking")

@@ -40,6 +40,7 @@ from memstream.bench._events import (
     produce_events,
     status,
 )
+from memstream.codec.wire import encode_event
 from memstream.domain.events import MemoryAdded, Scope
 from memstream.interfaces.service import MemoryService
 from memstream.projections.embedder import LocalEmbedder
@@ -51,7 +52,6 @@ from memstream.services.shard_routing import open_store, space_partition
 from memstream.services.shard_status import end_offsets
 from memstream.settings import Settings
 from memstream.streams.producer import MemstreamProducer
-from memstream.codec.wire import encode_event
 from memstream.streams.topics import Topics
 
 __all__ = ["run"]

@@ -22,7 +22,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGE_DIRS = {"memstream": "memstream", "domain": "domain", "streams": "streams", "projections": "projections"}
+PACKAGE_DIRS = {
+    "memstream": "memstream",
+    "domain": "domain",
+    "streams": "streams",
+    "projections": "projections",
+    "bench": "bench",
+}
 """Import name under ``memstream.`` -> folder in the repository (pyproject's package-dir)."""
 
 LAYERS: dict[str, int] = {
@@ -37,6 +43,7 @@ LAYERS: dict[str, int] = {
     "memstream/interfaces": 5,
     "memstream/sdk": 5,
     "memstream/cli": 6,
+    "bench": 7,
 }
 """A group may import groups of a lower layer only (same layer: neither imports the
 other, so streams and projections stay independent)."""
