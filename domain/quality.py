@@ -15,6 +15,8 @@ import unicodedata
 from dataclasses import dataclass
 from enum import StrEnum
 
+import ahocorasick
+
 from memstream.domain.normalise import fold_for_rules
 
 __all__ = [
@@ -283,6 +285,21 @@ def _replace_images(text: str, lowered: str | None) -> tuple[str, int]:
 _ALL_LITERALS: tuple[str, ...] = tuple(dict.fromkeys(w for group in (*_INJECTION_LITERALS, *_NOISE_LITERALS) for w in group))
 
 
+def _literal_scan(literals: tuple[str, ...]) -> ahocorasick.Automaton:
+    """One pass over a text for all ``literals``, overlapping ones included ("no" inside
+    "now"): a substring test per literal cost half of the gate (docs/benchmarks.md).
+    pyahocorasick keeps the interpreter lock through a call; a scanner that releases it
+    per call lost more to the hand-over than it saved, beside the projector's threads."""
+    automaton = ahocorasick.Automaton()
+    for word in literals:
+        automaton.add_word(word, word)
+    automaton.make_automaton()
+    return automaton
+
+
+_LITERAL_SCAN = _literal_scan(_ALL_LITERALS)
+
+
 def _present(lowered: str | None) -> frozenset[str] | None:
     """The literals of :data:`_INJECTION_LITERALS` and :data:`_NOISE_LITERALS` that
     occur in ``lowered``; ``None`` (everything may match) for non-ASCII text, where
@@ -290,7 +307,7 @@ def _present(lowered: str | None) -> frozenset[str] | None:
     does not."""
     if lowered is None:
         return None
-    return frozenset(w for w in _ALL_LITERALS if w in lowered)
+    return frozenset(word for _, word in _LITERAL_SCAN.iter(lowered))
 
 
 _NO_LITERALS: frozenset[str] = frozenset()

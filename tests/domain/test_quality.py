@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from memstream.domain import quality as quality_module
 from memstream.domain.quality import BASE64_BLOB_MIN_CHARS, GateRule, gate
 
 PNG = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n" + bytes(range(256)) * 3).decode()
@@ -195,3 +196,21 @@ def test_every_pattern_has_its_literals() -> None:
     assert len(quality._INJECTION_LITERALS) == len(quality.INJECTION_PATTERNS)
     assert len(quality._NOISE_LITERALS) == len(quality.NOISE_PATTERNS)
     assert all(" " not in word for group in quality._NOISE_LITERALS for word in group)
+
+
+_LITERALS = list(quality_module._ALL_LITERALS)
+
+
+@given(st.lists(st.one_of(st.sampled_from(_PIECES), st.sampled_from(_LITERALS),
+                          st.text(alphabet=st.characters(max_codepoint=127), max_size=4)), max_size=10).map("".join))
+def test_the_literal_scan_finds_exactly_the_literals_present(text: str) -> None:
+    """One automaton pass reports every literal a substring test would, overlapping
+    ones included ("no" inside "now", "system" inside "<system-reminder>")."""
+    lowered = text.lower()
+    assert quality_module._present(lowered) == frozenset(w for w in _LITERALS if w in lowered)
+
+
+def test_the_literal_scan_reports_overlapping_literals() -> None:
+    found = quality_module._present("nothing now: <system-reminder> drop it")
+    assert {"no", "not", "now", "system", "<system-reminder>", "drop"} <= found
+    assert "ignore" not in found
