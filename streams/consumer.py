@@ -30,13 +30,13 @@ from memstream.settings import Settings, get_settings
 from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher
 from memstream.streams.inflation_bound import bound_inflation
 from memstream.streams.keys import SubjectKeys
-from memstream.streams.record_codec import MAX_SHARED_TURNS, decode_or_dead_letter, read_record, sharing_turns
+from memstream.streams.record_codec import decode_or_dead_letter, read_record
 from memstream.streams.sealed_records import RecordOpener
 from memstream.codec.wire import MAX_RECORD_BYTES, encode_event
 from memstream.streams.topics import Topics
 from memstream.streams.connect import kafka_options
 
-__all__ = ["ConsumedBatch", "decode_or_dead_letter", "EventConsumer", "MAX_SHARED_TURNS", "sharing_turns"]
+__all__ = ["ConsumedBatch", "decode_or_dead_letter", "EventConsumer"]
 
 log = logging.getLogger(__name__)
 

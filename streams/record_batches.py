@@ -140,7 +140,7 @@ def decode_batch(
             )
     for rec in general:
         item = decode_or_dead_letter(
-            rec.topic, rec.partition, rec.offset, rec.key, rec.value, rec.headers, share_turns=True, trusted=trusted,
+            rec.topic, rec.partition, rec.offset, rec.key, rec.value, rec.headers, trusted=trusted,
             legacy_trust=legacy_trust,
         )
         if isinstance(item, DeadLetter):

@@ -16,9 +16,7 @@ are opened), and a reader's own markers (``memstream-opened``) can never come fr
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from memstream.codec.wire import (
@@ -30,7 +28,6 @@ from memstream.codec.wire import (
     decode_record,
 )
 from memstream.domain.access import client_content_problem, system_claim
-from memstream.domain.events import MessageObserved
 from memstream.domain.log import LogPosition, PositionedEvent
 from memstream.sealing import TamperedRecord
 from memstream.streams.deadletter import DeadLetter
@@ -44,8 +41,6 @@ __all__ = [
     "refused_letter",
     "read_record",
     "decode_or_dead_letter",
-    "sharing_turns",
-    "MAX_SHARED_TURNS",
     "MAX_HEADERS",
     "MAX_HEADER_BYTES",
     "MAX_KEY_BYTES",
@@ -126,7 +121,6 @@ def read_record(
     *,
     trusted: Callable[[bytes | None, Sequence[tuple[str, bytes]] | None], bool] | None = None,
     legacy_trust: LegacyTrust | None = None,
-    share_turns: bool = False,
     max_bytes: int = MAX_RECORD_BYTES,
 ) -> PositionedEvent | DeadLetter | None:
     """One record through every step: screen, open (``opener``, with sealing on),
@@ -144,73 +138,8 @@ def read_record(
             return None
         value, headers = opened
     return decode_or_dead_letter(
-        topic, partition, offset, key, value, headers, trusted=trusted, legacy_trust=legacy_trust, share_turns=share_turns, max_bytes=max_bytes,  # type: ignore[arg-type]
+        topic, partition, offset, key, value, headers, trusted=trusted, legacy_trust=legacy_trust, max_bytes=max_bytes,  # type: ignore[arg-type]
     )
-
-
-class _SharedTurns:
-    """Turns decoded by one reader of a worker, kept for the other.
-
-    The extractor and the projector each read every record of ``messages`` (each
-    with its own consumer, close behind each other) and each decoded every turn: a
-    sixth of the worker's interpreter time in a bulk ingest. A turn decoded by one is
-    kept here, by position, until the other asks for the same position; it is reused
-    only when the record is the same bytes with the same headers, so the answer is
-    the one decoding would give (decoding is a pure function of those). The first to
-    ask again takes it out; at most :data:`MAX_SHARED_TURNS` turns and 32 MiB of
-    records wait (the oldest go). Turns are kept only while an extractor runs in this
-    process (:func:`sharing_turns`): a worker without one, or a replay, keeps nothing.
-    """
-
-    def __init__(self, bound: int) -> None:
-        self._bound = bound
-        self._lock = threading.Lock()
-        self._waiting: dict[tuple[str, int, int], tuple[bytes, Any, MessageObserved]] = {}
-        self._bytes = 0
-        self.sharers = 0
-
-    def share(self, delta: int) -> None:
-        with self._lock:
-            self.sharers = max(0, self.sharers + delta)
-            if not self.sharers:
-                self._waiting.clear()
-                self._bytes = 0
-
-    def take(self, topic: str, partition: int, offset: int, value: bytes, headers: Any) -> MessageObserved | None:
-        with self._lock:
-            kept = self._waiting.pop((topic, partition, offset), None)
-            if kept is not None:
-                self._bytes -= len(kept[0])
-        if kept is None or kept[0] != value or kept[1] != headers:
-            return None
-        return kept[2]
-
-    def keep(self, topic: str, partition: int, offset: int, value: bytes, headers: Any, event: MessageObserved) -> None:
-        if not self.sharers or len(value) > _MAX_SHARED_TURN_BYTES:
-            return
-        with self._lock:
-            old = self._waiting.pop((topic, partition, offset), None)
-            self._bytes += len(value) - (len(old[0]) if old is not None else 0)
-            self._waiting[(topic, partition, offset)] = (value, headers, event)
-            while self._waiting and (len(self._waiting) > self._bound or self._bytes > _MAX_SHARED_BYTES):
-                self._bytes -= len(self._waiting.pop(next(iter(self._waiting)))[0])
-
-
-MAX_SHARED_TURNS = 4_096
-_MAX_SHARED_BYTES = 32 * 1024 * 1024
-_MAX_SHARED_TURN_BYTES = 64 * 1024
-_shared_turns = _SharedTurns(MAX_SHARED_TURNS)
-
-
-@contextmanager
-def sharing_turns() -> Iterator[None]:
-    """While inside, readers of ``messages`` that pass ``share_turns`` keep the turns
-    they decode for each other (the extractor holds this while it runs)."""
-    _shared_turns.share(+1)
-    try:
-        yield
-    finally:
-        _shared_turns.share(-1)
 
 
 def decode_or_dead_letter(
@@ -222,14 +151,12 @@ def decode_or_dead_letter(
     headers: Sequence[tuple[str, bytes]] | None,
     *,
     max_bytes: int = MAX_RECORD_BYTES,
-    share_turns: bool = False,
     trusted: Callable[[bytes | None, Sequence[tuple[str, bytes]] | None], bool] | None = None,
     legacy_trust: LegacyTrust | None = None,
 ) -> PositionedEvent | DeadLetter:
     """Decode one record; anything unusable becomes a :class:`DeadLetter` (never raises).
 
-    ``share_turns``: a reader of ``messages`` in a worker where another reader decodes
-    the same records (see :class:`_SharedTurns`). ``trusted``: the worker's producer
+    ``trusted``: the worker's producer
     identity check (``memstream.streams.worker_identity.verifier``); with it, a system
     event (``memstream.domain.access.system_claim``) from a record it does not
     accept is a dead letter, unless ``legacy_trust`` (:mod:`memstream.streams.legacy_trust`)
@@ -238,7 +165,7 @@ def decode_or_dead_letter(
     refused = refusal(value, headers)
     if refused is not None:
         return DeadLetter(refused, topic, partition, offset, None, key, tuple((k, v or b"") for k, v in headers or ()), "decode")
-    item = _decode_one(topic, partition, offset, key, value, headers, max_bytes, share_turns)
+    item = _decode_one(topic, partition, offset, key, value, headers, max_bytes)
     if trusted is None or isinstance(item, DeadLetter):
         return item
     claim = system_claim(item.event)
@@ -266,22 +193,9 @@ def _decode_one(
     value: bytes | None,
     headers: Sequence[tuple[str, bytes]] | None,
     max_bytes: int,
-    share_turns: bool,
 ) -> PositionedEvent | DeadLetter:
-    # The headers as one comparable value, only for a reader that shares turns.
-    frozen_headers = (tuple(headers) if headers else ()) if share_turns else ()
-    if share_turns and value is not None:
-        shared = _shared_turns.take(topic, partition, offset, value, frozen_headers)
-        if shared is not None:
-            return PositionedEvent(
-                position=LogPosition(topic=topic, partition=partition, offset=offset), event=shared
-            )
     try:
         event = decode_record(value, headers, max_bytes=max_bytes)
     except DecodeError as exc:
         return refused_letter(exc.reason, topic, partition, offset, key, value, headers)
-    if share_turns and value is not None and isinstance(event, MessageObserved):
-        _shared_turns.keep(topic, partition, offset, value, frozen_headers, event)
     return PositionedEvent(position=LogPosition(topic=topic, partition=partition, offset=offset), event=event)
-
-

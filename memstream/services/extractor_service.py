@@ -36,7 +36,7 @@ from memstream.services.turn_buffer import TurnBuffer, WindowJob
 from memstream.sealing import Subject
 from memstream.settings import Settings
 from memstream.streams.connect import kafka_options, until_started
-from memstream.streams.record_codec import read_record, sharing_turns
+from memstream.streams.record_codec import read_record
 from memstream.streams.deadletter import DeadLetter
 from memstream.streams.producer import MemstreamProducer
 from memstream.streams.keys import SubjectKeys
@@ -294,30 +294,28 @@ class ExtractorRunner:
     async def _run(self) -> None:
         assert self._consumer is not None
         consumer = self._consumer
-        # While this runs, the worker's projector and this reader decode each turn once.
-        with sharing_turns():
-            while not self._stopping:
-                try:
-                    polled = await consumer.getmany(timeout_ms=_POLL_MS, max_records=500)
-                except (KafkaError, IllegalStateError) as exc:
-                    log.warning("extractor poll failed (retrying): %s", exc)
-                    await asyncio.sleep(1.0)
-                    continue
-                unread = [tp for tp in polled if (tp.topic, tp.partition) not in self.commits.marks_read]
-                if unread:
-                    # aiokafka may hand out records before the assignment listener ran
-                    await self.commits.read_marks(unread)
-                if self._keys is not None:
-                    await self._keys.prepare((r.value, r.headers) for records in polled.values() for r in records)
-                for records in polled.values():
-                    for r in records:
-                        self._ingest(r.topic, r.partition, r.offset, r.key, r.value, r.headers)
-                await self.tables.follow_current_set()
-                self._backpressure()
-                self._schedule()
-                # Once everything read is extracted, say so at once (a no-op if nothing
-                # changed): lag monitors and a restart then see it done, not a second later.
-                await self.commits.commit(self._consumer, force=not self._jobs and self.buffer.pending_count == 0)
+        while not self._stopping:
+            try:
+                polled = await consumer.getmany(timeout_ms=_POLL_MS, max_records=500)
+            except (KafkaError, IllegalStateError) as exc:
+                log.warning("extractor poll failed (retrying): %s", exc)
+                await asyncio.sleep(1.0)
+                continue
+            unread = [tp for tp in polled if (tp.topic, tp.partition) not in self.commits.marks_read]
+            if unread:
+                # aiokafka may hand out records before the assignment listener ran
+                await self.commits.read_marks(unread)
+            if self._keys is not None:
+                await self._keys.prepare((r.value, r.headers) for records in polled.values() for r in records)
+            for records in polled.values():
+                for r in records:
+                    self._ingest(r.topic, r.partition, r.offset, r.key, r.value, r.headers)
+            await self.tables.follow_current_set()
+            self._backpressure()
+            self._schedule()
+            # Once everything read is extracted, say so at once (a no-op if nothing
+            # changed): lag monitors and a restart then see it done, not a second later.
+            await self.commits.commit(self._consumer, force=not self._jobs and self.buffer.pending_count == 0)
 
     def _ingest(
         self,
@@ -335,7 +333,7 @@ class ExtractorRunner:
             self.stats.records_skipped += 1
             self.buffer.observe(position)
             return
-        item = read_record(self._opener, topic, partition, offset, key, value, headers, share_turns=True)
+        item = read_record(self._opener, topic, partition, offset, key, value, headers)
         if item is None:  # a forgotten subject's turn: never extracted
             self.stats.records_skipped += 1
             self.buffer.observe(position)

@@ -259,12 +259,6 @@ async def test_publisher_waits_for_the_ack(kafka_bootstrap: str, fresh_topics: T
     assert parsed == [_dl(source_offset=1), _dl(source_offset=2), _dl(source_offset=3, original_key=None, original_value=None)]
 
 
-def test_a_consumer_never_reads_its_own_dead_letters() -> None:
-    topics = Topics(prefix="x.")
-    with pytest.raises(ValueError):
-        EventConsumer([topics.events, topics.dead_letter], group_id="g", dead_letter_topic=topics.dead_letter)
-
-
 @pytest.mark.kafka
 async def test_a_sealed_record_that_fails_after_opening_stays_sealed_in_the_dead_letters(
     kafka_bootstrap: str, fresh_topics: Topics, settings_for
