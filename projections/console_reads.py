@@ -17,8 +17,9 @@ from typing import Any
 from lancedb.query import ColumnOrdering
 
 from memstream.domain.access import AccessScope, ReadScope
+from memstream.domain.reflection.context import OTHER_SUBJECT_LIMIT, SAME_SUBJECT_LIMIT
 from memstream.projections.schema import DECISIONS, LINKS, MEMORIES, MESSAGES, REFLECTIONS
-from memstream.projections.store_filters import quote, space_where
+from memstream.projections.store_filters import chunked, in_list, quote, space_where
 from memstream.projections.store_tables import json_or_none
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "TimelineWindow",
     "ordered_page",
     "decisions_page",
+    "ledger_statuses",
     "lessons_page",
     "session_context",
     "timeline_window",
@@ -49,14 +51,16 @@ def ts_literal(value: datetime) -> str:
 
 
 def ordered_page(
-    store: Any, table: str, where: str, columns: Sequence[str], order: str, *,
+    store: Any, table: str, where: str, columns: Sequence[str], order: str | tuple[str, ...], *,
     descending: bool = True, limit: int = 50, offset: int = 0,
 ) -> list[dict[str, Any]]:
     """One page of ``table`` under ``where`` (which the caller starts with a scope
-    predicate), ordered by ``order`` in the engine; ``limit + 1`` rows are asked so the
-    caller knows whether another page follows."""
-    q = store.table(table).search().where(where).select(list(dict.fromkeys([*columns, order])))
-    q = q.order_by([ColumnOrdering(column_name=order, ascending=not descending)])
+    predicate), ordered by ``order`` (a column, or columns: the later break ties) in
+    the engine; ``limit + 1`` rows are asked so the caller knows whether another page
+    follows."""
+    orders = (order,) if isinstance(order, str) else order
+    q = store.table(table).search().where(where).select(list(dict.fromkeys([*columns, *orders])))
+    q = q.order_by([ColumnOrdering(column_name=o, ascending=not descending) for o in orders])
     return list(q.limit(limit + 1).offset(offset).to_arrow().to_pylist())
 
 
@@ -70,6 +74,17 @@ def decisions_page(store: Any, scope: ReadScope, status: str | None, *, limit: i
     return ordered_page(store, DECISIONS, where, columns, "decided_at", limit=limit, offset=offset)
 
 
+def ledger_statuses(store: Any, scope: ReadScope, decision_ids: Sequence[str]) -> dict[tuple[str, str], str]:
+    """``(agent, decision id) -> status`` of the named decisions the view's ledger holds
+    in the scope (read by id: as many rows as ids, never the space)."""
+    found: dict[tuple[str, str], str] = {}
+    for ids in chunked(sorted(set(decision_ids))):
+        rows = (store.table(DECISIONS).search().where(f"{space_where(scope)} AND {in_list('decision_id', ids)}")
+                .select(["agent_id", "decision_id", "status"]).limit(None).to_arrow().to_pylist())
+        found.update({(r["agent_id"], r["decision_id"]): r["status"] for r in rows})
+    return found
+
+
 def lessons_page(store: Any, scope: ReadScope, subject: str | None, *, limit: int, offset: int) -> list[dict[str, Any]]:
     """Lessons (reflections) of the space, newest first, with the outcome behind each."""
     where = space_where(scope) + (f" AND subject = {quote(subject)}" if subject else "")
@@ -78,20 +93,44 @@ def lessons_page(store: Any, scope: ReadScope, subject: str | None, *, limit: in
     rows = ordered_page(store, REFLECTIONS, where, columns, "occurred_at", limit=limit, offset=offset)
     for r in rows:
         r["provenance"] = json_or_none(r.get("provenance"))
+    _injection(store, scope, rows[:limit])
     return rows
 
 
+def _injection(store: Any, scope: ReadScope, rows: list[dict[str, Any]]) -> None:
+    """Where each lesson goes now, by the rule ``/v1/lessons`` applies for a read in
+    ``scope`` (``select_context``): the newest lessons on the decision's subject, and
+    the newest on other subjects. One short ordered read per subject on the page."""
+    base = space_where(scope)
+    newest = {r["reflection_id"] for r in ordered_page(store, REFLECTIONS, base, ("reflection_id",), "occurred_at",
+                                                          limit=OTHER_SUBJECT_LIMIT)[:OTHER_SUBJECT_LIMIT]}
+    same: dict[str, list[str]] = {}
+    for subject in dict.fromkeys(r["subject"] for r in rows):
+        top = ordered_page(store, REFLECTIONS, f"{base} AND subject = {quote(subject)}", ("reflection_id",),
+                           "occurred_at", limit=SAME_SUBJECT_LIMIT)[:SAME_SUBJECT_LIMIT]
+        same[subject] = [t["reflection_id"] for t in top]
+    for r in rows:
+        ranked = same.get(r["subject"], [])
+        r["same_rank"] = ranked.index(r["reflection_id"]) + 1 if r["reflection_id"] in ranked else None
+        r["other_subjects"] = r["reflection_id"] in newest
+
+
 def session_context(
-    store: Any, owner: ReadScope, session_id: str | None, around: datetime, *, before: int = 3, after: int = 3,
+    store: Any, owner: ReadScope, turn: dict[str, Any], *, before: int = 3, after: int = 3,
 ) -> list[dict[str, Any]]:
-    """The turns of a session around ``around`` (``before`` earlier ones, the turn at
-    that time and ``after`` later ones), oldest first, within ``owner``'s rows."""
+    """The turns of ``turn``'s session around it (``before`` earlier ones, the turn and
+    ``after`` later ones), oldest first, within ``owner``'s rows. Turns are ordered by
+    time, then by log offset: the turns of a session often share one time (a whole
+    session stamped with its date), and a space's turns share one partition."""
+    session_id = turn.get("session_id")
     base = space_where(owner) + (f" AND session_id = {quote(session_id)}" if session_id else " AND session_id IS NULL")
+    at, offset = ts_literal(turn["occurred_at"]), int(turn.get("log_offset") or 0)
     columns = ("message_id", "role", "speaker", "content", "occurred_at")
-    earlier = ordered_page(store, MESSAGES, f"{base} AND occurred_at < {ts_literal(around)}", columns,
-                           "occurred_at", limit=before)[:before]
-    later = ordered_page(store, MESSAGES, f"{base} AND occurred_at >= {ts_literal(around)}", columns,
-                         "occurred_at", descending=False, limit=after)[: after + 1]
+    order = ("occurred_at", "log_offset")
+    earlier = ordered_page(store, MESSAGES, f"{base} AND (occurred_at < {at} OR (occurred_at = {at} AND log_offset < {offset}))",
+                           columns, order, limit=before)[:before]
+    later = ordered_page(store, MESSAGES, f"{base} AND (occurred_at > {at} OR (occurred_at = {at} AND log_offset >= {offset}))",
+                         columns, order, descending=False, limit=after)[: after + 1]
     return list(reversed(earlier)) + later
 
 

@@ -171,6 +171,12 @@ class MemstreamProducer:
     def started(self) -> bool:
         return self._producer is not None
 
+    @property
+    def keys(self) -> SubjectKeys | None:
+        """The keyring this producer seals with (None: sealing off, or via the ingress);
+        readers in the same process open sealed records with it."""
+        return self._keys
+
     async def start(self) -> None:
         """Connect to the cluster. Raises aiokafka's ``KafkaConnectionError`` if unreachable."""
         if self._producer is not None:
