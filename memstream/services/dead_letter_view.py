@@ -14,6 +14,7 @@ from memstream.settings import Settings
 from memstream.streams.admin import topic_partitions
 from memstream.streams.connect import kafka_options
 from memstream.streams.deadletter import NotADeadLetter, parse_dead_letter
+from memstream.services.pending_view import FETCH_WAIT_MS
 from memstream.streams.topics import Topics
 
 __all__ = ["DeadLetterRow", "DeadLetterPage", "recent_dead_letters"]
@@ -52,7 +53,7 @@ async def recent_dead_letters(settings: Settings, *, limit: int = 25, offset: in
     topic = Topics.from_settings(settings).dead_letter
     want = offset + limit + 1
     consumer = AIOKafkaConsumer(**kafka_options(settings), group_id=None, enable_auto_commit=False,
-                                client_id="memstream-console-dead-letters")
+                                client_id="memstream-console-dead-letters", fetch_max_wait_ms=FETCH_WAIT_MS)
     await consumer.start()
     page = DeadLetterPage()
     try:
