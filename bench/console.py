@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -51,6 +52,7 @@ from memstream.bench._events import (
 from memstream.interfaces.api import create_api
 from memstream.domain.events import MemoryReflected, build_event
 from memstream.interfaces.console.session import CSRF_COOKIE, ensure_operator_token
+from memstream.projections.console_reads import Cursor
 from memstream.projections.embedder import build_embedder
 from memstream.projections.rows import decision_update, reflection_row
 from memstream.projections.schema import DECISIONS, ENTITIES, MEMORIES, MESSAGES, REFLECTIONS, schema_for
@@ -121,13 +123,20 @@ def _build(settings: Any, size: int) -> tuple[str, list[str]]:
     status("optimising and building indexes as the worker's maintenance does")
     store.optimize()
     store.ensure_indexes()
-    return str(corpus.users[0]), random.Random(3).sample(list(corpus.memory_ids), min(200, size))
+    return user, random.Random(3).sample(list(corpus.memory_ids), min(200, size))
+
+
+def _deep_cursor(settings: Any, size: int) -> str:
+    """A timeline cursor deep in the space: at the time of a memory halfway down the
+    table (on average half the space is newer)."""
+    row = LanceStore.from_settings(settings).table(MEMORIES).search().select(["created_at"]).limit(1).offset(size // 2)
+    return str(Cursor(row.to_arrow().column("created_at")[0].as_py(), "memory", ""))
 
 
 Page = Callable[[int], str]
 
 
-def _pages(user: str, ids: list[str], requests: int) -> dict[str, dict[str, Page]]:
+def _pages(user: str, ids: list[str], requests: int, deep: str) -> dict[str, dict[str, Page]]:
     """Per credential ("user": the space's key, "team": a team-wide key, "operator"),
     each page's path for the i-th request."""
     rng = random.Random(5)
@@ -141,7 +150,7 @@ def _pages(user: str, ids: list[str], requests: int) -> dict[str, dict[str, Page
             "ledger, page 40": lambda i: f"/console/ledger?user_id={user}&dpage=40&lpage=40",
             "pending (fragment)": lambda i: f"/console/ledger/pending?user_id={user}",
             "timeline": lambda i: f"/console/timeline?user_id={user}&start=2000-01-01T00:00:00&end=2090-01-01T00:00:00",
-            "timeline, page 100": lambda i: f"/console/timeline?user_id={user}&start=2000-01-01T00:00:00&end=2090-01-01T00:00:00&page=100",
+            "timeline, deep page": lambda i: f"/console/timeline?user_id={user}&start=2000-01-01T00:00:00&end=2090-01-01T00:00:00&after={quote(deep)}",
             "spaces": lambda i: "/console/spaces",
         },
         "team": {"spaces, team-wide key": lambda i: "/console/spaces"},
@@ -191,7 +200,8 @@ def run(quick: bool = False, memories: int | None = None, requests: int = 40) ->
         credentials = {"user": create_key(settings, "bench")[0], "team": create_key(settings, "team")[0],
                        "operator": ensure_operator_token(settings).read_text(encoding="utf-8").strip()}
         status(f"{requests} requests per page (after {_WARMUP} warm-up)")
-        times = asyncio.run(_measure(settings, credentials, _pages(user, ids, requests), requests))
+        pages = _pages(user, ids, requests, _deep_cursor(settings, size))
+        times = asyncio.run(_measure(settings, credentials, pages, requests))
     figures = {name: {"p50_ms": percentile(t, 50), "p95_ms": percentile(t, 95), "max_ms": max(t)} for name, t in times.items()}
     worst = max(f["p95_ms"] for f in figures.values())
     print_table(f"console page server time, {size:,} memories in one space", [

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from lancedb.query import ColumnOrdering
 
 from memstream.domain.access import AccessScope, ReadScope
@@ -24,6 +27,7 @@ from memstream.projections.store_tables import json_or_none
 
 __all__ = [
     "TIMELINE_KINDS",
+    "Cursor",
     "TimelineWindow",
     "ordered_page",
     "decisions_page",
@@ -39,7 +43,8 @@ TIMELINE_KINDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     # kind -> (table, time column, columns shown)
     "memory": (MEMORIES, "created_at", ("memory_id", "memory_type", "content", "agent_id", "status")),
     "link": (LINKS, "occurred_at", ("link_id", "relation", "from_memory_id", "to_memory_id", "agent_id")),
-    "decision": (DECISIONS, "decided_at", ("decision_id", "subject", "rating", "status", "agent_id")),
+    # the view learns of a decision when it is settled (reflected or expired)
+    "decision": (DECISIONS, "settled_at", ("decision_id", "subject", "rating", "status", "agent_id")),
     "lesson": (REFLECTIONS, "occurred_at", ("reflection_id", "subject", "lesson", "content", "agent_id")),
 }
 """What a timeline holds: the events the views keep, each with the time it happened."""
@@ -102,12 +107,13 @@ def _injection(store: Any, scope: ReadScope, rows: list[dict[str, Any]]) -> None
     ``scope`` (``select_context``): the newest lessons on the decision's subject, and
     the newest on other subjects. One short ordered read per subject on the page."""
     base = space_where(scope)
-    newest = {r["reflection_id"] for r in ordered_page(store, REFLECTIONS, base, ("reflection_id",), "occurred_at",
+    order = ("occurred_at", "reflection_id")  # select_context's order, ties included
+    newest = {r["reflection_id"] for r in ordered_page(store, REFLECTIONS, base, ("reflection_id",), order,
                                                           limit=OTHER_SUBJECT_LIMIT)[:OTHER_SUBJECT_LIMIT]}
     same: dict[str, list[str]] = {}
     for subject in dict.fromkeys(r["subject"] for r in rows):
         top = ordered_page(store, REFLECTIONS, f"{base} AND subject = {quote(subject)}", ("reflection_id",),
-                           "occurred_at", limit=SAME_SUBJECT_LIMIT)[:SAME_SUBJECT_LIMIT]
+                           order, limit=SAME_SUBJECT_LIMIT)[:SAME_SUBJECT_LIMIT]
         same[subject] = [t["reflection_id"] for t in top]
     for r in rows:
         ranked = same.get(r["subject"], [])
@@ -135,6 +141,28 @@ def session_context(
 
 
 @dataclass(frozen=True)
+class Cursor:
+    """Where a timeline page ends: the last event shown, in the timeline's total order
+    (time, kind, id; newest first). The next page holds what comes after it."""
+
+    at: datetime
+    kind: str
+    id: str
+
+    def __str__(self) -> str:
+        return f"{self.at.astimezone(timezone.utc).isoformat()}|{self.kind}|{self.id}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Cursor":
+        """Raises ValueError for anything but ``<iso time>|<kind>|<id>``."""
+        at, kind, ident = text.split("|", 2)
+        when = datetime.fromisoformat(at)
+        if kind not in TIMELINE_KINDS or when.tzinfo is None:
+            raise ValueError(f"not a timeline cursor: {text!r}")
+        return cls(when, kind, ident)
+
+
+@dataclass(frozen=True)
 class TimelineWindow:
     """One zoom level of a space's timeline: counts per bucket of each kind, and one
     page of the events in the window, newest first."""
@@ -145,30 +173,56 @@ class TimelineWindow:
     capped: bool
     """True when a kind holds more events in the window than were counted: zoom in."""
     events: list[dict[str, Any]]
-    has_more: bool
+    next: Cursor | None
+    """Where the next (older) page starts; None on the last page."""
+
+
+def _after(kind: str, time_col: str, id_col: str, cursor: Cursor | None) -> str:
+    """The rows of ``kind`` after ``cursor`` in the timeline's order (keyset paging: a
+    deep page reads as few rows as the first)."""
+    if cursor is None:
+        return ""
+    at = ts_literal(cursor.at)
+    if kind < cursor.kind:
+        return f" AND {time_col} <= {at}"
+    if kind > cursor.kind:
+        return f" AND {time_col} < {at}"
+    return f" AND ({time_col} < {at} OR ({time_col} = {at} AND {id_col} < {quote(cursor.id)}))"
+
+
+def _bucket_counts(times: Any, start: datetime, width_us: int, buckets: int) -> np.ndarray:
+    """Events per bucket of a timestamp column (vectorised: no Python per row)."""
+    micros = pc.cast(pc.cast(times, pa.timestamp("us", tz="UTC")), pa.int64()).to_numpy(zero_copy_only=False)
+    start_us = int(start.timestamp() * 1_000_000)
+    index = np.clip((micros - start_us) // max(width_us, 1), 0, buckets - 1)
+    return np.bincount(index, minlength=buckets)
 
 
 def timeline_window(
     store: Any, scope: ReadScope, start: datetime, end: datetime, *,
-    buckets: int = 24, count_cap: int = 20_000, limit: int = 50, offset: int = 0,
+    buckets: int = 24, count_cap: int = 20_000, limit: int = 50, cursor: Cursor | None = None,
 ) -> TimelineWindow:
     """The space's events between ``start`` and ``end``. Counting reads one time column
-    of at most ``count_cap`` rows per kind; the page reads ``limit`` rows per kind."""
-    width = (end - start) / buckets
+    of at most ``count_cap`` rows per kind; the page reads ``limit`` rows per kind after
+    ``cursor``, however deep."""
+    width_us = int((end - start) / buckets / timedelta(microseconds=1))
     counts = [{kind: 0 for kind in TIMELINE_KINDS} for _ in range(buckets)]
     capped = False
     events: list[dict[str, Any]] = []
     for kind, (table, col, columns) in TIMELINE_KINDS.items():
         where = f"{space_where(scope)} AND {col} >= {ts_literal(start)} AND {col} < {ts_literal(end)}"
-        times = store.table(table).search().where(where).select([col]).limit(count_cap + 1).to_arrow()
-        capped = capped or times.num_rows > count_cap
-        for t in times.column(col).to_pylist()[:count_cap]:
-            i = min(int((t - start) / width), buckets - 1) if width.total_seconds() > 0 else 0
-            counts[i][kind] += 1
-        for row in ordered_page(store, table, where, columns, col, limit=offset + limit):
-            events.append({"kind": kind, "at": row[col], **row})
-    events.sort(key=lambda e: (e["at"], e["kind"]), reverse=True)
-    return TimelineWindow(start, end, counts, capped, events[offset : offset + limit], len(events) > offset + limit)
+        times = store.table(table).search().where(where).select([col]).limit(count_cap + 1).to_arrow().column(col)
+        capped = capped or len(times) > count_cap
+        for i, n in enumerate(_bucket_counts(times.slice(0, count_cap), start, width_us, buckets)):
+            counts[i][kind] = int(n)
+        ident = columns[0]
+        rows = ordered_page(store, table, where + _after(kind, col, ident, cursor), columns, (col, ident), limit=limit)
+        events += [{"kind": kind, "at": row[col], "id": row[ident], **row} for row in rows]
+    events.sort(key=lambda e: (e["at"], e["kind"], e["id"]), reverse=True)
+    page = events[:limit]
+    last = page[-1] if page else None
+    more = len(events) > limit and last is not None
+    return TimelineWindow(start, end, counts, capped, page, Cursor(last["at"], last["kind"], last["id"]) if more and last else None)
 
 
 def team_spaces(store: Any, access: AccessScope, *, limit: int = 200) -> list[str]:

@@ -13,7 +13,7 @@ from fastapi.responses import Response
 from memstream.domain.reflection.context import OTHER_SUBJECT_LIMIT, SAME_SUBJECT_LIMIT
 from memstream.interfaces.console.pages import PAGE_SIZE, checked_id, page_number, parse_time, render, service_of, space_scope
 from memstream.interfaces.console.session import ConsoleError, principal
-from memstream.projections.console_reads import TIMELINE_KINDS, decisions_page, ledger_statuses, lessons_page, timeline_window
+from memstream.projections.console_reads import TIMELINE_KINDS, Cursor, decisions_page, ledger_statuses, lessons_page, timeline_window
 from memstream.services.pending_view import read_pending
 
 __all__ = ["router"]
@@ -82,11 +82,12 @@ async def timeline_page(request: Request) -> Response:
     start = parse_time("start", p.get("start")) or end - _DEFAULT_SPAN
     if not _MIN_SPAN <= end - start <= _MAX_SPAN:
         raise ConsoleError(422, "the window must span between one minute and a hundred years, start before end")
-    page = page_number(p.get("page"))
+    try:
+        cursor = Cursor.parse(p["after"]) if p.get("after") else None
+    except ValueError as exc:
+        raise ConsoleError(422, f"after: {exc}") from None
     store = service_of(request).store_for(scope)
-    window = await asyncio.to_thread(
-        timeline_window, store, scope, start, end, limit=PAGE_SIZE, offset=(page - 1) * PAGE_SIZE,
-    )
+    window = await asyncio.to_thread(timeline_window, store, scope, start, end, limit=PAGE_SIZE, cursor=cursor)
     span = end - start
     mid = start + span / 2
     zoom = {
@@ -97,6 +98,6 @@ async def timeline_page(request: Request) -> Response:
     }
     peak = max((sum(b.values()) for b in window.buckets), default=0) or 1
     return render(request, "timeline.html", {
-        "scope": scope, "w": window, "zoom": zoom, "peak": peak, "kinds": list(TIMELINE_KINDS), "page": page,
+        "scope": scope, "w": window, "zoom": zoom, "peak": peak, "kinds": list(TIMELINE_KINDS), "first": cursor is None,
         "bucket_width": span / len(window.buckets),
     }, principal=who)

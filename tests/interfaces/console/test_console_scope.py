@@ -194,7 +194,7 @@ def test_login_refuses_an_unknown_key_and_sets_strict_httponly_cookies(stack: St
 def test_bad_form_values_are_4xx_with_a_line(stack: Stack, sessions: dict[str, httpx.Client]) -> None:
     planner = sessions["planner"]
     for path in ("/console/search?q=x&k=0", "/console/search?q=x&time_from=yesterday", "/console/ledger?status=nope",
-                 "/console/timeline?start=2026-01-02&end=2026-01-01", "/console/ledger?dpage=0",
+                 "/console/timeline?start=2026-01-02&end=2026-01-01", "/console/timeline?after=nope", "/console/ledger?dpage=0",
                  "/console/memories/a%7Cb", "/console/search?q=x&agent_id=a%7Cb"):
         resp = planner.get(path)
         assert 400 <= resp.status_code < 500, (path, resp.status_code)
