@@ -8,7 +8,7 @@ non-commercial, so it never appears in the repository's images.
         --key msk_... --operator-token-file .memstream/operator.token --out docs/console
 
 ``--key``: a key of a bank pinned to one user (e.g. team ``acme-support``, user
-``dana``). Needs Playwright for Python and the system's chromium (``--chromium``).
+``northwind-dana``). Needs Playwright for Python and the system's chromium (``--chromium``).
 """
 
 from __future__ import annotations
@@ -65,8 +65,9 @@ def write_conversation(url: str, key: str) -> None:
             positions.append(_post(c, "/v1/memories", {"content": content, "memory_id": mid, "memory_type": kind, "priority": priority,
                                                        "source_message_ids": [source], "session_id": SESSION})["position"])
         for a, b, relation, reason in LINKS:
-            positions.append(_post(c, "/v1/events", {"type": "MemoryLinked", "schema_version": 1, "from_memory_id": a,
-                                                    "to_memory_id": b, "relation": relation, "reason": reason})["position"])
+            positions.append(_post(c, "/v1/events", {"type": "MemoryLinked", "schema_version": 1, "link_id": f"{a}-{b}",
+                                                    "from_memory_id": a, "to_memory_id": b, "relation": relation,
+                                                    "reason": reason})["position"])  # an id: a second run replaces it
         _post(c, "/v1/decisions", {"subject": "pro-upgrade", "rating": "buy", "horizon_days": 5, "decision_id": "dec-pro",
                                    "decision_text": "Offer Dana the Pro plan with ten seats, quoted by email in the morning."})
         _post(c, "/v1/events", {"type": "OutcomeObserved", "schema_version": 1, "outcome_id": "out-pro", "subject": "pro-upgrade",

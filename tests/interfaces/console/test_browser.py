@@ -5,7 +5,7 @@ A person logs in with a key, finds a memory written through the API, opens its
 story (source turns, links); another tenant's key and another agent of the same user
 never see it; an operator forgets a subject and watches it complete; a dead-lettered
 record shows its reason. ``MEMSTREAM_CONSOLE_SHOTS=<dir>`` saves the pages'
-screenshots there (how docs/console/*.png are made).
+screenshots there (the README's come from ``python -m memstream.bench.console_shots``).
 
 Covers ``memstream/interfaces/console/__init__.py`` (the mount, static files, the error pages)."""
 
