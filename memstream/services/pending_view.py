@@ -88,7 +88,7 @@ def pair_outcomes(
         if (decision.scope.agent_id, decision.decision_id) in seen:
             continue
         seen.add((decision.scope.agent_id, decision.decision_id))
-        mine = {}
+        mine: dict[str, OutcomeSoFar] = {}
         for o in outcomes:
             if o.scope.agent_id != decision.scope.agent_id or o.subject != decision.subject:
                 continue
