@@ -70,13 +70,14 @@ def ordered_page(
 
 
 def decisions_page(store: Any, scope: ReadScope, status: str | None, *, limit: int, offset: int) -> list[dict[str, Any]]:
-    """Decisions of the space (pending ones soonest deadline first; others newest first)."""
+    """Decisions of the view's ledger (pending ones soonest deadline first; others the
+    latest settled first: the view learns of most decisions when they are settled)."""
     where = space_where(scope) + (f" AND status = {quote(status)}" if status else "")
     columns = ("decision_id", "agent_id", "subject", "rating", "decision_text", "horizon_days", "deadline",
                "status", "reason", "outcome_id", "reflection_id", "decided_at", "settled_at")
     if status == "pending":
         return ordered_page(store, DECISIONS, where, columns, "deadline", descending=False, limit=limit, offset=offset)
-    return ordered_page(store, DECISIONS, where, columns, "decided_at", limit=limit, offset=offset)
+    return ordered_page(store, DECISIONS, where, columns, ("settled_at", "decision_id"), limit=limit, offset=offset)
 
 
 def ledger_statuses(store: Any, scope: ReadScope, decision_ids: Sequence[str]) -> dict[tuple[str, str], str]:
