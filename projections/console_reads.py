@@ -96,7 +96,7 @@ def lessons_page(store: Any, scope: ReadScope, subject: str | None, *, limit: in
     where = space_where(scope) + (f" AND subject = {quote(subject)}" if subject else "")
     columns = ("reflection_id", "agent_id", "decision_id", "outcome_id", "subject", "rating", "decision_text",
                "raw_return", "alpha", "correct", "content", "lesson", "templated", "provenance", "occurred_at")
-    rows = ordered_page(store, REFLECTIONS, where, columns, "occurred_at", limit=limit, offset=offset)
+    rows = ordered_page(store, REFLECTIONS, where, columns, ("occurred_at", "reflection_id"), limit=limit, offset=offset)
     for r in rows:
         r["provenance"] = json_or_none(r.get("provenance"))
     _injection(store, scope, rows[:limit])
@@ -106,19 +106,25 @@ def lessons_page(store: Any, scope: ReadScope, subject: str | None, *, limit: in
 def _injection(store: Any, scope: ReadScope, rows: list[dict[str, Any]]) -> None:
     """Where each lesson goes now, by the rule ``/v1/lessons`` applies for a read in
     ``scope`` (``select_context``): the newest lessons on the decision's subject, and
-    the newest on other subjects. One short ordered read per subject on the page."""
+    the newest on other subjects. A lesson's rank on its subject needs only the lessons
+    above it, all as new as the page's oldest: one read of three columns of those."""
+    if not rows:
+        return
     base = space_where(scope)
     order = ("occurred_at", "reflection_id")  # select_context's order, ties included
     newest = {r["reflection_id"] for r in ordered_page(store, REFLECTIONS, base, ("reflection_id",), order,
                                                           limit=OTHER_SUBJECT_LIMIT)[:OTHER_SUBJECT_LIMIT]}
-    same: dict[str, list[str]] = {}
-    for subject in dict.fromkeys(r["subject"] for r in rows):
-        top = ordered_page(store, REFLECTIONS, f"{base} AND subject = {quote(subject)}", ("reflection_id",),
-                           order, limit=SAME_SUBJECT_LIMIT)[:SAME_SUBJECT_LIMIT]
-        same[subject] = [t["reflection_id"] for t in top]
+    since = ts_literal(min(r["occurred_at"] for r in rows))
+    newer: dict[str, list[tuple[datetime, str]]] = {}
+    for subjects in chunked(list(dict.fromkeys(r["subject"] for r in rows))):
+        found = (store.table(REFLECTIONS).search().where(f"{base} AND {in_list('subject', subjects)} AND occurred_at >= {since}")
+                 .select(["subject", "reflection_id", "occurred_at"]).limit(None).to_arrow().to_pylist())
+        for x in found:
+            newer.setdefault(x["subject"], []).append((x["occurred_at"], x["reflection_id"]))
     for r in rows:
-        ranked = same.get(r["subject"], [])
-        r["same_rank"] = ranked.index(r["reflection_id"]) + 1 if r["reflection_id"] in ranked else None
+        mine = (r["occurred_at"], r["reflection_id"])
+        above = sum(1 for other in newer.get(r["subject"], ()) if other > mine)
+        r["same_rank"] = above + 1 if above < SAME_SUBJECT_LIMIT else None
         r["other_subjects"] = r["reflection_id"] in newest
 
 

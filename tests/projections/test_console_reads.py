@@ -75,10 +75,15 @@ def test_a_bad_cursor_is_refused() -> None:
 
 
 @pytest.mark.parametrize("agent", [None, "trader"])
-def test_where_a_lesson_is_injected_is_what_context_for_answers(loaded: LanceStore, agent: str | None) -> None:
+@pytest.mark.parametrize("limit, offset", [(100, 0), (5, 0), (4, 6)])
+def test_where_a_lesson_is_injected_is_what_context_for_answers(
+    loaded: LanceStore, agent: str | None, limit: int, offset: int
+) -> None:
     scope = ReadScope("acme", "ana", agent)
-    rows = lessons_page(loaded, scope, None, limit=100, offset=0)
-    assert len(rows) == (21 if agent is None else 16)  # never globex's, the pinned agent's only
+    rows = lessons_page(loaded, scope, None, limit=limit, offset=offset)[:limit]
+    everything = lessons_page(loaded, scope, None, limit=100, offset=0)
+    assert len(everything) == (21 if agent is None else 16)  # never globex's, the pinned agent's only
+    assert rows == everything[offset : offset + limit]
     for r in rows:
         ctx = context_for(loaded, scope, r["subject"], 20_000)
         same = [x.reflection_id for x in ctx.same_subject]
