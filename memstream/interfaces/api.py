@@ -121,6 +121,8 @@ def _lifespan(
                 await servers.get(name)
             app.state.service = service
             app.state.mcp_servers = servers
+            if getattr(app.state, "console_log", None) is not None:  # the console's log reader, started at its first page
+                stack.push_async_callback(app.state.console_log.close)
             pin_mmap_threshold(settings.malloc_mmap_threshold_kb * 1024)
             releasing = asyncio.create_task(release_every(settings.release_memory_every_s), name="release-memory")
             stack.callback(releasing.cancel)

@@ -17,15 +17,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-
 from memstream.codec.wire import record_key
 from memstream.domain.access import ReadScope, client_content_problem
 from memstream.domain.events import DecisionRecorded, EventBase, OutcomeObserved
 from memstream.domain.reflection import match_outcome
+from memstream.streams.log_tail import LogTail
 from memstream.settings import Settings
-from memstream.streams.admin import topic_partitions
-from memstream.streams.connect import kafka_options
 from memstream.streams.record_codec import read_record
 from memstream.streams.sealed_records import RecordOpener
 from memstream.streams.topics import Topics
@@ -34,10 +31,6 @@ __all__ = ["OutcomeSoFar", "PendingDecision", "PendingScan", "pair_outcomes", "i
 
 SCAN = 5_000
 """Records read from the end of each partition of each topic per page."""
-FETCH_WAIT_MS = 10
-"""The broker's wait for more data per fetch: the reader knows where each partition
-ends, so it never waits for records to arrive (Kafka's default, 500 ms, would be
-every page's floor)."""
 
 
 @dataclass(frozen=True)
@@ -101,43 +94,16 @@ def pair_outcomes(
     return found
 
 
-async def read_pending(settings: Settings, keys: Any, scope: ReadScope, *, scan: int = SCAN) -> PendingScan:
+async def read_pending(settings: Settings, tail: LogTail, keys: Any, scope: ReadScope, *, scan: int = SCAN) -> PendingScan:
     """The scope's decisions and outcomes in the log (newest ``scan`` records of each
     partition), paired. ``keys``: a started ``SubjectKeys`` (None: a plaintext log)."""
     topics = Topics.from_settings(settings)
     wanted = record_key(scope)  # the record key routes by space: nothing else is opened
-    out = PendingScan()
-    records: list[Any] = []
-    consumer = AIOKafkaConsumer(**kafka_options(settings), group_id=None, enable_auto_commit=False,
-                                client_id="memstream-console-pending", fetch_max_wait_ms=FETCH_WAIT_MS)
-    await consumer.start()
-    try:
-        names = [topics.pending_reflections, topics.outcomes]
-        found = await topic_partitions(settings.bootstrap_servers, names, client_id="memstream-console-pending")
-        tps = [TopicPartition(t, p) for t in names for p in sorted(found.get(t, ()))]
-        if not tps:
-            return out
-        consumer.assign(tps)
-        begins, ends = await consumer.beginning_offsets(tps), await consumer.end_offsets(tps)
-        for tp in tps:
-            start = max(begins[tp], ends[tp] - scan)
-            out.truncated = out.truncated or start > begins[tp]
-            consumer.seek(tp, start)
-        open_tps = {tp for tp in tps if ends[tp] > max(begins[tp], ends[tp] - scan)}
-        while open_tps:
-            batch = await consumer.getmany(*open_tps, timeout_ms=1000)
-            for tp, rows in batch.items():
-                records += [r for r in rows if r.offset < ends[tp] and r.key == wanted]
-            for tp in list(open_tps):
-                if await consumer.position(tp) >= ends[tp]:
-                    open_tps.discard(tp)
-    finally:
-        await consumer.stop()
-    events = await _open(keys, records)
+    found = await tail.read([topics.pending_reflections, topics.outcomes], scan, lambda r: r.key == wanted)
+    events = await _open(keys, found.records)
     decisions = [(e, p) for e, p in events if isinstance(e, DecisionRecorded) and in_scope(e, scope)]
     outcomes = [e for e, _ in events if isinstance(e, OutcomeObserved) and in_scope(e, scope)]
-    out.decisions = pair_outcomes(decisions, outcomes)
-    return out
+    return PendingScan(pair_outcomes(decisions, outcomes), found.truncated)
 
 
 async def _open(keys: Any, records: Sequence[Any]) -> list[tuple[EventBase, str]]:

@@ -59,7 +59,7 @@ async def pending_fragment(request: Request) -> Response:
     page = page_number(p.get("ppage"))
     service = service_of(request)
     try:
-        found = await read_pending(request.app.state.settings, service.producer.keys if service.producer else None, scope)
+        found = await read_pending(request.app.state.settings, request.app.state.console_log, service.producer.keys if service.producer else None, scope)
     except Exception as exc:  # noqa: BLE001 - Kafka down or not allowed (ACL mode): said on the page
         raise ConsoleError(503, f"cannot read the decisions in the log: {type(exc).__name__}: {exc}") from None
     ids = [d.decision.decision_id for d in found.decisions]
