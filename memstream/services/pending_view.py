@@ -75,6 +75,9 @@ def pair_outcomes(
     """Each decision with the outcomes of its agent and subject that name it or no
     decision (a subject-wide outcome), judged by the reflector's own rule; soonest
     deadline first. Duplicates (the same decision or outcome id again) count once."""
+    by_subject: dict[tuple[str, str], list[OutcomeObserved]] = {}  # one pass over the outcomes, not one per decision
+    for o in outcomes:
+        by_subject.setdefault((o.scope.agent_id, o.subject), []).append(o)
     seen: set[tuple[str, str]] = set()
     found = []
     for decision, position in decisions:
@@ -82,9 +85,7 @@ def pair_outcomes(
             continue
         seen.add((decision.scope.agent_id, decision.decision_id))
         mine: dict[str, OutcomeSoFar] = {}
-        for o in outcomes:
-            if o.scope.agent_id != decision.scope.agent_id or o.subject != decision.subject:
-                continue
+        for o in by_subject.get((decision.scope.agent_id, decision.subject), ()):
             if o.decision_id not in (None, decision.decision_id):
                 continue
             verdict = match_outcome(decision, o)
