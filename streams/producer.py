@@ -170,8 +170,7 @@ class MemstreamProducer:
         return self._producer is not None
 
     @property
-    def keys(self) -> SubjectKeys | None:
-        """The keyring it seals with (None: sealing off, or via the ingress)."""
+    def keys(self) -> SubjectKeys | None:  # the keyring it seals with (None: no sealing here)
         return self._keys
 
     async def start(self) -> None:
