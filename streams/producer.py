@@ -11,12 +11,10 @@ sends wait (back-pressure) instead of growing memory.
 Two front doors share one implementation:
 
 * :class:`MemstreamProducer` for asyncio code (``async with MemstreamProducer() as p``),
-* :class:`SyncProducer` for everything else; it runs the async producer on an event
-  loop in a background thread and blocks the caller until each call completes.
+* :class:`SyncProducer` for everything else (the async one on a background loop).
 
-Retries and duplicates: a failed call may still have written some of its events (the
-broker acknowledged them before the failure). Sending them again is safe: every event
-carries a unique ``event_id`` and every reader applies an event at most once.
+Retries: a failed call may have written some of its events; sending them again is safe
+(every event has a unique ``event_id``; every reader applies an event at most once).
 """
 
 from __future__ import annotations
@@ -170,6 +168,10 @@ class MemstreamProducer:
     @property
     def started(self) -> bool:
         return self._producer is not None
+
+    @property
+    def keys(self) -> SubjectKeys | None:  # the keyring it seals with (None: no sealing here)
+        return self._keys
 
     async def start(self) -> None:
         """Connect to the cluster. Raises aiokafka's ``KafkaConnectionError`` if unreachable."""

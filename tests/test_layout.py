@@ -48,7 +48,6 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
     "streams/sealed_records.py": ("tests/streams/test_reseal.py", PART),
     "streams/sync_producer.py": ("tests/streams/test_producer.py", PART),
     "streams/topics.py": ("tests/streams/test_keys.py", PART),
-    "projections/console_reads.py": ("tests/interfaces/console/test_console_scope.py", CONSOLE),
     "projections/dir_lock.py": ("tests/projections/test_object_lease.py", PART),
     "projections/embedder_api.py": ("tests/projections/test_embedder.py", PART),
     "projections/key_filter.py": ("tests/projections/test_store_writes.py", PART),

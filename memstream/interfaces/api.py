@@ -121,6 +121,8 @@ def _lifespan(
                 await servers.get(name)
             app.state.service = service
             app.state.mcp_servers = servers
+            if getattr(app.state, "console_log", None) is not None:  # the console's log reader, started at its first page
+                stack.push_async_callback(app.state.console_log.close)
             pin_mmap_threshold(MMAP_THRESHOLD_BYTES)
             releasing = asyncio.create_task(release_every(RELEASE_EVERY_S), name="release-memory")
             stack.callback(releasing.cancel)

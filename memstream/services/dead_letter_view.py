@@ -8,11 +8,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-
+from memstream.streams.log_tail import LogTail
 from memstream.settings import Settings
-from memstream.streams.admin import topic_partitions
-from memstream.streams.connect import kafka_options
 from memstream.streams.deadletter import NotADeadLetter, parse_dead_letter
 from memstream.streams.topics import Topics
 
@@ -46,39 +43,14 @@ def _reason_kind(reason: str) -> str:
     return head if len(head) <= 60 else head[:57] + "..."
 
 
-async def recent_dead_letters(settings: Settings, *, limit: int = 25, offset: int = 0) -> DeadLetterPage:
+async def recent_dead_letters(settings: Settings, tail: LogTail, *, limit: int = 25, offset: int = 0) -> DeadLetterPage:
     """Dead letters newest first: the last ``offset + limit`` records of every
     partition are read and merged by time, and the page ``[offset, offset+limit)``."""
-    topic = Topics.from_settings(settings.broker).dead_letter
-    want = offset + limit + 1
-    consumer = AIOKafkaConsumer(**kafka_options(settings.broker), group_id=None, enable_auto_commit=False,
-                                client_id="memstream-console-dead-letters")
-    await consumer.start()
-    page = DeadLetterPage()
-    try:
-        found = await topic_partitions(settings.broker.bootstrap_servers, [topic], client_id="memstream-console-dead-letters")
-        tps = [TopicPartition(topic, p) for p in sorted(found.get(topic, ()))]
-        if not tps:
-            return page
-        consumer.assign(tps)
-        begins, ends = await consumer.beginning_offsets(tps), await consumer.end_offsets(tps)
-        page.total = sum(ends[tp] - begins[tp] for tp in tps)
-        rows: list[DeadLetterRow] = []
-        for tp in tps:
-            start = max(begins[tp], ends[tp] - want)
-            consumer.seek(tp, start)
-            while await consumer.position(tp) < ends[tp]:
-                for r in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, ()):
-                    if r.offset >= ends[tp]:
-                        continue
-                    rows.append(_row(r))
-        rows.sort(key=lambda r: r.at, reverse=True)
-        page.by_reason = Counter((r.stage, _reason_kind(r.reason)) for r in rows)
-        page.rows = rows[offset : offset + limit]
-        page.has_more = len(rows) > offset + limit
-        return page
-    finally:
-        await consumer.stop()
+    found = await tail.read([Topics.from_settings(settings.broker).dead_letter], offset + limit + 1)
+    rows = sorted((_row(r) for r in found.records), key=lambda r: r.at, reverse=True)
+    return DeadLetterPage(rows=rows[offset : offset + limit], total=found.total,
+                          by_reason=Counter((r.stage, _reason_kind(r.reason)) for r in rows),
+                          has_more=len(rows) > offset + limit)
 
 
 def _row(record: object) -> DeadLetterRow:

@@ -18,6 +18,7 @@ from memstream.interfaces.console import routes_auth, routes_ledger, routes_memo
 from memstream.interfaces.console.pages import render
 from memstream.interfaces.console.session import ConsoleError, NeedLogin, ensure_operator_token, operator_token_path
 from memstream.settings import Settings
+from memstream.streams.log_tail import LogTail
 
 __all__ = ["mount_console", "ensure_operator_token", "operator_token_path"]
 
@@ -28,6 +29,7 @@ def mount_console(app: FastAPI, settings: Settings) -> None:
     """Add the console's pages and static files to the API (not to its OpenAPI spec)."""
     app.state.settings = settings
     app.state.console_samples = deque(maxlen=routes_ops.SAMPLES)
+    app.state.console_log = LogTail(settings.broker, client_id="memstream-console")  # dead letters, pending decisions
     for module in (routes_auth, routes_memory, routes_ledger, routes_ops):
         app.include_router(module.router, include_in_schema=False)
     app.mount("/console/static", StaticFiles(directory=STATIC), name="console-static")

@@ -94,10 +94,7 @@ async def memory_page(request: Request, memory_id: str) -> Response:
     sources = {m["message_id"] for m in found["source_messages"]}
     conversations = []
     for turn in found["source_messages"][:5]:
-        around = await asyncio.to_thread(
-            session_context, store, owner, turn.get("session_id"), turn["occurred_at"],
-            before=_CONTEXT_TURNS, after=_CONTEXT_TURNS,
-        )
+        around = await asyncio.to_thread(session_context, store, owner, turn, before=_CONTEXT_TURNS, after=_CONTEXT_TURNS)
         conversations.append({"session_id": turn.get("session_id"), "turns": around})
     graph = link_graph(found, ends, found["links_out"], found["links_in"])
     return render(request, "memory.html", {

@@ -74,7 +74,8 @@ async def dead_letters_page(request: Request) -> Response:
     require_operator(request)
     page = page_number(request.query_params.get("page"))
     try:
-        found = await recent_dead_letters(request.app.state.settings, limit=PAGE_SIZE, offset=(page - 1) * PAGE_SIZE)
+        found = await recent_dead_letters(request.app.state.settings, request.app.state.console_log,
+                                          limit=PAGE_SIZE, offset=(page - 1) * PAGE_SIZE)
     except Exception as exc:  # noqa: BLE001 - Kafka down or not allowed: said on the page
         raise ConsoleError(503, f"cannot read the dead-letter topic: {type(exc).__name__}: {exc}") from None
     return render(request, "dead_letters.html", {"d": found, "page": page})

@@ -48,17 +48,20 @@ class Written:
     turn_id: str
     subject: str
     positions: list[str]
+    waiting: str
+    """The subject of the decision that stays pending."""
 
     @property
     def secrets(self) -> tuple[str, ...]:
         """What only the owner's pages may show: the texts written and the subject."""
-        return (f"Lisbon {self.mark}", f"Porto {self.mark}", f"{self.mark} we talked", f"decided {self.mark}", self.subject)
+        return (f"Lisbon {self.mark}", f"Porto {self.mark}", f"{self.mark} we talked", f"decided {self.mark}", self.subject,
+                f"waiting {self.mark}", self.waiting, f"p-{self.mark}")
 
 
 def write_story(stack: Stack, bank: str) -> Written:
     """Through the API with ``bank``'s key: a conversation turn, a memory citing it, an
-    older memory the new one supersedes, and a pending decision; returns once the
-    view holds them all."""
+    older memory the new one supersedes, a decision its outcome settles, and one that
+    stays pending with a partial outcome; returns once the view holds the memories."""
     mark = uuid.uuid4().hex[:10]
     h = stack.headers(bank)
     with httpx.Client(base_url=stack.base_url, timeout=60) as c:
@@ -84,10 +87,17 @@ def write_story(stack: Stack, bank: str) -> Written:
         _post(c, "/v1/events", h, {"type": "OutcomeObserved", "schema_version": 1, "outcome_id": f"o-{mark}",
                                    "subject": subject, "raw_return": 0.05, "alpha": 0.05, "horizon_days": 1,
                                    "decision_id": decision["decision_id"]})
+        # and one still pending: its only outcome covers 3 of its 10 horizon days
+        waiting = f"WAIT{mark[:6].upper()}"
+        pending = _post(c, "/v1/decisions", h, {"subject": waiting, "rating": "sell", "horizon_days": 10,
+                                                "decision_text": f"waiting {mark}"})
+        _post(c, "/v1/events", h, {"type": "OutcomeObserved", "schema_version": 1, "outcome_id": f"p-{mark}",
+                                   "subject": waiting, "raw_return": -0.01, "horizon_days": 3,
+                                   "decision_id": pending["decision_id"]})
         positions += [old["position"], new["position"], link["position"]]
         r = c.get(f"/v1/memories/{new['memory_id']}", headers=h, params={"min_position": positions, "wait_s": 20})
         assert r.status_code == 200, r.text
-    return Written(mark, new["memory_id"], old["memory_id"], f"m-{mark}", subject, positions)
+    return Written(mark, new["memory_id"], old["memory_id"], f"m-{mark}", subject, positions, waiting)
 
 
 def _post(c: httpx.Client, path: str, headers: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:

@@ -5,7 +5,7 @@ A person logs in with a key, finds a memory written through the API, opens its
 story (source turns, links); another tenant's key and another agent of the same user
 never see it; an operator forgets a subject and watches it complete; a dead-lettered
 record shows its reason. ``MEMSTREAM_CONSOLE_SHOTS=<dir>`` saves the pages'
-screenshots there (how docs/console/*.png are made)."""
+screenshots there (the README's come from ``python -m memstream.bench.console_shots``)."""
 
 from __future__ import annotations
 
@@ -99,6 +99,10 @@ def test_a_key_logs_in_finds_the_memory_and_reads_its_story(browser: Any, stack:
     _shot(page, "memory")
     page.goto(f"{stack.base_url}/console/ledger")
     page.wait_for_function(f"document.body.innerText.includes('{story.subject}')")
+    pending = page.locator("#pending tr", has_text=story.waiting)  # the page's script loads it from the log
+    assert "covers 3 of 10 horizon days" in pending.inner_text()
+    assert story.subject not in page.locator("#pending").inner_text()  # settled: in the ledger, not pending
+    assert "#1 of the 5 newest" in page.locator("#lessons li", has_text=story.subject).inner_text()
     _shot(page, "ledger")
     page.goto(f"{stack.base_url}/console/timeline?start=2020-01-01T00:00:00&end=2030-01-01T00:00:00")
     assert f"lives in Lisbon {story.mark}" in page.locator("#events").inner_text()
@@ -116,6 +120,8 @@ def test_another_tenant_or_agent_never_sees_it(browser: Any, stack: Stack, story
     for path in (f"/console/memories/{story.memory_id}", f"/console/memories/{story.old_id}", "/console/ledger",
                  "/console/timeline?start=2020-01-01T00:00:00&end=2030-01-01T00:00:00", "/console/spaces"):
         page.goto(stack.base_url + path)
+        if path == "/console/ledger":
+            page.wait_for_selector("#pending-state")  # the pending decisions, loaded by the page's script
         text = page.locator("body").inner_text()
         # a page may echo what was asked (a 404's id, a filter's subject), never what was written
         assert not any(s in text for s in story.secrets if s not in path), (bank, path)

@@ -17,8 +17,17 @@
     }
     setTimeout(tick, every);
   }
+  // Load a region's fragment once (data-fragment): a slower read (e.g. the log) does
+  // not hold up the page; its links work without script too.
+  function load(region) {
+    fetch(region.getAttribute("data-fragment"), { credentials: "same-origin", headers: { "X-Console-Fragment": "1" } })
+      .then(function (r) { return r.text().then(function (html) { return { ok: r.ok, html: html }; }); })
+      .then(function (r) { region.innerHTML = r.ok ? r.html : '<p role="alert">This part could not be loaded.</p>'; })
+      .catch(function () { region.innerHTML = '<p role="alert">This part could not be loaded.</p>'; });
+  }
   document.addEventListener("DOMContentLoaded", function () {
     document.querySelectorAll("[data-refresh]").forEach(refresh);
+    document.querySelectorAll("[data-fragment]").forEach(load);
   });
   document.addEventListener("keydown", function (e) {
     var t = e.target;
