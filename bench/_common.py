@@ -50,7 +50,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from memstream.services.extractor_service import consumer_group
+from memstream.services.extraction import consumer_group
 from memstream.settings import Settings, settings_env
 from memstream.streams.topics import Topics
 

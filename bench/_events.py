@@ -68,7 +68,7 @@ from memstream.bench._corpus import (
     random_unit_vectors,
 )
 from memstream.domain.events import MemoryAdded
-from memstream.projections.embedder import LocalEmbedder
+from memstream.projections.embedders import LocalEmbedder
 from memstream.settings import Settings
 from memstream.streams.admin import ensure_topics
 from memstream.streams.producer import MemstreamProducer

@@ -89,14 +89,14 @@ from memstream.domain.access import ReadScope
 from memstream.domain.events import EventBase, MemoryAdded, MessageObserved
 from memstream.domain.log import LogPosition
 from memstream.domain.quality import gate
-from memstream.projections.embedder import build_embedder
+from memstream.projections.embedders import build_embedder
 from memstream.projections.schema import MEMORIES
 from memstream.projections.search import SearchCache, search
-from memstream.projections.table_sets import TableSets
+from memstream.projections.store import TableSets
 from memstream.sealing import TamperedRecord
-from memstream.services.extractor_service import consumer_group
+from memstream.services.extraction import consumer_group
 from memstream.services.replay import PHASE_VERIFY, replay
-from memstream.services.shard_routing import open_store, store_for
+from memstream.services.shards import open_store, store_for
 from memstream.settings import Settings
 from memstream.streams.admin import ensure_topics
 from memstream.streams.broker import local

@@ -52,9 +52,9 @@ from memstream.bench._events import (
 from memstream.interfaces.api import create_api
 from memstream.domain.events import MemoryReflected, build_event
 from memstream.interfaces.console.session import CSRF_COOKIE, ensure_operator_token
-from memstream.projections.console_reads import Cursor
-from memstream.projections.embedder import build_embedder
-from memstream.projections.rows import decision_update, reflection_row
+from memstream.projections.reads import Cursor
+from memstream.projections.embedders import build_embedder
+from memstream.projections.projector import decision_update, reflection_row
 from memstream.projections.schema import DECISIONS, ENTITIES, MEMORIES, MESSAGES, REFLECTIONS, schema_for
 from memstream.projections.store import LanceStore
 from memstream.streams.producer import MemstreamProducer

@@ -9,7 +9,7 @@ from typing import Any
 
 import lance
 
-from memstream.projections.shards import is_sharded, shard_count, shard_dir
+from memstream.projections.store import is_sharded, shard_count, shard_dir
 
 __all__ = ["dir_bytes", "set_bytes", "disk_ratios", "drop_replaced_versions"]
 

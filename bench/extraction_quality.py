@@ -47,8 +47,8 @@ from memstream.domain.extraction import (
 )
 from memstream.domain.prompts import PromptLibrary
 from memstream.llm import LLMClient, LLMError
-from memstream.projections.embedder import build_embedder, embed_array
-from memstream.services.extraction_calls import ask
+from memstream.projections.embedders import build_embedder, embed_array
+from memstream.services.extraction import ask
 from memstream.settings import Settings
 
 __all__ = ["MATCH_COSINE", "load_sessions", "score", "run"]

@@ -50,10 +50,10 @@ from memstream.bench._events import bench_settings, create_topics, delete_topics
 from memstream.domain.events import MemoryAdded, MessageObserved, Scope
 from memstream.domain.log import LogPosition, PositionedEvent
 from memstream.llm import ChatResult
-from memstream.projections.embedder import build_embedder
+from memstream.projections.embedders import build_embedder
 from memstream.projections.projector import Projector
 from memstream.projections.store import LanceStore
-from memstream.services.extractor_service import ExtractorRunner
+from memstream.services.extraction import ExtractorRunner
 from memstream.settings import Settings
 from memstream.streams.producer import MemstreamProducer
 

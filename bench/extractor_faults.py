@@ -44,10 +44,10 @@ from memstream.bench.openai_fake import OpenAICompatServer, Reply
 from memstream.domain.events import MessageObserved
 from memstream.domain.log import PositionedEvent
 from memstream.llm import LLMClient
-from memstream.projections.embedder import build_embedder
+from memstream.projections.embedders import build_embedder
 from memstream.projections.projector import Projector
 from memstream.projections.store import LanceStore
-from memstream.services.extractor_service import ExtractorRunner
+from memstream.services.extraction import ExtractorRunner
 from memstream.settings import Settings
 from memstream.streams.producer import MemstreamProducer
 

@@ -56,9 +56,9 @@ from prometheus_client import REGISTRY
 from memstream.bench._events import bench_settings, create_topics, delete_topics, machine_info, print_table, status
 from memstream.domain.events import MessageObserved, Scope
 from memstream.llm import ChatResult, LLMClient
-from memstream.projections.embedder import build_embedder
+from memstream.projections.embedders import build_embedder
 from memstream.projections.store import LanceStore
-from memstream.services.extractor_service import ExtractorRunner
+from memstream.services.extraction import ExtractorRunner
 from memstream.settings import Settings
 from memstream.streams.producer import MemstreamProducer
 

@@ -28,10 +28,10 @@ from memstream.bench.extractor import ScriptedExtractionModel
 from memstream.bench.locomo import conversation_events, load_locomo
 from memstream.domain.events import MessageObserved
 from memstream.domain.log import PositionedEvent
-from memstream.projections.embedder import build_embedder
+from memstream.projections.embedders import build_embedder
 from memstream.projections.projector import Projector
 from memstream.projections.store import LanceStore
-from memstream.services.extractor_service import ExtractorRunner
+from memstream.services.extraction import ExtractorRunner
 from memstream.settings import Settings
 from memstream.streams.producer import MemstreamProducer
 

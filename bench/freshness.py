@@ -51,7 +51,7 @@ from memstream.bench._events import (
 )
 from memstream.codec.wire import EncodedRecord, encode_event
 from memstream.domain.events import Scope
-from memstream.projections.embedder import LocalEmbedder, build_embedder
+from memstream.projections.embedders import LocalEmbedder, build_embedder
 from memstream.projections.schema import scoped_key
 from memstream.projections.search import SearchCache, search
 from memstream.projections.store import LanceStore, in_list

@@ -56,7 +56,7 @@ from memstream.bench._events import (
 )
 from memstream.bench.serving import ApiProcess, Tenant, banks_toml, broker_pid
 from memstream.domain.log import LogPosition
-from memstream.projections.embedder import build_embedder
+from memstream.projections.embedders import build_embedder
 from memstream.projections.store import LanceStore
 from memstream.settings import EmbeddingSettings, Settings
 from memstream.streams.producer import MemstreamProducer

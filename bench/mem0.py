@@ -56,7 +56,7 @@ from memstream.bench.locomo import (
     scope_of,
 )
 from memstream.bench.openai_fake import OpenAICompatServer
-from memstream.projections.embedder import build_embedder
+from memstream.projections.embedders import build_embedder
 from memstream.projections.search import SearchCache, search
 from memstream.projections.store import LanceStore
 from memstream.settings import EmbeddingSettings, Settings

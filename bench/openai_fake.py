@@ -27,7 +27,7 @@ or smaller provider) without consuming the scripted reply, with the status
 a 500 whose body names the format, which 500 here imitates).
 
 Embeddings, unless a reply scripts ``vectors``, come from ``embedder`` (any memstream
-:class:`~memstream.projections.embedder.Embedder`, so a second system pointed at
+:class:`~memstream.projections.embedders.factory.Embedder`, so a second system pointed at
 :attr:`OpenAICompatServer.base_url` gets exactly the vectors memstream computes) or,
 without one, from :func:`hashed_embedding` (deterministic, ``embedding_dim`` floats or
 the request's ``dimensions``). ``encoding_format`` "float" and "base64" are honoured.
@@ -65,11 +65,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from memstream.projections.embedder import embed_array
-from memstream.projections.embedder_api import warm_up
+from memstream.projections.embedders import embed_array
+from memstream.projections.embedders import warm_up
 
 if TYPE_CHECKING:
-    from memstream.projections.embedder import Embedder
+    from memstream.projections.embedders import Embedder
 
 __all__ = ["Reply", "Responder", "Script", "OpenAICompatServer", "hashed_embedding", "overlap_score"]
 
@@ -469,7 +469,7 @@ class OpenAICompatServer:
     def embed(self, texts: list[str], dim: int) -> Sequence[Sequence[float]]:
         """Unscripted embeddings of ``texts``: the embedder's (one call at a time, as a
         model server would run them), else hashed vectors of ``dim`` floats. The
-        embedder's answer is its float32 matrix (:func:`memstream.projections.embedder.embed_array`;
+        embedder's answer is its float32 matrix (:func:`memstream.projections.embedders.factory.embed_array`;
         rows written out as they are, not through Python floats: the server is on the
         clock of every benchmark that embeds through it)."""
         start = time.perf_counter()

@@ -32,8 +32,8 @@ from typing import Any
 from memstream.bench._common import LatencyLog, console, table
 from memstream.domain.events import MemoryAdded, Scope
 from memstream.domain.log import LogPosition, PositionedEvent
-from memstream.projections import search as s
-from memstream.projections.embedder import build_embedder
+from memstream.projections.search import hybrid as s
+from memstream.projections.embedders import build_embedder
 from memstream.projections.projector import Projector
 from memstream.projections.store import LanceStore
 from memstream.settings import Settings

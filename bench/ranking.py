@@ -11,7 +11,7 @@ broker; a real worker extracts the turns with the no-LLM extractor and projects
 everything (memories are embedded by the projector, as those written through
 ``POST /v1/memories`` are). Then every question of every shape is searched by:
 
-- ``memstream``: :func:`memstream.projections.search.search`;
+- ``memstream``: :func:`memstream.projections.search.hybrid.search`;
 - ``embedder``: plain cosine between the question and every memory text of the space,
   both embedded by ``build_embedder(Settings().embeddings)`` in this process (the same model);
 - ``bm25``: LanceDB full text alone (``text_search``).
@@ -40,8 +40,8 @@ from memstream.bench._common import LatencyLog, console, table
 from memstream.bench.ranking_shapes import PERSON_SEED, SHAPES, Query, Shape, build_shapes
 from memstream.domain.events import Scope
 from memstream.domain.ranking import RankingWeights
-from memstream.projections import search as s
-from memstream.projections.embedder import build_embedder
+from memstream.projections.search import hybrid as s
+from memstream.projections.embedders import build_embedder
 from memstream.projections.schema import MEMORIES
 from memstream.projections.store import LanceStore, space_where
 from memstream.settings import Settings

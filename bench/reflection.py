@@ -41,8 +41,8 @@ from memstream.settings import Settings, get_settings
 from memstream.streams.admin import ensure_topics
 from memstream.services.app import build_app
 from memstream.streams.producer import MemstreamProducer
-from memstream.services.reflection_writers import LLMReflectionWriter
-from memstream.services.reflector_agent import ReflectorHandle, register_reflector
+from memstream.services.reflection import LLMReflectionWriter
+from memstream.services.reflection import ReflectorHandle, register_reflector
 from memstream.streams.topics import Topics
 
 __all__ = ["ScriptedChat", "deep_sizeof", "run"]

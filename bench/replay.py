@@ -3,7 +3,7 @@ raw ceiling.
 
 The data and the ceilings are those of ``memstream bench projector`` (see
 :mod:`memstream.bench.projector`), at 1,000,000 events (``--quick``: 100,000). The
-product side is :func:`memstream.services.replay.replay` itself, the function
+product side is :func:`memstream.services.replay.rebuild.replay` itself, the function
 behind ``memstream replay``: read both source topics from offset 0 with a plain
 aiokafka consumer, decode and project every batch (10,000 records) through the same
 path as the worker into a fresh table set, then optimise, fold the rows into the
@@ -11,7 +11,7 @@ FTS and scalar indexes, verify positions and digests, and swap the new set in. T
 IVF_PQ vector index due at 100,000 memories is not trained by the replay: the worker's
 maintenance trains it after the swap (searches are exact meanwhile), as on a live set
 that crosses the threshold. ``phase_s``: the wall time split into the report's phases
-(:data:`memstream.services.replay_report.PHASE_TIMES`), medians over the runs.
+(:data:`memstream.services.replay.report.PHASE_TIMES`), medians over the runs.
 
 Two figures, both from the same call:
 
@@ -43,7 +43,7 @@ from memstream.bench._events import (
 from memstream.bench.projector import cpu_figures, cpu_rows, measure_ceilings
 from memstream.gc_tuning import tune_gc
 from memstream.services.replay import replay
-from memstream.services.replay_report import PHASE_TIMES, ReplayProgress
+from memstream.services.replay import PHASE_TIMES, ReplayProgress
 from memstream.settings import Settings
 
 __all__ = ["run", "TARGET_RATIO", "DEFAULT_EVENTS", "QUICK_EVENTS", "measure_replay"]

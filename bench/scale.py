@@ -43,13 +43,13 @@ from memstream.bench._events import (
 from memstream.codec.wire import encode_event
 from memstream.domain.events import MemoryAdded, Scope
 from memstream.interfaces.service import MemoryService
-from memstream.projections.embedder import LocalEmbedder
+from memstream.projections.embedders import LocalEmbedder
 from memstream.projections.search import SearchFilters
-from memstream.projections.shards import ShardedStore
-from memstream.projections.table_sets import TableSets
+from memstream.projections.store import ShardedStore
+from memstream.projections.store import TableSets
 from memstream.services.replay import replay
-from memstream.services.shard_routing import open_store, space_partition
-from memstream.services.shard_status import end_offsets
+from memstream.services.shards import open_store, space_partition
+from memstream.services.shards import end_offsets
 from memstream.settings import Settings
 from memstream.streams.producer import MemstreamProducer
 from memstream.streams.topics import Topics

@@ -17,7 +17,7 @@ memory space (the worst case for a scoped search: the prefilter keeps every row)
    ``LanceStore.ensure_indexes()`` (BTree scalar indexes, and from
    ``vector_index_threshold`` rows, default 100,000, the IVF_PQ vector index);
 4. the same queries (2 to 4 vocabulary words, a quarter naming an entity) run
-   through the product's :func:`memstream.projections.search.search` (``k`` = 10,
+   through the product's :func:`memstream.projections.search.hybrid.search` (``k`` = 10,
    embedding of the query included) and through LanceDB alone: the same vector query
    the product issues (cosine, same scope prefilter, same refine factor when an index
    exists) for the ``k`` results, with the query vector computed beforehand.
@@ -52,7 +52,7 @@ from memstream.bench._events import (
     status,
 )
 from memstream.domain.events import Scope
-from memstream.projections.embedder import Embedder, build_embedder
+from memstream.projections.embedders import Embedder, build_embedder
 from memstream.projections.schema import ENTITIES, MEMORIES, MESSAGES
 from memstream.projections.search import RESULT_COLUMNS, SearchCache, build_where, search
 from memstream.projections.store import VECTOR_REFINE_FACTOR, LanceStore

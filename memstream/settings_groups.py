@@ -71,7 +71,7 @@ class _Group(BaseModel):
 @dataclass(frozen=True)
 class ObjectRoot:
     """A storage root on an object store: its URI and the options LanceDB (and the
-    lease's S3 client) connect with. Plain data; ``projections/object_paths.py`` acts on it."""
+    lease's S3 client) connect with. Plain data; ``projections/store/object_paths.py`` acts on it."""
 
     uri: str
     storage_options: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False, repr=False)
@@ -161,7 +161,7 @@ class StorageSettings(_Group):
     region: str = "us-east-1"
     """The S3 region."""
     sharded: bool = False
-    """Cut a new table set into one shard per partition (``projections/shards.py``);
+    """Cut a new table set into one shard per partition (``projections/store/shards.py``);
     an existing set keeps its layout."""
     access_key_id: str | None = advanced(None)
     """S3 access key (unset, with the secret: the usual ``AWS_*`` variables, profiles, roles)."""

@@ -2,7 +2,7 @@
 pipeline (fetch, decode, apply), shared by the worker and by ``memstream replay``.
 
 Why not a Faust stream: the projector owns every partition of its topics anyway (one
-writer per LanceDB directory, enforced by :class:`~memstream.projections.dir_lock.LanceDirLock`)
+writer per LanceDB directory, enforced by :class:`~memstream.projections.store.dir_lock.LanceDirLock`)
 and resumes from the positions stored *with the rows*, never from Kafka's commits, so
 a consumer group adds nothing but rebalances. Faust's per-record machinery (an event
 object, an ack and a commit bookkeeping step for every record, then ``take_events``

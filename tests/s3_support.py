@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from memstream.projections.object_paths import ObjectPath, as_path
+from memstream.projections.store.object_paths import ObjectPath, as_path
 from memstream.settings import Settings, settings_env
 
 ENDPOINT = os.environ.get("MEMSTREAM_TEST_S3_ENDPOINT", "")

@@ -111,7 +111,7 @@ def test_wheel_holds_every_module_of_the_mapped_folders(wheel: Path) -> None:
         "memstream/domain/schemas.py",
         "memstream/schemas_gen.py",
         "memstream/streams/topics.py",
-        "memstream/projections/models/all-MiniLM-L6-v2-int8-dynamic/model.onnx",  # built by setup.py
+        "memstream/projections/embedders/models/all-MiniLM-L6-v2-int8-dynamic/model.onnx",  # built by setup.py
     }
     for folder in sorted(set(PACKAGE_DIRS.values())):
         for path in (REPO_ROOT / folder).rglob("*.py"):
@@ -151,8 +151,8 @@ def _check_installed(python: Path, cwd: Path, expect_under: Path) -> None:
     code = (
         "import importlib.util, memstream, memstream.domain.events, memstream.streams.topics\n"
         "from memstream.domain.events import parse_event\n"
-        "from memstream.projections.onnx_build import BUILTIN_MODEL_SHA256, sha256_of\n"
-        "from memstream.projections.onnx_models import default_model\n"
+        "from memstream.projections.embedders.onnx_build import BUILTIN_MODEL_SHA256, sha256_of\n"
+        "from memstream.projections.embedders.onnx_models import default_model\n"
         "e = parse_event({'type': 'MemoryAdded', 'scope': {'team_id': 't'}, 'memory_id': 'm', 'content': 'c'})\n"
         "assert e.schema_version == 2\n"
         f"bad = [n for n in {GENERIC_NAMES!r} if importlib.util.find_spec(n) is not None]\n"

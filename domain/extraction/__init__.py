@@ -1,6 +1,6 @@
 """The pure half of the extractor: from turns to memory drafts to events.
 
-One module per step (the I/O lives in :mod:`memstream.services.extractor`):
+One module per step (the I/O lives in :mod:`memstream.services.extraction.extractor`):
 :mod:`.window` gates and numbers the turns; :mod:`.parsing` reads the model's answer
 into drafts (:mod:`.times` for the times it wrote); :mod:`.dedup` derives ids and drops
 exact repeats; :mod:`.judgment` asks what to do with each draft against recalled

@@ -1,7 +1,7 @@
 """Reflection rules: when a decision is settled or expired, whether it was right, what a
 reflection says without an LLM, and which past lessons go into a new prompt.
 
-The pure half of deferred reflection: the reflector (:mod:`memstream.services.reflector`)
+The pure half of deferred reflection: the reflector (:mod:`memstream.services.reflection.reflector`)
 keeps state and talks to Kafka and the LLM, and every decision it makes is a function
 here, testable without a broker, a clock or a network (functions that need "now" take
 it as an argument). One module per job: :mod:`.ratings`, :mod:`.identity`,

@@ -41,10 +41,10 @@ def open_store(settings: Settings, lance_dir: Path | None = None, scope: Scope |
     """The projection's store (``--lance-dir`` or ``settings.storage.root``), refusing to
     create an empty one where none exists. With ``scope``, the store holding that
     space (its shard when the set is sharded by partition)."""
-    from memstream.projections.shards import ShardLayoutError
+    from memstream.projections.store import ShardLayoutError
     from memstream.projections.store import StoreError
-    from memstream.projections.table_sets import TableSets
-    from memstream.services.shard_routing import has_projection, open_store as open_set, store_for
+    from memstream.projections.store import TableSets
+    from memstream.services.shards import has_projection, open_store as open_set, store_for
 
     root = TableSets(lance_dir or settings.storage.root).current()  # a root follows its CURRENT set
     if not has_projection(root):

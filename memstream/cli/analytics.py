@@ -98,8 +98,8 @@ def search_cmd(
 ) -> None:
     """Hybrid search (vector + BM25, recency, supersession) inside one memory space."""
     from memstream.domain.events import MemoryType
-    from memstream.projections.embedder import EmbedderError, build_embedder
-    from memstream.projections.http_reranker import build_reranker
+    from memstream.projections.embedders import EmbedderError, build_embedder
+    from memstream.projections.search import build_reranker
     from memstream.projections.search import SearchFilters, search
 
     scope = scope_from_options(team, user)
@@ -195,7 +195,7 @@ def _table_source(store: Any, name: str) -> Any:
     ``positions``, which is the view of the furthest row per partition (the table
     holds appended rows until the worker prunes them; a handful of rows either way)."""
     from memstream.projections.schema import POSITIONS
-    from memstream.projections.shards import ShardedStore
+    from memstream.projections.store import ShardedStore
 
     if isinstance(store, ShardedStore):  # every shard's rows (sql and export see the whole set)
         return store.table_source(name)

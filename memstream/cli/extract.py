@@ -12,7 +12,7 @@
 * ``extract --retry-failed [--since 24h]`` redoes, with the configured model, every
   window the extractor stored by its heuristic fallback (the model had refused it,
   or failed it past the retry budget) and that no retry redid yet; it produces the
-  new memories and links, ADD-only (:mod:`memstream.services.extraction_retry`).
+  new memories and links, ADD-only (:mod:`memstream.services.extraction.retry`).
 
 All read the LanceDB tables the worker writes and never write to them.
 """
@@ -187,7 +187,7 @@ def extract_cmd(
         raise CLIError("--since only goes with --retry-failed")
     if not session:
         raise CLIError("--session is required")
-    from memstream.projections.session_turns import session_turns
+    from memstream.projections.reads.session_turns import session_turns
 
     scope = scope_from_options(team, user)
     store = open_store(settings, lance_dir, scope)
@@ -219,8 +219,8 @@ def extract_cmd(
 
 async def _extract(settings: Settings, store: Any, new: list[Any], background: list[Any], emit: bool) -> tuple[Any, list[Any]]:
     from memstream.llm import build_llm
-    from memstream.projections.embedder import build_embedder
-    from memstream.services.extractor import Extractor
+    from memstream.projections.embedders import build_embedder
+    from memstream.services.extraction import Extractor
     from memstream.streams.producer import MemstreamProducer
 
     llm = build_llm(settings)
@@ -247,7 +247,7 @@ async def _extract(settings: Settings, store: Any, new: list[Any], background: l
 
 
 def _retry_failed(settings: Settings, lance_dir: Path | None, since: str) -> None:
-    from memstream.services.extraction_retry import find_windows, parse_since
+    from memstream.services.extraction import find_windows, parse_since
 
     try:
         after = parse_since(since) if since else None
@@ -274,9 +274,9 @@ def _retry_failed(settings: Settings, lance_dir: Path | None, since: str) -> Non
 async def _retry(settings: Settings, store: Any, windows: list[Any]) -> Any:
     from rich.progress import Progress
 
-    from memstream.services.extraction_retry import retry_windows
+    from memstream.services.extraction import retry_windows
     from memstream.llm import build_llm
-    from memstream.projections.embedder import build_embedder
+    from memstream.projections.embedders import build_embedder
     from memstream.streams.producer import MemstreamProducer
 
     llm = build_llm(settings)

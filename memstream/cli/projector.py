@@ -1,7 +1,7 @@
 """CLI commands of the projection side: ``memstream worker`` and ``memstream replay``.
 
 Thin shells: the worker is :func:`memstream.services.worker.run_worker`, the replay is
-:func:`memstream.services.replay.replay`; this module only turns options into
+:func:`memstream.services.replay.rebuild.replay`; this module only turns options into
 calls and results into readable lines.
 """
 
@@ -95,7 +95,7 @@ def replay(
     """Rebuild every table from offset 0 into a fresh set, verify it, swap it in
     (help text: :data:`REPLAY_HELP`)."""
     from memstream.services.replay import ReplayError
-    from memstream.services.replay_report import RichProgress
+    from memstream.services.replay import RichProgress
     from memstream.services.replay import replay as run_replay
 
     from memstream.gc_tuning import tune_gc

@@ -53,8 +53,8 @@ def _scope(team: str, user: str, agent: str = "default") -> Scope:
 def _store(settings: Settings, scope: Scope):  # type: ignore[no-untyped-def]
     """The store holding ``scope``'s space (its shard in a sharded set)."""
     from memstream.projections.store import StoreError
-    from memstream.projections.table_sets import TableSets
-    from memstream.services.shard_routing import open_store, store_for
+    from memstream.projections.store import TableSets
+    from memstream.services.shards import open_store, store_for
 
     if not TableSets(settings.storage.root).root.exists():
         raise CLIError(
@@ -182,7 +182,7 @@ def context(
     as_json: Annotated[bool, typer.Option("--json", help="Print the context as JSON.")] = False,
 ) -> None:
     """The lessons injected before a decision on SUBJECT: 5 on it, 3 on others."""
-    from memstream.projections.reflections import context_for
+    from memstream.projections.reads import context_for
 
     settings = get_settings()
     scope = _scope(team, user, agent or "default")
@@ -212,7 +212,7 @@ def list_command(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
 ) -> None:
     """The newest reflections of a memory space."""
-    from memstream.projections.reflections import list_reflections
+    from memstream.projections.reads import list_reflections
 
     settings = get_settings()
     scope = _scope(team, user)

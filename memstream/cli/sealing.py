@@ -15,7 +15,7 @@ from memstream.settings import Settings, get_settings
 
 if TYPE_CHECKING:  # imported where used: `memstream --help` must not load the stack
     from memstream.domain.log import LogPosition
-    from memstream.services.forget_progress import ForgetProgress
+    from memstream.services.log_reads import ForgetProgress
 
 __all__ = ["register"]
 
@@ -82,7 +82,7 @@ def forget_status(
     timeout: float = typer.Option(120.0, "--timeout", min=0, help="With --wait: seconds to wait."),
 ) -> None:
     """Where the latest forget of a subject stands: its records in the log, and whether the projections have applied them (exit 1 while they have not, 2 if there is none)."""
-    from memstream.services.forget_progress import forget_positions, progress
+    from memstream.services.log_reads import forget_positions, progress
 
     subject, user = _subject(team, user)
     settings = get_settings()
@@ -107,7 +107,7 @@ def _subject(team: str | None, user: str | None) -> tuple[str, str | None]:
 
 
 def _wait(settings: Settings, positions: list[LogPosition], timeout: float) -> None:
-    from memstream.services.forget_progress import wait_applied
+    from memstream.services.log_reads import wait_applied
 
     started = time.monotonic()
 

@@ -126,7 +126,7 @@ def run_mcp_stdio(settings: Settings, bank_name: str) -> None:
     """Serve one bank's MCP server over stdio. stdout carries the protocol only; every
     log line goes to stderr."""
     from memstream.interfaces.mcp_server import build_mcp_server
-    from memstream.projections.table_sets import TableSets
+    from memstream.projections.store import TableSets
 
     registry = _registry_or_fail(settings)
     try:
@@ -363,8 +363,8 @@ def _fresh_metrics_dir(settings: Settings) -> Path:
 def _ensure_store(settings: Settings) -> None:
     """Create the LanceDB tables once, here, so the worker (writer) and the API (reader)
     never race to create them."""
-    from memstream.projections.table_sets import TableSets
-    from memstream.services.shard_routing import open_store
+    from memstream.projections.store import TableSets
+    from memstream.services.shards import open_store
 
     open_store(settings, TableSets(settings.storage.root).current())  # sharded with MEMSTREAM_STORAGE_SHARDED
     console.print(f"Store: LanceDB tables ready in {settings.storage.root}")
@@ -428,7 +428,7 @@ def _serve(settings: Settings, loglevel: str, *, stops_broker: bool) -> int:
     api = Child("api", [sys.executable, "-m", "memstream", "api"], api_env, color=_COLORS[1], stop_timeout_s=20.0)
     base = f"http://{'127.0.0.1' if settings.api.host in ('0.0.0.0', '::') else settings.api.host}:{settings.api.port}"
 
-    from memstream.services.projector_service import ready_file
+    from memstream.services.projector import ready_file
 
     ready = ready_file(settings)
     ready.unlink(missing_ok=True)  # the worker writes it again once it reads its partitions

@@ -1,5 +1,5 @@
 """``memstream shards``: the shards of a sharded table set, one line each (owner,
-positions, lag, rows). A thin shell over :mod:`memstream.services.shard_status`."""
+positions, lag, rows). A thin shell over :mod:`memstream.services.shards.status`."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def shards_cmd(
 ) -> None:
     """Per shard of the current table set: the worker writing it, its stored positions,
     its lag behind the log and its row counts."""
-    from memstream.services.shard_status import NotShardedError, end_offsets, shard_statuses
+    from memstream.services.shards import NotShardedError, end_offsets, shard_statuses
     from memstream.streams.topics import Topics
 
     settings = get_settings()

@@ -35,17 +35,17 @@ from memstream.domain.extraction import content_memory_id
 from memstream.domain.events import EventBase, Identifier, MemoryType, Name, Scope, describe_validation_error
 from memstream.domain.log import LogPosition
 from memstream.domain.reflection import ReflectionContext
-from memstream.projections.embedder import Embedder, build_embedder
-from memstream.projections.http_reranker import HttpReranker, build_reranker
-from memstream.projections.reflections import context_for
-from memstream.projections.search_cache import READ_NOT_BEFORE
+from memstream.projections.embedders import Embedder, build_embedder
+from memstream.projections.search import HttpReranker, build_reranker
+from memstream.projections.reads import context_for
+from memstream.projections.search import READ_NOT_BEFORE
 from memstream.projections.schema import POSITIONS
 from memstream.projections.search import SearchCache, SearchFilters, SearchResult, search
-from memstream.projections.search_owners import MemoryOwners
+from memstream.projections.search import MemoryOwners
 from memstream.projections.store import LanceStore
-from memstream.projections.table_sets import CurrentStore
-from memstream.projections.shards import ShardedStore
-from memstream.services.shard_routing import open_store, store_for
+from memstream.projections.store import CurrentStore
+from memstream.projections.store import ShardedStore
+from memstream.services.shards import open_store, store_for
 from memstream.settings import Settings
 from memstream.streams.producer import MemstreamProducer
 from memstream.streams.topics import Topics

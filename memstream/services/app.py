@@ -33,12 +33,12 @@ from memstream.memory_release import (
     release_free_memory,
     trim_supported,
 )
-from memstream.projections.table_sets import TableSets
-from memstream.services.extractor_service import register_extractor
-from memstream.services.projector_service import register_projector
-from memstream.services.reflector_agent import register_reflector
-from memstream.services.shard_owner import register_group_projector
-from memstream.services.shard_routing import projects_sharded
+from memstream.projections.store import TableSets
+from memstream.services.extraction import register_extractor
+from memstream.services.projector import register_projector
+from memstream.services.reflection import register_reflector
+from memstream.services.projector import register_group_projector
+from memstream.services.shards import projects_sharded
 from memstream.settings import BrokerSettings, Settings
 from memstream.streams.admin import topic_partitions
 from memstream.streams.connect import kafka_options

@@ -12,7 +12,7 @@ A SIGKILL loses nothing either: the projector resumes from its stored positions.
 One projector worker per LanceDB directory: the projector's tables hold every
 partition, so a second worker sharing the consumer group would only see part of the
 log. The worker takes the directory's lock (``<lance_dir>.lock``, see
-:class:`~memstream.services.projector_service.LanceDirLock`) and refuses to start when
+:class:`~memstream.services.projector.service.LanceDirLock`) and refuses to start when
 another worker or a replay's swap holds it. Scale reads with more API processes, not
 more projector workers. Workers running other service sets (``--services extractor``)
 should use their own ``MEMSTREAM_WORKER_APP_ID``: one Faust app, one set of services.
@@ -30,11 +30,11 @@ from typing import Any
 import faust
 
 from memstream.gc_tuning import tune_gc
-from memstream.projections.dir_lock import LanceDirBusyError, LanceDirLock
+from memstream.projections.store import LanceDirBusyError, LanceDirLock
 from memstream.private_files import private_by_default
-from memstream.projections.table_sets import TableSets
+from memstream.projections.store import TableSets
 from memstream.services.app import SERVICE_NAMES, FAUST_LOGGER, build_app
-from memstream.services.shard_routing import create_shards, projects_sharded
+from memstream.services.shards import create_shards, projects_sharded
 from memstream.settings import Settings, load_settings, parse_log_level
 from memstream.streams.admin import TopicCreationError, ensure_topics
 from memstream.streams.connect import until_reachable

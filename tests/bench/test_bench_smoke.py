@@ -20,10 +20,10 @@ from typer.testing import CliRunner
 from memstream.bench import _events, freshness, projector, search
 from memstream.cli import app
 from memstream.domain.log import LogPosition, PositionedEvent
-from memstream.projections.embedder import LocalEmbedder
-from memstream.projections.projector import Projector
+from memstream.projections.embedders.factory import LocalEmbedder
+from memstream.projections.projector.projector import Projector
 from memstream.projections.schema import ENTITIES, MEMORIES, MESSAGES
-from memstream.projections.store import LanceStore
+from memstream.projections.store.lance_store import LanceStore
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

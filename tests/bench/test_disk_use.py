@@ -9,7 +9,7 @@ import lance
 import pyarrow as pa
 
 from memstream.bench.disk_use import dir_bytes, disk_ratios, drop_replaced_versions, set_bytes
-from memstream.projections.shards import init_layout, shard_dir
+from memstream.projections.store.shards import init_layout, shard_dir
 
 
 def test_a_sharded_set_is_measured_per_shard_and_a_plain_one_whole(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from memstream.bench.openai_fake import OpenAICompatServer, Reply, hashed_embedding
-from memstream.projections.embedder import LocalEmbedder, OpenAIEmbedder
+from memstream.projections.embedders.factory import LocalEmbedder, OpenAIEmbedder
 
 
 def _client(server: OpenAICompatServer, timeout: float = 10.0) -> openai.OpenAI:

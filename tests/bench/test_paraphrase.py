@@ -7,8 +7,8 @@ from pathlib import Path
 
 from memstream.bench.paraphrase import SCOPE, evaluate, load_facts, project_facts, recall_at
 from memstream.domain.ranking import QUERY_STOP_WORDS
-from memstream.projections.embedder import LocalEmbedder
-from memstream.projections.store import LanceStore
+from memstream.projections.embedders.factory import LocalEmbedder
+from memstream.projections.store.lance_store import LanceStore
 
 # function words the questions and facts may share (articles, prepositions, pronouns)
 _FUNCTION_WORDS = {

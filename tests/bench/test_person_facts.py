@@ -5,7 +5,7 @@ never the fact, and chit-chat states no fact of the set."""
 from __future__ import annotations
 
 from memstream.bench.person_facts import PERSONS, TOPICS, chit_chat, distractors, person_facts
-from memstream.projections.search_lexical import terms
+from memstream.projections.search.lexical import terms
 
 
 def test_questions_share_only_the_name_with_their_fact() -> None:

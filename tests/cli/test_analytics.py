@@ -16,9 +16,9 @@ from memstream.bench.openai_fake import OpenAICompatServer, Reply
 from memstream.cli import analytics
 from memstream.cli._errors import CLIError
 from memstream.domain.events import Scope
-from memstream.projections.embedder import LocalEmbedder
-from memstream.projections.projector import Projector
-from memstream.projections.store import LanceStore
+from memstream.projections.embedders.factory import LocalEmbedder
+from memstream.projections.projector.projector import Projector
+from memstream.projections.store.lance_store import LanceStore
 from memstream.settings import get_settings
 
 ALICE = Scope(team_id="acme", user_id="alice")

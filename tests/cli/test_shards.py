@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.services.test_shard_status import sharded_set
-from tests.services.test_shards_e2e import produce
+from tests.services.shards.test_status import sharded_set
+from tests.services.shards.test_e2e import produce
 from tests.support import free_port
 
-from memstream.services.replay import replay
+from memstream.services.replay.rebuild import replay
 from memstream.settings import Settings, child_env
 from memstream.streams.topics import Topics
 

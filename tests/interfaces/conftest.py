@@ -51,7 +51,7 @@ def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         rerank_url=rerank.base_url,
     )
     asyncio.run(ensure_topics(kafka_bootstrap, Topics.from_settings(settings.broker)))
-    from memstream.projections.store import LanceStore
+    from memstream.projections.store.lance_store import LanceStore
 
     LanceStore.from_settings(settings.storage, settings.embeddings.dim)  # create the tables before two processes open them
     keys = {name: create_key(settings, name)[0] for name in ("alice", "acme", "bot", "globex", "carol", "dave", "erin", "frank", "planner", "spy", "trustteam")}

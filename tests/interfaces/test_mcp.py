@@ -22,7 +22,7 @@ from mcp.client.streamable_http import streamable_http_client
 from memstream.banks import load_registry
 from memstream.domain.events import Scope
 from memstream.interfaces.mcp_server import AUTO_TRIGGER, build_mcp_server
-from memstream.projections.store import LanceStore
+from memstream.projections.store.lance_store import LanceStore
 from memstream.streams.producer import MemstreamProducer
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

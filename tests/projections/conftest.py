@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from tests.projections.projection_helpers import DIM, CountingEmbedder
 
-from memstream.projections.projector import Projector
-from memstream.projections.store import LanceStore
+from memstream.projections.projector.projector import Projector
+from memstream.projections.store.lance_store import LanceStore
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from memstream.domain.events import (
     Scope,
 )
 from memstream.domain.log import LogPosition, PositionedEvent
-from memstream.projections.embedder import Embedder, LocalEmbedder
+from memstream.projections.embedders.factory import Embedder, LocalEmbedder
 
 __all__ = [
     "DIM",

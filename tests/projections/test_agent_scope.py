@@ -19,11 +19,11 @@ from tests.projections.projection_helpers import DIM, T0, link, memory, position
 from memstream.domain.access import ReadScope
 from memstream.domain.content import content_hash
 from memstream.domain.events import MemoryReflected, MessageObserved, Rating, Scope
-from memstream.projections.embedder import LocalEmbedder
-from memstream.projections.projector import Projector
-from memstream.projections.reflections import context_for
-from memstream.projections.search import SearchFilters, search
-from memstream.projections.store import LanceStore
+from memstream.projections.embedders.factory import LocalEmbedder
+from memstream.projections.projector.projector import Projector
+from memstream.projections.reads.reflections import context_for
+from memstream.projections.search.hybrid import SearchFilters, search
+from memstream.projections.store.lance_store import LanceStore
 
 PLANNER = Scope(team_id="acme", user_id="alice", agent_id="planner")
 SPY = Scope(team_id="acme", user_id="alice", agent_id="spy")

@@ -45,11 +45,11 @@ from memstream.domain.extraction import compact_extraction_schema
 from memstream.domain.reflection import parse_reflection_text
 from memstream.domain.repair import repair_json
 from memstream.llm import LLMClient, LLMError
-from memstream.projections.embedder import LocalEmbedder
-from memstream.projections.store import LanceStore
+from memstream.projections.embedders.factory import LocalEmbedder
+from memstream.projections.store.lance_store import LanceStore
 from memstream.settings import Settings
 from memstream.services.app import build_app
-from memstream.services.extractor_service import ExtractorRunner
+from memstream.services.extraction.service import ExtractorRunner
 from memstream.streams.producer import MemstreamProducer
 from memstream.codec.wire import DecodeError, decode_record
 from memstream.streams.topics import Topics

@@ -28,17 +28,17 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from memstream.domain.events import MemoryAdded, MemoryLinked, MessageObserved, Scope
-from memstream.projections.embedder import build_embedder
-from memstream.services.replay import replay
-from memstream.projections.search import search
-from memstream.projections.store import LanceStore
-from memstream.projections.store_positions import VERSION_TOPIC
+from memstream.projections.embedders.factory import build_embedder
+from memstream.services.replay.rebuild import replay
+from memstream.projections.search.hybrid import search
+from memstream.projections.store.lance_store import LanceStore
+from memstream.projections.store.positions import VERSION_TOPIC
 from memstream.settings import Settings
 from memstream.projections.schema import scoped_key
 from memstream.streams.deadletter import parse_dead_letter
 from memstream.streams.producer import MemstreamProducer
-from memstream.projections.dir_lock import LanceDirLock
-from memstream.services.projector_service import projector_group
+from memstream.projections.store.dir_lock import LanceDirLock
+from memstream.services.projector.service import projector_group
 from memstream.streams.topics import Topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

@@ -18,12 +18,12 @@ from memstream.bench._common import WorkerProcess
 from memstream.codec.wire import encode_event
 from memstream.domain.events import MemoryAdded, Scope, SubjectForgotten
 from memstream.metrics import FORGED_RECORDS
-from memstream.projections.forget import subject_where
-from memstream.projections.store import LanceStore, StoreError
-from memstream.projections.table_sets import TableSets
+from memstream.projections.projector.forget import subject_where
+from memstream.projections.store.lance_store import LanceStore, StoreError
+from memstream.projections.store.table_sets import TableSets
 from memstream.sealing import Subject
 from memstream.sealing.keyring import key_record_key
-from memstream.services.replay import replay
+from memstream.services.replay.rebuild import replay
 from memstream.streams.deadletter import parse_dead_letter
 from memstream.streams.keys import SubjectKeys
 from memstream.streams.producer import MemstreamProducer

@@ -18,11 +18,11 @@ from tests.support import read_to_end, record_bytes
 
 from memstream.bench._common import WorkerProcess
 from memstream.domain.events import MemoryAdded, MessageObserved, Scope
-from memstream.projections.forget import SCOPED_TABLES, subject_where
-from memstream.services.reflector_agent import state_topics
-from memstream.services.replay import replay
-from memstream.projections.store import LanceStore, StoreError
-from memstream.projections.table_sets import TableSets
+from memstream.projections.projector.forget import SCOPED_TABLES, subject_where
+from memstream.services.reflection.agent import state_topics
+from memstream.services.replay.rebuild import replay
+from memstream.projections.store.lance_store import LanceStore, StoreError
+from memstream.projections.store.table_sets import TableSets
 from memstream.streams.forget import forget
 from memstream.streams.producer import MemstreamProducer
 from memstream.codec.wire import encode_event

@@ -27,7 +27,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.record.memory_records import MemoryRecords
 
 from memstream.domain.events import MemoryAdded, Scope
-from memstream.projections.store import LanceStore
+from memstream.projections.store.lance_store import LanceStore
 from memstream.settings import Settings
 from memstream.streams.consumer import EventConsumer
 from memstream.streams.inflation_bound import BoundedMemoryRecords, Refused, bound_inflation, inflate_batch, refusal

@@ -13,8 +13,8 @@ import pytest
 
 from memstream.codec.fast_decode import FastMemoryDecoder
 from memstream.domain.events import MemoryAdded, MemoryReflected, Rating, Scope
-from memstream.projections.store import LanceStore
-from memstream.services.replay import replay
+from memstream.projections.store.lance_store import LanceStore
+from memstream.services.replay.rebuild import replay
 from memstream.settings import Settings
 from memstream.streams.legacy_trust import (
     LegacyTrustError,

@@ -22,7 +22,7 @@ from tests.services.test_worker import WorkerProcess, read_dead_letters
 from tests.support import read_records
 
 from memstream.domain.events import MemoryAdded, Scope
-from memstream.projections.store import LanceStore, StoreError
+from memstream.projections.store.lance_store import LanceStore, StoreError
 from memstream.settings import SecuritySettings
 from memstream.streams.consumer import EventConsumer
 from memstream.streams.keys import SubjectKeys

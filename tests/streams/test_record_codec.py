@@ -85,8 +85,8 @@ CONSUMERS = {
     "streams/consumer.py": "read_record",  # the SDK consumer
     "streams/projector_feed.py": "screen",  # projector and replay: screened, then decode_batch
     "streams/record_batches.py": "decode_or_dead_letter",
-    "memstream/services/extractor_service.py": "read_record",
-    "memstream/services/reflector_agent.py": "read_record",
+    "memstream/services/extraction/service.py": "read_record",
+    "memstream/services/reflection/agent.py": "read_record",
     "streams/sealer.py": "screen",
     "memstream/cli/events.py": "read_record",  # the CLI tail
     "streams/keys.py": "forget_order",  # the keys reader
@@ -98,7 +98,7 @@ ALLOWED = {
     ("streams/reseal.py", "open_sealed"),
     ("streams/dead_letter_reader.py", "open_sealed"),  # a dead letter's sealed reason and value, shown to the operator, never decoded
     ("streams/keys.py", "forget_kids"),
-    ("memstream/services/reflection_sealing.py", "open_sealed"),  # the reflector's own sealed table fields (AEAD), not log records  # the keyring's effect, on forget_order's verified answer only  # re-sealing under a new key: opens to seal again, reads no event
+    ("memstream/services/reflection/sealing.py", "open_sealed"),  # the reflector's own sealed table fields (AEAD), not log records  # the keyring's effect, on forget_order's verified answer only  # re-sealing under a new key: opens to seal again, reads no event
 }
 
 

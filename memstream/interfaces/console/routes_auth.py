@@ -20,7 +20,7 @@ from memstream.interfaces.console.session import (
     set_cookie,
 )
 from memstream.interfaces.errors import ApiError
-from memstream.projections.console_reads import team_spaces
+from memstream.projections.reads import team_spaces
 
 __all__ = ["router"]
 

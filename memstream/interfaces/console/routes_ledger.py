@@ -13,8 +13,8 @@ from fastapi.responses import Response
 from memstream.domain.reflection.context import OTHER_SUBJECT_LIMIT, SAME_SUBJECT_LIMIT
 from memstream.interfaces.console.pages import PAGE_SIZE, checked_id, page_number, parse_time, render, service_of, space_scope
 from memstream.interfaces.console.session import ConsoleError, principal
-from memstream.projections.console_reads import TIMELINE_KINDS, Cursor, decisions_page, ledger_statuses, lessons_page, timeline_window
-from memstream.services.pending_view import read_pending
+from memstream.projections.reads import TIMELINE_KINDS, Cursor, decisions_page, ledger_statuses, lessons_page, timeline_window
+from memstream.services.log_reads import read_pending
 
 __all__ = ["router"]
 

@@ -16,7 +16,7 @@ from memstream.interfaces.console.graph import link_graph
 from memstream.interfaces.console.pages import checked_id, parse_time, render, service_of, space_scope
 from memstream.interfaces.console.session import ConsoleError, principal
 from memstream.interfaces.service import RerankUnavailable, search_filters, search_hit_payload
-from memstream.projections.console_reads import session_context
+from memstream.projections.reads import session_context
 
 __all__ = ["router", "EXPLAIN_PARTS"]
 

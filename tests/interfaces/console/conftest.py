@@ -17,7 +17,7 @@ from tests.interfaces.iface_stack import BANKS, Stack, start_process, stop_proce
 from tests.support import free_port
 
 from memstream.banks import create_key
-from memstream.projections.store import LanceStore
+from memstream.projections.store.lance_store import LanceStore
 from memstream.settings import Settings, child_env
 from memstream.streams.admin import ensure_topics
 from memstream.streams.topics import Topics

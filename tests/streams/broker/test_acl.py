@@ -25,7 +25,7 @@ from aiokafka.structs import TopicPartition
 
 from memstream.cli.serve import api_settings
 from memstream.domain.events import MemoryAdded, Scope
-from memstream.projections.store import LanceStore
+from memstream.projections.store.lance_store import LanceStore
 from memstream.settings import Settings, child_env
 from memstream.streams.admin import ensure_topics
 from memstream.streams.broker import acl, local
