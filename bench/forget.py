@@ -37,19 +37,18 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from memstream.bench._common import percentile
 from memstream.bench._events import BenchWorkdir, WorkerProcess, bench_settings, machine_info, print_table, status
+from memstream.codec.wire import encode_event
 from memstream.domain.events import DecisionRecorded, EmbeddingPayload, MemoryAdded, MessageObserved, Scope, utcnow
 from memstream.projections.embedders import build_embedder
 from memstream.projections.projector import SCOPED_TABLES, subject_where
 from memstream.projections.search import search
-from memstream.projections.store import LanceStore, StoreError
-from memstream.projections.store import TableSets
+from memstream.projections.store import LanceStore, StoreError, TableSets
 from memstream.services.reflection import state_topics
 from memstream.services.replay import replay
 from memstream.settings import Settings
 from memstream.streams.admin import ensure_topics
 from memstream.streams.forget import forget
 from memstream.streams.producer import MemstreamProducer
-from memstream.codec.wire import encode_event
 from memstream.streams.topics import Topics
 
 __all__ = ["run"]

@@ -75,10 +75,10 @@ from memstream.bench.locomo_data import (
 from memstream.bench.openai_fake import OpenAICompatServer
 from memstream.domain.events import MessageObserved, Scope
 from memstream.domain.ranking import RankingWeights
-from memstream.projections.search import hybrid as s
 from memstream.projections.embedders import build_embedder, embed_array
-from memstream.projections.search import HttpReranker
 from memstream.projections.schema import MEMORIES
+from memstream.projections.search import HttpReranker
+from memstream.projections.search import hybrid as s
 from memstream.projections.store import LanceStore
 from memstream.settings import Settings
 from memstream.streams.admin import ensure_topics

@@ -65,8 +65,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from memstream.projections.embedders import embed_array
-from memstream.projections.embedders import warm_up
+from memstream.projections.embedders import embed_array, warm_up
 
 if TYPE_CHECKING:
     from memstream.projections.embedders import Embedder

@@ -37,12 +37,11 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from memstream.domain.events import DecisionRecorded, EventBase, OutcomeObserved, Rating, Scope, utcnow
 from memstream.llm import ChatResult
+from memstream.services.app import build_app
+from memstream.services.reflection import LLMReflectionWriter, ReflectorHandle, register_reflector
 from memstream.settings import Settings, get_settings
 from memstream.streams.admin import ensure_topics
-from memstream.services.app import build_app
 from memstream.streams.producer import MemstreamProducer
-from memstream.services.reflection import LLMReflectionWriter
-from memstream.services.reflection import ReflectorHandle, register_reflector
 from memstream.streams.topics import Topics
 
 __all__ = ["ScriptedChat", "deep_sizeof", "run"]

@@ -42,8 +42,7 @@ from memstream.bench._events import (
 )
 from memstream.bench.projector import cpu_figures, cpu_rows, measure_ceilings
 from memstream.gc_tuning import tune_gc
-from memstream.services.replay import replay
-from memstream.services.replay import PHASE_TIMES, ReplayProgress
+from memstream.services.replay import PHASE_TIMES, ReplayProgress, replay
 from memstream.settings import Settings
 
 __all__ = ["run", "TARGET_RATIO", "DEFAULT_EVENTS", "QUICK_EVENTS", "measure_replay"]

@@ -45,11 +45,9 @@ from memstream.domain.events import MemoryAdded, Scope
 from memstream.interfaces.service import MemoryService
 from memstream.projections.embedders import LocalEmbedder
 from memstream.projections.search import SearchFilters
-from memstream.projections.store import ShardedStore
-from memstream.projections.store import TableSets
+from memstream.projections.store import ShardedStore, TableSets
 from memstream.services.replay import replay
-from memstream.services.shards import open_store, space_partition
-from memstream.services.shards import end_offsets
+from memstream.services.shards import end_offsets, open_store, space_partition
 from memstream.settings import Settings
 from memstream.streams.producer import MemstreamProducer
 from memstream.streams.topics import Topics

@@ -31,25 +31,29 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from memstream import metrics
 from memstream.domain.access import ReadScope
-from memstream.domain.extraction import content_memory_id
 from memstream.domain.events import EventBase, Identifier, MemoryType, Name, Scope, describe_validation_error
+from memstream.domain.extraction import content_memory_id
 from memstream.domain.log import LogPosition
 from memstream.domain.reflection import ReflectionContext
 from memstream.projections.embedders import Embedder, build_embedder
-from memstream.projections.search import HttpReranker, build_reranker
 from memstream.projections.reads import context_for
-from memstream.projections.search import READ_NOT_BEFORE
 from memstream.projections.schema import POSITIONS
-from memstream.projections.search import SearchCache, SearchFilters, SearchResult, search
-from memstream.projections.search import MemoryOwners
-from memstream.projections.store import LanceStore
-from memstream.projections.store import CurrentStore
-from memstream.projections.store import ShardedStore
+from memstream.projections.search import (
+    READ_NOT_BEFORE,
+    HttpReranker,
+    MemoryOwners,
+    SearchCache,
+    SearchFilters,
+    SearchResult,
+    build_reranker,
+    search,
+)
+from memstream.projections.store import CurrentStore, LanceStore, ShardedStore
 from memstream.services.shards import open_store, store_for
 from memstream.settings import Settings
+from memstream.streams.connect import kafka_options
 from memstream.streams.producer import MemstreamProducer
 from memstream.streams.topics import Topics
-from memstream.streams.connect import kafka_options
 from memstream.streams.worker_identity import memory_ids_key
 
 __all__ = [

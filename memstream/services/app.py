@@ -35,9 +35,8 @@ from memstream.memory_release import (
 )
 from memstream.projections.store import TableSets
 from memstream.services.extraction import register_extractor
-from memstream.services.projector import register_projector
+from memstream.services.projector import register_group_projector, register_projector
 from memstream.services.reflection import register_reflector
-from memstream.services.projector import register_group_projector
 from memstream.services.shards import projects_sharded
 from memstream.settings import BrokerSettings, Settings
 from memstream.streams.admin import topic_partitions

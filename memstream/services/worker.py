@@ -30,10 +30,9 @@ from typing import Any
 import faust
 
 from memstream.gc_tuning import tune_gc
-from memstream.projections.store import LanceDirBusyError, LanceDirLock
 from memstream.private_files import private_by_default
-from memstream.projections.store import TableSets
-from memstream.services.app import SERVICE_NAMES, FAUST_LOGGER, build_app
+from memstream.projections.store import LanceDirBusyError, LanceDirLock, TableSets
+from memstream.services.app import FAUST_LOGGER, SERVICE_NAMES, build_app
 from memstream.services.shards import create_shards, projects_sharded
 from memstream.settings import Settings, load_settings, parse_log_level
 from memstream.streams.admin import TopicCreationError, ensure_topics

@@ -22,8 +22,7 @@ from lancedb.query import ColumnOrdering
 from memstream.domain.access import AccessScope, ReadScope
 from memstream.domain.reflection.context import OTHER_SUBJECT_LIMIT, SAME_SUBJECT_LIMIT
 from memstream.projections.schema import DECISIONS, LINKS, MEMORIES, MESSAGES, REFLECTIONS
-from memstream.projections.store import chunked, in_list, quote, space_where
-from memstream.projections.store import json_or_none
+from memstream.projections.store import chunked, in_list, json_or_none, quote, space_where
 
 __all__ = [
     "TIMELINE_KINDS",

@@ -11,13 +11,12 @@ import pyarrow as pa
 
 from memstream.domain.events import Scope
 from memstream.domain.ranking import normalised_rrf
-from memstream.projections.search import queries as q
 from memstream.projections.embedders import Embedder
-from memstream.projections.store import gather_all, wait
 from memstream.projections.schema import MEMORIES
+from memstream.projections.search import queries as q
 from memstream.projections.search.filters import SearchFilters, build_where
 from memstream.projections.search.results import ScoreParts, SearchResult, rows_of, to_result
-from memstream.projections.store import VECTOR_REFINE_FACTOR, LanceStore, require_scope
+from memstream.projections.store import VECTOR_REFINE_FACTOR, LanceStore, gather_all, require_scope, wait
 
 __all__ = ["vector_search", "text_search", "rrf_search"]
 

@@ -26,14 +26,13 @@ from memstream.domain.ranking import (
     query_names,
     tokens,
 )
-from memstream.projections.search import queries as q
-from memstream.projections.store import wait
 from memstream.projections.schema import MEMORIES
+from memstream.projections.search import queries as q
 from memstream.projections.search.reads import Gathered
 from memstream.projections.search.results import READ_COLUMNS, rows_of
 from memstream.projections.search.turns import Line, SessionMemories, Turn, step
 from memstream.projections.search.view import View
-from memstream.projections.store import LanceStore
+from memstream.projections.store import LanceStore, wait
 
 __all__ = ["CandidateTurns", "conversation", "neighbours", "joiner", "priors", "sources"]
 

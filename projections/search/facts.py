@@ -15,11 +15,17 @@ import pyarrow.compute as pc
 
 from memstream.domain.content import normalize_content
 from memstream.domain.events import Scope
-from memstream.projections.search import queries as q
-from memstream.projections.store import gather_all, wait
 from memstream.projections.schema import ENTITIES, MEMORIES, MESSAGES
-from memstream.projections.search.cache import FACTS_MAX, READ_NOT_BEFORE, SearchCache, Version, space_key, table_identity
-from memstream.projections.store import LanceStore, chunked, in_list, space_where
+from memstream.projections.search import queries as q
+from memstream.projections.search.cache import (
+    FACTS_MAX,
+    READ_NOT_BEFORE,
+    SearchCache,
+    Version,
+    space_key,
+    table_identity,
+)
+from memstream.projections.store import LanceStore, chunked, gather_all, in_list, space_where, wait
 
 __all__ = ["WHOLE_SPACE_MEMORIES", "SPEAKERS_TTL_S", "space_speakers", "space_size", "entity_stats"]
 

@@ -39,10 +39,9 @@ from lancedb.query import ColumnOrdering
 
 from memstream.domain.events import Scope
 from memstream.domain.ranking import RankingWeights, lexical_query, propagate_context, query_mentions
-from memstream.projections.search import queries as q
 from memstream.projections.embedders import Embedder
-from memstream.projections.store import wait
 from memstream.projections.schema import MEMORIES
+from memstream.projections.search import queries as q
 from memstream.projections.search.baselines import rrf_search, text_search, vector_search
 from memstream.projections.search.cache import SearchCache
 from memstream.projections.search.conversation import CandidateTurns, conversation, joiner, neighbours, priors
@@ -52,7 +51,7 @@ from memstream.projections.search.ranking import Evidence, entity_boosts, fuse, 
 from memstream.projections.search.reads import candidates as read_candidates
 from memstream.projections.search.results import RESULT_COLUMNS, Reranker, ScoreParts, SearchResult
 from memstream.projections.search.view import Successors, pull_successors
-from memstream.projections.store import VECTOR_REFINE_FACTOR, LanceStore, ScopeRequiredError, require_scope
+from memstream.projections.store import VECTOR_REFINE_FACTOR, LanceStore, ScopeRequiredError, require_scope, wait
 
 __all__ = [
     "SearchFilters",

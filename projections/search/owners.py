@@ -24,11 +24,10 @@ from cachetools import LRUCache
 
 from memstream.domain.access import ReadScope, read_scope_of
 from memstream.domain.events import Scope
-from memstream.projections.search import queries as q
-from memstream.projections.store import wait
 from memstream.projections.schema import MEMORIES
+from memstream.projections.search import queries as q
 from memstream.projections.search.cache import SearchCache, SpaceKey, Version, space_key, table_identity
-from memstream.projections.store import LanceStore, space_where
+from memstream.projections.store import LanceStore, space_where, wait
 
 __all__ = ["MemoryOwners", "OWNERS_MAX_IDS"]
 

@@ -14,9 +14,8 @@ from lancedb.query import FullTextOperator, MatchQuery
 
 from memstream.domain.events import Scope
 from memstream.projections.embedders import Embedder, embed_query
-from memstream.projections.store import async_table, gather_all
 from memstream.projections.search.results import READ_COLUMNS
-from memstream.projections.store import LanceStore, chunked
+from memstream.projections.store import LanceStore, async_table, chunked, gather_all
 
 __all__ = ["EMBEDDING_THREADS", "native", "vector_query", "text_query", "scan", "by_ids", "match_query", "check_dim", "query_vector", "check_k"]
 

@@ -25,10 +25,9 @@ from memstream.domain.access import agent_pin
 from memstream.domain.content import normalize_content
 from memstream.domain.events import Scope
 from memstream.domain.ranking import query_mentions
+from memstream.projections.schema import ENTITIES, MEMORIES, MESSAGES
 from memstream.projections.search import queries as q
 from memstream.projections.search import vectors as search_vectors
-from memstream.projections.store import gather_all
-from memstream.projections.schema import ENTITIES, MEMORIES, MESSAGES
 from memstream.projections.search.cache import (
     TURN_COLUMNS,
     SearchCache,
@@ -43,7 +42,7 @@ from memstream.projections.search.results import LIST_COLUMNS, READ_COLUMNS, row
 from memstream.projections.search.turns import SessionMemories, SessionTurns, Turn
 from memstream.projections.search.vectors import SpaceVectors, read_space_vectors
 from memstream.projections.search.view import Successors, Unknown, View
-from memstream.projections.store import LanceStore, in_list, space_where
+from memstream.projections.store import LanceStore, gather_all, in_list, space_where
 
 __all__ = ["Gathered", "candidates", "MAX_TURNS", "TURN_COLUMNS"]
 

@@ -7,13 +7,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from memstream.domain.events import Scope
-from memstream.projections.search import queries as q
-from memstream.projections.store import wait
 from memstream.projections.schema import MEMORIES, scoped_key
+from memstream.projections.search import queries as q
 from memstream.projections.search.cache import SearchCache, SpaceCache, Version
 from memstream.projections.search.results import READ_COLUMNS, rows_of
 from memstream.projections.search.turns import SessionMemories, SessionTurns, Turn
-from memstream.projections.store import LanceStore
+from memstream.projections.store import LanceStore, wait
 
 __all__ = ["Unknown", "UNKNOWN", "View", "Successors", "pull_successors", "successor_of", "SUCCESSOR_HOPS"]
 

@@ -17,8 +17,7 @@ from fastapi.responses import RedirectResponse, Response
 from memstream.domain.log import LogPosition
 from memstream.interfaces.console.pages import PAGE_SIZE, checked_id, page_number, render, service_of
 from memstream.interfaces.console.session import ConsoleError, check_csrf, require_operator
-from memstream.services.log_reads import recent_dead_letters
-from memstream.services.log_reads import forget_positions, progress
+from memstream.services.log_reads import forget_positions, progress, recent_dead_letters
 from memstream.streams.forget import forget
 
 __all__ = ["router", "SAMPLES"]

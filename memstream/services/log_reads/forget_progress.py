@@ -17,12 +17,11 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from memstream.domain.log import LogPosition
-from memstream.projections.store import StoreError
-from memstream.projections.store import TableSets
+from memstream.projections.store import StoreError, TableSets
 from memstream.services.shards import routing as shard_routing
 from memstream.settings import Settings
-from memstream.streams.connect import kafka_options
 from memstream.streams.admin import topic_partitions
+from memstream.streams.connect import kafka_options
 from memstream.streams.key_records import forget_order
 from memstream.streams.topics import Topics
 from memstream.streams.worker_identity import worker_key, worker_key_path

@@ -28,18 +28,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter as Tally
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
-
-from collections import Counter as Tally
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from prometheus_client import Counter, Gauge
 
-from memstream.projections.store import DEFAULT_LEASE_TTL_S, LanceDirBusyError, LanceDirLock
 from memstream.projections.embedders import build_embedder
-from memstream.projections.store import shard_dir
+from memstream.projections.store import DEFAULT_LEASE_TTL_S, LanceDirBusyError, LanceDirLock, shard_dir
 from memstream.services.projector.runtime import ProjectorRuntime
 from memstream.services.projector.service import ProjectorService, add_projector, feed_consumer, projector_group
 from memstream.services.shards import open_projector, open_shards

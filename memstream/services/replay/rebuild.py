@@ -50,10 +50,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from memstream.projections.store import LanceDirBusyError, LanceDirLock
-from memstream.projections.store import StoreError
-from memstream.projections.store import TableSets
-from memstream.services.shards import routing as shard_routing
+from memstream.codec.fast_decode import FastMemoryDecoder
+from memstream.projections.store import LanceDirBusyError, LanceDirLock, StoreError, TableSets
 from memstream.services.projector import apply_decoded
 from memstream.services.replay.diff import space_differences, space_digests
 from memstream.services.replay.finish import (
@@ -68,9 +66,10 @@ from memstream.services.replay.finish import (
     train_vector_index,
 )
 from memstream.services.replay.report import ReplayProgress, ReplayReport
+from memstream.services.shards import routing as shard_routing
 from memstream.settings import Settings
 from memstream.streams.admin import topic_partitions
-from memstream.codec.fast_decode import FastMemoryDecoder
+from memstream.streams.connect import kafka_options
 from memstream.streams.inflation_bound import bound_inflation
 from memstream.streams.keys import SubjectKeys
 from memstream.streams.legacy_trust import LegacyTrust, LegacyTrustError, load_legacy_trust
@@ -79,7 +78,6 @@ from memstream.streams.projector_feed import FeedBatch, ProjectorFeed
 from memstream.streams.rerouting import Rerouter
 from memstream.streams.topics import Topics
 from memstream.streams.worker_identity import worker_key as load_worker_key
-from memstream.streams.connect import kafka_options
 
 __all__ = [
     "ReplayError",

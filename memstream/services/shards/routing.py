@@ -14,13 +14,18 @@ from typing import Any
 
 from memstream.domain.access import ReadScope
 from memstream.domain.events import Scope
-from memstream.projections.store import LanceDirLock
 from memstream.projections.embedders import build_embedder
-from memstream.projections.store import as_path
-from memstream.projections.projector import Projector
-from memstream.projections.projector import ShardedProjector
-from memstream.projections.store import ShardedStore, init_layout, is_sharded, shard_count, shard_dir
-from memstream.projections.store import LanceStore
+from memstream.projections.projector import Projector, ShardedProjector
+from memstream.projections.store import (
+    LanceDirLock,
+    LanceStore,
+    ShardedStore,
+    as_path,
+    init_layout,
+    is_sharded,
+    shard_count,
+    shard_dir,
+)
 from memstream.settings import Settings
 from memstream.streams.rerouting import home_partition
 

@@ -8,14 +8,12 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from memstream.projections.store import LanceDirLock
 from memstream.projections.schema import POSITIONS, TABLE_NAMES
-from memstream.projections.store import ShardedStore, is_sharded, shard_dir
-from memstream.projections.store import TableSets
+from memstream.projections.store import LanceDirLock, ShardedStore, TableSets, is_sharded, shard_dir
 from memstream.services.shards.routing import open_store
 from memstream.settings import Settings
-from memstream.streams.topics import Topics
 from memstream.streams.connect import kafka_options
+from memstream.streams.topics import Topics
 
 __all__ = ["ShardStatus", "NotShardedError", "shard_statuses", "end_offsets"]
 

@@ -4,24 +4,24 @@ path (pydantic events, per-event handlers) gives: same rows, same columns, same 
 from __future__ import annotations
 
 import base64
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from tests.projections.projection_helpers import DIM, EVENTS_TOPIC, T0, carried, link, memory
 
+from memstream.codec.fast_decode import FastMemoryDecoder
+from memstream.codec.wire import encode_event
 from memstream.domain.events import EventBase, MessageObserved, Provenance, Scope
 from memstream.projections.embedders.factory import LocalEmbedder
 from memstream.projections.projector.projector import Projector
 from memstream.projections.schema import POSITIONS, TABLE_NAMES
 from memstream.projections.store.lance_store import LanceStore
 from memstream.projections.store.positions import VERSION_TOPIC
-from memstream.codec.fast_decode import FastMemoryDecoder
 from memstream.services.projector.runtime import apply_decoded
 from memstream.streams.record_batches import DecodedBatch, RawRecord, decode_batch
-from memstream.codec.wire import encode_event
+from tests.projections.projection_helpers import DIM, EVENTS_TOPIC, T0, carried, link, memory
 
 EMBEDDER = LocalEmbedder(DIM)
 ALICE = Scope(team_id="acme", user_id="alice", agent_id="planner")

@@ -15,16 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.projections.projection_helpers import DIM, T0, link, memory, positioned
 
 from memstream.domain.events import MemoryAdded, MessageObserved, Scope
-from memstream.projections.search import queries as search_queries, reads as search_reads
-from memstream.projections.search import cache as search_cache
-from memstream.projections.search.cache import SearchCache
 from memstream.projections.embedders.factory import LocalEmbedder
 from memstream.projections.projector.projector import Projector
+from memstream.projections.search import cache as search_cache
+from memstream.projections.search import queries as search_queries
+from memstream.projections.search import reads as search_reads
+from memstream.projections.search.cache import SearchCache
 from memstream.projections.search.hybrid import SearchFilters, SearchResult, search
 from memstream.projections.store.lance_store import LanceStore
+from tests.projections.projection_helpers import DIM, T0, link, memory, positioned
 
 EMB = LocalEmbedder(DIM)
 CACHE = SearchCache()  # what the serving process holds; cleared around each test

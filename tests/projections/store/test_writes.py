@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.projections.projection_helpers import DIM, memory, positioned
-
 from memstream.domain.events import Scope
 from memstream.projections.embedders.factory import LocalEmbedder
 from memstream.projections.projector.projector import Projector
 from memstream.projections.schema import ENTITIES, MEMORIES, MESSAGES
 from memstream.projections.store.lance_store import LanceStore
+from tests.projections.projection_helpers import DIM, memory, positioned
 
 _FIRST_WRITE = """
 import sys, tempfile
