@@ -80,7 +80,9 @@ def test_a_key_logs_in_finds_the_memory_and_reads_its_story(browser: Any, stack:
     assert "trust/u1" in page.locator("main").inner_text()
     _shot(page, "spaces")
     page.get_by_role("link", name="Search", exact=True).click()
+    page.wait_for_url(re.compile(r"/console/search"))  # keys typed before the page loads would go nowhere
     page.keyboard.press("/")  # the shortcut focuses the query box
+    page.wait_for_function("document.activeElement && document.activeElement.id === 'q'")
     page.keyboard.type(f"where does the user live {story.mark}")
     page.keyboard.press("Enter")
     hit = page.locator(".result", has_text=f"lives in Lisbon {story.mark}")
