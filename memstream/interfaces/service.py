@@ -241,11 +241,6 @@ class MemoryService:
                 f"{' or '.join(sorted(self.applied_topics))}"
             )
 
-    async def stored_offset(self, topic: str, partition: int) -> int | None:
-        """The projection's stored next offset for a partition (None: nothing yet)."""
-        positions = await self.stored_positions()
-        return positions.get((topic, partition))
-
     async def stored_positions(self) -> dict[tuple[str, int], int]:
         """The projection's stored positions. Every read waiting for a position polls,
         and under a stream of writes many wait at once: callers that arrive while a

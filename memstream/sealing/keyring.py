@@ -89,10 +89,6 @@ class Keyring:
         self._forgotten: set[bytes] = set()
         self._forgotten_subjects: set[Subject] = set()
 
-    @property
-    def wrapper_id(self) -> str:
-        return self._wrapper.key_id
-
     def __len__(self) -> int:
         return len(self._by_kid)
 

@@ -170,9 +170,6 @@ class ReflectorCore:
         entry = self.decisions.get(key)
         return DecisionState(entry["state"]) if entry else None
 
-    def state_of(self, decision: DecisionRecorded | DecisionExpired | MemoryReflected) -> DecisionState | None:
-        return self.state(self.key_of(decision.scope, decision.decision_id))
-
     def _rows(
         self, partition: int | None, snapshot: Sequence[tuple[str, Mapping[str, Any]]] | None
     ) -> Sequence[tuple[str, Mapping[str, Any]]]:
