@@ -51,8 +51,10 @@ letter, and a few Latin ones NFKC leaves alone)."""
 
 _FOLD = str.maketrans(CONFUSABLES)
 _SPACED = re.compile(r"(?<![^\W\d_])(?:[^\W\d_][ .\-_*·•/\\|]){2,}[^\W\d_](?![^\W\d_])")
-# A single letter between two separators: every spaced-out run holds one.
-_SPACED_HINT = re.compile(r"[ .\-_*·•/\\|][^\W\d_][ .\-_*·•/\\|]")
+# The tail of every spaced-out run (three letters at least): its second letter between
+# two separators, its third not followed by a letter. A lone letter between separators
+# ("I have a dog") is in most texts; this tail is in few.
+_SPACED_HINT = re.compile(r"[ .\-_*·•/\\|][^\W\d_][ .\-_*·•/\\|][^\W\d_](?![^\W\d_])")
 _LEET = str.maketrans({"0": "o", "1": "i", "3": "e", "4": "a", "5": "s", "7": "t", "@": "a", "$": "s"})
 _LEET_HINT = re.compile(r"[013457@$]")
 # A run of word characters that holds a letter and a digit or symbol. Only a run's first

@@ -14,6 +14,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 from enum import StrEnum
+from operator import itemgetter
 
 import ahocorasick
 
@@ -298,6 +299,7 @@ def _literal_scan(literals: tuple[str, ...]) -> ahocorasick.Automaton:
 
 
 _LITERAL_SCAN = _literal_scan(_ALL_LITERALS)
+_WORD = itemgetter(1)  # of the automaton's (end, word) matches
 
 
 def _present(lowered: str | None) -> frozenset[str] | None:
@@ -307,7 +309,7 @@ def _present(lowered: str | None) -> frozenset[str] | None:
     does not."""
     if lowered is None:
         return None
-    return frozenset(word for _, word in _LITERAL_SCAN.iter(lowered))
+    return frozenset(map(_WORD, _LITERAL_SCAN.iter(lowered)))
 
 
 _NO_LITERALS: frozenset[str] = frozenset()
@@ -369,13 +371,17 @@ def injection_reason(text: str) -> str | None:
     return _hijack(text, prefilter=True)
 
 
-_DROP_ASCII_NON_LETTERS = str.maketrans({chr(i): None for i in range(128) if not "a" <= chr(i) <= "z"})
+# bytes.translate deletes in one table pass; str.translate with a dict was most of
+# the squashed check's cost
+_ASCII_NON_LETTERS = bytes(i for i in range(128) if not ord("a") <= i <= ord("z"))
 
 # the hijack phrase with every separator gone ("i.g.n.o.r.e all p-r-e-v-i-o-u-s ...")
-_SQUASHED = re.compile(
+_SQUASHED_PHRASE = (
     r"(?:ignore|disregard|forget|override|bypass)(?:all|any|the|your|of)*"
     r"(?:previous|prior|above|earlier|preceding|original|system)(?:instructions?|prompts?|rules?|guidelines?)"
 )
+_SQUASHED = re.compile(_SQUASHED_PHRASE)
+_SQUASHED_ASCII = re.compile(_SQUASHED_PHRASE.encode("ascii"))
 
 
 def _hijack(text: str, *, prefilter: bool) -> str | None:
@@ -394,12 +400,13 @@ def _hijack(text: str, *, prefilter: bool) -> str | None:
                 snippet = " ".join(match.group(0).split())[:60]
                 return f"instruction hijack: {snippet!r}"
     if lowered is not None:  # ASCII and lower-cased: its letters are a-z
-        letters = lowered.translate(_DROP_ASCII_NON_LETTERS)
+        squashed = _SQUASHED_ASCII.search(lowered.encode("ascii").translate(None, _ASCII_NON_LETTERS))
+        found = None if squashed is None else squashed.group(0).decode("ascii")
     else:
-        letters = "".join(ch for ch in folded.lower() if ch.isalpha())
-    squashed = _SQUASHED.search(letters)
-    if squashed:
-        return f"instruction hijack (disguised): {squashed.group(0)[:60]!r}"
+        squashed = _SQUASHED.search("".join(ch for ch in folded.lower() if ch.isalpha()))
+        found = None if squashed is None else squashed.group(0)
+    if found is not None:
+        return f"instruction hijack (disguised): {found[:60]!r}"
     return None
 
 
