@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["EmbeddingCodecError", "encode_vector", "decode_vector", "decode_array", "encoded_length"]
+__all__ = ["EmbeddingCodecError", "encode_vector", "decode_array", "encoded_length"]
 
 
 class EmbeddingCodecError(ValueError):
@@ -69,8 +69,3 @@ def decode_array(data: str, dim: int) -> np.ndarray:
         )
     return np.frombuffer(raw, dtype="<f4")
 
-
-def decode_vector(data: str, dim: int) -> list[float]:
-    """base64 of ``dim`` little-endian float32 values -> the values as Python floats
-    (same rules as :func:`decode_array`)."""
-    return [float(x) for x in decode_array(data, dim)]

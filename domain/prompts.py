@@ -6,7 +6,7 @@ goes into the provenance of every event the call produced, so any memory can be 
 to the exact text that asked for it (``sha256sum`` of the file gives the same digest).
 
 Packaged defaults live next to this module (``prompts/<id>.toml``). A deployment may
-override them in ``Settings.prompts_dir``; the most specific file wins:
+override them in ``extraction.prompts_dir`` (``MEMSTREAM_EXTRACTION_PROMPTS_DIR``); the most specific file wins:
 
 1. ``<prompts_dir>/teams/<team_id>/agents/<agent_id>/<id>.toml`` (one agent of one team),
 2. ``<prompts_dir>/teams/<team_id>/<id>.toml`` (one team),

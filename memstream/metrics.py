@@ -52,7 +52,6 @@ __all__ = [
     "record_llm_call",
     "record_extraction_repairs",
     "record_extraction_fallback",
-    "llm_call",
     "time_search",
     "multiprocess_mode",
     "render",
@@ -138,17 +137,6 @@ def record_extraction_fallback(reason: str) -> None:
     """Count one window stored by the heuristic fallback (``FallbackReason`` value)."""
     EXTRACTION_FALLBACKS.labels(reason=reason).inc()
 
-
-@contextmanager
-def llm_call(purpose: str) -> Iterator[None]:
-    """Count the LLM call made inside the block; an exception counts as a failure
-    (labelled with the exception's class name) and propagates."""
-    try:
-        yield
-    except BaseException as exc:
-        record_llm_call(purpose, ok=False, reason=type(exc).__name__)
-        raise
-    record_llm_call(purpose, ok=True)
 
 
 @contextmanager

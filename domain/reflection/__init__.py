@@ -43,7 +43,6 @@ from memstream.domain.reflection.outcomes import (
     OutcomeMatch,
     covers_horizon,
     direction_correct,
-    expiry_due,
     match_outcome,
     performance,
 )
@@ -69,7 +68,6 @@ __all__ = [
     "OutcomeMatch",
     "covers_horizon",
     "match_outcome",
-    "expiry_due",
     "performance",
     "direction_correct",
     "TemplatedReflection",

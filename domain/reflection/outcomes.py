@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from memstream.domain.events import DecisionRecorded, OutcomeObserved, Rating
 from memstream.domain.reflection.ratings import rating_direction
@@ -19,7 +19,6 @@ __all__ = [
     "OutcomeMatch",
     "covers_horizon",
     "match_outcome",
-    "expiry_due",
     "performance",
     "direction_correct",
 ]
@@ -104,13 +103,6 @@ def match_outcome(decision: DecisionRecorded, outcome: OutcomeObserved) -> Outco
         elif outcome.occurred_at < decided:
             return OutcomeMatch(False, "outcome was observed before the decision was taken")
     return OutcomeMatch(True, "outcome covers the whole horizon")
-
-
-def expiry_due(decision: DecisionRecorded, now: datetime) -> bool:
-    """True once ``now`` has reached the decision's deadline (``now`` must be aware)."""
-    if now.tzinfo is None:
-        raise ValueError("now must be timezone-aware")
-    return now >= decision.deadline
 
 
 def performance(outcome: OutcomeObserved) -> tuple[float, str]:

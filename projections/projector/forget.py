@@ -5,7 +5,7 @@ older table versions) until compaction rewrites the fragments and the old versio
 are cleaned up. So forgetting deletes the subject's rows from every scoped table,
 rewrites every fragment that holds a deletion, folds the change into the indexes and
 removes the older versions and the files only they used. Versions younger than the
-store's ``reader_grace`` (``Settings.reader_grace_s``) stay for readers in other
+store's ``reader_grace`` (``storage.reader_grace_s``) stay for readers in other
 processes that may still be on them (a search must not fail because its files
 vanished); :func:`drop_old_versions` removes them once the grace has passed (the
 projector calls it from its maintenance).

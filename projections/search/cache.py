@@ -94,7 +94,7 @@ SpaceKey = tuple[str, str, str, str]
 CACHE_MAX_ROWS = SEARCH_CACHE_ROWS
 """Memory rows and turns kept over every memory space together by default (about 0.9
 KB of Python objects each, turns and memories together: about 27 MB;
-``Settings.search_cache_rows``)."""
+``storage.search_cache_rows``)."""
 
 FACTS_MAX = 4096
 """Most memory spaces whose speakers and counts are kept (and entity names per space)."""
@@ -184,7 +184,7 @@ class SpaceCache:
 
 
 # Not a plain LRU (so not cachetools): entries grow in place while filed and the growing
-# entry is kept while others go (test_search_cache.py::test_the_cache_stays_within_its_bound).
+# entry is kept while others go (tests/projections/search/test_cache.py::test_the_cache_stays_within_its_bound).
 class _Registry:
     """Every space's entry, least recently searched first, and the rows they hold
     together (kept as a running total: summing over thousands of spaces at every

@@ -60,7 +60,7 @@ STOP_STEMS = frozenset(
 )
 """tantivy's English stop list, which Lance matches against stems (it runs after the
 stemmer): a word is dropped when its stem is here (``tests/projections/
-test_search_lexical.py`` checks it against LanceDB's index)."""
+search/test_lexical.py`` checks it against LanceDB's index)."""
 
 _WORD = re.compile(r"[^\W_]+")
 _local = threading.local()

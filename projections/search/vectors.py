@@ -14,7 +14,7 @@ Memory is bounded by :data:`VECTORS_MAX_ROWS` over all spaces, least recently us
 spaces first. The space's ``content`` is read with its vectors and indexed for BM25
 (``lexical``), under the same conditions and at the same version.
 
-Kept, measured (docs/benchmarks.md, "Full-text mirror against LanceDB's FTS"): without it `bench locomo` search p50 is 19.7 ms against 14.5 (+36 %), `bench mixed --quick` 144 against 71 ms.
+Kept on its measured search latency (docs/benchmarks.md, "Measured design decisions").
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ SPACE_MAX_VECTORS = 20_000
 """Largest space whose vectors are kept (a bigger one is searched by LanceDB)."""
 VECTORS_MAX_ROWS = SEARCH_CACHE_VECTORS
 """Memories kept over every space together by default (a vector of 384 float32, its
-text and about a dozen BM25 postings each: about 100 MB; ``Settings.search_cache_vectors``)."""
+text and about a dozen BM25 postings each: about 100 MB; ``storage.search_cache_vectors``)."""
 
 _COLUMNS = ("memory_id", "session_id", "source_message_ids", "content", "vector")
 

@@ -33,7 +33,7 @@ class LanceDirBusyError(RuntimeError):
 
 
 # Kept by hand: filelock takes exclusive flocks only (its reader/writer lock is SQLite), and
-# workers in a group hold this shared beside a replay's probe (test_shard_group.py).
+# workers in a group hold this shared beside a replay's probe (tests/services/shards/test_group.py).
 class LanceDirLock:
     """The exclusive right to write (or swap) a LanceDB directory: an advisory
     ``flock`` on the sibling file ``<lance_dir>.lock``.

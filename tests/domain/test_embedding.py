@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from memstream.domain.embedding import (
     EmbeddingCodecError,
-    decode_vector,
+    decode_array,
     encode_vector,
     encoded_length,
 )
@@ -33,7 +33,7 @@ def bits(values: list[float]) -> bytes:
 @given(VECTORS)
 def test_round_trip_is_exact_for_float32_values(values: list[float]) -> None:
     data = encode_vector(values)
-    decoded = decode_vector(data, len(values))
+    decoded = decode_array(data, len(values)).tolist()
     assert decoded == values
     assert bits(decoded) == bits(values)
     assert len(data) == encoded_length(len(values))
@@ -42,7 +42,7 @@ def test_round_trip_is_exact_for_float32_values(values: list[float]) -> None:
 @settings(max_examples=200)
 @given(st.lists(st.floats(allow_nan=False, min_value=-3e38, max_value=3e38), min_size=1, max_size=32))
 def test_float64_values_round_to_float32(values: list[float]) -> None:
-    decoded = decode_vector(encode_vector(values), len(values))
+    decoded = decode_array(encode_vector(values), len(values)).tolist()
     assert decoded == [float(x) for x in np.asarray(values, dtype=np.float32)]
 
 
@@ -52,13 +52,13 @@ def test_decode_rejects_a_wrong_dimension(values: list[float], dim: int) -> None
     if dim == len(values):
         dim += 1
     with pytest.raises(EmbeddingCodecError, match=f"dimension {dim} needs"):
-        decode_vector(encode_vector(values), dim)
+        decode_array(encode_vector(values), dim).tolist()
 
 
 def test_layout_is_little_endian_float32() -> None:
     assert encode_vector([1.0]) == base64.b64encode(b"\x00\x00\x80\x3f").decode()
     assert encode_vector([1.0, -2.0]) == "AACAPwAAAMA="
-    assert decode_vector("AACAPwAAAMA=", 2) == [1.0, -2.0]
+    assert decode_array("AACAPwAAAMA=", 2).tolist() == [1.0, -2.0]
 
 
 def test_numpy_arrays_encode_like_lists() -> None:
@@ -83,16 +83,16 @@ def test_numpy_arrays_encode_like_lists() -> None:
 )
 def test_decode_rejects_malformed_payloads(data: str, dim: int, fragment: str) -> None:
     with pytest.raises(EmbeddingCodecError, match=fragment.replace("(", r"\(")):
-        decode_vector(data, dim)
+        decode_array(data, dim).tolist()
 
 
 def test_decode_rejects_non_text_and_non_integer_dimensions() -> None:
     with pytest.raises(EmbeddingCodecError, match="must be a base64 string"):
-        decode_vector(b"AACAPw==", 1)  # type: ignore[arg-type]
+        decode_array(b"AACAPw==", 1).tolist()  # type: ignore[arg-type]
     with pytest.raises(EmbeddingCodecError, match="positive integer"):
-        decode_vector("AACAPw==", True)
+        decode_array("AACAPw==", True).tolist()
     with pytest.raises(EmbeddingCodecError, match="positive integer"):
-        decode_vector("AACAPw==", 1.0)  # type: ignore[arg-type]
+        decode_array("AACAPw==", 1.0).tolist()  # type: ignore[arg-type]
 
 
 def test_encode_rejects_empty_and_out_of_range_vectors() -> None:
@@ -106,7 +106,7 @@ def test_encode_rejects_empty_and_out_of_range_vectors() -> None:
 
 def test_codec_keeps_non_finite_values_and_the_event_model_refuses_them() -> None:
     data = encode_vector([math.nan, math.inf])
-    decoded = decode_vector(data, 2)
+    decoded = decode_array(data, 2).tolist()
     assert math.isnan(decoded[0]) and decoded[1] == math.inf
     with pytest.raises(ValueError, match="NaN or infinite"):
         EmbeddingPayload(model="m", dim=2, data=data)

@@ -13,6 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
+
 from memstream.codec.batch import PositionedMemories
 from memstream.domain.log import PositionedEvent
 from memstream.projections.store import TableSets
@@ -260,34 +262,27 @@ class ProjectorRuntime:
         """Retry ``attempt_fn`` with back-off until it succeeds (or the task is cancelled
         because the worker stops: the stored positions then say where the next run
         starts). Giving up would let the next batch's positions pass this one."""
-        attempt = 0
-        while True:
-            try:
-                return await attempt_fn()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the projector must never stop
-                attempt += 1
-                self.stats.retries += 1
-                delay = min(_MAX_BACKOFF_S, 0.5 * 2 ** min(attempt - 1, 6))
-                first, last = records[0], records[-1]
-                log.error(
-                    "%s %d records (%s:%d:%d .. %s:%d:%d) failed (attempt %d), retrying in %.1fs: %s: %s",
-                    what,
-                    len(records),
-                    first.topic,
-                    first.partition,
-                    first.offset,
-                    last.topic,
-                    last.partition,
-                    last.offset,
-                    attempt,
-                    delay,
-                    type(exc).__name__,
-                    exc,
-                    exc_info=attempt == 1,
-                )
-                await asyncio.sleep(delay)
+        first, last = records[0], records[-1]
+        span = f"{len(records)} records ({first.topic}:{first.partition}:{first.offset} .. {last.topic}:{last.partition}:{last.offset})"
+
+        def failed(state: RetryCallState) -> None:
+            self.stats.retries += 1
+            exc = state.outcome.exception() if state.outcome else None
+            log.error(
+                "%s %s failed (attempt %d), retrying in %.1fs: %s: %s",
+                what, span, state.attempt_number, state.upcoming_sleep, type(exc).__name__, exc,
+                exc_info=exc if state.attempt_number == 1 else None,
+            )
+
+        async def call() -> Any:  # tenacity awaits only coroutine functions
+            return await attempt_fn()
+
+        # Exception, not BaseException: cancellation (the worker stopping) ends the retries
+        return await AsyncRetrying(
+            retry=retry_if_exception_type(Exception),
+            wait=wait_exponential(multiplier=0.5, max=_MAX_BACKOFF_S),
+            before_sleep=failed,
+        )(call)
 
     def _count(self, outcome: BatchOutcome) -> None:
         t = self.stats

@@ -41,8 +41,9 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import faust
 from aiokafka import TopicPartition
 from mode import Service
 
@@ -58,8 +59,6 @@ from memstream.streams.topics import Topics
 from memstream.streams.legacy_trust import load_legacy_trust
 from memstream.streams.worker_identity import worker_key
 
-if TYPE_CHECKING:
-    from memstream.services.app import MemstreamApp
 
 __all__ = [
     "ready_file",
@@ -126,7 +125,7 @@ class ProjectorService(Service):
 
     logger = logging.getLogger("memstream.faust")
 
-    def __init__(self, app: "MemstreamApp", runtime: ProjectorRuntime) -> None:
+    def __init__(self, app: faust.App, runtime: ProjectorRuntime) -> None:
         super().__init__()
         self.app = app
         self.runtime = runtime
@@ -302,7 +301,7 @@ class ProjectorService(Service):
 
 
 def register_projector(
-    app: "MemstreamApp",
+    app: faust.App,
     settings: Settings,
     topics: Topics,
     *,
@@ -315,7 +314,7 @@ def register_projector(
 
 
 def add_projector(
-    app: "MemstreamApp", settings: Settings, service: Service, maintain: Callable[[], Awaitable[None]]
+    app: faust.App, settings: Settings, service: Service, maintain: Callable[[], Awaitable[None]]
 ) -> None:
     """Add a projector ``service`` to ``app``, and the timer that runs its tables'
     ``maintain`` every ``optimize_every_s``."""

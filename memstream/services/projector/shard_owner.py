@@ -30,8 +30,9 @@ import logging
 import time
 from collections import Counter as Tally
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import faust
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from prometheus_client import Counter, Gauge
@@ -46,8 +47,6 @@ from memstream.streams.connect import kafka_options, until_started
 from memstream.streams.projector_feed import FeedBatch
 from memstream.streams.topics import Topics
 
-if TYPE_CHECKING:
-    from memstream.services.app import MemstreamApp
 
 __all__ = ["ShardLeases", "ShardLostError", "GroupRuntime", "GroupProjectorService", "register_group_projector", "member_consumer"]
 
@@ -199,7 +198,7 @@ async def _topics_known(consumer: AIOKafkaConsumer, topics: Any, wait_s: float =
 class GroupProjectorService(ProjectorService):
     """The projector of one worker among several (see the module docstring)."""
 
-    def __init__(self, app: "MemstreamApp", runtime: GroupRuntime) -> None:
+    def __init__(self, app: faust.App, runtime: GroupRuntime) -> None:
         super().__init__(app, runtime)
         self.runtime: GroupRuntime = runtime
         self._members: AIOKafkaConsumer | None = None
@@ -306,7 +305,7 @@ class GroupProjectorService(ProjectorService):
                 self._leases.release(self._leases.held())
 
 
-def register_group_projector(app: "MemstreamApp", settings: Settings, topics: Topics) -> GroupRuntime:
+def register_group_projector(app: faust.App, settings: Settings, topics: Topics) -> GroupRuntime:
     """Add the group projector service and its maintenance timer to ``app``."""
     rt = GroupRuntime(settings, topics)
     add_projector(app, settings, GroupProjectorService(app, rt), rt.maintain)

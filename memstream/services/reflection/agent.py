@@ -456,7 +456,7 @@ def register_reflector(
 ) -> ReflectorHandle:
     """Add the reflector's tables, agents and timer to ``app``.
 
-    ``writer`` defaults to the LLM writer when ``settings.llm_*`` configure an LLM,
+    ``writer`` defaults to the LLM writer when ``settings.extraction.llm_*`` configure an LLM,
     else the templated one; ``provider`` defaults to the price-file provider when
     ``settings.worker.outcome_prices_path`` is set (pass ``None`` to disable polling).
     """

@@ -82,7 +82,6 @@ from memstream.streams.worker_identity import worker_key as load_worker_key
 __all__ = [
     "ReplayError",
     "replay",
-    "replay_sync",
     "PHASES",
     "PHASE_COMPACT",
     "PHASE_VECTOR_INDEX",
@@ -519,7 +518,3 @@ async def _await_pause(sets: TableSets, request_id: str) -> None:
             )
         await asyncio.sleep(0.05)
 
-
-def replay_sync(settings: Settings, **kwargs: Any) -> ReplayReport:
-    """:func:`replay` for synchronous callers (the CLI)."""
-    return asyncio.run(replay(settings, **kwargs))

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
 from memstream.domain.events import Rating, Scope
-from memstream.domain.reflection.outcomes import HOLD_BAND, covers_horizon, direction_correct, expiry_due, match_outcome
+from memstream.domain.reflection.outcomes import HOLD_BAND, covers_horizon, direction_correct, match_outcome
 from tests.domain.reflection.helpers import T0, decision, outcome
 
 
@@ -61,14 +61,6 @@ def test_subject_wide_outcome_must_describe_the_time_after_the_decision() -> Non
     observed_after = outcome(decision_id=None, occurred_at=T0 + timedelta(days=8))
     assert match_outcome(d, observed_after)
 
-
-def test_expiry_is_due_at_the_deadline() -> None:
-    d = decision(deadline=T0 + timedelta(days=3))
-    assert not expiry_due(d, T0 + timedelta(days=3) - timedelta(microseconds=1))
-    assert expiry_due(d, T0 + timedelta(days=3))
-    assert expiry_due(d, T0 + timedelta(days=30))
-    with pytest.raises(ValueError):
-        expiry_due(d, datetime(2030, 1, 1))
 
 @pytest.mark.parametrize(
     ("rating", "alpha", "expected"),

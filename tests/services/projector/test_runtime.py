@@ -3,10 +3,12 @@ its maintenance beside the writer."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from tests.projections.projection_helpers import DIM, memory, positioned
 
 from memstream.domain.events import Scope
@@ -16,6 +18,7 @@ from memstream.projections.store.lance_store import LanceStore
 from memstream.services.projector.runtime import ProjectorRuntime
 from memstream.services.worker import worker_settings
 from memstream.settings import Settings
+from memstream.streams.record_batches import RawRecord
 from memstream.streams.topics import Topics
 
 ALICE = Scope(team_id="acme", user_id="alice")
@@ -63,3 +66,34 @@ def test_the_worker_writing_many_commits_keeps_lancedbs_metadata_cache_within_it
             projector.apply(positioned([memory(ALICE, f"a{i}", f"Alice note {i}")], start=i))
     assert reader_bound.cache_bytes() > 2 << 20  # what the reader's bound lets a writer keep
     assert 0 < bounded.cache_bytes() <= 2 << 20  # the cache evicts approximately
+
+
+async def test_a_failing_write_is_retried_with_back_off_until_it_succeeds_and_stops_when_cancelled(
+    tmp_path: Path,
+) -> None:
+    # Giving up on a batch would let the next batch's positions pass it: the runtime
+    # retries until the write succeeds, and only the worker stopping (cancellation) ends it.
+    topics = Topics(prefix="retry.", partitions=1, replication_factor=1)
+    rt = ProjectorRuntime(worker_settings(Settings(home=tmp_path, embedding_dim=DIM, embedder="local")), topics)
+    records = [RawRecord(topics.events, 0, 7, None, b"{}", ())]
+    calls = 0
+
+    async def flaky() -> str:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            raise OSError(f"disk full (call {calls})")
+        return "written"
+
+    assert await rt._until_done(flaky, records, "projecting") == "written"  # noqa: SLF001
+    assert (calls, rt.stats.retries) == (3, 2)
+
+    async def never() -> None:
+        raise OSError("still down")
+
+    task = asyncio.create_task(rt._until_done(never, records, "projecting"))  # noqa: SLF001
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert rt.stats.retries == 3
