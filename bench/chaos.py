@@ -360,7 +360,7 @@ def run_plan(
     started = time.monotonic()
     figures: dict[str, Any] = {}
     try:
-        local.start(settings)
+        local.start(settings.local_broker)
         asyncio.run(ensure_topics(settings.broker.bootstrap_servers, topics))
         worker.start()
         worker.wait_log("extractor assigned", timeout=180.0)
@@ -506,7 +506,7 @@ def run_plan(
         worker.stop()
         server.stop()
         try:
-            local.stop(settings)
+            local.stop(settings.local_broker)
         except Exception as exc:  # noqa: BLE001 - report, keep the original error
             err_console.print(f"[yellow]could not stop the private broker: {exc}[/yellow]")
         if own_dir and not keep:

@@ -36,13 +36,13 @@ def kafka_libs() -> Path:
     from memstream.streams.broker import local
 
     settings = Settings()
-    libs = local.jar_dir(settings)
+    libs = local.jar_dir(settings.resolved_kafka_cache_dir, settings.broker.kafka_version)
     if local.jar_cache_complete(libs):
         return libs
     override = os.environ.get("MEMSTREAM_KAFKA_LIBS")
     if override:
         return Path(override)
-    return local.ensure_jars(settings)
+    return local.ensure_jars(settings.resolved_kafka_cache_dir, settings.broker.kafka_version)
 
 
 def console_produce(bootstrap: str, topic: str, lines: list[str], *, with_headers: bool) -> None:

@@ -98,7 +98,7 @@ async def test_a_forgotten_key_leaves_the_brokers_disk_within_the_bound(topic_pr
     topics = Topics(topic_prefix, 3, 1, keys_segment_ms=segment_ms)
     await ensure_topics(env.bootstrap_servers, topics)
     settings = settings_for(topics, keys_segment_ms=segment_ms)
-    partition_dir = local.BrokerPaths.from_settings(env).data_dir / f"{topics.keys}-0"
+    partition_dir = local.BrokerPaths.at(env.resolved_broker_dir).data_dir / f"{topics.keys}-0"
 
     def holding(needle: bytes) -> list[str]:
         return [p.name for p in partition_dir.iterdir() if p.is_file() and needle in p.read_bytes()]

@@ -48,18 +48,18 @@ def acl_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]
         root, broker_acl=True, topic_prefix="acl.", app_id="aclapp", lance_dir=root / "lance",
         embedder="local", sealing=True, projector_batch_seconds=0.05,
     )
-    status = local.start(settings)
+    status = local.start(settings.local_broker)
     try:
         assert status.acl and status.running
         asyncio.run(ensure_topics(settings, Topics.from_settings(settings.broker)))  # as the worker
         yield settings
     finally:
-        local.stop(settings)
+        local.stop(settings.local_broker)
 
 
 def as_principal(settings: Settings, principal: str) -> Settings:
     return settings.model_copy(
-        update={"kafka_username": principal, "kafka_password_file": acl.password_file(settings, principal)}
+        update={"kafka_username": principal, "kafka_password_file": acl.password_file(settings.credentials_dir, principal)}
     )
 
 
@@ -77,11 +77,11 @@ async def _write(settings: Settings, topic: str, *, idempotent: bool = True) -> 
 
 
 def test_the_broker_files_hold_the_secrets_privately(acl_settings: Settings) -> None:
-    folder = acl.credentials_dir(acl_settings)
+    folder = acl_settings.credentials_dir
     assert folder.stat().st_mode & 0o777 == 0o700
     for principal in acl.PRINCIPALS:
-        assert acl.password_file(acl_settings, principal).stat().st_mode & 0o777 == 0o600
-    config = local.BrokerPaths.from_settings(acl_settings).config_file
+        assert acl.password_file(acl_settings.credentials_dir, principal).stat().st_mode & 0o777 == 0o600
+    config = local.BrokerPaths.at(acl_settings.resolved_broker_dir).config_file
     assert config.stat().st_mode & 0o777 == 0o600
     assert "StandardAuthorizer" in config.read_text()
 
