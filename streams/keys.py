@@ -15,7 +15,6 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 
