@@ -164,7 +164,7 @@ async def _opened(settings: Settings, topics: Topics, records: list[Any]) -> lis
     """``records`` with sealed values opened under the log's keys (the keys topic), as
     every reader of the log opens them; a record that does not open keeps its bytes
     (it is then counted as not decoded)."""
-    async with SubjectKeys(settings, topics, client_id="memstream-bench-chaos-keys") as keys:
+    async with SubjectKeys(settings.streams, topics, client_id="memstream-bench-chaos-keys") as keys:
         await keys.prepare((r.value, r.headers) for r in records)
         opener = RecordOpener(keys.keyring)
         out: list[Any] = []

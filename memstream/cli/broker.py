@@ -119,7 +119,7 @@ def create() -> None:
     settings = get_settings()
     topics = Topics.from_settings(settings.broker)
     try:
-        result = asyncio.run(ensure_topics(settings, topics))
+        result = asyncio.run(ensure_topics(settings.broker, topics))
     except TopicCreationError as exc:
         raise CLIError(f"{exc} (is the broker running? `memstream broker status`)") from exc
     table = Table(title=f"topics at {settings.broker.bootstrap_servers}")

@@ -325,7 +325,7 @@ def _ensure_topics(settings: Settings) -> None:
     from memstream.streams.topics import Topics
 
     try:
-        result = asyncio.run(ensure_topics(settings, Topics.from_settings(settings.broker)))
+        result = asyncio.run(ensure_topics(settings.broker, Topics.from_settings(settings.broker)))
     except TopicCreationError as exc:
         raise CLIError(str(exc)) from None
     created = [name for name, state in result.items() if state == "created"]

@@ -51,7 +51,7 @@ def acl_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]
     status = local.start(settings.local_broker)
     try:
         assert status.acl and status.running
-        asyncio.run(ensure_topics(settings, Topics.from_settings(settings.broker)))  # as the worker
+        asyncio.run(ensure_topics(settings.broker, Topics.from_settings(settings.broker)))  # as the worker
         yield settings
     finally:
         local.stop(settings.local_broker)
@@ -107,7 +107,7 @@ async def test_the_worker_principal_writes_the_log_keys_and_its_own_topics(acl_s
     # a scratch topic set under the worker's prefix (created by the worker itself), so
     # a test record on a key topic never reaches the module's worker
     scratch = Topics(prefix=f"acl.scratch{uuid.uuid4().hex[:6]}.", partitions=1)
-    await ensure_topics(acl_settings, scratch)
+    await ensure_topics(acl_settings.broker, scratch)
     for topic in (scratch.events, scratch.keys, scratch.pending_reflections, scratch.ingress):
         assert await _write(acl_settings, topic) == 0
     # a producer principal may not write even the scratch ingress: its grant is literal
@@ -176,7 +176,7 @@ def test_a_write_through_the_ingress_as_the_api_makes_it_is_projected(acl_settin
         content = f"Ana prefers answers under ACLs {uuid.uuid4().hex[:6]}"
 
         async def write() -> str:
-            async with MemstreamProducer(api, client_id="acl-api") as producer:
+            async with MemstreamProducer(api.streams, client_id="acl-api") as producer:
                 sent = await producer.add_memory(scope, content, memory_type="persona")
             assert sent.position.topic == Topics.from_settings(acl_settings.broker).ingress
             return sent.event.memory_id
