@@ -143,10 +143,9 @@ class MemstreamProducer:
         keys: SubjectKeys | None = None,
     ) -> None:
         """``streams``: ``Settings.streams`` (default: the ``MEMSTREAM_*`` settings'). ``signing_key``:
-        the worker's key (``memstream.streams.worker_identity``); only the worker passes it,
-        so that its system events are believed. With sealing on (the default), events are
-        sealed under their subject's key: ``keys`` is a started keyring to share, else the
-        producer follows its own."""
+        the worker's key (``memstream.streams.worker_identity``); only the worker passes it, so
+        that its system events are believed. With sealing on (the default), events are sealed
+        under their subject's key: ``keys`` is a started keyring to share, else its own."""
         self.streams = streams or get_settings().streams
         self.bootstrap_servers = bootstrap_servers or self.streams.broker.bootstrap_servers
         self.topics = topics or Topics.from_settings(self.streams.broker)
