@@ -5,7 +5,9 @@ environment; the way back, settings written as variables for a child process
 (:func:`settings_env`, :func:`child_env`), lives here too, so the mapping exists once.
 
 The settings are grouped by component (``memstream.settings_groups``): ``settings.broker``,
-``settings.storage``... and a component takes its own group. ``<group>.<field>`` is the
+``settings.storage``... and a component takes its own group (memstream's Kafka clients
+take ``settings.streams`` and the local broker ``settings.local_broker``: the groups they
+need and the files they use, resolved under ``home``). ``<group>.<field>`` is the
 variable ``MEMSTREAM_<GROUP>_<FIELD>``; docs/configuration.md lists them all (checked
 against these models). The flat names of earlier releases still work for one release
 (``memstream.settings_legacy``).
