@@ -142,7 +142,7 @@ class MemstreamProducer:
         signing_key: bytes | None = None,
         keys: SubjectKeys | None = None,
     ) -> None:
-        """``streams``: ``Settings.streams`` (default: the ``MEMSTREAM_*`` settings'). ``signing_key``:
+        """``streams``: ``Settings.streams`` (default: the ``MEMSTREAM_*`` settings). ``signing_key``:
         the worker's key (``memstream.streams.worker_identity``); only the worker passes it, so
         that its system events are believed. With sealing on (the default), events are sealed
         under their subject's key: ``keys`` is a started keyring to share, else its own."""
