@@ -239,7 +239,7 @@ async def produce_events(
             key = (p.topic, p.partition)
             ends[key] = max(ends.get(key, 0), p.offset + 1)
 
-    async with MemstreamProducer(_producer_settings(settings), client_id="memstream-bench") as producer:
+    async with MemstreamProducer(_producer_settings(settings).streams, client_id="memstream-bench") as producer:
         with progress_bar() as bar:
             task = bar.add_task(label, total=total)
             for event in events:

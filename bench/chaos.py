@@ -164,7 +164,7 @@ async def _opened(settings: Settings, topics: Topics, records: list[Any]) -> lis
     """``records`` with sealed values opened under the log's keys (the keys topic), as
     every reader of the log opens them; a record that does not open keeps its bytes
     (it is then counted as not decoded)."""
-    async with SubjectKeys(settings, topics, client_id="memstream-bench-chaos-keys") as keys:
+    async with SubjectKeys(settings.streams, topics, client_id="memstream-bench-chaos-keys") as keys:
         await keys.prepare((r.value, r.headers) for r in records)
         opener = RecordOpener(keys.keyring)
         out: list[Any] = []
@@ -360,7 +360,7 @@ def run_plan(
     started = time.monotonic()
     figures: dict[str, Any] = {}
     try:
-        local.start(settings)
+        local.start(settings.local_broker)
         asyncio.run(ensure_topics(settings.broker.bootstrap_servers, topics))
         worker.start()
         worker.wait_log("extractor assigned", timeout=180.0)
@@ -506,7 +506,7 @@ def run_plan(
         worker.stop()
         server.stop()
         try:
-            local.stop(settings)
+            local.stop(settings.local_broker)
         except Exception as exc:  # noqa: BLE001 - report, keep the original error
             err_console.print(f"[yellow]could not stop the private broker: {exc}[/yellow]")
         if own_dir and not keep:

@@ -105,7 +105,7 @@ async def produce_traffic(
     ledger: Ledger,
     on_progress: Any,
 ) -> float:
-    producer = MemstreamProducer(settings, client_id="memstream-chaos")
+    producer = MemstreamProducer(settings.streams, client_id="memstream-chaos")
     raw = create_kafka_producer(settings.broker, client_id="memstream-chaos-raw")
     await producer.start()
     await raw.start()
@@ -189,7 +189,7 @@ async def forge_keys(settings: Settings, topics: Topics, ledger: Ledger) -> dict
     every data key, a bogus key record, and a forged ``SubjectForgotten`` naming each
     key's real id on ``events`` (its position joins the bad inputs: it must be dead-
     lettered). Then a new keyring must start and still hold every subject."""
-    async with SubjectKeys(settings, topics, client_id="memstream-bench-chaos-forger") as keys:
+    async with SubjectKeys(settings.streams, topics, client_id="memstream-bench-chaos-forger") as keys:
         ring = keys.keyring
         assert ring is not None
         held = {s: ring.kids_of(s) for s in ring.known_subjects()}
@@ -211,7 +211,7 @@ async def forge_keys(settings: Settings, topics: Topics, ledger: Ledger) -> dict
         forged += 1
     finally:
         await raw.stop()
-    async with SubjectKeys(settings, topics, client_id="memstream-bench-chaos-after") as after:
+    async with SubjectKeys(settings.streams, topics, client_id="memstream-bench-chaos-after") as after:
         ring = after.keyring
         assert ring is not None
         kept = sum(1 for subject, kids in held.items() if all(ring.by_kid(k) is not None for k in kids))

@@ -95,7 +95,7 @@ async def _pending(settings: Any, user: str, n: int) -> None:
     """``n`` pending decisions of the space in the log, each with an outcome too short
     to settle it."""
     scope = {"team_id": TEAM, "user_id": user, "agent_id": "default"}
-    async with MemstreamProducer(settings, client_id="bench-console") as p:
+    async with MemstreamProducer(settings.streams, client_id="bench-console") as p:
         for i in range(n):
             await p.record_decision(scope, f"p{i}", f"P{i % _SUBJECTS}", "sell", f"sell P{i % _SUBJECTS}, reason {i}",
                                     datetime.now(timezone.utc) + timedelta(days=30), horizon_days=10)

@@ -255,7 +255,7 @@ async def _measure(settings: Settings, n: int) -> dict[str, Any]:
 
     turns = _turns(n)
     status(f"producing {n:,} turns to {topics.messages}")
-    producer = MemstreamProducer(settings, topics=topics, client_id="bench-extractor")
+    producer = MemstreamProducer(settings.streams, topics=topics, client_id="bench-extractor")
     await producer.start()
     try:
         for start in range(0, n, 2_000):

@@ -149,7 +149,7 @@ class _StallClock:
 
 
 async def _project_turns(settings: Settings, store: Any, embedder: Any, turns: list[MessageObserved]) -> None:
-    producer = MemstreamProducer(settings, client_id="bench-faults")
+    producer = MemstreamProducer(settings.streams, client_id="bench-faults")
     await producer.start()
     try:
         positions = await producer.send_many(turns)
@@ -172,7 +172,7 @@ async def _extract(settings: Settings, turns: list[MessageObserved], restart_aft
     clock = _StallClock()
     wanted = {t.message_id for t in turns}
     llm = LLMClient.from_settings(settings)
-    producer = MemstreamProducer(settings, topics=topics, client_id="bench-faults-extractor")
+    producer = MemstreamProducer(settings.streams, topics=topics, client_id="bench-faults-extractor")
     await producer.start()
 
     def runner() -> ExtractorRunner:

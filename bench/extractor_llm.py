@@ -270,7 +270,7 @@ async def _measure(settings: Settings, sessions: int, deadline_s: float) -> dict
     turns = [t for conversation in conversations(sessions) for t in conversation]
     client = LLMClient.from_settings(settings)
     chat = TimedChat(client)
-    producer = MemstreamProducer(settings, topics=topics, client_id="bench-extractor-llm")
+    producer = MemstreamProducer(settings.streams, topics=topics, client_id="bench-extractor-llm")
     await producer.start()
     before = _repairs()
     try:

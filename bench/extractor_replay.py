@@ -46,7 +46,7 @@ async def _replay(settings: Settings, sessions: list[list[MessageObserved]]) -> 
     store = await asyncio.to_thread(LanceStore.from_settings, settings.storage, settings.embeddings.dim)
     model = ScriptedExtractionModel()
     produced: list[PositionedEvent] = []
-    producer = MemstreamProducer(settings, topics=topics, client_id="bench-replay")
+    producer = MemstreamProducer(settings.streams, topics=topics, client_id="bench-replay")
     await producer.start()
 
     class _Recording:

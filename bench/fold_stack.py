@@ -125,7 +125,7 @@ class FoldStack:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        self.keys = SubjectKeys(self.settings, client_id="fold-machine-keys")
+        self.keys = SubjectKeys(self.settings.streams, client_id="fold-machine-keys")
         await self.keys.start()
         self._consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.broker.bootstrap_servers, group_id=None,
                                           enable_auto_commit=False)
@@ -239,7 +239,7 @@ class FoldStack:
     async def forget(self, space: int, whole_team: bool) -> None:
         team, user = SPACES[space]
         self.steps.append(f"forget {team}/{'*' if whole_team else user}")
-        report = await forget(self.settings, team, None if whole_team else user)
+        report = await forget(self.settings.streams, team, None if whole_team else user)
         for subject, position in zip(report.forgotten, report.positions):
             event = SubjectForgotten(scope=Scope(team_id=subject.team_id, user_id=subject.user_id), whole_team=whole_team)
             self.log.append((event, position))

@@ -107,7 +107,7 @@ def _events(scope: Scope, canaries: Canaries, n: int, dim: int, model: str, rng:
 
 
 async def _produce(settings: Settings, events: list[Any], ingress: list[Any]) -> None:
-    async with MemstreamProducer(settings, client_id="memstream-bench-forget") as producer:
+    async with MemstreamProducer(settings.streams, client_id="memstream-bench-forget") as producer:
         await producer.send_many(events)
     topics = Topics.from_settings(settings.broker)
     raw = AIOKafkaProducer(bootstrap_servers=settings.broker.bootstrap_servers, acks="all")
@@ -189,7 +189,7 @@ def _file_hits(root: Path, needles: list[bytes]) -> int:
 async def _forget_one(settings: Settings, embedder: Any, team: str, user: str | None, canaries: Canaries) -> float:
     scopes = [s for s in _subjects() if s.team_id == team and (user is None or s.user_id == user)]
     started = time.perf_counter()
-    await forget(settings, team, user)
+    await forget(settings.streams, team, user)
     while True:
         store = _open(settings)
         visible = 0

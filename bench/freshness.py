@@ -148,7 +148,7 @@ async def _produce_paced(
     n = len(records)
     sent_at = [0.0] * n
     acked_at = [0.0] * n
-    async with MemstreamProducer(settings, client_id="memstream-bench-freshness") as producer:
+    async with MemstreamProducer(settings.streams, client_id="memstream-bench-freshness") as producer:
         futures = []
         with progress_bar() as bar:
             task = bar.add_task(f"producing at {rate}/s", total=n)

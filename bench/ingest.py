@@ -87,7 +87,7 @@ class Doors:
             async with httpx.AsyncClient(base_url=self.api_url, headers=self.tenant.headers, timeout=60) as client:
                 return await _drive(texts, rate, concurrency, lambda t: self._http(client, t))
         if door == "sdk":
-            async with MemstreamProducer(self.settings) as producer:
+            async with MemstreamProducer(self.settings.streams) as producer:
                 scope = self.tenant.scope.model_dump()
                 return await _drive(texts, rate, concurrency, lambda t: self._sdk(producer, scope, t))
         if door == "mcp":

@@ -209,7 +209,7 @@ def ingest_events(settings: Settings, events: Sequence[Any], workdir: Path) -> I
                 # is connected before its turns arrive.
                 async with (
                     LogWatch(settings) as watch,
-                    MemstreamProducer(settings, client_id="memstream-bench") as producer,
+                    MemstreamProducer(settings.streams, client_id="memstream-bench") as producer,
                 ):
                     t0 = time.perf_counter()
                     # A stream of turns, each enqueued as soon as it is encoded (one

@@ -148,7 +148,7 @@ def _seed_events(tenants: list[Tenant], per_tenant: int) -> list[EventBase]:
 
 
 async def _produce(settings: Settings, events: list[EventBase]) -> None:
-    async with MemstreamProducer(settings, client_id="memstream-bench-mixed") as producer:
+    async with MemstreamProducer(settings.streams, client_id="memstream-bench-mixed") as producer:
         for start in range(0, len(events), 500):
             await producer.send_many(events[start : start + 500])
 

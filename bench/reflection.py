@@ -212,7 +212,7 @@ async def _run(n: int) -> dict[str, Any]:
             )
             for i in range(n)
         ]
-        async with MemstreamProducer(settings=settings, client_id="memstream-bench") as producer:
+        async with MemstreamProducer(streams=settings.streams, client_id="memstream-bench") as producer:
             started = time.perf_counter()
             await _send_in_chunks(producer, decisions)
             # len() of a Faust table is O(1); counting states would scan it every poll

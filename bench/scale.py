@@ -161,7 +161,7 @@ async def _faults(settings: Settings, topics: Topics, workers: list[WorkerProces
 
     async def load() -> None:
         rng = random.Random(5)
-        async with MemstreamProducer(settings) as producer:
+        async with MemstreamProducer(settings.streams) as producer:
             i = 0
             while not stop.is_set():
                 burst = []

@@ -5,7 +5,9 @@ environment; the way back, settings written as variables for a child process
 (:func:`settings_env`, :func:`child_env`), lives here too, so the mapping exists once.
 
 The settings are grouped by component (``memstream.settings_groups``): ``settings.broker``,
-``settings.storage``... and a component takes its own group. ``<group>.<field>`` is the
+``settings.storage``... and a component takes its own group (memstream's Kafka clients
+take ``settings.streams`` and the local broker ``settings.local_broker``: the groups they
+need and the files they use, resolved under ``home``). ``<group>.<field>`` is the
 variable ``MEMSTREAM_<GROUP>_<FIELD>``; docs/configuration.md lists them all (checked
 against these models). The flat names of earlier releases still work for one release
 (``memstream.settings_legacy``).
@@ -22,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,6 +55,8 @@ from memstream.settings_legacy import GROUPS, RENAMED, LegacyEnvSource, env_name
 
 __all__ = [
     "Settings",
+    "StreamsConfig",
+    "LocalBrokerConfig",
     "ApiSettings",
     "BrokerSettings",
     "EmbeddingSettings",
@@ -100,6 +105,8 @@ HOME_RELATIVE_PATHS = (
 
 LOCAL_WORKER_PRINCIPAL = "memstream-worker"
 """The local ACL-mode broker's worker principal (``streams/broker/acl.py`` has them all)."""
+CREDENTIALS_DIR = "kafka"
+"""Under ``home``: the local ACL-mode broker's password files, one per principal."""
 
 
 def _absolute(path: Path, base: Path) -> Path:
@@ -114,6 +121,30 @@ def parse_log_level(name: str) -> int:
     if not isinstance(level, int):
         raise ValueError(f"unknown log level {name!r} (debug, info, warning or error)")
     return level
+
+
+@dataclass(frozen=True)
+class StreamsConfig:
+    """What memstream's Kafka clients (``streams/``) take: the broker and security groups
+    and this host's two key files, resolved under ``home`` (``Settings.streams``)."""
+
+    broker: BrokerSettings
+    security: SecuritySettings
+    master_key_file: Path
+    worker_key_file: Path
+
+
+@dataclass(frozen=True)
+class LocalBrokerConfig:
+    """What the local broker's lifecycle (``streams/broker/``) takes: the broker group,
+    the app id its ACLs name, and its directories (``Settings.local_broker``)."""
+
+    broker: BrokerSettings
+    app_id: str
+    broker_dir: Path
+    credentials_dir: Path
+    """``<home>/kafka``: the ACL-mode principals' password files."""
+    kafka_cache_dir: Path
 
 
 class Settings(BaseSettings):
@@ -180,7 +211,7 @@ class Settings(BaseSettings):
             if broker.username in (None, "") and broker.password is None:
                 object.__setattr__(broker, "username", LOCAL_WORKER_PRINCIPAL)
                 if broker.password_file is None:
-                    object.__setattr__(broker, "password_file", Path(f"kafka/{LOCAL_WORKER_PRINCIPAL}.password"))
+                    object.__setattr__(broker, "password_file", Path(CREDENTIALS_DIR, f"{LOCAL_WORKER_PRINCIPAL}.password"))
         home = _absolute(self.home, Path.cwd())
         object.__setattr__(self, "home", home)
         for path in HOME_RELATIVE_PATHS:
@@ -247,6 +278,28 @@ class Settings(BaseSettings):
     @property
     def resolved_kafka_cache_dir(self) -> Path:
         return self.broker.kafka_cache_dir or (Path.home() / ".cache" / "memstream")
+
+    @property
+    def credentials_dir(self) -> Path:
+        return self.home / CREDENTIALS_DIR
+
+    @property
+    def resolved_master_key_file(self) -> Path:
+        return self.security.master_key_file or (self.home / "master.key")
+
+    @property
+    def resolved_worker_key_file(self) -> Path:
+        return self.security.worker_key_file or (self.home / "worker.key")
+
+    @property
+    def streams(self) -> StreamsConfig:
+        return StreamsConfig(self.broker, self.security, self.resolved_master_key_file, self.resolved_worker_key_file)
+
+    @property
+    def local_broker(self) -> LocalBrokerConfig:
+        return LocalBrokerConfig(
+            self.broker, self.worker.app_id, self.resolved_broker_dir, self.credentials_dir, self.resolved_kafka_cache_dir
+        )
 
 
 def load_settings(**overrides: Any) -> Settings:

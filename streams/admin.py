@@ -10,7 +10,7 @@ from typing import Any
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, for_code
 
-from memstream.settings import Settings
+from memstream.settings import BrokerSettings
 from memstream.streams.connect import kafka_options
 from memstream.streams.topics import Topics, TopicSpec
 
@@ -23,13 +23,13 @@ class TopicCreationError(RuntimeError):
     """A topic could not be created (and does not exist)."""
 
 
-def _connect(kafka: Settings | str) -> dict[str, Any]:
-    """Settings (address and security), or a bare address of a PLAINTEXT broker."""
-    return kafka_options(kafka.broker) if isinstance(kafka, Settings) else {"bootstrap_servers": kafka}
+def _connect(kafka: BrokerSettings | str) -> dict[str, Any]:
+    """The broker settings (address and security), or a bare address of a PLAINTEXT broker."""
+    return kafka_options(kafka) if isinstance(kafka, BrokerSettings) else {"bootstrap_servers": kafka}
 
 
 async def ensure_topics(
-    kafka: Settings | str, topics: Topics, *, extra: list[TopicSpec] | None = None
+    kafka: BrokerSettings | str, topics: Topics, *, extra: list[TopicSpec] | None = None
 ) -> dict[str, str]:
     """Create every topic of the catalogue that does not exist yet.
 
@@ -78,7 +78,7 @@ async def ensure_topics(
 
 
 async def topic_partitions(
-    kafka: Settings | str, names: Sequence[str], *, client_id: str = "memstream-admin"
+    kafka: BrokerSettings | str, names: Sequence[str], *, client_id: str = "memstream-admin"
 ) -> dict[str, list[int]]:
     """The sorted partition ids of each topic of ``names`` that exists; a missing topic
     is absent from the answer.

@@ -26,7 +26,7 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError, RebalanceInProgressError
 
 from memstream.domain.log import LogPosition, PositionedEvent
-from memstream.settings import Settings, get_settings
+from memstream.settings import StreamsConfig, get_settings
 from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher
 from memstream.streams.inflation_bound import bound_inflation
 from memstream.streams.keys import SubjectKeys
@@ -100,7 +100,7 @@ class EventConsumer:
         topics: str | Sequence[str],
         *,
         group_id: str | None,
-        settings: Settings | None = None,
+        streams: StreamsConfig | None = None,
         bootstrap_servers: str | None = None,
         dead_letter_topic: str | None = None,
         dead_letters: DeadLetterPublisher | None = None,
@@ -111,13 +111,13 @@ class EventConsumer:
         max_record_bytes: int = MAX_RECORD_BYTES,
         consumer_options: Mapping[str, Any] | None = None,
     ) -> None:
-        self.settings = settings or get_settings()
+        self.streams = streams or get_settings().streams
         self.topics = [topics] if isinstance(topics, str) else list(topics)
         if not self.topics:
             raise ValueError("EventConsumer needs at least one topic")
         self.group_id = group_id
-        self.bootstrap_servers = bootstrap_servers or self.settings.broker.bootstrap_servers
-        self.dead_letter_topic = dead_letter_topic or Topics.from_settings(self.settings.broker).dead_letter
+        self.bootstrap_servers = bootstrap_servers or self.streams.broker.bootstrap_servers
+        self.dead_letter_topic = dead_letter_topic or Topics.from_settings(self.streams.broker).dead_letter
         if self.dead_letter_topic in self.topics:
             raise ValueError("an EventConsumer cannot read its own dead-letter topic")
         self._dead_letters = dead_letters
@@ -147,7 +147,7 @@ class EventConsumer:
         if self._consumer is not None:
             return
         options: dict[str, Any] = {
-            **kafka_options(self.settings.broker, bootstrap_servers=self.bootstrap_servers),
+            **kafka_options(self.streams.broker, bootstrap_servers=self.bootstrap_servers),
             "client_id": self._client_id,
             "group_id": self.group_id,
             "enable_auto_commit": False,
@@ -155,9 +155,9 @@ class EventConsumer:
             "isolation_level": self._isolation_level,
         }
         options.update(self._consumer_options)
-        bound_inflation(self.settings.broker.max_inflated_batch_bytes)
-        if self.settings.security.sealing and self._keys is None:  # the log is sealed: open what is read
-            self._keys = await SubjectKeys(self.settings, client_id=f"{self._client_id}-keys").start()
+        bound_inflation(self.streams.broker.max_inflated_batch_bytes)
+        if self.streams.security.sealing and self._keys is None:  # the log is sealed: open what is read
+            self._keys = await SubjectKeys(self.streams, client_id=f"{self._client_id}-keys").start()
             self.opener = RecordOpener(self._keys.keyring)
         consumer = AIOKafkaConsumer(**options)
         if self.group_id is not None:
@@ -212,7 +212,7 @@ class EventConsumer:
         if self._dead_letters is None:
             self._dead_letters = DeadLetterPublisher(
                 self.dead_letter_topic,
-                settings=self.settings,
+                streams=self.streams,
                 bootstrap_servers=self.bootstrap_servers,
                 client_id=f"{self._client_id}-dlq",
             )

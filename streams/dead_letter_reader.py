@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from memstream.sealing import Keyring, TamperedRecord, UnreadableRecord, is_sealed, open_sealed, sealed_header
-from memstream.settings import Settings
+from memstream.settings import BrokerSettings
 from memstream.streams.admin import topic_partitions
 from memstream.streams.connect import kafka_options
 from memstream.streams.dead_letter_reasons import reason_code
@@ -116,16 +116,16 @@ def open_letter(offset: int, timestamp_ms: int, letter: DeadLetter, keyring: Key
 
 
 async def read_letters(
-    settings: Settings, topic: str, keyring: Keyring | None, *, since_ms: int | None = None, offset: int | None = None
+    broker: BrokerSettings, topic: str, keyring: Keyring | None, *, since_ms: int | None = None, offset: int | None = None
 ) -> AsyncIterator[OpenedLetter]:
     """Every dead letter of ``topic`` (from ``since_ms``, or exactly ``offset``) up to
     its end when the read began. Records that are not dead letters are skipped;
     ``LookupError`` when the topic does not exist."""
-    parts = (await topic_partitions(settings, [topic], client_id="memstream-dead-letters")).get(topic)
+    parts = (await topic_partitions(broker, [topic], client_id="memstream-dead-letters")).get(topic)
     if not parts:
         raise LookupError(f"topic {topic} does not exist")
     consumer = AIOKafkaConsumer(
-        **kafka_options(settings.broker), client_id="memstream-dead-letters", group_id=None, enable_auto_commit=False
+        **kafka_options(broker), client_id="memstream-dead-letters", group_id=None, enable_auto_commit=False
     )
     await consumer.start()
     try:

@@ -41,7 +41,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import MessageSizeTooLargeError
 
 from memstream.domain.log import LogPosition
-from memstream.settings import Settings, get_settings
+from memstream.settings import StreamsConfig, get_settings
 from memstream.streams.connect import until_started
 from memstream.streams.producer import create_kafka_producer
 from memstream.codec.wire import EncodedRecord
@@ -240,7 +240,7 @@ class DeadLetterPublisher:
     """Publishes dead letters durably (idempotent producer, ``acks=all``).
 
     Give it a running ``producer`` to share one connection (it is then not stopped
-    here), or let it create and own one from ``settings``. :meth:`publish` returns only
+    here), or let it create and own one from ``streams``. :meth:`publish` returns only
     once the broker has the record: a consumer commits its input offsets after that,
     so a crash can duplicate a dead letter but never lose one.
     """
@@ -249,19 +249,19 @@ class DeadLetterPublisher:
         self,
         topic: str,
         *,
-        settings: Settings | None = None,
+        streams: StreamsConfig | None = None,
         bootstrap_servers: str | None = None,
         producer: AIOKafkaProducer | None = None,
         client_id: str = "memstream-dead-letter",
     ) -> None:
         self.topic = topic
-        self._settings = settings or get_settings()
+        self._streams = streams or get_settings().streams
         self._bootstrap = bootstrap_servers
         self._client_id = client_id
         self._producer = producer
         self._owned = producer is None
         self._started = producer is not None
-        self._keys = LazyKeys(self._settings, Topics.from_settings(self._settings.broker), client_id=f"{client_id}-keys")
+        self._keys = LazyKeys(self._streams, Topics.from_settings(self._streams.broker), client_id=f"{client_id}-keys")
         """With sealing on, the keyring that seals dead letters, started at the first."""
 
     async def start(self) -> None:
@@ -269,7 +269,7 @@ class DeadLetterPublisher:
             return
         self._producer = await until_started(
             lambda: create_kafka_producer(
-                self._settings.broker, bootstrap_servers=self._bootstrap, client_id=self._client_id
+                self._streams.broker, bootstrap_servers=self._bootstrap, client_id=self._client_id
             ),
             f"dead-letter producer ({self.topic})",
         )

@@ -21,7 +21,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from memstream.domain.events import Scope, SubjectForgotten, build_event
 from memstream.domain.log import LogPosition
 from memstream.sealing import Subject
-from memstream.settings import Settings
+from memstream.settings import BrokerSettings, StreamsConfig
 from memstream.streams.admin import topic_partitions
 from memstream.streams.keys import SubjectKeys
 from memstream.codec.wire import encode_event
@@ -74,20 +74,20 @@ def forgotten_events(keys: SubjectKeys, subjects: list[Subject], whole_team: boo
     ]
 
 
-async def forget(settings: Settings, team_id: str, user_id: str | None = None) -> ForgetReport:
+async def forget(streams: StreamsConfig, team_id: str, user_id: str | None = None) -> ForgetReport:
     """Forget the subject(s); see the module doc for the order of the writes."""
-    topics = Topics.from_settings(settings.broker)
+    topics = Topics.from_settings(streams.broker)
     report = ForgetReport(team_id, user_id)
-    async with SubjectKeys(settings, topics, client_id="memstream-forget") as keys:
+    async with SubjectKeys(streams, topics, client_id="memstream-forget") as keys:
         await keys.sync()
         assert keys.keyring is not None
         subjects = keys.keyring.subjects(team_id, user_id)
         if not subjects:
             report.already_forgotten = keys.keyring.forgotten_subjects(team_id, user_id)
             return report
-        signer = worker_key(settings)
+        signer = worker_key(streams.worker_key_file)
         producer = AIOKafkaProducer(
-            **kafka_options(settings.broker), client_id="memstream-forget", enable_idempotence=True, acks="all"
+            **kafka_options(streams.broker), client_id="memstream-forget", enable_idempotence=True, acks="all"
         )
         await producer.start()
         try:
@@ -101,18 +101,18 @@ async def forget(settings: Settings, team_id: str, user_id: str | None = None) -
         finally:
             await producer.stop()
         report.forgotten = await keys.forget(team_id, user_id)
-    report.ingress_lag_s = await ingress_lag_s(settings, topics)
+    report.ingress_lag_s = await ingress_lag_s(streams.broker, topics)
     return report
 
 
-async def ingress_lag_s(settings: Settings, topics: Topics) -> float | None:
+async def ingress_lag_s(broker: BrokerSettings, topics: Topics) -> float | None:
     """The age of the oldest record left in the ingress (the sealer deletes what it
     has sealed), None when it holds none: the plaintext window a forget reports."""
-    consumer = AIOKafkaConsumer(**kafka_options(settings.broker), group_id=None,
+    consumer = AIOKafkaConsumer(**kafka_options(broker), group_id=None,
                                 enable_auto_commit=False, client_id="memstream-forget-ingress")
     await consumer.start()
     try:
-        found = await topic_partitions(settings.broker.bootstrap_servers, [topics.ingress], client_id="memstream-forget-ingress")
+        found = await topic_partitions(broker.bootstrap_servers, [topics.ingress], client_id="memstream-forget-ingress")
         tps = [TopicPartition(topics.ingress, p) for p in sorted(found.get(topics.ingress, ()))]
         if not tps:
             return None

@@ -15,7 +15,6 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 
@@ -34,14 +33,14 @@ from memstream.sealing import (
     write_master_key_file,
 )
 from memstream.sealing.keyring import ROLL_KEY
-from memstream.settings import Settings
+from memstream.settings import StreamsConfig
 from memstream.streams.key_records import forget_order, forgotten_keys, key_record_signed_or_trusted, refuse_key_record
 from memstream.streams.legacy_trust import LegacyTrustError, load_legacy_trust, trusted_before
 from memstream.streams.topics import Topics
 from memstream.streams.worker_identity import HEADER as SIGNATURE_HEADER, key_record_signature, worker_key
 from memstream.streams.connect import kafka_options
 
-__all__ = ["SubjectKeys", "LazyKeys", "master_key_path", "MasterKeyError", "forgotten_keys"]
+__all__ = ["SubjectKeys", "LazyKeys", "MasterKeyError", "forgotten_keys"]
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +56,10 @@ def tombstoned_subject(key: bytes | None) -> Subject | None:
     return Subject(team, user) if isinstance(team, str) and isinstance(user, str) else None
 
 
-def master_key_path(settings: Settings) -> Path:
-    return settings.security.master_key_file or (settings.home / "master.key")
-
-
-def _master_key(settings: Settings, keys_exist: bool) -> bytes:
-    if settings.security.master_key is not None:
-        return decode_master_key(settings.security.master_key.get_secret_value(), source="MEMSTREAM_SECURITY_MASTER_KEY")
-    path = master_key_path(settings)
+def _master_key(streams: StreamsConfig, keys_exist: bool) -> bytes:
+    if streams.security.master_key is not None:
+        return decode_master_key(streams.security.master_key.get_secret_value(), source="MEMSTREAM_SECURITY_MASTER_KEY")
+    path = streams.master_key_file
     found = read_master_key_file(path)
     if found is not None:
         return found
@@ -80,9 +75,9 @@ class SubjectKeys:
     """This node's keyring, following the key topic; creates and forgets keys."""
 
     def __init__(
-        self, settings: Settings, topics: Topics | None = None, *, client_id: str = "memstream-keys", signing_key: bytes | None = None
+        self, streams: StreamsConfig, topics: Topics | None = None, *, client_id: str = "memstream-keys", signing_key: bytes | None = None
     ) -> None:
-        self._settings = settings
+        self._streams = streams
         self._signing_key = signing_key
         """The worker key: signs the key records this node writes, and is what a key
         record, a tombstone or a ``SubjectForgotten`` must be signed with to act."""
@@ -91,7 +86,7 @@ class SubjectKeys:
         self._signed_keys: set[bytes] = set()
         """Record keys of key records taken in unsigned (they unwrapped: written before
         signatures, or by a master-key holder without the worker key)."""
-        self._topics = topics or Topics.from_settings(settings.broker)
+        self._topics = topics or Topics.from_settings(streams.broker)
         self._tp = TopicPartition(self._topics.keys, 0)
         self._client_id = client_id
         self._consumer: AIOKafkaConsumer | None = None
@@ -124,21 +119,21 @@ class SubjectKeys:
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> "SubjectKeys":
         consumer = AIOKafkaConsumer(
-            **kafka_options(self._settings.broker),
+            **kafka_options(self._streams.broker),
             client_id=self._client_id,
             enable_auto_commit=False,
             group_id=None,
         )
         producer = AIOKafkaProducer(
-            **kafka_options(self._settings.broker),
+            **kafka_options(self._streams.broker),
             client_id=self._client_id,
             enable_idempotence=True,
             acks="all",
         )
         if self._signing_key is None:
-            self._signing_key = worker_key(self._settings)
+            self._signing_key = worker_key(self._streams.worker_key_file)
         try:
-            self._trust = load_legacy_trust(self._settings)
+            self._trust = load_legacy_trust(self._streams.worker_key_file)
         except LegacyTrustError as exc:
             log.warning("key topic: no legacy trust (%s)", exc)
         try:
@@ -154,7 +149,7 @@ class SubjectKeys:
             await consumer.seek_to_beginning(self._tp)
             backlog = await self._read_to_end()
             exist = any(signed and key != ROLL_KEY and value is not None for key, value, signed, _ in backlog)
-            self.keyring = Keyring(AesGcmKeyWrapper(_master_key(self._settings, exist)))
+            self.keyring = Keyring(AesGcmKeyWrapper(_master_key(self._streams, exist)))
             for key, value, signed, timestamp in backlog:
                 if self._apply(key, value, signed, at_start=True):
                     self._note_tombstone(key, value, timestamp)
@@ -334,7 +329,7 @@ class SubjectKeys:
             self._roll = asyncio.create_task(self._roll_later(), name="memstream-keys-roll")
 
     async def _roll_later(self) -> None:
-        await asyncio.sleep(self._settings.broker.keys_segment_ms / 1000 + 1)
+        await asyncio.sleep(self._streams.broker.keys_segment_ms / 1000 + 1)
         try:
             await self._send(ROLL_KEY, b"{}")
         except Exception:
@@ -345,18 +340,18 @@ class LazyKeys:
     """A keyring started on first use (for code that has no start hook of its own, such
     as Faust agents); None when sealing is off."""
 
-    def __init__(self, settings: Settings, topics: Topics, *, client_id: str) -> None:
-        self._settings = settings
+    def __init__(self, streams: StreamsConfig, topics: Topics, *, client_id: str) -> None:
+        self._streams = streams
         self._topics = topics
         self._client_id = client_id
         self._keys: SubjectKeys | None = None
         self._lock = asyncio.Lock()
 
     async def get(self) -> SubjectKeys | None:
-        if self._keys is None and self._settings.security.sealing:
+        if self._keys is None and self._streams.security.sealing:
             async with self._lock:
                 if self._keys is None:
-                    self._keys = await SubjectKeys(self._settings, self._topics, client_id=self._client_id).start()
+                    self._keys = await SubjectKeys(self._streams, self._topics, client_id=self._client_id).start()
         return self._keys
 
     async def stop(self) -> None:

@@ -25,10 +25,9 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from memstream.settings import Settings
+from memstream.settings import StreamsConfig
 from memstream.streams.admin import topic_partitions
 from memstream.streams.topics import Topics
-from memstream.streams.worker_identity import worker_key_path
 from memstream.streams.connect import kafka_options
 
 __all__ = [
@@ -51,8 +50,8 @@ class LegacyTrustError(ValueError):
     """The trust file cannot be used (malformed, writable by others) or written."""
 
 
-def legacy_trust_path(settings: Settings) -> Path:
-    return worker_key_path(settings).parent / FILE_NAME
+def legacy_trust_path(worker_key_file: Path) -> Path:
+    return worker_key_file.parent / FILE_NAME
 
 
 def trusted_before(trust: LegacyTrust | None, topic: str, partition: int, offset: int) -> bool:
@@ -60,10 +59,11 @@ def trusted_before(trust: LegacyTrust | None, topic: str, partition: int, offset
     return trust is not None and offset < trust.get((topic, partition), 0)
 
 
-def load_legacy_trust(settings: Settings) -> dict[tuple[str, int], int]:
-    """The recorded positions; empty (trust nothing) when there is no file. Raises
-    :class:`LegacyTrustError` for a file that is malformed or writable by others."""
-    path = legacy_trust_path(settings)
+def load_legacy_trust(worker_key_file: Path) -> dict[tuple[str, int], int]:
+    """The positions recorded beside ``worker_key_file``; empty (trust nothing) when there
+    is no file. Raises :class:`LegacyTrustError` for a file that is malformed or writable
+    by others."""
+    path = legacy_trust_path(worker_key_file)
     try:
         mode = path.stat().st_mode
         text = path.read_text(encoding="utf-8")
@@ -86,25 +86,26 @@ def load_legacy_trust(settings: Settings) -> dict[tuple[str, int], int]:
     return {**{(topic, p): o for p, o in ends.items()}, **key_ends}
 
 
-async def record_legacy_trust(settings: Settings, *, extend: bool = False) -> dict[tuple[str, int], int]:
+async def record_legacy_trust(streams: StreamsConfig, *, extend: bool = False) -> dict[tuple[str, int], int]:
     """Record the events topic's current end offsets as the end of the trusted past and
     return them. Refuses to move an existing record unless ``extend``."""
-    path = legacy_trust_path(settings)
+    path = legacy_trust_path(streams.worker_key_file)
     if path.exists() and not extend:
-        held = load_legacy_trust(settings)
+        held = load_legacy_trust(streams.worker_key_file)
         raise LegacyTrustError(
             f"{path} already trusts unsigned system events below {_describe(held)}; pass --extend to move that to the log's end"
         )
-    topic = Topics.from_settings(settings.broker).events
-    partitions = (await topic_partitions(settings, [topic])).get(topic)
+    broker = streams.broker
+    topic = Topics.from_settings(broker).events
+    partitions = (await topic_partitions(broker, [topic])).get(topic)
     if not partitions:
-        raise LegacyTrustError(f"the topic {topic} does not exist at {settings.broker.bootstrap_servers}")
-    consumer = AIOKafkaConsumer(**kafka_options(settings.broker), client_id="memstream-trust-legacy")
+        raise LegacyTrustError(f"the topic {topic} does not exist at {broker.bootstrap_servers}")
+    consumer = AIOKafkaConsumer(**kafka_options(broker), client_id="memstream-trust-legacy")
     await consumer.start()
-    keys_tp = TopicPartition(Topics.from_settings(settings.broker).keys, 0)
+    keys_tp = TopicPartition(Topics.from_settings(broker).keys, 0)
     try:
         ends = await consumer.end_offsets([TopicPartition(topic, p) for p in partitions])
-        keys_end = int((await consumer.end_offsets([keys_tp]))[keys_tp]) if settings.security.sealing else 0
+        keys_end = int((await consumer.end_offsets([keys_tp]))[keys_tp]) if streams.security.sealing else 0
     finally:
         await consumer.stop()
     by_partition = {tp.partition: int(offset) for tp, offset in ends.items()}

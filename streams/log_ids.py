@@ -27,7 +27,7 @@ def _log_key() -> bytes:
     with _lock:
         if _key is None:
             try:
-                base = worker_key(get_settings(), create=False)
+                base = worker_key(get_settings().resolved_worker_key_file, create=False)
             except (OSError, ValueError):
                 base = secrets.token_bytes(32)
             _key = hmac.new(base, b"memstream log ids", hashlib.sha256).digest()

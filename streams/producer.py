@@ -46,7 +46,7 @@ from memstream.domain.events import (
 )
 from memstream.domain.log import LogPosition
 from memstream.domain.reflection import RatingParseError, parse_rating
-from memstream.settings import Settings, get_settings
+from memstream.settings import StreamsConfig, get_settings
 from memstream.streams.keys import SubjectKeys
 from memstream.streams.sealed_records import PLAIN_TYPES, header_of, seal_value, subject_of
 from memstream.codec.wire import EncodedRecord, EncodeError, encode_event
@@ -133,7 +133,7 @@ class MemstreamProducer:
 
     def __init__(
         self,
-        settings: Settings | None = None,
+        streams: StreamsConfig | None = None,
         *,
         bootstrap_servers: str | None = None,
         topics: Topics | None = None,
@@ -142,26 +142,26 @@ class MemstreamProducer:
         signing_key: bytes | None = None,
         keys: SubjectKeys | None = None,
     ) -> None:
-        """``signing_key``: the worker's key (``memstream.streams.worker_identity``);
-        only the worker passes it, so that its system events are believed. With
-        sealing on (the default), events are sealed under their subject's key:
-        ``keys`` is a started keyring to share, else the producer follows its own."""
-        self.settings = settings or get_settings()
-        self.bootstrap_servers = bootstrap_servers or self.settings.broker.bootstrap_servers
-        self.topics = topics or Topics.from_settings(self.settings.broker)
+        """``streams``: ``Settings.streams`` (default: the ``MEMSTREAM_*`` settings). ``signing_key``:
+        the worker's key (``memstream.streams.worker_identity``); only the worker passes it, so
+        that its system events are believed. With sealing on (the default), events are sealed
+        under their subject's key: ``keys`` is a started keyring to share, else its own."""
+        self.streams = streams or get_settings().streams
+        self.bootstrap_servers = bootstrap_servers or self.streams.broker.bootstrap_servers
+        self.topics = topics or Topics.from_settings(self.streams.broker)
         self.client_id = client_id
         self._compression_type = compression_type
         self._signing_key = signing_key
         # a client that may write only the ingress: plaintext there, sealed by the worker
-        self._via_ingress = self.settings.security.produce_via_ingress and signing_key is None
+        self._via_ingress = self.streams.security.produce_via_ingress and signing_key is None
         self._keys = None if self._via_ingress else keys
-        self._own_keys = keys is None and self.settings.security.sealing and not self._via_ingress
+        self._own_keys = keys is None and self.streams.security.sealing and not self._via_ingress
         self._producer: AIOKafkaProducer | None = None
         self._in_flight: asyncio.Semaphore | None = None
         self._pending: set[asyncio.Future[LogPosition]] = set()
         self._closed = False
         self._partitioner = KeyPartitioner()  # the client's, also used to group batches
-        self._id_key = memory_ids_key(self.settings, create=False)  # None: not on the worker's host
+        self._id_key = memory_ids_key(self.streams.worker_key_file, create=False)  # None: not on the worker's host
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -180,7 +180,7 @@ class MemstreamProducer:
         if self._closed:
             raise ProducerClosedError("this producer was stopped; create a new one")
         producer = create_kafka_producer(
-            self.settings.broker,
+            self.streams.broker,
             bootstrap_servers=self.bootstrap_servers,
             client_id=self.client_id,
             compression_type=self._compression_type,
@@ -188,13 +188,13 @@ class MemstreamProducer:
         )
         try:
             if self._own_keys:
-                self._keys = await SubjectKeys(self.settings, self.topics, client_id=f"{self.client_id}-keys").start()
+                self._keys = await SubjectKeys(self.streams, self.topics, client_id=f"{self.client_id}-keys").start()
             await producer.start()
         except BaseException:
             await producer.stop()
             await self._stop_keys()
             raise
-        self._in_flight = asyncio.Semaphore(self.settings.broker.producer_max_in_flight)
+        self._in_flight = asyncio.Semaphore(self.streams.broker.producer_max_in_flight)
         self._producer = producer
         log.debug("producer %s connected to %s", self.client_id, self.bootstrap_servers)
 
@@ -388,7 +388,7 @@ class MemstreamProducer:
         and the error refusing that one (``None``: all fit)."""
         for i, (_, record) in enumerate(records):
             size = DefaultRecordBatchBuilder.estimate_size_in_bytes(record.key, record.value, record.headers)
-            if size > self.settings.broker.max_request_bytes:
+            if size > self.streams.broker.max_request_bytes:
                 return i, MessageSizeTooLargeError(
                     f"The message is {size} bytes when serialized which is larger than the maximum "
                     f"request size you have configured with the max_request_size configuration"

@@ -24,25 +24,23 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from memstream.sealing import Subject, is_sealed
-from memstream.settings import Settings
+from memstream.settings import BrokerSettings, StreamsConfig
 from memstream.streams.keys import SubjectKeys
 from memstream.streams.sealed_records import PLAIN_TYPES, NotAnEvent, ingress_header, seal_value, signed_for
 from memstream.streams.topics import Topics
 from memstream.streams.worker_identity import HEADER as SIGNATURE_HEADER, verifier, worker_key
 from memstream.streams.connect import kafka_options
 
-__all__ = ["reseal", "ResealError"]
+__all__ = ["reseal", "ResealError", "STATE_FILE"]
 
 _COPIED, _DONE = "copied", "done"
 Progress = Callable[[str], None]
+STATE_FILE = "reseal.json"
+"""Under ``home``: which topics a run has copied or finished, so a rerun resumes there."""
 
 
 class ResealError(RuntimeError):
     """A topic could not be resealed (one line; the state file says where to resume)."""
-
-
-def _state_path(settings: Settings) -> Path:
-    return settings.home / "reseal.json"
 
 
 def _load_state(path: Path) -> dict[str, str]:
@@ -57,11 +55,11 @@ def _save_state(path: Path, state: dict[str, str]) -> None:
 
 
 class _Kafka:
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.admin = AIOKafkaAdminClient(**kafka_options(settings.broker), client_id="memstream-reseal")
+    def __init__(self, broker: BrokerSettings) -> None:
+        self.broker = broker
+        self.admin = AIOKafkaAdminClient(**kafka_options(broker), client_id="memstream-reseal")
         self.producer = AIOKafkaProducer(
-            **kafka_options(settings.broker), client_id="memstream-reseal", enable_idempotence=True, acks="all"
+            **kafka_options(broker), client_id="memstream-reseal", enable_idempotence=True, acks="all"
         )
 
     async def partitions(self, topic: str) -> int | None:
@@ -74,7 +72,7 @@ class _Kafka:
         for _ in range(120):  # a topic just deleted takes a moment to be gone
             try:
                 response = await self.admin.create_topics(
-                    [NewTopic(topic, partitions, self.settings.broker.replication_factor, topic_configs=config)]
+                    [NewTopic(topic, partitions, self.broker.replication_factor, topic_configs=config)]
                 )
             except TopicAlreadyExistsError:
                 response = None
@@ -99,7 +97,7 @@ class _Kafka:
 
     async def copy(self, source: str, target: str, partitions: int, transform: Callable | None) -> int:  # type: ignore[type-arg]
         """Copy every record of ``source`` to the same partition of ``target``, in order."""
-        consumer = AIOKafkaConsumer(**kafka_options(self.settings.broker), group_id=None, enable_auto_commit=False)
+        consumer = AIOKafkaConsumer(**kafka_options(self.broker), group_id=None, enable_auto_commit=False)
         await consumer.start()
         copied = 0
         try:
@@ -124,16 +122,16 @@ class _Kafka:
         return copied
 
 
-async def reseal(settings: Settings, *, progress: Progress = lambda line: None) -> dict[str, int]:
-    """Seal every kept-forever topic in place; records sealed per topic."""
-    topics = Topics.from_settings(settings.broker)
-    state_path = _state_path(settings)
+async def reseal(streams: StreamsConfig, state_path: Path, *, progress: Progress = lambda line: None) -> dict[str, int]:
+    """Seal every kept-forever topic in place; records sealed per topic. ``state_path``
+    (``<home>/``:data:`STATE_FILE`) records progress, so an interrupted run resumes."""
+    topics = Topics.from_settings(streams.broker)
     state = _load_state(state_path)
-    kafka = _Kafka(settings)
-    signer = worker_key(settings)
+    kafka = _Kafka(streams.broker)
+    signer = worker_key(streams.worker_key_file)
     valid = verifier(signer)
     sealed: dict[str, int] = {}
-    async with SubjectKeys(settings, topics, client_id="memstream-reseal") as keys:
+    async with SubjectKeys(streams, topics, client_id="memstream-reseal") as keys:
 
         async def seal_one(r):  # type: ignore[no-untyped-def]
             headers = list(r.headers or ())

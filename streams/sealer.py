@@ -28,7 +28,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 from mode import Service
 
-from memstream.settings import Settings
+from memstream.settings import StreamsConfig
 from memstream.streams.connect import kafka_options, until_started
 from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher
 from memstream.streams.inflation_bound import bound_inflation, refusal
@@ -50,10 +50,12 @@ _DELETE_EVERY_S = 1.0
 class IngressSealer:
     """Seals ``memstream.ingress`` into the kept-forever topics; run as a task."""
 
-    def __init__(self, settings: Settings, keys: SubjectKeys, topics: Topics | None = None) -> None:
-        self._settings = settings
+    def __init__(self, streams: StreamsConfig, app_id: str, keys: SubjectKeys, topics: Topics | None = None) -> None:
+        """``app_id``: the worker's (``worker.app_id``); the sealer's consumer group is named after it."""
+        self._streams = streams
+        self._group_id = f"{app_id}-sealer"
         self._keys = keys
-        self._topics = topics or Topics.from_settings(settings.broker)
+        self._topics = topics or Topics.from_settings(streams.broker)
         self.sealed = 0
         self.dead_lettered = 0
         self._sealed_to: dict[TopicPartition, int] = {}
@@ -62,28 +64,29 @@ class IngressSealer:
 
     async def run(self, *, until_idle: bool = False) -> None:
         """Seal until cancelled (or, with ``until_idle``, until a poll finds nothing)."""
-        bound_inflation(self._settings.broker.max_inflated_batch_bytes)
+        broker = self._streams.broker
+        bound_inflation(broker.max_inflated_batch_bytes)
         consumer = AIOKafkaConsumer(
             self._topics.ingress,
-            **kafka_options(self._settings.broker),
-            group_id=f"{self._settings.worker.app_id}-sealer",
+            **kafka_options(broker),
+            group_id=self._group_id,
             client_id="memstream-sealer",
             enable_auto_commit=False,
             auto_offset_reset="earliest",
         )
         producer = AIOKafkaProducer(
-            **kafka_options(self._settings.broker),
+            **kafka_options(broker),
             client_id="memstream-sealer",
             enable_idempotence=True,
             acks="all",
-            linger_ms=self._settings.broker.producer_linger_ms,
-            max_request_size=self._settings.broker.max_request_bytes,
+            linger_ms=broker.producer_linger_ms,
+            max_request_size=broker.max_request_bytes,
         )
-        admin = AIOKafkaAdminClient(**kafka_options(self._settings.broker), client_id="memstream-sealer-admin")
+        admin = AIOKafkaAdminClient(**kafka_options(broker), client_id="memstream-sealer-admin")
         await consumer.start()
         await producer.start()
         await admin.start()
-        dead = DeadLetterPublisher(self._topics.dead_letter, settings=self._settings, producer=producer)
+        dead = DeadLetterPublisher(self._topics.dead_letter, streams=self._streams, producer=producer)
         try:
             while True:
                 polled = await consumer.getmany(timeout_ms=500, max_records=_BATCH)
@@ -176,21 +179,21 @@ class SealerService(Service):
 
     logger = logging.getLogger("memstream.faust")
 
-    def __init__(self, app: Any, settings: Settings, topics: Topics) -> None:
+    def __init__(self, app: Any, streams: StreamsConfig, app_id: str, topics: Topics) -> None:
         super().__init__()
         self.app = app
-        self.settings = settings
+        self.streams = streams
+        self.app_id = app_id
         self.topics = topics
         self._keys: SubjectKeys | None = None
         self._task: asyncio.Task[None] | None = None
         self.sealer: IngressSealer | None = None
 
     async def on_start(self) -> None:
-        settings = self.settings
         self._keys = await until_started(
-            lambda: SubjectKeys(settings, self.topics, client_id=f"{settings.worker.app_id}-sealer-keys"), "sealer keyring"
+            lambda: SubjectKeys(self.streams, self.topics, client_id=f"{self.app_id}-sealer-keys"), "sealer keyring"
         )
-        self.sealer = IngressSealer(settings, self._keys, self.topics)
+        self.sealer = IngressSealer(self.streams, self.app_id, self._keys, self.topics)
         self._task = asyncio.ensure_future(self._run())
 
     async def _run(self) -> None:
@@ -212,8 +215,8 @@ class SealerService(Service):
             await self._keys.stop()
 
 
-def register_sealer(app: Any, settings: Settings, topics: Topics) -> None:
+def register_sealer(app: Any, streams: StreamsConfig, app_id: str, topics: Topics) -> None:
     """Add the ingress sealer to ``app`` (only with sealing on: without it the log is
     plaintext and producers write to it directly)."""
-    if settings.security.sealing:
-        app.service(SealerService(app, settings, topics))
+    if streams.security.sealing:
+        app.service(SealerService(app, streams, app_id, topics))

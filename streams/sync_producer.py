@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from memstream.domain.events import DecisionRecorded, EventBase, MemoryAdded, MessageObserved, OutcomeObserved, Scope
 from memstream.domain.log import LogPosition
-from memstream.settings import Settings
+from memstream.settings import StreamsConfig
 from memstream.streams.producer import MemstreamProducer, ProducerClosedError, Sent
 from memstream.streams.topics import Topics
 
@@ -34,7 +34,7 @@ class SyncProducer:
 
     def __init__(
         self,
-        settings: Settings | None = None,
+        streams: StreamsConfig | None = None,
         *,
         bootstrap_servers: str | None = None,
         topics: Topics | None = None,
@@ -44,7 +44,7 @@ class SyncProducer:
     ) -> None:
         self._make: Callable[[], MemstreamProducer] = functools.partial(
             MemstreamProducer,
-            settings,
+            streams,
             bootstrap_servers=bootstrap_servers,
             topics=topics,
             client_id=client_id,

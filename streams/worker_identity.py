@@ -26,7 +26,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from memstream.domain.extraction.dedup import memory_id_key
-from memstream.settings import Settings
 
 __all__ = [
     "HEADER",
@@ -48,14 +47,10 @@ Verifier = Callable[[bytes | None, Sequence[tuple[str, bytes]] | None], bool]
 """``(value, headers) -> True`` when the record carries the worker's valid signature."""
 
 
-def worker_key_path(settings: Settings) -> Path:
-    return settings.security.worker_key_file or (settings.home / "worker.key")
-
-
-def worker_key(settings: Settings, *, create: bool = True) -> bytes:
-    """The worker key, created (0600) when absent and ``create``; raises
-    ``FileNotFoundError`` otherwise, ``ValueError`` for a file that is not one."""
-    path = worker_key_path(settings)
+def worker_key(path: Path, *, create: bool = True) -> bytes:
+    """The worker key in ``path`` (``Settings.resolved_worker_key_file``), created (0600)
+    when absent and ``create``; raises ``FileNotFoundError`` otherwise, ``ValueError``
+    for a file that is not one."""
     if not path.exists() and create:
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -75,12 +70,12 @@ def worker_key(settings: Settings, *, create: bool = True) -> bytes:
     return key
 
 
-def memory_ids_key(settings: Settings, *, create: bool = True) -> bytes | None:
+def memory_ids_key(worker_key_file: Path, *, create: bool = True) -> bytes | None:
     """The key of content-derived memory ids (derived from the worker key, never the
     key itself); None without ``create`` when this host holds no worker key (a client
     elsewhere: its memories then get random ids)."""
     try:
-        return memory_id_key(worker_key(settings, create=create))
+        return memory_id_key(worker_key(worker_key_file, create=create))
     except (FileNotFoundError, ValueError):
         return None
 

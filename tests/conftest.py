@@ -46,10 +46,10 @@ def kafka_bootstrap() -> Iterator[str]:
                 f"and the local broker would listen on 127.0.0.1:{settings.broker.port}; start that "
                 "broker or unset MEMSTREAM_BROKER_BOOTSTRAP_SERVERS"
             )
-        started = local.start(settings).started
+        started = local.start(settings.local_broker).started
     yield settings.broker.bootstrap_servers
     if started:
-        local.stop(settings)
+        local.stop(settings.local_broker)
 
 
 @pytest.fixture

@@ -49,7 +49,7 @@ async def test_a_worker_writes_its_home_and_tables_private(fresh_topics: Any, se
     finally:
         os.umask(before)
     try:
-        async with MemstreamProducer(settings, topics=fresh_topics, client_id="private-files") as producer:
+        async with MemstreamProducer(settings.streams, topics=fresh_topics, client_id="private-files") as producer:
             await producer.send_many([MemoryAdded(scope=Scope(team_id="acme", user_id="ana"), memory_id="m1",
                                                   content="Ana's passport number is X1234567")])
         deadline = time.monotonic() + 240  # a readiness bound: the worker imports the whole stack

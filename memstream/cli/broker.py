@@ -65,7 +65,7 @@ def start(acl: Annotated[bool, typer.Option("--acl", help=_ACL_HELP)] = False) -
     answers; does nothing if it already runs."""
     settings = load_settings(broker_acl=True) if acl else get_settings()
     try:
-        status = local.start(settings)
+        status = local.start(settings.local_broker)
     except local.BrokerError as exc:
         raise CLIError(str(exc)) from exc
     mode = " with ACLs (SASL PLAIN)" if status.acl else ""
@@ -89,13 +89,13 @@ def stop() -> None:
     """Stop the broker started by `memstream broker start` (its data is kept)."""
     settings = get_settings()
     try:
-        stopped = local.stop(settings)
+        stopped = local.stop(settings.local_broker)
     except local.BrokerError as exc:
         raise CLIError(str(exc)) from exc
     if stopped:
         console.print("[green]stopped[/green]")
     else:
-        status = local.status(settings)
+        status = local.status(settings.local_broker)
         note = f" ({status.detail})" if status.state == "external" else ""
         console.print(f"not running{note}", highlight=False, soft_wrap=True)
 
@@ -104,7 +104,7 @@ def stop() -> None:
 def status() -> None:
     """Show whether the broker runs, where, and where its data and log are. Exit code 3
     when no broker of ours is running."""
-    current = local.status(get_settings())
+    current = local.status(get_settings().local_broker)
     console.print(_describe(current))
     if current.state != "running":
         raise typer.Exit(_NOT_RUNNING_EXIT)
@@ -119,7 +119,7 @@ def create() -> None:
     settings = get_settings()
     topics = Topics.from_settings(settings.broker)
     try:
-        result = asyncio.run(ensure_topics(settings, topics))
+        result = asyncio.run(ensure_topics(settings.broker, topics))
     except TopicCreationError as exc:
         raise CLIError(f"{exc} (is the broker running? `memstream broker status`)") from exc
     table = Table(title=f"topics at {settings.broker.bootstrap_servers}")

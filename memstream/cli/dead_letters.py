@@ -61,7 +61,7 @@ async def _keyring(settings):  # type: ignore[no-untyped-def]
     if not settings.security.sealing:
         yield None
         return
-    keys = SubjectKeys(settings, client_id="memstream-dead-letters-keys")
+    keys = SubjectKeys(settings.streams, client_id="memstream-dead-letters-keys")
     try:
         await keys.start()
     except MasterKeyError as exc:
@@ -93,7 +93,7 @@ def _letters(
 
     async def each(callback: Callable[[object], None]) -> None:
         async with _keyring(settings) as keyring:
-            letters: AsyncIterator = read_letters(settings, topics.dead_letter, keyring, since_ms=since_ms, offset=offset)  # type: ignore[type-arg]
+            letters: AsyncIterator = read_letters(settings.broker, topics.dead_letter, keyring, since_ms=since_ms, offset=offset)  # type: ignore[type-arg]
             async for item in letters:
                 if wanted(item):
                     callback(item)

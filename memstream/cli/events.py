@@ -140,7 +140,7 @@ async def _produce(source: _LineSource, topic: str | None, settings: Settings) -
                 _report(f"line {line_no}: {exc.reason}")
                 continue
             if producer is None:
-                producer = MemstreamProducer(settings, topics=topics, client_id="memstream-cli")
+                producer = MemstreamProducer(settings.streams, topics=topics, client_id="memstream-cli")
                 try:
                     await producer.start()
                 except (KafkaConnectionError, KafkaError, OSError) as exc:
@@ -286,7 +286,7 @@ async def _partitions(topic: str, settings: Settings, *, hint: str = "") -> list
     from memstream.streams.admin import topic_partitions
 
     try:
-        found = await topic_partitions(settings, [topic], client_id="memstream-cli")
+        found = await topic_partitions(settings.broker, [topic], client_id="memstream-cli")
     except (KafkaConnectionError, KafkaError, OSError) as exc:
         raise _kafka_error(settings, exc) from None
     if topic not in found:

@@ -227,7 +227,7 @@ async def _extract(settings: Settings, store: Any, new: list[Any], background: l
     embedder = build_embedder(settings.embeddings)
     # the operator runs the worker's extractor: its events are signed as the worker's
     producer: Any = (
-        MemstreamProducer(settings, client_id="memstream-extract-cli", signing_key=worker_key(settings))
+        MemstreamProducer(settings.streams, client_id="memstream-extract-cli", signing_key=worker_key(settings.resolved_worker_key_file))
         if emit
         else _DryRunSink()
     )
@@ -282,7 +282,7 @@ async def _retry(settings: Settings, store: Any, windows: list[Any]) -> Any:
     llm = build_llm(settings)
     if llm is None:
         raise CLIError("no LLM configured (MEMSTREAM_EXTRACTION_LLM_BASE_URL): nothing to retry the windows with")
-    producer = MemstreamProducer(settings, client_id="memstream-extract-retry", signing_key=worker_key(settings))
+    producer = MemstreamProducer(settings.streams, client_id="memstream-extract-retry", signing_key=worker_key(settings.resolved_worker_key_file))
     await producer.start()
     try:
         with Progress(console=console, transient=True) as progress:

@@ -83,7 +83,7 @@ async def _send(settings: Settings, build):  # type: ignore[no-untyped-def]
     from memstream.streams.producer import MemstreamProducer
 
     try:
-        async with MemstreamProducer(settings=settings, client_id="memstream-cli") as producer:
+        async with MemstreamProducer(streams=settings.streams, client_id="memstream-cli") as producer:
             return await build(producer)
     except KafkaError as exc:
         raise CLIError(f"cannot reach Kafka at {settings.broker.bootstrap_servers}: {exc}") from None

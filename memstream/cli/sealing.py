@@ -27,11 +27,11 @@ def reseal_command() -> None:
     copied, sealed, to a staging topic and back (same partitions and offsets). Stop the
     worker first; an interrupted run resumes where it stopped."""
     from memstream.sealing import MasterKeyError
-    from memstream.streams.reseal import ResealError, reseal
+    from memstream.streams.reseal import STATE_FILE, ResealError, reseal
 
     settings = get_settings()
     try:
-        counts = asyncio.run(reseal(settings, progress=lambda line: console.print(line, markup=False, highlight=False)))
+        counts = asyncio.run(reseal(settings.streams, settings.home / STATE_FILE, progress=lambda line: console.print(line, markup=False, highlight=False)))
     except (ResealError, MasterKeyError) as exc:
         raise CLIError(str(exc)) from None
     total = sum(counts.values())
@@ -64,7 +64,7 @@ def forget_command(
 
     settings = get_settings()
     try:
-        report = asyncio.run(forget(settings, subject, user))
+        report = asyncio.run(forget(settings.streams, subject, user))
     except MasterKeyError as exc:
         raise CLIError(str(exc)) from None
     console.print(report.summary(), markup=False, highlight=False)

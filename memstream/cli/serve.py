@@ -292,7 +292,7 @@ def _ensure_broker(settings: Settings) -> bool:
     from memstream.streams.broker import local
 
     if local.bootstrap_reachable(settings.broker.bootstrap_servers):
-        current = local.status(settings) if local.is_local_bootstrap(settings.broker) else None
+        current = local.status(settings.local_broker) if local.is_local_bootstrap(settings.broker) else None
         if current is not None and current.running and current.acl != settings.broker.acl:
             raise CLIError(
                 f"the local broker runs {'with' if current.acl else 'without'} ACLs; stop it "
@@ -307,14 +307,14 @@ def _ensure_broker(settings: Settings) -> bool:
         raise CLIError(local.unreachable_message(settings.broker))
     from memstream.streams.broker.jars import jar_cache_complete, jar_dir
 
-    first = "" if jar_cache_complete(jar_dir(settings)) else " (first start downloads it)"
+    first = "" if jar_cache_complete(jar_dir(settings.resolved_kafka_cache_dir, settings.broker.kafka_version)) else " (first start downloads it)"
     console.print(f"Kafka: starting the local broker on 127.0.0.1:{settings.broker.port}{first}")
     try:
-        status = local.start(settings)
+        status = local.start(settings.local_broker)
     except local.BrokerError as exc:
         raise CLIError(str(exc)) from None
     except KeyboardInterrupt:
-        local.stop(settings)
+        local.stop(settings.local_broker)
         raise
     console.print(f"Kafka: broker ready (pid {status.pid}, data in {status.data_dir})")
     return status.started
@@ -325,7 +325,7 @@ def _ensure_topics(settings: Settings) -> None:
     from memstream.streams.topics import Topics
 
     try:
-        result = asyncio.run(ensure_topics(settings, Topics.from_settings(settings.broker)))
+        result = asyncio.run(ensure_topics(settings.broker, Topics.from_settings(settings.broker)))
     except TopicCreationError as exc:
         raise CLIError(str(exc)) from None
     created = [name for name, state in result.items() if state == "created"]
@@ -379,7 +379,7 @@ def api_settings(settings: Settings) -> Settings:
         update={
             "broker.username": acl.PRODUCER,
             "broker.password": None,
-            "broker.password_file": acl.password_file(settings, acl.PRODUCER),
+            "broker.password_file": acl.password_file(settings.credentials_dir, acl.PRODUCER),
             "security.produce_via_ingress": True,
         }
     )
@@ -406,7 +406,7 @@ def run_up(settings: Settings, *, keep_broker: bool = False, loglevel: str = "in
         if started_broker and not keep_broker:
             from memstream.streams.broker import local
 
-            if local.stop(settings):
+            if local.stop(settings.local_broker):
                 console.print("Kafka: local broker stopped")
 
 

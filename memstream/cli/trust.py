@@ -26,14 +26,14 @@ def trust_legacy_command(
     settings = get_settings()
     try:
         if show:
-            trust = load_legacy_trust(settings)
+            trust = load_legacy_trust(settings.resolved_worker_key_file)
         else:
-            trust = asyncio.run(record_legacy_trust(settings, extend=extend))
+            trust = asyncio.run(record_legacy_trust(settings.streams, extend=extend))
     except LegacyTrustError as exc:
         raise CLIError(str(exc)) from None
     except KafkaError as exc:
         raise CLIError(f"cannot reach Kafka at {settings.broker.bootstrap_servers}: {exc}") from None
-    path = legacy_trust_path(settings)
+    path = legacy_trust_path(settings.resolved_worker_key_file)
     if not trust:
         typer.echo(f"nothing trusted: no {path}")
         return

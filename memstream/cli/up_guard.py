@@ -102,7 +102,7 @@ def cluster_id(settings: Settings) -> str:
 
 async def _read_owner(settings: Settings) -> dict[str, str] | None:
     topic = home_topic(settings)
-    if not (await topic_partitions(settings, [topic], client_id="memstream-up")).get(topic):
+    if not (await topic_partitions(settings.broker, [topic], client_id="memstream-up")).get(topic):
         return None
     consumer = AIOKafkaConsumer(**kafka_options(settings.broker), client_id="memstream-up", group_id=None, enable_auto_commit=False)
     await consumer.start()

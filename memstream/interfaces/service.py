@@ -134,7 +134,7 @@ class MemoryService:
         self._positions: tuple[LanceStore, int, dict[tuple[str, int], int]] | None = None
         self._positions_read: asyncio.Future[dict[tuple[str, int], int]] | None = None
         self._positions_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstream-positions")
-        self.id_key = memory_ids_key(settings) or b""
+        self.id_key = memory_ids_key(settings.resolved_worker_key_file) or b""
         """Keys the ids of client memories written without one (:meth:`content_memory_id`)."""
 
     # --- lifecycle -------------------------------------------------------------------
@@ -143,7 +143,7 @@ class MemoryService:
         """Connect the producer and open the store for reading (the worker is its only
         writer). ``read_consistency_interval=0``: every read checks for the worker's
         latest commit, so a position the projection stored is visible at once."""
-        producer = MemstreamProducer(self.settings, client_id=self.client_id)
+        producer = MemstreamProducer(self.settings.streams, client_id=self.client_id)
         await producer.start()
         try:
             following = CurrentStore(

@@ -118,7 +118,8 @@ class MemstreamApp(faust.App):
         for topic in topics:
             await topic.maybe_declare()
         names = [name for topic in topics for name in topic.topics]
-        kafka = self.memstream_settings or ",".join(f"{url.host}:{url.port}" for url in self.conf.broker)
+        settings = self.memstream_settings
+        kafka = settings.broker if settings is not None else ",".join(f"{url.host}:{url.port}" for url in self.conf.broker)
         deadline = time.monotonic() + timeout
         while names:
             visible = await topic_partitions(kafka, names, client_id=f"{self.conf.id}-declare")
@@ -190,7 +191,7 @@ def build_app(
         "projector": register_group_projector if sharded else register_projector,
         "extractor": register_extractor,
         "reflector": register_reflector,
-        "sealer": register_sealer,
+        "sealer": lambda app, settings, topics: register_sealer(app, settings.streams, settings.worker.app_id, topics),
     }
     for name in SERVICE_NAMES:
         if name in requested:

@@ -132,7 +132,7 @@ def run_worker(
     try:
         # A worker started while the broker (re)starts waits for it instead of dying.
         loop.run_until_complete(
-            until_reachable(lambda: ensure_topics(settings, topics), "creating topics")
+            until_reachable(lambda: ensure_topics(settings.broker, topics), "creating topics")
         )
     except TopicCreationError as exc:
         loop.close()

@@ -14,6 +14,7 @@ Kafka enforces it: a SASL listener names every client's principal and the
 * ``memstream-reader``: reads the kept-forever topics, which hold sealed records only.
 
 Passwords are generated once per home into ``<home>/kafka/<principal>.password``
+(``LocalBrokerConfig.credentials_dir``)
 (directory 0700, files 0600). The mechanism is PLAIN (the users live in the broker's
 JAAS configuration, in ``server.properties``, 0600), so a home formatted before ACL mode
 needs no re-format. The ACLs are created with Kafka's own ``AclCommand`` as the admin,
@@ -32,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from memstream.settings import LOCAL_WORKER_PRINCIPAL, Settings
+from memstream.settings import LOCAL_WORKER_PRINCIPAL, BrokerSettings, LocalBrokerConfig
 from memstream.streams.broker.logs import last_lines
 from memstream.streams.broker.paths import BrokerError, BrokerPaths
 from memstream.streams.topics import Topics
@@ -45,7 +46,6 @@ __all__ = [
     "PRINCIPALS",
     "AclRule",
     "acl_rules",
-    "credentials_dir",
     "password_file",
     "ensure_credentials",
     "read_password",
@@ -62,19 +62,15 @@ PRINCIPALS = (ADMIN, WORKER, PRODUCER, READER)
 _PLAIN_MODULE = "org.apache.kafka.common.security.plain.PlainLoginModule"
 
 
-def credentials_dir(settings: Settings) -> Path:
-    return settings.home / "kafka"
+def password_file(credentials_dir: Path, principal: str) -> Path:
+    return credentials_dir / f"{principal}.password"
 
 
-def password_file(settings: Settings, principal: str) -> Path:
-    return credentials_dir(settings) / f"{principal}.password"
-
-
-def read_password(settings: Settings, principal: str) -> str:
+def read_password(credentials_dir: Path, principal: str) -> str:
     try:
-        return password_file(settings, principal).read_text(encoding="utf-8").strip()
+        return password_file(credentials_dir, principal).read_text(encoding="utf-8").strip()
     except OSError as exc:
-        raise BrokerError(f"no password for {principal} in {credentials_dir(settings)}: {exc.strerror}") from None
+        raise BrokerError(f"no password for {principal} in {credentials_dir}: {exc.strerror}") from None
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -85,14 +81,13 @@ def _write_private(path: Path, text: str) -> None:
     os.chmod(path, 0o600)
 
 
-def ensure_credentials(settings: Settings) -> dict[str, str]:
-    """Every principal's password, generated on first use (256 random bits each)."""
-    folder = credentials_dir(settings)
+def ensure_credentials(folder: Path) -> dict[str, str]:
+    """Every principal's password in ``folder``, generated on first use (256 random bits each)."""
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(folder, 0o700)
     passwords = {}
     for principal in PRINCIPALS:
-        path = password_file(settings, principal)
+        path = password_file(folder, principal)
         if not path.is_file() or not path.read_text(encoding="utf-8").strip():
             _write_private(path, secrets.token_urlsafe(32) + "\n")
         passwords[principal] = path.read_text(encoding="utf-8").strip()
@@ -144,15 +139,15 @@ class AclRule:
         return args + (["--cluster"] if self.cluster else [])
 
 
-def acl_rules(settings: Settings) -> list[AclRule]:
+def acl_rules(broker: BrokerSettings, app_id: str) -> list[AclRule]:
     """The ACL set of one deployment (docs/security.md lists the same for a managed
     cluster). Readers get the kept-forever topics only: ingress and dead letters hold
     plaintext."""
-    topics = Topics.from_settings(settings.broker)
-    prefixes = tuple(dict.fromkeys((settings.broker.topic_prefix, settings.worker.app_id)))
+    topics = Topics.from_settings(broker)
+    prefixes = tuple(dict.fromkeys((broker.topic_prefix, app_id)))
     sealed = tuple(topics.kept_forever())
     return [
-        AclRule((WORKER,), ("All",), "PREFIXED", topics=prefixes, groups=(settings.worker.app_id,), transactional_ids=(settings.worker.app_id,)),
+        AclRule((WORKER,), ("All",), "PREFIXED", topics=prefixes, groups=(app_id,), transactional_ids=(app_id,)),
         AclRule((WORKER, PRODUCER), ("IdempotentWrite",), "LITERAL", cluster=True),
         AclRule((PRODUCER,), ("Write", "Describe"), "LITERAL", topics=(topics.ingress,)),
         AclRule((PRODUCER,), ("Describe",), "LITERAL", topics=(*sealed, topics.dead_letter)),
@@ -165,9 +160,9 @@ def _fingerprint(rules: Sequence[AclRule], port: int) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _admin_config(settings: Settings, paths: BrokerPaths) -> Path:
+def _admin_config(credentials_dir: Path, paths: BrokerPaths) -> Path:
     path = paths.root / "admin-client.properties"
-    jaas = f'{_PLAIN_MODULE} required username="{ADMIN}" password="{read_password(settings, ADMIN)}";'
+    jaas = f'{_PLAIN_MODULE} required username="{ADMIN}" password="{read_password(credentials_dir, ADMIN)}";'
     _write_private(path, f"security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\nsasl.jaas.config={jaas}\n")
     return path
 
@@ -181,21 +176,21 @@ def forget_acls(paths: BrokerPaths) -> None:
     _marker(paths).unlink(missing_ok=True)
 
 
-def apply_acls(java: str, libs: Path, settings: Settings, paths: BrokerPaths, jvm: Sequence[str]) -> bool:
+def apply_acls(java: str, libs: Path, config: LocalBrokerConfig, paths: BrokerPaths, jvm: Sequence[str]) -> bool:
     """Create the ACL set with ``AclCommand`` (adding an existing ACL is a no-op), one
     JVM per rule, side by side. Skipped when this broker already got this very set
     (``acls.json``); returns whether it ran."""
-    rules = acl_rules(settings)
+    rules = acl_rules(config.broker, config.app_id)
     marker = _marker(paths)
-    wanted = _fingerprint(rules, settings.broker.port)
+    wanted = _fingerprint(rules, config.broker.port)
     try:
         if json.loads(marker.read_text()).get("fingerprint") == wanted:
             return False
     except (OSError, ValueError, AttributeError):
         pass
-    config = _admin_config(settings, paths)
+    admin_config = _admin_config(config.credentials_dir, paths)
     base = [java, *jvm, "-cp", str(libs / "*"), "org.apache.kafka.tools.AclCommand",
-            "--bootstrap-server", f"127.0.0.1:{settings.broker.port}", "--command-config", str(config)]
+            "--bootstrap-server", f"127.0.0.1:{config.broker.port}", "--command-config", str(admin_config)]
 
     def run(rule: AclRule) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*base, *rule.arguments()], stdin=subprocess.DEVNULL, capture_output=True,

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
-from memstream.settings import Settings
 from memstream.streams.broker.logs import last_lines
 from memstream.streams.broker.paths import BrokerError
 
@@ -25,14 +24,13 @@ PACKAGE = "memstream.streams.broker"
 _MARKER = "complete.json"
 
 
-def _version_dir(settings: Settings) -> Path:
-    cache = settings.resolved_kafka_cache_dir.expanduser().resolve()
-    return cache / f"kafka-{settings.broker.kafka_version}"
+def _version_dir(cache_dir: Path, version: str) -> Path:
+    return cache_dir.expanduser().resolve() / f"kafka-{version}"
 
 
-def jar_dir(settings: Settings) -> Path:
-    """Where the jars of ``settings.broker.kafka_version`` live once fetched."""
-    return _version_dir(settings) / "libs"
+def jar_dir(cache_dir: Path, version: str) -> Path:
+    """Where the jars of Kafka ``version`` live in ``cache_dir`` once fetched."""
+    return _version_dir(cache_dir, version) / "libs"
 
 
 def jar_cache_complete(libs: Path) -> bool:
@@ -57,18 +55,18 @@ def locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def ensure_jars(settings: Settings) -> Path:
-    """Make sure the broker's jars are in the cache and return their directory.
+def ensure_jars(cache_dir: Path, version: str) -> Path:
+    """Make sure the jars of Kafka ``version`` are in ``cache_dir`` and return their directory.
 
     The first call runs ``mvn dependency:copy-dependencies`` on the packaged pom into a
     temporary directory and renames it into place, then writes the completion marker;
     later calls only check the marker. Maven Central is the only source.
     """
-    libs = jar_dir(settings)
+    libs = jar_dir(cache_dir, version)
     if jar_cache_complete(libs):
         return libs
     version_dir = libs.parent
-    with locked(version_dir.parent / f"kafka-{settings.broker.kafka_version}.lock"):
+    with locked(version_dir.parent / f"kafka-{version}.lock"):
         if jar_cache_complete(libs):  # another process fetched them while we waited
             return libs
         mvn = shutil.which("mvn")
@@ -80,17 +78,17 @@ def ensure_jars(settings: Settings) -> Path:
         version_dir.mkdir(parents=True, exist_ok=True)
         staging = version_dir / f"libs.partial-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
-        jars = _fetch(settings, mvn, version_dir, staging)
+        jars = _fetch(version, mvn, version_dir, staging)
         shutil.rmtree(libs, ignore_errors=True)
         staging.rename(libs)
-        marker = {"version": settings.broker.kafka_version, "jars": jars}
+        marker = {"version": version, "jars": jars}
         tmp_marker = version_dir / f"{_MARKER}.tmp"
         tmp_marker.write_text(json.dumps(marker, indent=1))
         tmp_marker.replace(version_dir / _MARKER)
         return libs
 
 
-def _fetch(settings: Settings, mvn: str, version_dir: Path, staging: Path) -> list[str]:
+def _fetch(version: str, mvn: str, version_dir: Path, staging: Path) -> list[str]:
     """Run Maven on the packaged pom into ``staging``; the jar names it fetched."""
     pom = version_dir / "pom.xml"
     pom.write_bytes(resources.files(PACKAGE).joinpath("pom.xml").read_bytes())
@@ -103,7 +101,7 @@ def _fetch(settings: Settings, mvn: str, version_dir: Path, staging: Path) -> li
         "dependency:copy-dependencies",
         "-DincludeScope=runtime",
         f"-DoutputDirectory={staging}",
-        f"-Dkafka.version={settings.broker.kafka_version}",
+        f"-Dkafka.version={version}",
     ]
     try:
         done = subprocess.run(
@@ -118,7 +116,7 @@ def _fetch(settings: Settings, mvn: str, version_dir: Path, staging: Path) -> li
     except subprocess.TimeoutExpired as exc:
         shutil.rmtree(staging, ignore_errors=True)
         raise BrokerError(
-            f"fetching Kafka {settings.broker.kafka_version} with Maven took longer than "
+            f"fetching Kafka {version} with Maven took longer than "
             f"{FETCH_TIMEOUT_S:.0f} s"
         ) from exc
     jars = sorted(p.name for p in staging.glob("*.jar")) if staging.is_dir() else []
@@ -126,7 +124,7 @@ def _fetch(settings: Settings, mvn: str, version_dir: Path, staging: Path) -> li
         shutil.rmtree(staging, ignore_errors=True)
         output = last_lines((done.stdout or "") + (done.stderr or ""), 25)
         raise BrokerError(
-            f"Maven could not fetch Kafka {settings.broker.kafka_version} "
+            f"Maven could not fetch Kafka {version} "
             f"(exit code {done.returncode}); is Maven Central reachable?\n{output}"
         )
     return jars

@@ -5,7 +5,7 @@ A real Apache Kafka broker for development and CI, started by the project itself
 into a cache shared by every clone on the machine, so later starts only launch a JVM.
 The broker is one KRaft node bound to 127.0.0.1 (:mod:`.config`).
 
-Layout under ``settings.resolved_broker_dir`` (data survives ``stop``)::
+Layout under ``LocalBrokerConfig.broker_dir`` (data survives ``stop``)::
 
     server.properties   regenerated from Settings on every start
     log4j2.properties   copied from the package on every start
@@ -34,7 +34,7 @@ from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
-from memstream.settings import Settings
+from memstream.settings import LocalBrokerConfig
 from memstream.streams.broker import acl
 from memstream.streams.broker.config import render_properties, server_properties
 from memstream.streams.broker.jars import PACKAGE, ensure_jars, jar_cache_complete, jar_dir, locked
@@ -85,26 +85,26 @@ __all__ = [
 STOP_TIMEOUT_S = 30.0
 """How long `memstream broker stop` waits after SIGTERM before it sends SIGKILL."""
 
-def _login(settings: Settings, acl_mode: bool) -> tuple[str, str] | None:
+def _login(credentials_dir: Path, acl_mode: bool) -> tuple[str, str] | None:
     """The admin's PLAIN login for probing an ACL-mode broker (``None``: plain mode,
     or no credentials in this home)."""
     if not acl_mode:
         return None
     try:
-        return acl.ADMIN, acl.read_password(settings, acl.ADMIN)
+        return acl.ADMIN, acl.read_password(credentials_dir, acl.ADMIN)
     except BrokerError:
         return None
 
 
-def _status(settings: Settings, paths: BrokerPaths) -> BrokerStatus:
+def _status(config: LocalBrokerConfig, paths: BrokerPaths) -> BrokerStatus:
     state = read_state(paths)
     pid = our_pid(paths)
-    acl_mode = bool(state.get("acl")) if pid is not None and state.get("pid") == pid else settings.broker.acl
+    acl_mode = bool(state.get("acl")) if pid is not None and state.get("pid") == pid else config.broker.acl
     base = BrokerStatus(
         "stopped",
-        version=settings.broker.kafka_version,
-        port=settings.broker.port,
-        controller_port=settings.broker.controller_port,
+        version=config.broker.kafka_version,
+        port=config.broker.port,
+        controller_port=config.broker.controller_port,
         broker_dir=paths.root,
         data_dir=paths.data_dir,
         log_file=paths.server_log,
@@ -116,7 +116,7 @@ def _status(settings: Settings, paths: BrokerPaths) -> BrokerStatus:
             port=int(str(state.get("port", base.port))),
             controller_port=int(str(state.get("controller_port", base.controller_port))),
         )
-    probe = probe_metadata(base.port, plain=_login(settings, acl_mode)) if port_open(base.port) else None
+    probe = probe_metadata(base.port, plain=_login(config.credentials_dir, acl_mode)) if port_open(base.port) else None
     base = replace(base, acl=acl_mode and (pid is not None or probe is not None))
     if pid is not None:
         if probe is not None:
@@ -136,28 +136,28 @@ def _status(settings: Settings, paths: BrokerPaths) -> BrokerStatus:
     return base
 
 
-def status(settings: Settings) -> BrokerStatus:
-    """Report the local broker of ``settings`` without changing anything."""
-    return _status(settings, BrokerPaths.from_settings(settings))
+def status(config: LocalBrokerConfig) -> BrokerStatus:
+    """Report the local broker of ``config`` without changing anything."""
+    return _status(config, BrokerPaths.at(config.broker_dir))
 
 
-def start(settings: Settings) -> BrokerStatus:
+def start(config: LocalBrokerConfig) -> BrokerStatus:
     """Start the local broker and return once it answers metadata requests.
 
     A no-op (``started=False``) when our broker already runs. Raises ``BrokerError``
     when the port is taken by something else, when the jars cannot be fetched, or when
-    the broker does not answer within ``settings.broker.start_timeout_s`` (the process
+    the broker does not answer within ``config.broker.start_timeout_s`` (the process
     is then killed and the message ends with the log's tail).
     """
-    paths = BrokerPaths.from_settings(settings)
+    paths = BrokerPaths.at(config.broker_dir)
     paths.root.mkdir(parents=True, exist_ok=True)
     with locked(paths.lock_file):
-        current = _status(settings, paths)
+        current = _status(config, paths)
         if current.state == "running":
-            if current.acl != settings.broker.acl:
+            if current.acl != config.broker.acl:
                 raise BrokerError(
                     f"the local broker runs {'with' if current.acl else 'without'} ACLs (SASL); stop it "
-                    f"(`memstream broker stop`) to start it {'with' if settings.broker.acl else 'without'} them"
+                    f"(`memstream broker stop`) to start it {'with' if config.broker.acl else 'without'} them"
                 )
             return current
         if current.state == "external":
@@ -168,36 +168,36 @@ def start(settings: Settings) -> BrokerStatus:
         if current.state == "starting" and current.pid is not None:
             # Our process from an earlier start is still coming up (or hung): give it
             # the same deadline as a fresh start.
-            return _await_ready(settings, paths, current.pid, started=False)
+            return _await_ready(config, paths, current.pid, started=False)
 
         forget(paths)
-        libs = ensure_jars(settings)
+        libs = ensure_jars(config.kafka_cache_dir, config.broker.kafka_version)
         java = find_java()
         paths.logs_dir.mkdir(parents=True, exist_ok=True)
         paths.data_dir.mkdir(parents=True, exist_ok=True)
-        sasl = acl.sasl_properties(acl.ensure_credentials(settings)) if settings.broker.acl else None
+        sasl = acl.sasl_properties(acl.ensure_credentials(config.credentials_dir)) if config.broker.acl else None
         # 0600: in ACL mode it holds the principals' passwords
         paths.config_file.touch(mode=0o600)
         paths.config_file.chmod(0o600)
         paths.config_file.write_text(
-            render_properties(server_properties(settings.broker, paths.data_dir, sasl)), encoding="ascii"
+            render_properties(server_properties(config.broker, paths.data_dir, sasl)), encoding="ascii"
         )
         paths.log4j_file.write_bytes(
             resources.files(PACKAGE).joinpath("log4j2.properties").read_bytes()
         )
         if not paths.formatted:
             acl.forget_acls(paths)  # a fresh metadata log holds no ACLs yet
-            format_storage(java, libs, settings.broker, paths)
+            format_storage(java, libs, config.broker, paths)
 
-        pid, offsets = launch(java, libs, settings.broker, paths)
-        ready = _await_ready(settings, paths, pid, started=True, offsets=offsets)
-        if settings.broker.acl:
-            acl.apply_acls(java, libs, settings, paths, jvm_options(settings.broker, paths))
+        pid, offsets = launch(java, libs, config.broker, paths)
+        ready = _await_ready(config, paths, pid, started=True, offsets=offsets)
+        if config.broker.acl:
+            acl.apply_acls(java, libs, config, paths, jvm_options(config.broker, paths))
         return ready
 
 
 def _await_ready(
-    settings: Settings,
+    config: LocalBrokerConfig,
     paths: BrokerPaths,
     pid: int,
     *,
@@ -206,8 +206,8 @@ def _await_ready(
 ) -> BrokerStatus:
     """Wait until the broker ``pid`` answers a metadata request. If it exits or the
     deadline passes (then it is killed), raise with what it logged."""
-    deadline = time.monotonic() + settings.broker.start_timeout_s
-    port = settings.broker.port
+    deadline = time.monotonic() + config.broker.start_timeout_s
+    port = config.broker.port
     state = read_state(paths)
     if state.get("pid") == pid:
         port = int(str(state.get("port", port)))
@@ -219,12 +219,12 @@ def _await_ready(
             how = f" with exit code {code}" if code is not None else ""
             raise BrokerError(
                 f"the Kafka broker exited during startup{how} (port {port}, controller port "
-                f"{settings.broker.controller_port}, data {paths.data_dir})\n{log_report(paths, offsets)}"
+                f"{config.broker.controller_port}, data {paths.data_dir})\n{log_report(paths, offsets)}"
             )
         if port_open(port):
-            probe = probe_metadata(port, plain=_login(settings, bool(state.get("acl", settings.broker.acl))))
+            probe = probe_metadata(port, plain=_login(config.credentials_dir, bool(state.get("acl", config.broker.acl))))
             if probe is not None:
-                current = _status(settings, paths)
+                current = _status(config, paths)
                 if current.state == "running":
                     return replace(current, started=started)
         if time.monotonic() >= deadline:
@@ -232,19 +232,19 @@ def _await_ready(
             forget(paths)
             raise BrokerError(
                 f"the Kafka broker did not answer at 127.0.0.1:{port} within "
-                f"{settings.broker.start_timeout_s:.0f} s (MEMSTREAM_BROKER_START_TIMEOUT_S); "
+                f"{config.broker.start_timeout_s:.0f} s (MEMSTREAM_BROKER_START_TIMEOUT_S); "
                 f"it was stopped\n{log_report(paths, offsets)}"
             )
         time.sleep(POLL_S)
 
 
-def stop(settings: Settings) -> bool:
+def stop(config: LocalBrokerConfig) -> bool:
     """Stop our local broker: SIGTERM, then SIGKILL after ``STOP_TIMEOUT_S``.
 
     Returns True if a broker was stopped, False if none of ours was running (a stale
     pid file is removed). Data is kept; an external broker is never touched.
     """
-    paths = BrokerPaths.from_settings(settings)
+    paths = BrokerPaths.at(config.broker_dir)
     if not paths.root.exists():
         return False
     with locked(paths.lock_file):

@@ -6,8 +6,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from memstream.settings import Settings
-
 __all__ = ["BrokerError", "BrokerPaths", "BrokerState", "BrokerStatus"]
 
 BrokerState = Literal["running", "starting", "stopped", "external"]
@@ -25,8 +23,8 @@ class BrokerPaths:
     root: Path
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> "BrokerPaths":
-        return cls(settings.resolved_broker_dir.expanduser().resolve())
+    def at(cls, broker_dir: Path) -> "BrokerPaths":
+        return cls(broker_dir.expanduser().resolve())
 
     @property
     def data_dir(self) -> Path:

@@ -61,9 +61,9 @@ async def test_an_operator_reads_counts_and_filters_sealed_dead_letters(
         await producer.send_and_wait(fresh_topics.ingress, b'{"type": "MemoryAdded"}', key=b"acme/bob")
     finally:
         await producer.stop()
-    async with SubjectKeys(settings, fresh_topics) as keys:
-        await IngressSealer(settings, keys, fresh_topics).run(until_idle=True)
-    async with EventConsumer(fresh_topics.events, group_id=None, settings=settings) as consumer:
+    async with SubjectKeys(settings.streams, fresh_topics) as keys:
+        await IngressSealer(settings.streams, settings.worker.app_id, keys, fresh_topics).run(until_idle=True)
+    async with EventConsumer(fresh_topics.events, group_id=None, streams=settings.streams) as consumer:
         async for batch in consumer.batches(max_records=10, timeout_ms=500):
             if batch.dead:
                 break

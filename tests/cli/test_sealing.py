@@ -29,7 +29,7 @@ async def test_forget_waits_for_the_projections_and_status_says_where_it_stands(
     fresh_topics: Topics, settings_for, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
     settings = settings_for(fresh_topics, embedder="local", embedding_dim=32, sealing=True)
-    async with MemstreamProducer(settings) as producer:
+    async with MemstreamProducer(settings.streams) as producer:
         await producer.send_many([MemoryAdded(scope=ALICE, memory_id=f"m{i}", content=f"fact {i}") for i in range(3)])
     worker = WorkerProcess(settings, tmp_path / "worker", services=["projector", "sealer"])
     worker.start()

@@ -30,7 +30,7 @@ async def test_the_command_records_once_and_speaks_in_one_line(
     fresh_topics: Topics, settings_for, tmp_path: Path  # type: ignore[no-untyped-def]
 ) -> None:
     settings = settings_for(fresh_topics)
-    async with MemstreamProducer(settings) as producer:
+    async with MemstreamProducer(settings.streams) as producer:
         await producer.send(MemoryAdded(scope=Scope(team_id="acme", user_id="ana"), memory_id="m1", content="tea"))
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("MEMSTREAM_")}, **settings_env(settings)}
 

@@ -55,7 +55,7 @@ async def test_the_same_content_by_the_same_scope_is_one_memory_on_every_path(
     memory_id = accepted["memory_id"]
 
     # before the view has it: the same id, which the projection folds into one row
-    async with MemstreamProducer(stack.settings) as producer:
+    async with MemstreamProducer(stack.settings.streams) as producer:
         sent = await producer.add_memory(Scope(team_id="acme", user_id="alice"), fact)
     assert sent.event.memory_id == memory_id
     await _read(client, stack, "alice", memory_id, str(sent.position))

@@ -44,7 +44,7 @@ async def test_mcp_and_sdk_memory_writes_are_gated(stack: Stack) -> None:
     async with Client(build_mcp_server(bank, stack.settings)) as client:
         result = await client.call_tool("add_memory", {"content": DISGUISED})
         assert result.is_error and "prompt_injection" in str(result.content)
-    async with MemstreamProducer(stack.settings, client_id="sdk-test") as producer:
+    async with MemstreamProducer(stack.settings.streams, client_id="sdk-test") as producer:
         with pytest.raises(EncodeError, match="prompt_injection"):
             await producer.add_memory(Scope(team_id="acme", user_id="alice"), HIJACK)
 

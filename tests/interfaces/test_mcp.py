@@ -135,7 +135,7 @@ async def test_decision_outcome_lesson_round_trip(stack: Stack) -> None:
         assert empty["context"]["same_subject"] == []
 
         # The outcome arrives from elsewhere (a price feed) through the producer SDK.
-        async with MemstreamProducer(stack.settings, client_id="test-outcomes") as producer:
+        async with MemstreamProducer(stack.settings.streams, client_id="test-outcomes") as producer:
             await producer.observe_outcome(
                 bank.scope, f"o-{decided['decision_id']}", subject, 0.08, 5,
                 decision_id=decided["decision_id"], benchmark_return=0.01,

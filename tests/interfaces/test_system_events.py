@@ -85,9 +85,9 @@ async def test_kafka_system_events_need_the_worker_identity(stack: Stack, client
         return MemoryReflected(scope=SCOPE, reflection_id=rid, decision_id=f"d-{rid}", outcome_id=f"o-{rid}",
                                subject="AAPL", rating=Rating.buy, content=text, occurred_at=now)
 
-    async with MemstreamProducer(stack.settings, client_id="outsider") as outsider:
+    async with MemstreamProducer(stack.settings.streams, client_id="outsider") as outsider:
         forged = await outsider.send(lesson(f"f-{mark}", f"forged lesson {mark}"))
-    async with MemstreamProducer(stack.settings, client_id="worker-like", signing_key=worker_key(stack.settings)) as worker:
+    async with MemstreamProducer(stack.settings.streams, client_id="worker-like", signing_key=worker_key(stack.settings.resolved_worker_key_file)) as worker:
         signed = await worker.send(lesson(f"s-{mark}", f"signed lesson {mark}"))
     reason = await _dead_letter_for(stack, forged)
     assert "MemoryReflected" in reason and "worker's producer identity" in reason

@@ -126,7 +126,7 @@ def test_ctrl_c_stops_the_broker_that_up_started(kafka_bootstrap: str, tmp_path:
         )
         try:
             _wait_for_line(err, "memstream is up", proc)
-            pid = local.status(settings).pid
+            pid = local.status(settings.local_broker).pid
             assert pid is not None and bootstrap_reachable(settings.broker.bootstrap_servers)
         finally:
             proc.send_signal(signal.SIGINT)
@@ -135,7 +135,7 @@ def test_ctrl_c_stops_the_broker_that_up_started(kafka_bootstrap: str, tmp_path:
     assert code == 0, log
     assert "Kafka: local broker stopped" in log
     assert not bootstrap_reachable(settings.broker.bootstrap_servers), log
-    assert local.status(settings).state == "stopped", log
+    assert local.status(settings.local_broker).state == "stopped", log
     assert bootstrap_reachable(kafka_bootstrap)  # the session's broker was never touched
 
 

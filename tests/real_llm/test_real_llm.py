@@ -146,7 +146,7 @@ async def test_conversations_through_the_extractor_lose_no_turn_and_store_only_v
     session_of = {t.message_id: t.session_id for t in turns}
     store = await asyncio.to_thread(LanceStore.from_settings, settings.storage, settings.embeddings.dim)
     client = LLMClient.from_settings(settings)
-    async with MemstreamProducer(settings=settings, topics=fresh_topics) as producer:
+    async with MemstreamProducer(streams=settings.streams, topics=fresh_topics) as producer:
         positions = await producer.send_many(turns)
         ends: dict[tuple[str, int], int] = {}
         for p in positions:
@@ -206,7 +206,7 @@ async def test_decisions_and_outcomes_give_one_reflection_each_and_the_model_wri
     reflections: list[MemoryReflected] = []
     await app.start()
     try:
-        async with MemstreamProducer(settings=settings) as producer:
+        async with MemstreamProducer(streams=settings.streams) as producer:
             for i, (symbol, ret) in enumerate([("AAPL", 0.05), ("MSFT", -0.04), ("NVDA", 0.08)][:REFLECTION_TRIES]):
                 await producer.record_decision(
                     scope, f"d{i}", symbol, "buy",

@@ -277,7 +277,7 @@ async def test_events_become_searchable_bad_records_are_dead_lettered(
 
     alice = Scope(team_id="acme", user_id="alice")
     bob = Scope(team_id="acme", user_id="bob")
-    async with MemstreamProducer(settings) as producer:
+    async with MemstreamProducer(settings.streams) as producer:
         await producer.send_many(
             [
                 MessageObserved(scope=alice, message_id="m1", content="I moved to Lisbon last spring"),
@@ -358,7 +358,7 @@ async def _produce_load(
     raw = AIOKafkaProducer(bootstrap_servers=settings.broker.bootstrap_servers)
     await raw.start()
     try:
-        async with MemstreamProducer(settings) as producer:
+        async with MemstreamProducer(settings.streams) as producer:
             made: dict[str, list[str]] = {}
             burst: list = []
             for i in range(max_memories):
@@ -494,7 +494,7 @@ async def test_a_trickle_of_writes_is_committed_together_within_the_linger(
     worker = make_worker(settings)
     worker.start()
     alice = Scope(team_id="acme", user_id="alice")
-    async with MemstreamProducer(settings) as producer:
+    async with MemstreamProducer(settings.streams) as producer:
         await producer.send(MemoryAdded(scope=alice, memory_id="m0", content="the first write after a quiet spell"))
         await wait_caught_up(worker, fresh_topics)  # written at once: no linger before it
         assert len(position_rows(settings.storage.root, fresh_topics.events)) == 1

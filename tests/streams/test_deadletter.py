@@ -183,7 +183,7 @@ async def test_bad_records_go_to_the_dead_letter_topic_and_neighbours_are_delive
     assert all(p == partition for p, _ in offsets)
 
     group = f"g-{uuid.uuid4().hex[:6]}"
-    async with EventConsumer(fresh_topics.events, group_id=group, settings=settings) as consumer:
+    async with EventConsumer(fresh_topics.events, group_id=group, streams=settings.streams) as consumer:
         got = await _drain(consumer, events=4, dead=5)
         assert await consumer.commit()
         # committed past the dead letters too: the group resumes after the last record
@@ -233,7 +233,7 @@ async def test_a_later_stage_can_dead_letter_an_event_with_its_original_bytes(
     finally:
         await producer.stop()
 
-    async with EventConsumer(fresh_topics.events, group_id=None, settings=settings) as consumer:
+    async with EventConsumer(fresh_topics.events, group_id=None, streams=settings.streams) as consumer:
         got = await _drain(consumer, events=1, dead=0)
         assert [pe.event for pe in got.events] == [event]
         position = await consumer.dead_letter(got.events[0], "vector store refused the row", stage="project")
@@ -250,7 +250,7 @@ async def test_a_later_stage_can_dead_letter_an_event_with_its_original_bytes(
 @pytest.mark.kafka
 async def test_publisher_waits_for_the_ack(kafka_bootstrap: str, fresh_topics: Topics, settings_for) -> None:
     settings = settings_for(fresh_topics)
-    async with DeadLetterPublisher(fresh_topics.dead_letter, settings=settings) as publisher:
+    async with DeadLetterPublisher(fresh_topics.dead_letter, streams=settings.streams) as publisher:
         positions = await publisher.publish_many([_dl(source_offset=1), _dl(source_offset=2)])
         single = await publisher.publish(_dl(source_offset=3, original_key=None, original_value=None))
     assert [p.offset for p in [*positions, single]] == [0, 1, 2]
@@ -270,7 +270,7 @@ async def test_a_sealed_record_that_fails_after_opening_stays_sealed_in_the_dead
          "occurred_at": "2024-05-08T15:30:00+00:00", "memory_id": "m1", "content": {"secret": canary}}
     ).encode()
     not_json = b"\x01 " + canary.encode()
-    async with SubjectKeys(settings, fresh_topics, client_id="test-keys") as keys:
+    async with SubjectKeys(settings.streams, fresh_topics, client_id="test-keys") as keys:
         key = await keys.key_for(Subject("acme", "ana"))
         header = ingress_header(invalid)
         raw = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
@@ -283,7 +283,7 @@ async def test_a_sealed_record_that_fails_after_opening_stays_sealed_in_the_dead
                 )
         finally:
             await raw.stop()
-    async with EventConsumer(fresh_topics.events, group_id=None, settings=settings) as consumer:
+    async with EventConsumer(fresh_topics.events, group_id=None, streams=settings.streams) as consumer:
         await _drain(consumer, events=0, dead=2)
 
     records = sorted(await read_records(kafka_bootstrap, fresh_topics.dead_letter, 2), key=lambda r: r.offset)
@@ -291,15 +291,15 @@ async def test_a_sealed_record_that_fails_after_opening_stays_sealed_in_the_dead
         assert canary.encode() not in b"".join([r.key or b"", r.value or b"", *(v or b"" for _, v in r.headers)])
     letters = [parse_dead_letter(r.key, r.value, r.headers) for r in records]
     assert all(is_sealed(d.original_value) and "sealed" in d.reason for d in letters)
-    async with SubjectKeys(settings, fresh_topics, client_id="test-keys") as keys:
+    async with SubjectKeys(settings.streams, fresh_topics, client_id="test-keys") as keys:
         assert keys.keyring is not None
         # the evidence, for whoever holds the key
         assert [open_sealed(d.original_value, keys.keyring) for d in letters] == [invalid, not_json]
         reasons = [open_sealed(dict(d.original_headers)[HEADER_DLQ_SEALED_REASON], keys.keyring).decode() for d in letters]
         assert "content" in reasons[0] and "JSON" in reasons[1]
 
-    await forget(settings, "acme", "ana")
-    async with SubjectKeys(settings, fresh_topics, client_id="test-keys") as keys:
+    await forget(settings.streams, "acme", "ana")
+    async with SubjectKeys(settings.streams, fresh_topics, client_id="test-keys") as keys:
         assert keys.keyring is not None
         for d in letters:
             with pytest.raises(UnreadableRecord):

@@ -63,7 +63,7 @@ async def _events_records(settings, topic: str) -> list:  # type: ignore[no-unty
 
 async def test_a_forged_subject_forgotten_drops_no_key(fresh_topics: Topics, settings_for) -> None:  # type: ignore[no-untyped-def]
     settings = settings_for(fresh_topics, sealing=True)
-    async with SubjectKeys(settings) as keys:
+    async with SubjectKeys(settings.streams) as keys:
         alice_kid = (await keys.key_for(Subject("acme", "alice"))).kid
         await _send_raw(settings, fresh_topics.events, [_forged_forget(alice_kid)])
         before = _forged("forget", "events")
@@ -76,7 +76,7 @@ async def test_a_forged_subject_forgotten_drops_no_key(fresh_topics: Topics, set
 async def test_forged_key_records_never_shred_and_never_stop_a_start(fresh_topics: Topics, settings_for) -> None:  # type: ignore[no-untyped-def]
     settings = settings_for(fresh_topics, sealing=True)
     bob = Subject("globex", "bob")
-    async with SubjectKeys(settings) as keys:
+    async with SubjectKeys(settings.streams) as keys:
         bob_kid = (await keys.key_for(bob)).kid
     before = (_forged("tombstone", "keys"), _forged("key", "keys"))
     bogus_key = key_record_key(Subject("acme", "mallory"), b"\x01" * 16)
@@ -90,7 +90,7 @@ async def test_forged_key_records_never_shred_and_never_stop_a_start(fresh_topic
             (bogus_key, json.dumps({"wrapped": "AAAA", "wrapped_by": "deadbeefdeadbeef"}).encode(), []),
         ],
     )
-    async with SubjectKeys(settings) as later:  # starts (on main: a misleading master-key error)
+    async with SubjectKeys(settings.streams) as later:  # starts (on main: a misleading master-key error)
         assert later.keyring.by_kid(bob_kid) is not None  # type: ignore[union-attr]
         assert later.keyring.forgotten_subjects("globex") == []  # type: ignore[union-attr]
     assert (_forged("tombstone", "keys"), _forged("key", "keys")) >= (before[0] + 1, before[1] + 1)
@@ -125,13 +125,13 @@ async def test_hostile_records_on_a_live_worker_leave_every_tenant_whole(
     fresh_topics: Topics, settings_for, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
     settings = settings_for(fresh_topics, embedder="local", embedding_dim=32, sealing=True)
-    async with MemstreamProducer(settings) as producer:
+    async with MemstreamProducer(settings.streams) as producer:
         await producer.send_many([MemoryAdded(scope=s, memory_id="m1", content=f"{s.user_id} likes tea") for s in (ALICE, BOB)])
     worker = WorkerProcess(settings, tmp_path / "worker", services=["projector", "sealer"])
     worker.start()
     try:
         await _until(lambda: _memories(settings, ALICE) == {"m1"} and _memories(settings, BOB) == {"m1"}, "first memories")
-        async with SubjectKeys(settings) as keys:
+        async with SubjectKeys(settings.streams) as keys:
             await keys.sync()
             alice_kid = keys.keyring.kids_of(Subject("acme", "alice"))[0]  # type: ignore[union-attr]
         hostile = [
@@ -142,7 +142,7 @@ async def test_hostile_records_on_a_live_worker_leave_every_tenant_whole(
         ]
         await _send_raw(settings, fresh_topics.events, hostile)
         await _send_raw(settings, fresh_topics.ingress, [(b"acme/alice", b'{"type":"MemoryAdded"}', [("memstream-opened", b"zz")])])
-        async with MemstreamProducer(settings) as producer:  # the next good records, both tenants
+        async with MemstreamProducer(settings.streams) as producer:  # the next good records, both tenants
             await producer.send_many([MemoryAdded(scope=s, memory_id="m2", content=f"{s.user_id} likes jazz") for s in (ALICE, BOB)])
         await _until(lambda: _memories(settings, ALICE) == {"m1", "m2"} and _memories(settings, BOB) == {"m1", "m2"}, "the next memories")
         dead = await _dead_reasons(settings, fresh_topics)
@@ -166,13 +166,13 @@ async def test_a_key_written_before_signatures_is_still_forgotten_by_its_own_tom
 ) -> None:  # type: ignore[no-untyped-def]
     settings = settings_for(fresh_topics, sealing=True)
     old = Subject("acme", "olga")
-    async with SubjectKeys(settings) as keys:
+    async with SubjectKeys(settings.streams) as keys:
         await keys.key_for(Subject("acme", "alice"))  # a signed key: the master key exists
         _, record_key, value = keys.keyring.new_key(old)  # type: ignore[union-attr]
     await _send_raw(settings, fresh_topics.keys, [(record_key, value, [])])  # unsigned, as before signatures
-    async with SubjectKeys(settings) as node:
+    async with SubjectKeys(settings.streams) as node:
         assert node.keyring.key_for(old) is not None  # type: ignore[union-attr]  # it unwraps: taken in
     await _send_raw(settings, fresh_topics.keys, [(record_key, None, [])])  # and its unsigned forget
-    async with SubjectKeys(settings) as later:
+    async with SubjectKeys(settings.streams) as later:
         assert later.keyring.key_for(old) is None  # type: ignore[union-attr]  # forgotten, never resurrected
         assert later.keyring.key_for(Subject("acme", "alice")) is not None  # type: ignore[union-attr]

@@ -91,7 +91,7 @@ async def test_forget_converges_across_a_killed_worker_and_leaves_nothing(
     for scope in (ALICE, BOB):
         events += [MemoryAdded(scope=scope, memory_id=f"m{i}", content=f"{canary}{scope.user_id} fact {i}") for i in range(20)]
         events += [MessageObserved(scope=scope, message_id=f"t{i}", content=f"{canary}{scope.user_id} said {i}") for i in range(5)]
-    async with MemstreamProducer(settings) as producer:
+    async with MemstreamProducer(settings.streams) as producer:
         await producer.send_many(events)
     raw = AIOKafkaProducer(bootstrap_servers=settings.broker.bootstrap_servers)  # a producer that cannot seal
     await raw.start()
@@ -108,7 +108,7 @@ async def test_forget_converges_across_a_killed_worker_and_leaves_nothing(
         bob_before = _rows(_store(settings), BOB)
         worker.kill()  # dead while the forget is written: it must converge on restart
 
-        report = await forget(settings, "acme", "alice")
+        report = await forget(settings.streams, "acme", "alice")
         assert [s.user_id for s in report.forgotten] == ["alice"]
         # the sealer had sealed and deleted the kcat record: no plaintext waits in the ingress
         assert report.ingress_lag_s is None and "ingress holds no plaintext" in report.summary()
@@ -125,9 +125,9 @@ async def test_forget_converges_across_a_killed_worker_and_leaves_nothing(
     assert records and not [r for r in records if f"{canary}alice".encode() in r]
     assert [r for r in records if b"SubjectForgotten" in r]
 
-    again = await forget(settings, "acme", "alice")
+    again = await forget(settings.streams, "acme", "alice")
     assert not again.forgotten and "already forgotten" in again.summary()
-    unknown = await forget(settings, "acme", "nobody")
+    unknown = await forget(settings.streams, "acme", "nobody")
     assert not unknown.forgotten and "no data subject" in unknown.summary()
 
     replayed = settings.model_copy(update={"lance_dir": tmp_path / "replayed"})
@@ -148,7 +148,7 @@ class _Writer:
         self.rounds = 0
 
     async def run(self) -> None:
-        async with MemstreamProducer(self.settings, client_id=f"writer-{self.scope.user_id}") as producer:
+        async with MemstreamProducer(self.settings.streams, client_id=f"writer-{self.scope.user_id}") as producer:
             await producer.record_decision(
                 self.scope, "d0", f"{self.word}-subject", "buy", f"{self.word} decided", datetime.now(timezone.utc) + timedelta(days=30)
             )
@@ -182,7 +182,7 @@ async def test_forget_under_concurrent_writers_leaves_nothing_and_loses_no_other
         await tasks["alice"]  # alice writes until the forget
         before = {name: _rows(_store(settings), writers[name].scope) for name in ("bob", "carol")}
         rounds_at_forget = {name: writers[name].rounds for name in before}
-        report = await forget(settings, "acme", "alice")  # while bob and carol write on
+        report = await forget(settings.streams, "acme", "alice")  # while bob and carol write on
         assert [s.user_id for s in report.forgotten] == ["alice"]
         await _until(lambda: all(writers[n].rounds >= rounds_at_forget[n] + 5 for n in before), "writes after the forget")
         for name in before:
@@ -228,17 +228,17 @@ async def test_a_write_after_a_forget_survives_a_worker_started_after_both(
     old = [MemoryAdded(scope=ALICE, memory_id="m-old", content=f"{canary} old fact"),
            MessageObserved(scope=ALICE, message_id="t-old", content=f"{canary} old turn")]
     worker = WorkerProcess(settings, tmp_path / "worker", services=["projector", "sealer"])
-    async with MemstreamProducer(settings) as producer:
+    async with MemstreamProducer(settings.streams) as producer:
         await producer.send_many(old)
     worker.start()
     try:
         await _until(lambda: _count(settings, ALICE) >= 2, "the old life projected")
         worker.kill()
-        report = await forget(settings, "acme", "alice")
+        report = await forget(settings.streams, "acme", "alice")
         assert {p.topic for p in report.positions} == {fresh_topics.events, fresh_topics.messages}
         new = [MemoryAdded(scope=ALICE, memory_id="m-new", content="a new life", source_message_ids=("t-new",)),
                MessageObserved(scope=ALICE, message_id="t-new", content="hello again")]
-        async with MemstreamProducer(settings) as producer:
+        async with MemstreamProducer(settings.streams) as producer:
             written = await producer.send_many(new)
         worker.start()
         await _until(lambda: _reached(settings, written), "the projector past the new writes")
@@ -256,7 +256,7 @@ async def test_a_forget_after_a_replay_leaves_no_copy_in_the_replaced_set(
         lance_dir=tmp_path / "lance",
     )
     canary = f"zq{uuid.uuid4().hex[:10]}"
-    async with MemstreamProducer(settings) as producer:
+    async with MemstreamProducer(settings.streams) as producer:
         await producer.send_many([MemoryAdded(scope=s, memory_id=f"m{i}", content=f"{canary}{s.user_id} fact {i}")
                                   for s in (ALICE, BOB) for i in range(5)])
     worker = WorkerProcess(settings, tmp_path / "worker", services=["projector", "sealer"])
@@ -266,7 +266,7 @@ async def test_a_forget_after_a_replay_leaves_no_copy_in_the_replaced_set(
         replaced = TableSets(settings.storage.root).current()
         result = await replay(settings)  # beside the running worker: the old set is kept for its readers
         assert result.swapped and replaced != TableSets(settings.storage.root).current()
-        await forget(settings, "acme", "alice")
+        await forget(settings.streams, "acme", "alice")
         await _until(lambda: _count(settings, ALICE) == 0, "alice's rows gone")
         await _until(lambda: not _files_holding(tmp_path / "lance", f"{canary}alice".encode()), "alice's bytes gone everywhere", 60)
         assert not Path(replaced).exists() or not any(Path(replaced).glob("*.lance"))

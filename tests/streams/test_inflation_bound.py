@@ -151,15 +151,15 @@ async def send_bomb(settings: Settings, topic: str, size: int) -> None:
 @pytest.mark.kafka
 async def test_an_event_consumer_dead_letters_a_bomb_and_reads_on(fresh_topics: Topics, settings_for) -> None:  # type: ignore[no-untyped-def]
     settings = settings_for(fresh_topics, max_inflated_batch_bytes=4 * MiB)
-    async with MemstreamProducer(settings) as producer:
+    async with MemstreamProducer(settings.streams) as producer:
         await producer.send(MemoryAdded(scope=ALICE, memory_id="before", content="Alice likes tea"))
     await send_bomb(settings, fresh_topics.events, 32 * MiB)
-    async with MemstreamProducer(settings) as producer:
+    async with MemstreamProducer(settings.streams) as producer:
         await producer.send(MemoryAdded(scope=ALICE, memory_id="after", content="Alice likes jazz"))
 
     seen: list[str] = []
     dead = []
-    async with EventConsumer(fresh_topics.events, group_id=None, settings=settings) as consumer:
+    async with EventConsumer(fresh_topics.events, group_id=None, streams=settings.streams) as consumer:
         deadline = time.monotonic() + 30
         async for got in consumer.batches(timeout_ms=300):
             seen += [e.event.memory_id for e in got.events]  # type: ignore[attr-defined]
@@ -179,8 +179,8 @@ async def test_the_sealer_dead_letters_a_bomb_on_the_ingress_and_seals_on(fresh_
     await send_bomb(settings, fresh_topics.ingress, 32 * MiB)
     after = encode_event(MemoryAdded(scope=ALICE, memory_id="after", content="Alice likes jazz"))
     await send_raw(settings, fresh_topics.ingress, [(after.key, after.value)])
-    async with SubjectKeys(settings) as keys:
-        sealer = IngressSealer(settings, keys, fresh_topics)
+    async with SubjectKeys(settings.streams) as keys:
+        sealer = IngressSealer(settings.streams, settings.worker.app_id, keys, fresh_topics)
         await sealer.run(until_idle=True)
     assert (sealer.sealed, sealer.dead_lettered) == (1, 1)
     dead = await read_dead_letters(settings, fresh_topics.dead_letter)
@@ -218,7 +218,7 @@ async def test_a_worker_dead_letters_a_200_mib_bomb_within_its_bound(
     worker = BoundedWorker(settings, tmp_path, bound)
     worker.start()
     try:
-        async with MemstreamProducer(settings) as producer:
+        async with MemstreamProducer(settings.streams) as producer:
             await producer.send(MemoryAdded(scope=ALICE, memory_id="before", content="Alice likes tea"))
         await send_raw(settings, fresh_topics.events, [(b"acme/alice", b"not json")])  # the dead-letter path warm
         await wait_caught_up(worker, fresh_topics)
@@ -231,7 +231,7 @@ async def test_a_worker_dead_letters_a_200_mib_bomb_within_its_bound(
         await send_bomb(settings, fresh_topics.events, 200 * MiB)
         await wait_caught_up(worker, fresh_topics)  # past the bomb: dead-lettered
         growth = peak_rss(pid) - baseline
-        async with MemstreamProducer(settings) as producer:
+        async with MemstreamProducer(settings.streams) as producer:
             await producer.send(MemoryAdded(scope=ALICE, memory_id="after", content="Alice likes jazz"))
         await wait_caught_up(worker, fresh_topics)
         assert worker.stop(signal.SIGINT) == 0, worker.log_text()[-3000:]

@@ -36,13 +36,13 @@ def kafka_libs() -> Path:
     from memstream.streams.broker import local
 
     settings = Settings()
-    libs = local.jar_dir(settings)
+    libs = local.jar_dir(settings.resolved_kafka_cache_dir, settings.broker.kafka_version)
     if local.jar_cache_complete(libs):
         return libs
     override = os.environ.get("MEMSTREAM_KAFKA_LIBS")
     if override:
         return Path(override)
-    return local.ensure_jars(settings)
+    return local.ensure_jars(settings.resolved_kafka_cache_dir, settings.broker.kafka_version)
 
 
 def console_produce(bootstrap: str, topic: str, lines: list[str], *, with_headers: bool) -> None:
@@ -141,7 +141,7 @@ async def test_events_from_the_java_console_producer_are_accepted(
         with_headers=True,
     )
 
-    async with EventConsumer(fresh_topics.events, group_id=None, settings=settings) as consumer:
+    async with EventConsumer(fresh_topics.events, group_id=None, streams=settings.streams) as consumer:
         events, dead = [], []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + SAFETY_S
@@ -230,10 +230,10 @@ async def test_tail_prints_events_and_dead_letters(
 ) -> None:
     settings = settings_for(fresh_topics)
     scope = Scope(team_id="acme", user_id="ana")
-    async with MemstreamProducer(settings, topics=fresh_topics) as producer:
+    async with MemstreamProducer(settings.streams, topics=fresh_topics) as producer:
         first = await producer.add_memory(scope, "Ana plays the cello", memory_id="tail-1")
         second = await producer.add_memory(scope, "Ana lives in Lyon", memory_id="tail-2")
-    async with DeadLetterPublisher(fresh_topics.dead_letter, settings=settings) as publisher:
+    async with DeadLetterPublisher(fresh_topics.dead_letter, streams=settings.streams) as publisher:
         await publisher.publish(
             DeadLetter(
                 reason="not JSON: Expecting value at line 1 column 1",

@@ -12,7 +12,7 @@ from memstream.sealing import MasterKeyError, SealedHeader, Subject, UnreadableR
 from memstream.settings import Settings
 from memstream.streams.admin import ensure_topics
 from memstream.streams.broker import local
-from memstream.streams.keys import SubjectKeys, master_key_path
+from memstream.streams.keys import SubjectKeys
 from memstream.streams.topics import Topics
 
 pytestmark = pytest.mark.kafka
@@ -32,7 +32,7 @@ async def test_a_key_made_on_one_node_opens_on_another_and_forget_drops_it_every
     fresh_topics: Topics, settings_for
 ) -> None:  # type: ignore[no-untyped-def]
     settings = settings_for(fresh_topics)
-    async with SubjectKeys(settings) as a, SubjectKeys(settings) as b:
+    async with SubjectKeys(settings.streams) as a, SubjectKeys(settings.streams) as b:
         key = await a.key_for(ALICE)
         assert (await a.key_for(ALICE)).kid == key.kid  # the same key (the follower may hold a fresh copy of it)
         await a.key_for(BOB)
@@ -48,18 +48,18 @@ async def test_a_key_made_on_one_node_opens_on_another_and_forget_drops_it_every
         assert a.keyring.subjects("acme") == [BOB]  # type: ignore[union-attr]
 
     # a node started later never sees the forgotten key, and a fresh key is a new one
-    async with SubjectKeys(settings) as c:
+    async with SubjectKeys(settings.streams) as c:
         assert c.keyring.subjects("acme") == [BOB]  # type: ignore[union-attr]
         assert (await c.key_for(ALICE)).kid != key.kid
 
 
 async def test_forgetting_a_team_forgets_all_its_users(fresh_topics: Topics, settings_for) -> None:  # type: ignore[no-untyped-def]
     settings = settings_for(fresh_topics)
-    async with SubjectKeys(settings) as node:
+    async with SubjectKeys(settings.streams) as node:
         for s in (ALICE, BOB, Subject("globex", "alice")):
             await node.key_for(s)
         assert await node.forget("acme") == [ALICE, BOB]
-    async with SubjectKeys(settings) as later:
+    async with SubjectKeys(settings.streams) as later:
         assert later.keyring.subjects("acme") == []  # type: ignore[union-attr]
         assert later.keyring.subjects("globex") == [Subject("globex", "alice")]  # type: ignore[union-attr]
 
@@ -68,21 +68,21 @@ async def test_a_lost_master_key_is_an_error_at_start_never_a_new_key(
     fresh_topics: Topics, settings_for
 ) -> None:  # type: ignore[no-untyped-def]
     settings = settings_for(fresh_topics)
-    async with SubjectKeys(settings) as node:
+    async with SubjectKeys(settings.streams) as node:
         await node.key_for(ALICE)
-    path = master_key_path(settings)
+    path = settings.resolved_master_key_file
     original = path.read_bytes()
     path.unlink()
     with pytest.raises(MasterKeyError, match="master key lost"):
-        await SubjectKeys(settings).start()
+        await SubjectKeys(settings.streams).start()
     assert not path.exists()
 
     other = settings_for(fresh_topics, master_key="A" * 43 + "=")  # another key, given by setting
     with pytest.raises(MasterKeyError, match="restore the original master key"):
-        await SubjectKeys(other).start()
+        await SubjectKeys(other.streams).start()
 
     path.write_bytes(original)
-    async with SubjectKeys(settings) as node:
+    async with SubjectKeys(settings.streams) as node:
         assert node.keyring.subjects("acme") == [ALICE]  # type: ignore[union-attr]
 
 
@@ -98,12 +98,12 @@ async def test_a_forgotten_key_leaves_the_brokers_disk_within_the_bound(topic_pr
     topics = Topics(topic_prefix, 3, 1, keys_segment_ms=segment_ms)
     await ensure_topics(env.bootstrap_servers, topics)
     settings = settings_for(topics, keys_segment_ms=segment_ms)
-    partition_dir = local.BrokerPaths.from_settings(env).data_dir / f"{topics.keys}-0"
+    partition_dir = local.BrokerPaths.at(env.resolved_broker_dir).data_dir / f"{topics.keys}-0"
 
     def holding(needle: bytes) -> list[str]:
         return [p.name for p in partition_dir.iterdir() if p.is_file() and needle in p.read_bytes()]
 
-    async with SubjectKeys(settings) as node:
+    async with SubjectKeys(settings.streams) as node:
         await node.key_for(BOB)
         key = await node.key_for(ALICE)
         wrapped = next(v for k, v in await _key_records(settings.broker.bootstrap_servers, topics.keys) if k and key.kid.hex().encode() in k)
@@ -116,7 +116,7 @@ async def test_a_forgotten_key_leaves_the_brokers_disk_within_the_bound(topic_pr
         while holding(needle):
             assert loop.time() - started < 2 * bound_s, f"still on disk after {2 * bound_s:.0f} s: {holding(needle)}"
             await asyncio.sleep(1)
-    async with SubjectKeys(settings) as later:
+    async with SubjectKeys(settings.streams) as later:
         assert later.keyring.subjects("acme") == [BOB]  # type: ignore[union-attr]
 
 

@@ -62,42 +62,42 @@ def test_unsigned_system_events_pass_only_below_their_partition_s_recorded_end(f
 
 def test_no_file_trusts_nothing_and_a_bad_file_is_refused(tmp_path: Path) -> None:
     settings = Settings(home=tmp_path / "home")
-    assert load_legacy_trust(settings) == {}
-    path = legacy_trust_path(settings)
+    assert load_legacy_trust(settings.resolved_worker_key_file) == {}
+    path = legacy_trust_path(settings.resolved_worker_key_file)
     assert path == tmp_path / "home" / "legacy-trust.json"  # beside worker.key
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
     path.chmod(0o600)
     with pytest.raises(LegacyTrustError, match="not a legacy trust file"):
-        load_legacy_trust(settings)
+        load_legacy_trust(settings.resolved_worker_key_file)
     path.write_text(json.dumps({"topic": "t.events", "ends": {"0": -1}}))
     with pytest.raises(LegacyTrustError, match="not a legacy trust file"):
-        load_legacy_trust(settings)
+        load_legacy_trust(settings.resolved_worker_key_file)
     path.write_text(json.dumps({"topic": "t.events", "ends": {"0": 5}}))
-    assert load_legacy_trust(settings) == {("t.events", 0): 5}
+    assert load_legacy_trust(settings.resolved_worker_key_file) == {("t.events", 0): 5}
     path.chmod(0o620)  # whoever can write it can extend the trust
     with pytest.raises(LegacyTrustError, match="writable by others"):
-        load_legacy_trust(settings)
+        load_legacy_trust(settings.resolved_worker_key_file)
 
 
 @pytest.mark.kafka
 async def test_recording_is_private_and_never_moves_by_accident(fresh_topics: Topics, settings_for) -> None:  # type: ignore[no-untyped-def]
     settings = settings_for(fresh_topics)
-    async with MemstreamProducer(settings) as producer:
+    async with MemstreamProducer(settings.streams) as producer:
         await producer.send(MemoryAdded(scope=S, memory_id="m1", content="Ana likes tea"))
-    first = await record_legacy_trust(settings)
+    first = await record_legacy_trust(settings.streams)
     events = {k: v for k, v in first.items() if k[0] == fresh_topics.events}
     assert sorted(events) == [(fresh_topics.events, p) for p in range(fresh_topics.partitions)]
     assert sum(events.values()) == 1
     assert (fresh_topics.keys, 0) in first  # the key topic's unsigned past is recorded too
-    assert stat.S_IMODE(legacy_trust_path(settings).stat().st_mode) == 0o600
-    assert load_legacy_trust(settings) == first
-    async with MemstreamProducer(settings) as producer:
+    assert stat.S_IMODE(legacy_trust_path(settings.resolved_worker_key_file).stat().st_mode) == 0o600
+    assert load_legacy_trust(settings.resolved_worker_key_file) == first
+    async with MemstreamProducer(settings.streams) as producer:
         await producer.send(MemoryAdded(scope=S, memory_id="m2", content="Ana likes jazz"))
     with pytest.raises(LegacyTrustError, match="--extend"):
-        await record_legacy_trust(settings)
-    assert load_legacy_trust(settings) == first
-    extended = await record_legacy_trust(settings, extend=True)
+        await record_legacy_trust(settings.streams)
+    assert load_legacy_trust(settings.resolved_worker_key_file) == first
+    extended = await record_legacy_trust(settings.streams, extend=True)
     assert sum(v for k, v in extended.items() if k[0] == fresh_topics.events) == 2
 
 
@@ -108,14 +108,14 @@ async def test_a_replay_keeps_the_trusted_past_and_dead_letters_the_rest(
     settings = settings_for(fresh_topics, lance_dir=tmp_path / "data" / "lance")
     legacy = MemoryAdded(scope=S, memory_id="old", content="Ana likes tea", producer="memstream-extractor")
     forged = MemoryAdded(scope=S, memory_id="new", content="Ana likes jazz", producer="memstream-extractor")
-    async with MemstreamProducer(settings) as producer:  # no signing key: as before signatures
+    async with MemstreamProducer(settings.streams) as producer:  # no signing key: as before signatures
         await producer.send(legacy)
 
     closed = await replay(settings)  # no record: fail closed
     assert closed.dead_decode == 1 and closed.applied == 0
 
-    await record_legacy_trust(settings)
-    async with MemstreamProducer(settings) as producer:
+    await record_legacy_trust(settings.streams)
+    async with MemstreamProducer(settings.streams) as producer:
         await producer.send(forged)
     report = await replay(settings, force=True)
     assert report.applied == 1 and report.dead_decode == 1  # the forged one

@@ -59,7 +59,7 @@ async def test_ten_thousand_events_come_back_byte_identical_and_in_order(
 ) -> None:
     settings = settings_for(fresh_topics)
     events = memories(10_000, spaces=12)
-    async with MemstreamProducer(settings, topics=fresh_topics) as producer:
+    async with MemstreamProducer(settings.streams, topics=fresh_topics) as producer:
         positions = await producer.send_many(events)
     assert len(positions) == len(events)
     assert all(p.topic == fresh_topics.events for p in positions)
@@ -93,7 +93,7 @@ async def test_ten_thousand_events_come_back_byte_identical_and_in_order(
         sent_order[encode_event(event).key].append(event.event_id)
     seen_order: dict[bytes, list[uuid.UUID]] = defaultdict(list)
     async with EventConsumer(
-        fresh_topics.events, group_id=f"g-{uuid.uuid4().hex[:6]}", settings=settings
+        fresh_topics.events, group_id=f"g-{uuid.uuid4().hex[:6]}", streams=settings.streams
     ) as consumer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + SAFETY_S
@@ -114,7 +114,7 @@ async def test_ten_thousand_events_come_back_byte_identical_and_in_order(
 async def test_send_returns_the_acknowledged_position(kafka_bootstrap: str, fresh_topics: Topics, settings_for) -> None:
     settings = settings_for(fresh_topics)
     event = MessageObserved(scope=Scope(team_id="acme", user_id="ana"), message_id="m1", content="hello")
-    async with MemstreamProducer(settings, topics=fresh_topics) as producer:
+    async with MemstreamProducer(settings.streams, topics=fresh_topics) as producer:
         position = await producer.send(event)
         second = await producer.send(event.model_copy(update={"event_id": uuid.uuid4()}))
     assert position.topic == fresh_topics.messages, "turns go to the messages topic by default"
@@ -128,7 +128,7 @@ async def test_default_topics_and_conveniences(kafka_bootstrap: str, fresh_topic
     settings = settings_for(fresh_topics)
     scope = {"team_id": "acme", "user_id": "ana", "agent_id": "trader"}
     deadline = datetime(2030, 1, 1, tzinfo=timezone.utc)
-    async with MemstreamProducer(settings, topics=fresh_topics, client_id="trader-7") as producer:
+    async with MemstreamProducer(settings.streams, topics=fresh_topics, client_id="trader-7") as producer:
         memory = await producer.add_memory(scope, "Ana prefers tea", memory_type="preference", priority=90)
         turn = await producer.observe_message(scope, "msg-1", "I prefer tea", role="user", session_id="s1")
         decision = await producer.record_decision(scope, "d-1", "NVDA", "buy", "Buy on strength", deadline)
@@ -155,7 +155,7 @@ async def test_default_topics_and_conveniences(kafka_bootstrap: str, fresh_topic
 async def test_explicit_topic_overrides_the_default(kafka_bootstrap: str, fresh_topics: Topics, settings_for) -> None:
     settings = settings_for(fresh_topics)
     event = MessageObserved(scope=Scope(team_id="acme"), message_id="m1", content="hi")
-    async with MemstreamProducer(settings, topics=fresh_topics) as producer:
+    async with MemstreamProducer(settings.streams, topics=fresh_topics) as producer:
         position = await producer.send(event, topic=fresh_topics.events)
     assert position.topic == fresh_topics.events
 
@@ -167,7 +167,7 @@ async def test_back_pressure_bounds_the_sends_in_flight(
     previous one was acknowledged."""
     settings = settings_for(fresh_topics, producer_max_in_flight=1, producer_linger_ms=50)
     events = memories(5, spaces=2)
-    async with MemstreamProducer(settings, topics=fresh_topics) as producer:
+    async with MemstreamProducer(settings.streams, topics=fresh_topics) as producer:
         futures = []
         for event in events:
             futures.append(await producer.send_nowait(event))
@@ -177,7 +177,7 @@ async def test_back_pressure_bounds_the_sends_in_flight(
 
     # and with a generous bound, sends really are pipelined (not one at a time)
     settings = settings_for(fresh_topics, producer_max_in_flight=100, producer_linger_ms=50)
-    async with MemstreamProducer(settings, topics=fresh_topics) as producer:
+    async with MemstreamProducer(settings.streams, topics=fresh_topics) as producer:
         futures = [await producer.send_nowait(e) for e in memories(20, spaces=2)]
         assert not all(f.done() for f in futures), "linger batches several sends together"
         await producer.flush()
@@ -190,7 +190,7 @@ async def test_send_many_encodes_everything_before_sending_anything(
     settings = settings_for(fresh_topics)
     good = memories(3, spaces=1)
     unencodable = MemoryAdded.model_construct(**{**dict(good[0]), "metadata": {"x": float("nan")}})
-    async with MemstreamProducer(settings, topics=fresh_topics) as producer:
+    async with MemstreamProducer(settings.streams, topics=fresh_topics) as producer:
         with pytest.raises(EncodeError):
             await producer.send_many([*good, unencodable])
         marker = await producer.send(good[0])
@@ -203,7 +203,7 @@ async def test_send_many_reports_per_event_results(kafka_bootstrap: str, fresh_t
     settings = settings_for(fresh_topics, max_request_bytes=2048)
     small = memories(2, spaces=1)
     big = MemoryAdded(scope=small[0].scope, memory_id="big", content="x" * 4000)
-    async with MemstreamProducer(settings, topics=fresh_topics) as producer:
+    async with MemstreamProducer(settings.streams, topics=fresh_topics) as producer:
         with pytest.raises(ProduceError) as info:
             await producer.send_many([small[0], big, small[1]])
     results = info.value.results
@@ -224,7 +224,7 @@ async def test_send_many_positions_name_each_event_whatever_the_batching(
     give every event the position it landed at, in order within its memory space."""
     settings = settings_for(fresh_topics, producer_max_in_flight=in_flight, producer_max_batch_bytes=batch_bytes)
     events = memories(60, spaces=4)
-    async with MemstreamProducer(settings, topics=fresh_topics) as producer:
+    async with MemstreamProducer(settings.streams, topics=fresh_topics) as producer:
         positions = await producer.send_many(events)
         assert producer._in_flight is not None and producer._in_flight._value == in_flight  # every permit returned
     records = await read_records(kafka_bootstrap, fresh_topics.events, len(events))
@@ -238,7 +238,7 @@ async def test_send_many_positions_name_each_event_whatever_the_batching(
 
 
 async def test_producer_must_be_started(fresh_topics: Topics, settings_for) -> None:
-    producer = MemstreamProducer(settings_for(fresh_topics), topics=fresh_topics)
+    producer = MemstreamProducer(settings_for(fresh_topics).streams, topics=fresh_topics)
     with pytest.raises(ProducerClosedError):
         await producer.send(memories(1, 1)[0])
     await producer.start()
@@ -255,7 +255,7 @@ def test_sync_producer_for_code_without_asyncio(kafka_bootstrap: str, topic_pref
     asyncio.run(ensure_topics(kafka_bootstrap, topics))
     settings: Settings = settings_for(topics)
     events = memories(50, spaces=3)
-    with SyncProducer(settings, topics=topics) as producer:
+    with SyncProducer(settings.streams, topics=topics) as producer:
         first = producer.send(events[0])
         many = producer.send_many(events[1:40])
         futures = [producer.send_nowait(e) for e in events[40:]]
@@ -275,7 +275,7 @@ def test_sync_producer_for_code_without_asyncio(kafka_bootstrap: str, topic_pref
 
 def test_sync_producer_reports_an_unreachable_broker(topic_prefix: str) -> None:
     settings = Settings(bootstrap_servers="127.0.0.1:1", topic_prefix=topic_prefix)
-    producer = SyncProducer(settings)
+    producer = SyncProducer(settings.streams)
     with pytest.raises(Exception, match="127.0.0.1"):
         producer.send(memories(1, 1)[0])
     producer.close()

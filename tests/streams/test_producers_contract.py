@@ -86,7 +86,7 @@ def kcat_produce(bootstrap: str, topic: str, event: MemoryAdded, flags: list[str
 
 
 async def sdk_partitions(settings, scopes: list[Scope]) -> dict[str, int]:  # type: ignore[no-untyped-def]
-    async with MemstreamProducer(settings) as producer:
+    async with MemstreamProducer(settings.streams) as producer:
         return {
             s.space: (await producer.add_memory(s, f"sdk memory of {s.user_id}")).position.partition for s in scopes
         }
@@ -119,11 +119,11 @@ async def test_a_record_on_the_wrong_partition_is_rerouted_and_projected(
     event = MemoryAdded(scope=scope, memory_id="crc", content="Alice prefers aisle seats")
     before = MemoryAdded(scope=scope, memory_id="first", content="sent before, correctly")
     after = MemoryAdded(scope=scope, memory_id="last", content="sent after, correctly")
-    async with MemstreamProducer(settings) as producer:
+    async with MemstreamProducer(settings.streams) as producer:
         await producer.send(before)
     # kcat's defaults (crc32), no headers: what a user gets without reading the doc
     kcat_produce(kafka_bootstrap, fresh_topics.events, event, [], tmp_path)
-    async with MemstreamProducer(settings) as producer:
+    async with MemstreamProducer(settings.streams) as producer:
         await producer.send(after)
 
     worker = WorkerProcess(settings, tmp_path)
@@ -202,12 +202,12 @@ async def test_every_example_writes_where_the_default_configuration_reads(
             await producer.send_and_wait(fresh_topics.resolve("ingress"), value, key=b"acme/alice", headers=headers)
     finally:
         await producer.stop()
-    async with SubjectKeys(settings, fresh_topics) as keys:
-        sealer = IngressSealer(settings, keys, fresh_topics)
+    async with SubjectKeys(settings.streams, fresh_topics) as keys:
+        sealer = IngressSealer(settings.streams, settings.worker.app_id, keys, fresh_topics)
         await sealer.run(until_idle=True)
         assert (sealer.sealed, sealer.dead_lettered) == (2, 0)
     read = []
-    async with EventConsumer([fresh_topics.events, fresh_topics.messages], group_id=None, settings=settings) as consumer:
+    async with EventConsumer([fresh_topics.events, fresh_topics.messages], group_id=None, streams=settings.streams) as consumer:
         async for batch in consumer.batches(max_records=10, timeout_ms=500):
             read += batch.events
             assert not batch.dead, batch.dead

@@ -29,7 +29,7 @@ async def test_batches_still_being_decoded_join_the_write(kafka_bootstrap: str, 
         MessageObserved(scope=scope, session_id="s", message_id=f"m{i:03d}", content=f"turn {i}", occurred_at=_T0)
         for i in range(60)
     ]
-    async with MemstreamProducer(settings, topics=fresh_topics) as producer:
+    async with MemstreamProducer(settings.streams, topics=fresh_topics) as producer:
         positions = await producer.send_many(turns)
     partition = positions[0].partition
     assert {p.partition for p in positions} == {partition}  # one memory space, one partition

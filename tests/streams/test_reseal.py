@@ -11,7 +11,7 @@ from tests.support import read_to_end
 from memstream.domain.events import MemoryAdded, MessageObserved, Scope
 from memstream.sealing import is_sealed
 from memstream.streams.keys import SubjectKeys
-from memstream.streams.reseal import reseal
+from memstream.streams.reseal import STATE_FILE, reseal
 from memstream.streams.sealed_records import RecordOpener
 from memstream.codec.wire import decode_record, encode_event
 from memstream.streams.topics import Topics
@@ -46,10 +46,10 @@ async def test_reseal_seals_a_plaintext_log_in_place(fresh_topics: Topics, setti
     }
 
     lines: list[str] = []
-    counts = await reseal(settings, progress=lines.append)
+    counts = await reseal(settings.streams, settings.home / STATE_FILE, progress=lines.append)
     assert counts[fresh_topics.events] == 12 and counts[fresh_topics.messages] == 9
 
-    async with SubjectKeys(settings) as keys:
+    async with SubjectKeys(settings.streams) as keys:
         opener = RecordOpener(keys.keyring)
         decoded = []
         for topic in (fresh_topics.events, fresh_topics.messages):
@@ -62,4 +62,4 @@ async def test_reseal_seals_a_plaintext_log_in_place(fresh_topics: Topics, setti
                 decoded.append(decode_record(*opened))
     assert sorted(str(e.event_id) for e in decoded) == sorted(str(e.event_id) for e in events)
     assert not (settings.home / "reseal.json").exists()
-    assert await reseal(settings) == dict.fromkeys(fresh_topics.kept_forever(), 0)  # again: nothing left to seal
+    assert await reseal(settings.streams, settings.home / STATE_FILE) == dict.fromkeys(fresh_topics.kept_forever(), 0)  # again: nothing left to seal

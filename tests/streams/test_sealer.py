@@ -49,8 +49,8 @@ async def test_ingress_records_are_sealed_into_their_topics(fresh_topics: Topics
     finally:
         await producer.stop()
 
-    async with SubjectKeys(settings) as keys:
-        sealer = IngressSealer(settings, keys, fresh_topics)
+    async with SubjectKeys(settings.streams) as keys:
+        sealer = IngressSealer(settings.streams, settings.worker.app_id, keys, fresh_topics)
         await sealer.run(until_idle=True)
         assert (sealer.sealed, sealer.dead_lettered) == (2, 1)
         events = await _read_all(settings.broker.bootstrap_servers, fresh_topics.events)
@@ -84,18 +84,18 @@ async def test_an_ingress_record_written_before_a_forget_is_never_sealed_under_t
     producer = AIOKafkaProducer(bootstrap_servers=settings.broker.bootstrap_servers)
     await producer.start()
     try:
-        async with SubjectKeys(settings) as keys:
+        async with SubjectKeys(settings.streams) as keys:
             await keys.key_for(Subject("acme", "alice"))
             rec = encode_event(stale)
             await producer.send_and_wait(fresh_topics.ingress, rec.value, key=rec.key, headers=rec.headers)
             await keys.forget("acme", "alice")  # before the sealer reached the record
-        async with SubjectKeys(settings) as keys:
+        async with SubjectKeys(settings.streams) as keys:
             forgotten_at = keys.forgotten_at[Subject("acme", "alice")]
             rec = encode_event(fresh)  # alice writes again: a new life
             await producer.send_and_wait(
                 fresh_topics.ingress, rec.value, key=rec.key, headers=rec.headers, timestamp_ms=forgotten_at + 1
             )
-            sealer = IngressSealer(settings, keys, fresh_topics)
+            sealer = IngressSealer(settings.streams, settings.worker.app_id, keys, fresh_topics)
             await sealer.run(until_idle=True)
             assert (sealer.sealed, sealer.dead_lettered) == (1, 1)
             (event,) = await _read_all(settings.broker.bootstrap_servers, fresh_topics.events)
@@ -118,8 +118,8 @@ async def test_sealed_ingress_records_are_deleted_from_the_ingress(fresh_topics:
     finally:
         await producer.stop()
     assert len(await _read_all(settings.broker.bootstrap_servers, fresh_topics.ingress)) == 3
-    async with SubjectKeys(settings) as keys:
-        sealer = IngressSealer(settings, keys, fresh_topics)
+    async with SubjectKeys(settings.streams) as keys:
+        sealer = IngressSealer(settings.streams, settings.worker.app_id, keys, fresh_topics)
         await sealer.run(until_idle=True)
     assert sealer.sealed == 3
     # Sealed and committed: the plaintext is gone from the ingress, not kept for its retention.

@@ -23,13 +23,13 @@ S = Scope(team_id="acme", user_id="ana", agent_id="planner")
 
 def test_the_key_is_created_private_and_reused(tmp_path: Path) -> None:
     settings = Settings(home=tmp_path / "home")
-    key = worker_key(settings)
+    key = worker_key(settings.resolved_worker_key_file)
     path = tmp_path / "home" / "worker.key"
     assert len(key) == 32 and stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert worker_key(settings) == key
+    assert worker_key(settings.resolved_worker_key_file) == key
     path.write_text("not hex")
     with pytest.raises(ValueError, match="not a worker key"):
-        worker_key(settings)
+        worker_key(settings.resolved_worker_key_file)
 
 
 def test_signatures_verify_only_under_the_key() -> None:

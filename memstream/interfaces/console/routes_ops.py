@@ -111,7 +111,7 @@ async def forget_post(
                                                "what": what, "wrong": wrong}, status=422 if wrong else 200)
     settings = request.app.state.settings
     try:
-        report = await forget(settings, team_id, user_id)
+        report = await forget(settings.streams, team_id, user_id)
     except Exception as exc:  # noqa: BLE001 - e.g. no master key, Kafka refused: said on the page
         raise ConsoleError(503, f"the forget did not run: {type(exc).__name__}: {exc}") from None
     query = urlencode([("team", team_id), ("user", user_id or ""), *(("pos", str(x)) for x in report.positions),

@@ -143,7 +143,7 @@ class Extractor:
         events are sealed (set by the runner, which shares the producer's keyring)."""
         self.prompts = prompts or PromptLibrary(settings.extraction.prompts_dir)
         self.clock = clock
-        self.id_key = memory_id_key(worker_key(settings))  # ids no client can compute
+        self.id_key = memory_id_key(worker_key(settings.resolved_worker_key_file))  # ids no client can compute
         if recall is not None:
             self._recall: CandidateRecall | None = recall
         elif store is not None:

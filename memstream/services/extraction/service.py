@@ -191,13 +191,13 @@ class ExtractorRunner:
             await asyncio.to_thread(warm_up, self._embedder)  # before its first batch, not in it
         if settings.security.sealing:
             self._keys = await until_started(
-                lambda: SubjectKeys(settings, self.topics, client_id="memstream-extractor-keys"), "extractor keyring"
+                lambda: SubjectKeys(settings.streams, self.topics, client_id="memstream-extractor-keys"), "extractor keyring"
             )
             self._opener = RecordOpener(self._keys.keyring)
         if self._producer is None:
             producer = await until_started(
                 lambda: MemstreamProducer(
-                    settings, topics=self.topics, client_id="memstream-extractor", signing_key=worker_key(settings),
+                    settings.streams, topics=self.topics, client_id="memstream-extractor", signing_key=worker_key(settings.resolved_worker_key_file),
                     keys=self._keys,
                 ),
                 "extractor producer",

@@ -24,7 +24,7 @@ from memstream.streams.admin import topic_partitions
 from memstream.streams.connect import kafka_options
 from memstream.streams.key_records import forget_order
 from memstream.streams.topics import Topics
-from memstream.streams.worker_identity import worker_key, worker_key_path
+from memstream.streams.worker_identity import worker_key
 
 __all__ = ["ForgetProgress", "progress", "forget_positions", "wait_applied"]
 
@@ -76,7 +76,7 @@ async def forget_positions(settings: Settings, team_id: str, user_id: str | None
     team), found by reading the events and messages topics: only forgets the worker
     signed count (a forged one forgets nothing, so it must not read as progress)."""
     topics = Topics.from_settings(settings.broker)
-    key = worker_key(settings, create=False) if worker_key_path(settings).exists() else None
+    key = worker_key(settings.resolved_worker_key_file, create=False) if settings.resolved_worker_key_file.exists() else None
     consumer = AIOKafkaConsumer(**kafka_options(settings.broker), group_id=None,
                                 enable_auto_commit=False, client_id="memstream-forget-status")
     await consumer.start()

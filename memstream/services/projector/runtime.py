@@ -117,7 +117,7 @@ class ProjectorRuntime:
         self._projector = projector
         self._dead_letters = dead_letters or DeadLetterPublisher(
             topics.dead_letter,
-            settings=settings,
+            streams=settings.streams,
             client_id=f"{settings.worker.app_id}-projector-dlq",
         )
         self.sets = TableSets(settings.storage.root)

@@ -209,16 +209,16 @@ class ProjectorService(Service):
             start=start,
             on_decoded=rt.prepare_batch,
             list_partitions=lambda names: topic_partitions(
-                rt.settings, names, client_id=f"{rt.settings.worker.app_id}-projector-admin"
+                rt.settings.broker, names, client_id=f"{rt.settings.worker.app_id}-projector-admin"
             ),
             max_batch=rt.settings.worker.projector_batch_size,
             fetch_records=min(2_000, rt.settings.worker.projector_batch_size),
             poll_ms=max(1, int(rt.settings.worker.projector_batch_seconds * 1000)),
             fast_decoder=FastMemoryDecoder.for_projector(rt.projector),
             reroute=True,
-            worker_key=worker_key(rt.settings),
-            legacy_trust=load_legacy_trust(rt.settings),
-            keys=SubjectKeys(rt.settings, client_id=f"{rt.settings.worker.app_id}-keys") if rt.settings.security.sealing else None,
+            worker_key=worker_key(rt.settings.resolved_worker_key_file),
+            legacy_trust=load_legacy_trust(rt.settings.resolved_worker_key_file),
+            keys=SubjectKeys(rt.settings.streams, client_id=f"{rt.settings.worker.app_id}-keys") if rt.settings.security.sealing else None,
             partitions=partitions,
             on_reading=lambda n: mark_ready(rt.settings, n),
         )

@@ -140,9 +140,9 @@ class _Reflector:
             self.decisions, subjects, self.early, policy=policy,
             subject_key=self.seal.subject_key, decision_key=self.seal.decision_key,
         )
-        self.signing_key = worker_key(settings)  # its events are system events: signed
+        self.signing_key = worker_key(settings.resolved_worker_key_file)  # its events are system events: signed
         self.verify = verifier(self.signing_key)
-        self.keyring = LazyKeys(settings, topics, client_id=f"{settings.worker.app_id}-reflector-keys")
+        self.keyring = LazyKeys(settings.streams, topics, client_id=f"{settings.worker.app_id}-reflector-keys")
         # Reflections whose send is not confirmed yet: key -> (partition, event). The
         # entry is durably "emitting" meanwhile. The ack's callback queues the key on its
         # partition's list; the next record handled on that partition (stream iteration,

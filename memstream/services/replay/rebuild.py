@@ -113,7 +113,7 @@ def _open_projector(store: Any, settings: Settings) -> Any:
 async def _partitions(settings: Settings, topic_names: Sequence[str]) -> list[TopicPartition]:
     try:
         found = await topic_partitions(
-            settings, topic_names, client_id="memstream-replay-admin"
+            settings.broker, topic_names, client_id="memstream-replay-admin"
         )
     except KafkaError as exc:
         raise ReplayError(f"cannot reach Kafka at {settings.broker.bootstrap_servers}: {exc}") from exc
@@ -362,7 +362,7 @@ class _Build:
         self.partitions = await _partitions(self.settings, (topics.messages, topics.events))
         bound_inflation(self.settings.broker.max_inflated_batch_bytes)
         try:
-            self.legacy_trust = load_legacy_trust(self.settings)
+            self.legacy_trust = load_legacy_trust(self.settings.resolved_worker_key_file)
         except LegacyTrustError as exc:
             raise ReplayError(str(exc)) from None
         self.consumer = AIOKafkaConsumer(
@@ -375,7 +375,7 @@ class _Build:
         except KafkaError as exc:
             raise ReplayError(f"cannot reach Kafka at {self.settings.broker.bootstrap_servers}: {exc}") from exc
         if self.settings.security.sealing:
-            self.keys = await SubjectKeys(self.settings, topics, client_id="memstream-replay-keys").start()
+            self.keys = await SubjectKeys(self.settings.streams, topics, client_id="memstream-replay-keys").start()
         self.store = await loop.run_in_executor(self._opener, _open_store, self.report.replay_dir, self.settings)
         self.projector = await loop.run_in_executor(self._opener, _open_projector, self.store, self.settings)
         self.rerouter = _MisroutedBeyond(self.settings, handled, self.report)
@@ -390,7 +390,7 @@ class _Build:
         await _consume_into(
             self.consumer, todo, begins, ends, self.projector, self.report, self.batch_size,
             self.on_progress, self.expected, on_decoded=self.rerouter.publish, started=self.started,
-            all_partitions=self.partitions, worker_key=load_worker_key(self.settings), keys=self.keys,
+            all_partitions=self.partitions, worker_key=load_worker_key(self.settings.resolved_worker_key_file), keys=self.keys,
             legacy_trust=self.legacy_trust,
         )
 

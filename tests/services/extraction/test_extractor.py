@@ -110,7 +110,7 @@ async def env(fresh_topics: Topics, settings_for: Any, fake_llm: FakeOpenAI) -> 
         extract_known_memories=0,
     )
     store = await asyncio.to_thread(LanceStore.from_settings, settings.storage, settings.embeddings.dim)
-    producer = MemstreamProducer(settings, topics=fresh_topics, client_id="test-extractor")
+    producer = MemstreamProducer(settings.streams, topics=fresh_topics, client_id="test-extractor")
     await producer.start()
     llm = LLMClient.from_settings(settings)
     try:
@@ -990,7 +990,7 @@ async def test_the_worker_extracts_dedups_links_and_survives_an_llm_outage(
             stdout=log_file,
             stderr=subprocess.STDOUT,
         )
-    producer = MemstreamProducer(settings, topics=fresh_topics, client_id="test-worker-e2e")
+    producer = MemstreamProducer(settings.streams, topics=fresh_topics, client_id="test-worker-e2e")
     await producer.start()
     store: LanceStore | None = None
 

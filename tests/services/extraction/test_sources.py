@@ -66,14 +66,14 @@ async def _event_records(settings: Settings, topics: Topics) -> list[tuple[bytes
 
 
 async def _keys_of(settings: Settings, topics: Topics, subject: Subject) -> list[bytes]:
-    async with SubjectKeys(settings, topics, client_id="test-keys") as keys:
+    async with SubjectKeys(settings.streams, topics, client_id="test-keys") as keys:
         assert keys.keyring is not None
         return keys.keyring.kids_of(subject)
 
 
 async def _send(settings: Settings, turns: list[MessageObserved]) -> None:
     """Through a fresh SDK producer (its keyring read from the start: no stale key)."""
-    async with MemstreamProducer(settings, client_id="test-sdk") as producer:
+    async with MemstreamProducer(settings.streams, client_id="test-sdk") as producer:
         await producer.send_many(turns)
 
 
@@ -120,7 +120,7 @@ async def test_a_waiting_window_of_a_forgotten_subject_is_dropped_and_its_next_l
         await wait_until(lambda: runner.stats.turns_read == 2, what="both turns buffered")
         old = await _keys_of(settings, fresh_topics, Subject("acme", "alice"))
 
-        await forget(settings, "acme", "alice")
+        await forget(settings.streams, "acme", "alice")
         await wait_until(lambda: runner.stats.forgotten_turns == 1, what="alice's held turn dropped")
         await runner.drain()  # every held window due now: alice's must not be among them
         records = await _event_records(settings, fresh_topics)
@@ -149,7 +149,7 @@ async def test_an_llm_call_in_flight_when_the_subject_is_forgotten_writes_nothin
     try:
         await _send(settings, [_turn(ALICE, "a1", "my pin is 1234"), _turn(ALICE, "a2", "my dog is Rex")])
         await wait_until(lambda: fake.chat.count == 1, what="the extraction call under way")
-        await forget(settings, "acme", "alice")
+        await forget(settings.streams, "acme", "alice")
         await wait_until(lambda: runner.stats.extractions == 1, what="the call answered")
         records = await _event_records(settings, fresh_topics)
         assert not _sealed_memories(records, b"acme/alice")

@@ -533,7 +533,7 @@ async def test_decision_outcome_one_reflection_projected_and_injected(
     await app.start()
     try:
         handle: ReflectorHandle = app.reflector  # type: ignore[attr-defined]
-        async with MemstreamProducer(settings=settings) as producer, TopicReader(kafka_bootstrap, fresh_topics.events) as log:
+        async with MemstreamProducer(streams=settings.streams) as producer, TopicReader(kafka_bootstrap, fresh_topics.events) as log:
             await producer.record_decision(ACME, "d1", "AAPL", "buy", "Buy AAPL: services keep compounding.", utcnow() + timedelta(days=30))
             await producer.observe_outcome(ACME, "o1", "AAPL", 0.05, 5, decision_id="d1", benchmark_return=0.02, alpha=0.03)
             await log.until(lambda evs: any(isinstance(e, MemoryReflected) for e in evs))
@@ -566,7 +566,7 @@ async def test_outcome_before_decision_and_duplicates(
 ) -> None:
     settings = settings_for(fresh_topics, reflection_poll_seconds=0.3)
     async with reflector_app(settings, provider=None) as handle:
-        async with MemstreamProducer(settings=settings) as producer, TopicReader(kafka_bootstrap, fresh_topics.events) as log:
+        async with MemstreamProducer(streams=settings.streams) as producer, TopicReader(kafka_bootstrap, fresh_topics.events) as log:
             # unusable input first: it is dead-lettered and the rest still flows
             raw = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
             await raw.start()
@@ -602,7 +602,7 @@ async def test_partial_horizon_waits_then_full_outcome_settles(
     settings = settings_for(fresh_topics, reflection_poll_seconds=0.3)
     async with reflector_app(settings, provider=None) as handle:
         key = decision_key(ACME, "d-msft")
-        async with MemstreamProducer(settings=settings) as producer, TopicReader(kafka_bootstrap, fresh_topics.events) as log:
+        async with MemstreamProducer(streams=settings.streams) as producer, TopicReader(kafka_bootstrap, fresh_topics.events) as log:
             await producer.record_decision(ACME, "d-msft", "MSFT", "sell", "Cloud growth is slowing.", utcnow() + timedelta(days=30), horizon_days=5)
             await producer.observe_outcome(ACME, "o-1day", "MSFT", -0.01, 1, decision_id="d-msft", benchmark_return=0.0)
             await wait_for(lambda: handle.stats.get("forwarded_outcomes", 0) == 1)
@@ -626,7 +626,7 @@ async def test_no_outcome_expires_at_the_deadline(
     deadline = clock.now + timedelta(days=5)
     async with reflector_app(settings, provider=None) as handle:
         key = decision_key(ACME, "d-tsla")
-        async with MemstreamProducer(settings=settings) as producer, TopicReader(kafka_bootstrap, fresh_topics.events) as log:
+        async with MemstreamProducer(streams=settings.streams) as producer, TopicReader(kafka_bootstrap, fresh_topics.events) as log:
             await producer.record_decision(ACME, "d-tsla", "TSLA", "hold", "Wait for the delivery numbers.", deadline)
             await wait_for(lambda: handle.core.state(key) is DecisionState.pending)
             clock.now = deadline - timedelta(seconds=1)
@@ -675,7 +675,7 @@ async def test_many_subjects_settle_in_one_pass(
     settings = settings_for(fresh_topics, reflection_poll_seconds=0.3)
     decided = datetime(2024, 3, 4, 21, 0, tzinfo=timezone.utc)
     async with reflector_app(settings, provider=provider) as handle:
-        async with MemstreamProducer(settings=settings) as producer, TopicReader(kafka_bootstrap, fresh_topics.events) as log:
+        async with MemstreamProducer(streams=settings.streams) as producer, TopicReader(kafka_bootstrap, fresh_topics.events) as log:
             for i, sym in enumerate(symbols):
                 await producer.record_decision(
                     ACME, f"d-{sym}", sym, "buy" if i % 2 else "sell", f"Call on {sym}.",
@@ -708,7 +708,7 @@ async def test_llm_reflection_after_failures_is_written_once(
     settings = settings_for(fresh_topics, reflection_poll_seconds=0.3, llm_base_url=fake_llm.base_url, llm_model="fake-model")
     async with reflector_app(settings, provider=None) as handle:
         handle.runner.backoff = Backoff(initial=0.2, maximum=0.5)
-        async with MemstreamProducer(settings=settings) as producer, TopicReader(kafka_bootstrap, fresh_topics.events) as log:
+        async with MemstreamProducer(streams=settings.streams) as producer, TopicReader(kafka_bootstrap, fresh_topics.events) as log:
             await producer.record_decision(ACME, "d-amzn", "AMZN", "sell", "Retail margins are peaking.", utcnow() + timedelta(days=30))
             await producer.observe_outcome(ACME, "o-amzn", "AMZN", 0.03, 5, decision_id="d-amzn", benchmark_return=0.01)
             await log.until(lambda evs: any(isinstance(e, MemoryReflected) for e in evs))
@@ -771,7 +771,7 @@ async def test_sigkill_between_settling_and_reflecting_yields_one_reflection(
     fake_llm.chat.responder = lambda body: Reply(delay=600)  # the model hangs: the kill lands mid-reflection
     worker = _start_worker(env, log_path)
     try:
-        async with MemstreamProducer(settings=settings) as producer, TopicReader(kafka_bootstrap, fresh_topics.events) as log:
+        async with MemstreamProducer(streams=settings.streams) as producer, TopicReader(kafka_bootstrap, fresh_topics.events) as log:
             await producer.record_decision(ACME, "d-meta", "META", "buy", "Ad spend is recovering.", utcnow() + timedelta(days=30))
             await producer.observe_outcome(ACME, "o-meta", "META", 0.06, 5, decision_id="d-meta", benchmark_return=0.02)
             await wait_for(lambda: fake_llm.chat.count >= 1 or worker.poll() is not None, timeout=90, what="the reflection call")

@@ -51,7 +51,7 @@ async def test_the_reflectors_state_is_sealed_and_forgotten_with_its_subject(
     canary = f"zq{uuid.uuid4().hex[:10]}"
     later = utcnow() + timedelta(days=30)
     async with reflector_app(settings, provider=None) as handle:
-        async with MemstreamProducer(settings=settings) as producer:
+        async with MemstreamProducer(streams=settings.streams) as producer:
             alice_d, bob_d = f"{canary}-d1", f"qz{uuid.uuid4().hex[:10]}-d2"  # decision ids are personal too
             await producer.record_decision(ALICE, alice_d, f"{canary}-subject", "buy", f"{canary} thinks rates fall", later)
             await producer.record_decision(BOB, bob_d, "AAPL", "buy", "Buy AAPL: services compound.", later)
@@ -63,7 +63,7 @@ async def test_the_reflectors_state_is_sealed_and_forgotten_with_its_subject(
             bob_key = handle.core.key_of(BOB, bob_d)
             assert bob_key.startswith("acme|bob|#") and bob_d not in bob_key
 
-            await forget(settings, "acme", "alice")
+            await forget(settings.streams, "acme", "alice")
             await wait_for(lambda: handle.stats.get("forgotten_entries", 0) >= 1, what="alice's entry dropped")
             assert handle.core.counts().get("pending") == 1  # alice's entry is gone, its key with it
             assert handle.core.state(bob_key) is DecisionState.pending

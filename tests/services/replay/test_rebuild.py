@@ -61,7 +61,7 @@ async def produce_log(settings: Settings, start: int, count: int) -> None:
                 relation="supersedes",
             )
         )
-    async with MemstreamProducer(settings) as producer:
+    async with MemstreamProducer(settings.streams) as producer:
         await producer.send_many(events)
     raw = AIOKafkaProducer(bootstrap_servers=settings.broker.bootstrap_servers)
     await raw.start()

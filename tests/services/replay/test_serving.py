@@ -34,7 +34,7 @@ BUSY = Scope(team_id="acme", user_id="busy")
 
 
 async def produce(settings: Settings, scope: Scope, prefix: str, count: int) -> None:
-    async with MemstreamProducer(settings) as producer:
+    async with MemstreamProducer(settings.streams) as producer:
         await producer.send_many(
             [MemoryAdded(scope=scope, memory_id=f"{prefix}{i}", content=f"{prefix} fact number {i}") for i in range(count)]
         )
@@ -81,7 +81,7 @@ async def test_replay_while_serving_swaps_atomically(fresh_topics: Topics, setti
                 await asyncio.sleep(0.01)
 
         async def write_loop() -> None:
-            async with MemstreamProducer(settings) as producer:
+            async with MemstreamProducer(settings.streams) as producer:
                 i = 0
                 while not stop.is_set():
                     await producer.add_memory(BUSY, f"live fact {i}")
@@ -103,7 +103,7 @@ async def test_replay_while_serving_swaps_atomically(fresh_topics: Topics, setti
         assert "now projecting into the replayed set" in worker.log_text()
 
         # The worker writes into the new set: a write is readable through it.
-        async with MemstreamProducer(settings) as producer:
+        async with MemstreamProducer(settings.streams) as producer:
             sent = await producer.add_memory(STABLE, "written after the swap")
         await service.wait_for([sent.position])
         found = await service.search(STABLE, "written after the swap", 3, SearchFilters(), interface="api")

@@ -37,7 +37,7 @@ async def produce(settings: Settings, per_space: int) -> None:
             events.append(
                 MemoryAdded(scope=scope, memory_id=f"mem{i}", content=f"{scope.user_id} likes item {i}")
             )
-    async with MemstreamProducer(settings) as producer:
+    async with MemstreamProducer(settings.streams) as producer:
         await producer.send_many(events)
 
 
@@ -96,7 +96,7 @@ async def test_the_worker_writes_one_shard_per_partition_and_searches_find_their
             assert {h.memory_id for h in hits} == {f"mem{i}" for i in range(5)}
             assert all(scope.user_id in h.content for h in hits)
         # Read-your-writes through the shard's positions.
-        async with MemstreamProducer(settings) as producer:
+        async with MemstreamProducer(settings.streams) as producer:
             sent = await producer.add_memory(SPACES[3], "user3 just moved to Lisbon")
         await service.wait_for([sent.position])
         hits = await service.search(SPACES[3], "moved to Lisbon", 1, SearchFilters(), interface="api")

@@ -261,7 +261,7 @@ class Traffic:
 
     async def load(self, settings: Settings, seed: int) -> None:
         rng = random.Random(seed)
-        async with MemstreamProducer(settings) as producer:
+        async with MemstreamProducer(settings.streams) as producer:
             i = 0
             while not self.stop.is_set():
                 burst = []

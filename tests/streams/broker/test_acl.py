@@ -48,18 +48,18 @@ def acl_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]
         root, broker_acl=True, topic_prefix="acl.", app_id="aclapp", lance_dir=root / "lance",
         embedder="local", sealing=True, projector_batch_seconds=0.05,
     )
-    status = local.start(settings)
+    status = local.start(settings.local_broker)
     try:
         assert status.acl and status.running
-        asyncio.run(ensure_topics(settings, Topics.from_settings(settings.broker)))  # as the worker
+        asyncio.run(ensure_topics(settings.broker, Topics.from_settings(settings.broker)))  # as the worker
         yield settings
     finally:
-        local.stop(settings)
+        local.stop(settings.local_broker)
 
 
 def as_principal(settings: Settings, principal: str) -> Settings:
     return settings.model_copy(
-        update={"kafka_username": principal, "kafka_password_file": acl.password_file(settings, principal)}
+        update={"kafka_username": principal, "kafka_password_file": acl.password_file(settings.credentials_dir, principal)}
     )
 
 
@@ -77,11 +77,11 @@ async def _write(settings: Settings, topic: str, *, idempotent: bool = True) -> 
 
 
 def test_the_broker_files_hold_the_secrets_privately(acl_settings: Settings) -> None:
-    folder = acl.credentials_dir(acl_settings)
+    folder = acl_settings.credentials_dir
     assert folder.stat().st_mode & 0o777 == 0o700
     for principal in acl.PRINCIPALS:
-        assert acl.password_file(acl_settings, principal).stat().st_mode & 0o777 == 0o600
-    config = local.BrokerPaths.from_settings(acl_settings).config_file
+        assert acl.password_file(acl_settings.credentials_dir, principal).stat().st_mode & 0o777 == 0o600
+    config = local.BrokerPaths.at(acl_settings.resolved_broker_dir).config_file
     assert config.stat().st_mode & 0o777 == 0o600
     assert "StandardAuthorizer" in config.read_text()
 
@@ -107,7 +107,7 @@ async def test_the_worker_principal_writes_the_log_keys_and_its_own_topics(acl_s
     # a scratch topic set under the worker's prefix (created by the worker itself), so
     # a test record on a key topic never reaches the module's worker
     scratch = Topics(prefix=f"acl.scratch{uuid.uuid4().hex[:6]}.", partitions=1)
-    await ensure_topics(acl_settings, scratch)
+    await ensure_topics(acl_settings.broker, scratch)
     for topic in (scratch.events, scratch.keys, scratch.pending_reflections, scratch.ingress):
         assert await _write(acl_settings, topic) == 0
     # a producer principal may not write even the scratch ingress: its grant is literal
@@ -176,7 +176,7 @@ def test_a_write_through_the_ingress_as_the_api_makes_it_is_projected(acl_settin
         content = f"Ana prefers answers under ACLs {uuid.uuid4().hex[:6]}"
 
         async def write() -> str:
-            async with MemstreamProducer(api, client_id="acl-api") as producer:
+            async with MemstreamProducer(api.streams, client_id="acl-api") as producer:
                 sent = await producer.add_memory(scope, content, memory_type="persona")
             assert sent.position.topic == Topics.from_settings(acl_settings.broker).ingress
             return sent.event.memory_id

@@ -28,4 +28,4 @@ def test_jar_cache_is_trusted_only_with_a_complete_marker(tmp_path: Path) -> Non
 
 def test_jar_dir_lives_in_the_configured_cache(tmp_path: Path) -> None:
     settings = broker_settings(tmp_path, kafka_cache_dir=tmp_path / "cache", kafka_version="4.1.1")
-    assert jars.jar_dir(settings) == (tmp_path / "cache" / "kafka-4.1.1" / "libs").resolve()
+    assert jars.jar_dir(settings.resolved_kafka_cache_dir, settings.broker.kafka_version) == (tmp_path / "cache" / "kafka-4.1.1" / "libs").resolve()

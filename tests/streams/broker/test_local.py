@@ -36,25 +36,25 @@ def test_a_port_held_by_another_program_is_reported_and_never_taken_over(
 ) -> None:
     settings = broker_settings(tmp_path, broker_port=listening_socket)
 
-    current = local.status(settings)
+    current = local.status(settings.local_broker)
     assert current.state == "external"
     assert "does not answer as a Kafka broker" in current.detail
 
     with pytest.raises(local.BrokerError, match=f"port {listening_socket} is in use"):
-        local.start(settings)
-    paths = local.BrokerPaths.from_settings(settings)
+        local.start(settings.local_broker)
+    paths = local.BrokerPaths.at(settings.resolved_broker_dir)
     assert not paths.pid_file.exists()
     assert not paths.data_dir.exists()  # nothing was formatted or launched
-    assert local.stop(settings) is False
+    assert local.stop(settings.local_broker) is False
 
 
 def test_status_of_a_never_started_broker_is_stopped(tmp_path: Path) -> None:
     settings = broker_settings(tmp_path)
-    current = local.status(settings)
+    current = local.status(settings.local_broker)
     assert current.state == "stopped"
     assert current.pid is None
     assert current.port == settings.broker.port
-    assert local.stop(settings) is False
+    assert local.stop(settings.local_broker) is False
 
 
 def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
@@ -79,19 +79,19 @@ def test_cli_status_exits_3_when_stopped(tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 def test_second_broker_starts_once_serves_stops_and_keeps_its_data(tmp_path: Path) -> None:
     settings = broker_settings(tmp_path, topic_prefix="brokertest.", partitions=2)
-    paths = local.BrokerPaths.from_settings(settings)
+    paths = local.BrokerPaths.at(settings.resolved_broker_dir)
     try:
-        first = local.start(settings)
+        first = local.start(settings.local_broker)
         assert first.state == "running" and first.started
         assert first.pid is not None and paths.pid_file.read_text().strip() == str(first.pid)
         assert first.port == settings.broker.port
         meta = (paths.data_dir / "meta.properties").read_text()
         assert f"cluster.id={first.cluster_id}" in meta
 
-        again = local.start(settings)
+        again = local.start(settings.local_broker)
         assert again.state == "running" and not again.started
         assert again.pid == first.pid
-        current = local.status(settings)
+        current = local.status(settings.local_broker)
         assert (current.state, current.pid, current.cluster_id) == ("running", first.pid, first.cluster_id)
 
         # The CLI drives the same broker: start is a no-op, status says running.
@@ -111,19 +111,19 @@ def test_second_broker_starts_once_serves_stops_and_keeps_its_data(tmp_path: Pat
 
         cli_stop = _cli(settings, "broker", "stop")
         assert cli_stop.returncode == 0 and "stopped" in cli_stop.stdout
-        stopped = local.status(settings)
+        stopped = local.status(settings.local_broker)
         assert stopped.state == "stopped" and stopped.pid is None
         assert not paths.pid_file.exists()
-        assert local.stop(settings) is False
+        assert local.stop(settings.local_broker) is False
         assert _cli(settings, "broker", "status").returncode == 3
 
-        restarted = local.start(settings)
+        restarted = local.start(settings.local_broker)
         assert restarted.started and restarted.cluster_id == first.cluster_id
         topics = Topics.from_settings(settings.broker)
         after = asyncio.run(ensure_topics(settings.broker.bootstrap_servers, topics))
         assert set(after.values()) == {"exists"}  # the data survived the stop
     finally:
-        local.stop(settings)
+        local.stop(settings.local_broker)
 
 
 async def _describe(bootstrap: str, topic: str) -> dict[str, object]:
@@ -144,7 +144,7 @@ def test_a_broker_that_cannot_start_fails_with_its_log_tail(tmp_path: Path, list
     settings = broker_settings(tmp_path, controller_port=listening_socket, broker_start_timeout_s=120.0)
 
     with pytest.raises(local.BrokerError) as failure:
-        local.start(settings)
+        local.start(settings.local_broker)
 
     message = str(failure.value)
     assert "exited during startup" in message
@@ -152,5 +152,5 @@ def test_a_broker_that_cannot_start_fails_with_its_log_tail(tmp_path: Path, list
     assert "Address already in use" in message
     assert "server.log" in message
     assert "\tat " not in message  # stack frames are condensed away
-    assert local.status(settings).state == "stopped"
-    assert not local.BrokerPaths.from_settings(settings).pid_file.exists()
+    assert local.status(settings.local_broker).state == "stopped"
+    assert not local.BrokerPaths.at(settings.resolved_broker_dir).pid_file.exists()
