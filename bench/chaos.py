@@ -88,7 +88,7 @@ from memstream.bench.openai_fake import OpenAICompatServer
 from memstream.domain.access import ReadScope
 from memstream.domain.events import EventBase, MemoryAdded, MessageObserved
 from memstream.domain.log import LogPosition
-from memstream.domain.quality import gate
+from memstream.domain.gate import gate
 from memstream.projections.embedders import build_embedder
 from memstream.projections.schema import MEMORIES
 from memstream.projections.search import SearchCache, search
@@ -100,10 +100,10 @@ from memstream.services.shards import open_store, store_for
 from memstream.settings import Settings
 from memstream.streams.admin import ensure_topics
 from memstream.streams.broker import local
-from memstream.streams.deadletter import DeadLetter, NotADeadLetter, parse_dead_letter
-from memstream.streams.keys import SubjectKeys
-from memstream.streams.record_codec import decode_or_dead_letter, screen
-from memstream.streams.sealed_records import RecordOpener
+from memstream.streams.dead_letters.publisher import DeadLetter, NotADeadLetter, parse_dead_letter
+from memstream.streams.sealing.keys import SubjectKeys
+from memstream.streams.records.codec import decode_or_dead_letter, screen
+from memstream.streams.sealing.sealed_records import RecordOpener
 from memstream.streams.topics import Topics
 
 __all__ = [

@@ -29,8 +29,8 @@ from memstream.sealing import Subject
 from memstream.sealing.keyring import key_record_key
 from memstream.settings import Settings
 from memstream.streams.broker import local
-from memstream.streams.keys import SubjectKeys
-from memstream.streams.producer import MemstreamProducer, ProduceError, create_kafka_producer
+from memstream.streams.sealing.keys import SubjectKeys
+from memstream.streams.producers.producer import MemstreamProducer, ProduceError, create_kafka_producer
 from memstream.streams.topics import Topics
 
 

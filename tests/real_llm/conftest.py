@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from memstream.llm_check import ServerDown, check_chat, server_fate
+from memstream.llm.check import ServerDown, check_chat, server_fate
 
 URL = os.environ.get("MEMSTREAM_TEST_LLM_URL", "").strip()
 MODEL = os.environ.get("MEMSTREAM_TEST_LLM_MODEL", "").strip() or "smollm2"
