@@ -369,7 +369,7 @@ def run_plan(
             done = asyncio.Event()
             with progress_bar() as bar:
                 task = bar.add_task("produce under faults", total=len(valid))
-                injector = asyncio.create_task(inject_faults(worker, settings, plan, rng, faults, done))
+                injector = asyncio.create_task(inject_faults(worker, settings.local_broker, plan, rng, faults, done))
                 try:
                     seconds = await produce_traffic(
                         settings, valid, bad, plan, ledger, lambda n: bar.update(task, completed=n)

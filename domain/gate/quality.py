@@ -399,12 +399,13 @@ def _hijack(text: str, *, prefilter: bool) -> str | None:
             if match:
                 snippet = " ".join(match.group(0).split())[:60]
                 return f"instruction hijack: {snippet!r}"
+    found: str | None
     if lowered is not None:  # ASCII and lower-cased: its letters are a-z
-        squashed = _SQUASHED_ASCII.search(lowered.encode("ascii").translate(None, _ASCII_NON_LETTERS))
-        found = None if squashed is None else squashed.group(0).decode("ascii")
+        in_bytes = _SQUASHED_ASCII.search(lowered.encode("ascii").translate(None, _ASCII_NON_LETTERS))
+        found = None if in_bytes is None else in_bytes.group(0).decode("ascii")
     else:
-        squashed = _SQUASHED.search("".join(ch for ch in folded.lower() if ch.isalpha()))
-        found = None if squashed is None else squashed.group(0)
+        in_text = _SQUASHED.search("".join(ch for ch in folded.lower() if ch.isalpha()))
+        found = None if in_text is None else in_text.group(0)
     if found is not None:
         return f"instruction hijack (disguised): {found[:60]!r}"
     return None
