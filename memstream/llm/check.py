@@ -82,11 +82,16 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def server_fate(pid: int, exit_file: Path | None, *, settle_s: float = 2.0) -> str | None:
-    """``None`` while process ``pid`` lives; else how it ended, from ``exit_file``
-    (its exit status, written by the launcher; waited for up to ``settle_s``)."""
-    if _alive(pid):
-        return None
+def server_fate(pid: int, exit_file: Path | None, *, settle_s: float = 2.0, die_within_s: float = 0.0) -> str | None:
+    """``None`` while process ``pid`` lives (waited for up to ``die_within_s``: a server
+    that crashed mid-answer drops the connection a moment before it is reaped); else
+    how it ended, from ``exit_file`` (its exit status, written by the launcher; waited
+    for up to ``settle_s``)."""
+    dying = time.monotonic() + die_within_s
+    while _alive(pid):
+        if time.monotonic() >= dying:
+            return None
+        time.sleep(0.1)
     deadline = time.monotonic() + settle_s
     while exit_file is not None:
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -40,3 +41,17 @@ def test_a_live_process_has_no_fate_and_a_dead_one_reads_its_exit_file(tmp_path:
     (tmp_path / "exit").write_text("139\n")
     assert server_fate(proc.pid, tmp_path / "exit") == "killed by SIGSEGV (exit 139)"
     assert server_fate(proc.pid, None) == "exited (status unknown)"
+
+
+def test_a_process_that_dies_a_moment_after_the_connection_drops_is_named(tmp_path: Path) -> None:
+    # The stub crashes mid-answer: the client sees the connection drop before the process
+    # is gone; asked at once the process still lives, asked with a wait it has a fate.
+    exit_file = tmp_path / "exit"
+    script = f"import time, pathlib; time.sleep(0.5); pathlib.Path({str(exit_file)!r}).write_text('139')"
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        assert server_fate(proc.pid, exit_file) is None
+        threading.Thread(target=proc.wait, daemon=True).start()  # reaped as its launcher would
+        assert server_fate(proc.pid, exit_file, die_within_s=10.0) == "killed by SIGSEGV (exit 139)"
+    finally:
+        proc.kill()
