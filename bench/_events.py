@@ -71,7 +71,7 @@ from memstream.domain.events import MemoryAdded
 from memstream.projections.embedders import LocalEmbedder
 from memstream.settings import Settings
 from memstream.streams.admin import ensure_topics
-from memstream.streams.producer import MemstreamProducer
+from memstream.streams.producers.producer import MemstreamProducer
 from memstream.streams.topics import Topics
 
 __all__ = [

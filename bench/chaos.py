@@ -88,7 +88,7 @@ from memstream.bench.openai_fake import OpenAICompatServer
 from memstream.domain.access import ReadScope
 from memstream.domain.events import EventBase, MemoryAdded, MessageObserved
 from memstream.domain.log import LogPosition
-from memstream.domain.quality import gate
+from memstream.domain.gate import gate
 from memstream.projections.embedders import build_embedder
 from memstream.projections.schema import MEMORIES
 from memstream.projections.search import SearchCache, search
@@ -100,10 +100,10 @@ from memstream.services.shards import open_store, store_for
 from memstream.settings import Settings
 from memstream.streams.admin import ensure_topics
 from memstream.streams.broker import local
-from memstream.streams.deadletter import DeadLetter, NotADeadLetter, parse_dead_letter
-from memstream.streams.keys import SubjectKeys
-from memstream.streams.record_codec import decode_or_dead_letter, screen
-from memstream.streams.sealed_records import RecordOpener
+from memstream.streams.dead_letters.publisher import DeadLetter, NotADeadLetter, parse_dead_letter
+from memstream.streams.sealing.keys import SubjectKeys
+from memstream.streams.records.codec import decode_or_dead_letter, screen
+from memstream.streams.sealing.sealed_records import RecordOpener
 from memstream.streams.topics import Topics
 
 __all__ = [
@@ -369,7 +369,7 @@ def run_plan(
             done = asyncio.Event()
             with progress_bar() as bar:
                 task = bar.add_task("produce under faults", total=len(valid))
-                injector = asyncio.create_task(inject_faults(worker, settings, plan, rng, faults, done))
+                injector = asyncio.create_task(inject_faults(worker, settings.local_broker, plan, rng, faults, done))
                 try:
                     seconds = await produce_traffic(
                         settings, valid, bad, plan, ledger, lambda n: bar.update(task, completed=n)

@@ -27,10 +27,10 @@ from memstream.domain.events import EventBase, Scope, SubjectForgotten
 from memstream.domain.log import LogPosition
 from memstream.sealing import Subject
 from memstream.sealing.keyring import key_record_key
-from memstream.settings import Settings
+from memstream.settings import LocalBrokerConfig, Settings
 from memstream.streams.broker import local
-from memstream.streams.keys import SubjectKeys
-from memstream.streams.producer import MemstreamProducer, ProduceError, create_kafka_producer
+from memstream.streams.sealing.keys import SubjectKeys
+from memstream.streams.producers.producer import MemstreamProducer, ProduceError, create_kafka_producer
 from memstream.streams.topics import Topics
 
 
@@ -142,7 +142,7 @@ class Faults:
 
 async def inject_faults(
     worker: WorkerProcess,
-    broker_settings: Settings,
+    broker: LocalBrokerConfig,
     plan: ChaosPlan,
     rng: random.Random,
     faults: Faults,
@@ -170,9 +170,9 @@ async def inject_faults(
             faults.log.append(f"{t:6.1f}s worker SIGKILLed and restarted")
         else:
             t0 = time.monotonic()
-            await asyncio.to_thread(local.stop, broker_settings)
+            await asyncio.to_thread(local.stop, broker)
             await asyncio.sleep(rng.uniform(1.0, 3.0))
-            await asyncio.to_thread(local.start, broker_settings)
+            await asyncio.to_thread(local.start, broker)
             faults.broker_down_s += time.monotonic() - t0
             faults.broker_restarts += 1
             faults.log.append(f"{t:6.1f}s broker stopped and restarted ({time.monotonic() - t0:.1f}s down)")

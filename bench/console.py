@@ -57,7 +57,7 @@ from memstream.projections.embedders import build_embedder
 from memstream.projections.projector import decision_update, reflection_row
 from memstream.projections.schema import DECISIONS, ENTITIES, MEMORIES, MESSAGES, REFLECTIONS, schema_for
 from memstream.projections.store import LanceStore
-from memstream.streams.producer import MemstreamProducer
+from memstream.streams.producers.producer import MemstreamProducer
 
 __all__ = ["run", "TARGET_P95_MS"]
 

@@ -55,7 +55,7 @@ from memstream.projections.projector import Projector
 from memstream.projections.store import LanceStore
 from memstream.services.extraction import ExtractorRunner
 from memstream.settings import Settings
-from memstream.streams.producer import MemstreamProducer
+from memstream.streams.producers.producer import MemstreamProducer
 
 __all__ = ["ScriptedExtractionModel", "run", "DEFAULT_TURNS", "QUICK_TURNS"]
 
@@ -86,7 +86,7 @@ _TURN_LINE = re.compile(r"^\[(t\d+)\] [^|]*\| (?:user|assistant|system|tool)(?: 
 
 
 class ScriptedExtractionModel:
-    """A :class:`memstream.llm.ChatModel` that answers at once, reading the prompt it got:
+    """A :class:`memstream.llm.client.ChatModel` that answers at once, reading the prompt it got:
     one memory per new turn (citing it), and ``store`` for judged memories except every
     fifth, which updates its first candidate."""
 

@@ -60,7 +60,7 @@ from memstream.projections.embedders import build_embedder
 from memstream.projections.store import LanceStore
 from memstream.services.extraction import ExtractorRunner
 from memstream.settings import Settings
-from memstream.streams.producer import MemstreamProducer
+from memstream.streams.producers.producer import MemstreamProducer
 
 __all__ = ["conversations", "TimedChat", "TurnAccount", "account_turns", "StallMeter", "run"]
 
@@ -125,7 +125,7 @@ def conversations(sessions: int, seed: int = 24) -> list[list[MessageObserved]]:
 
 
 class TimedChat:
-    """A :class:`memstream.llm.ChatModel` that times every call of the client it wraps."""
+    """A :class:`memstream.llm.client.ChatModel` that times every call of the client it wraps."""
 
     def __init__(self, inner: LLMClient) -> None:
         self.inner = inner

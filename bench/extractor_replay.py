@@ -33,7 +33,7 @@ from memstream.projections.projector import Projector
 from memstream.projections.store import LanceStore
 from memstream.services.extraction import ExtractorRunner
 from memstream.settings import Settings
-from memstream.streams.producer import MemstreamProducer
+from memstream.streams.producers.producer import MemstreamProducer
 
 __all__ = ["run"]
 

@@ -47,10 +47,10 @@ from memstream.projections.search import SearchFilters
 from memstream.services.replay import ReplayError, replay
 from memstream.settings import Settings
 from memstream.streams.admin import ensure_topics
-from memstream.streams.forget import forget
-from memstream.streams.keys import SubjectKeys
-from memstream.streams.record_codec import read_record
-from memstream.streams.sealed_records import RecordOpener
+from memstream.streams.sealing.forget import forget
+from memstream.streams.sealing.keys import SubjectKeys
+from memstream.streams.records.codec import read_record
+from memstream.streams.sealing.sealed_records import RecordOpener
 from memstream.streams.topics import Topics, topic_for
 
 __all__ = ["TEAMS", "USERS", "AGENTS", "SPACES", "MEMORY_IDS", "TURN_IDS", "LINK_IDS", "DECISION_IDS", "ENTITIES",

@@ -47,8 +47,8 @@ from memstream.services.reflection import state_topics
 from memstream.services.replay import replay
 from memstream.settings import Settings
 from memstream.streams.admin import ensure_topics
-from memstream.streams.forget import forget
-from memstream.streams.producer import MemstreamProducer
+from memstream.streams.sealing.forget import forget
+from memstream.streams.producers.producer import MemstreamProducer
 from memstream.streams.topics import Topics
 
 __all__ = ["run"]

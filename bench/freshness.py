@@ -56,7 +56,7 @@ from memstream.projections.schema import scoped_key
 from memstream.projections.search import SearchCache, search
 from memstream.projections.store import LanceStore, in_list
 from memstream.settings import Settings
-from memstream.streams.producer import MemstreamProducer
+from memstream.streams.producers.producer import MemstreamProducer
 
 __all__ = ["run", "TARGET_P99_MS", "DEFAULT_SECONDS", "QUICK_SECONDS", "VisibilityPoller"]
 

@@ -1,6 +1,6 @@
 """``memstream bench gate``: the injection gate's catch and false-positive rates.
 
-Runs the prompt-injection rule (``memstream.domain.quality.injection_reason``, the
+Runs the prompt-injection rule (``memstream.domain.gate.quality.injection_reason``, the
 rule every turn and every client-written memory passes) over the corpus in
 ``memstream.bench.gate_corpus``: the share of attacks caught and the share of benign
 texts refused, with the misses and false positives listed. Pure and quick: no broker.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from memstream.bench.gate_corpus import ATTACKS, BENIGN
-from memstream.domain.quality import injection_reason
+from memstream.domain.gate import injection_reason
 
 __all__ = ["run", "rates"]
 

@@ -8,7 +8,7 @@ API (``python -m memstream api``) as child processes, and in this process the lo
 generator, writing through each front door:
 
 * ``http``: ``POST /v1/memories`` with a bank's key (httpx);
-* ``sdk``: :class:`~memstream.streams.producer.MemstreamProducer` straight to Kafka;
+* ``sdk``: :class:`~memstream.streams.producers.producer.MemstreamProducer` straight to Kafka;
 * ``mcp``: the ``add_memory`` tool over streamable HTTP at ``/mcp`` (the API's).
 
 Each door writes ``n`` memories twice: ``steady`` (open loop at ``rate`` memories/s)
@@ -59,7 +59,7 @@ from memstream.domain.log import LogPosition
 from memstream.projections.embedders import build_embedder
 from memstream.projections.store import LanceStore
 from memstream.settings import EmbeddingSettings, Settings
-from memstream.streams.producer import MemstreamProducer
+from memstream.streams.producers.producer import MemstreamProducer
 
 __all__ = ["run", "DOORS", "DEFAULT_N", "QUICK_N", "DEFAULT_RATE", "TARGET_OVERHEAD_RATIO"]
 

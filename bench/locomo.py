@@ -82,7 +82,7 @@ from memstream.projections.search import hybrid as s
 from memstream.projections.store import LanceStore
 from memstream.settings import Settings
 from memstream.streams.admin import ensure_topics
-from memstream.streams.producer import MemstreamProducer
+from memstream.streams.producers.producer import MemstreamProducer
 from memstream.streams.topics import Topics
 
 __all__ = [

@@ -87,7 +87,7 @@ from memstream.domain.events import EventBase, MemoryAdded, MessageObserved
 from memstream.projections.schema import MEMORIES, scoped_key
 from memstream.projections.store import LanceStore, chunked, in_list
 from memstream.settings import Settings
-from memstream.streams.producer import MemstreamProducer
+from memstream.streams.producers.producer import MemstreamProducer
 
 __all__ = [
     "run", "DEFAULT_SECONDS", "QUICK_SECONDS", "DEFAULT_ROUNDS", "QUICK_ROUNDS", "DEFAULT_RATE",

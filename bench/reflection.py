@@ -41,7 +41,7 @@ from memstream.services.app import build_app
 from memstream.services.reflection import LLMReflectionWriter, ReflectorHandle, register_reflector
 from memstream.settings import Settings, get_settings
 from memstream.streams.admin import ensure_topics
-from memstream.streams.producer import MemstreamProducer
+from memstream.streams.producers.producer import MemstreamProducer
 from memstream.streams.topics import Topics
 
 __all__ = ["ScriptedChat", "deep_sizeof", "run"]
@@ -52,7 +52,7 @@ _RATINGS = list(Rating)
 
 
 class ScriptedChat:
-    """A :class:`memstream.llm.ChatModel` that answers every reflection at once."""
+    """A :class:`memstream.llm.client.ChatModel` that answers every reflection at once."""
 
     model = "scripted-instant"
 

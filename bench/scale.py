@@ -49,7 +49,7 @@ from memstream.projections.store import ShardedStore, TableSets
 from memstream.services.replay import replay
 from memstream.services.shards import end_offsets, open_store, space_partition
 from memstream.settings import Settings
-from memstream.streams.producer import MemstreamProducer
+from memstream.streams.producers.producer import MemstreamProducer
 from memstream.streams.topics import Topics
 
 __all__ = ["run"]

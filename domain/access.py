@@ -36,7 +36,7 @@ from memstream.domain.events import (
     OutcomeObserved,
     Scope,
 )
-from memstream.domain.quality import GateRule, injection_reason
+from memstream.domain.gate.quality import GateRule, injection_reason
 
 __all__ = [
     "AccessScope",

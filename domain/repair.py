@@ -64,7 +64,7 @@ class JSONRepairError(ValueError):
 class UnusableAnswer(ValueError):
     """An answer that was read (repaired if need be) and holds nothing usable, in a way
     asking the same model the same question again will not change: callers fall back
-    instead of retrying (:func:`memstream.llm.call_with_retry` does not retry it)."""
+    instead of retrying (:func:`memstream.llm.client.call_with_retry` does not retry it)."""
 
 
 @dataclass(frozen=True)

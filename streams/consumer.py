@@ -27,11 +27,11 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, RebalanceInPro
 
 from memstream.domain.log import LogPosition, PositionedEvent
 from memstream.settings import StreamsConfig, get_settings
-from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher
-from memstream.streams.inflation_bound import bound_inflation
-from memstream.streams.keys import SubjectKeys
-from memstream.streams.record_codec import decode_or_dead_letter, read_record
-from memstream.streams.sealed_records import RecordOpener
+from memstream.streams.dead_letters.publisher import DeadLetter, DeadLetterPublisher
+from memstream.streams.records.inflation_bound import bound_inflation
+from memstream.streams.sealing.keys import SubjectKeys
+from memstream.streams.records.codec import decode_or_dead_letter, read_record
+from memstream.streams.sealing.sealed_records import RecordOpener
 from memstream.codec.wire import MAX_RECORD_BYTES, encode_event
 from memstream.streams.topics import Topics
 from memstream.streams.connect import kafka_options

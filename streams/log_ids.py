@@ -14,7 +14,7 @@ import secrets
 import threading
 
 from memstream.settings import get_settings
-from memstream.streams.worker_identity import worker_key
+from memstream.streams.trust.worker_identity import worker_key
 
 __all__ = ["log_id"]
 

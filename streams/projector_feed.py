@@ -10,7 +10,7 @@ buffering) cost more CPU than decoding and writing the record did, and it ran th
 stages one after another. Here:
 
 * **fetch** (the event loop): ``getmany`` of up to ``fetch_records`` records;
-* **decode** (a decoder thread, or process): :func:`~memstream.streams.record_batches.decode_batch` of the fetched
+* **decode** (a decoder thread, or process): :func:`~memstream.streams.records.batches.decode_batch` of the fetched
   records, while the next fetch runs and the previous batch is being written.
   Decoding is Python (the fast path for canonical ``MemoryAdded`` records, pydantic
   for the rest) and so is part of the write path: in one process they take turns
@@ -48,11 +48,11 @@ from memstream.codec.batch import PositionedMemories
 from memstream.codec.fast_decode import FastMemoryDecoder
 from memstream.streams.connect import until_started
 from memstream.sealing import TamperedRecord
-from memstream.streams.keys import SubjectKeys
-from memstream.streams.legacy_trust import LegacyTrust
-from memstream.streams.record_batches import DecodedBatch, RawRecord, decode_batch
-from memstream.streams.record_codec import screen
-from memstream.streams.sealed_records import RecordOpener
+from memstream.streams.sealing.keys import SubjectKeys
+from memstream.streams.trust.legacy_trust import LegacyTrust
+from memstream.streams.records.batches import DecodedBatch, RawRecord, decode_batch
+from memstream.streams.records.codec import screen
+from memstream.streams.sealing.sealed_records import RecordOpener
 
 __all__ = ["FeedBatch", "ProjectorFeed", "raw_record", "merge_batches"]
 

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from hypothesis import settings as hypothesis_settings
 
-from memstream.settings import Settings
+from memstream.settings.model import Settings
 from memstream.streams.broker import local
 from memstream.streams.topics import Topics
 
@@ -27,7 +27,7 @@ hypothesis_settings.load_profile("memstream")
 
 # Sealing is on by default in the product. Most tests read the log's raw bytes to check
 # the wire format, so they run on a plaintext log; the sealing tests (tests/sealing,
-# tests/streams/test_keys.py, test_sealer.py, test_reseal.py, test_forget_e2e.py and
+# tests/streams/sealing/test_keys.py, test_sealer.py, test_reseal.py, test_forget_e2e.py and
 # the tests that pass ``sealing=True``) turn it on. Set MEMSTREAM_SECURITY_SEALING=true to run
 # the whole suite sealed.
 os.environ.setdefault("MEMSTREAM_SECURITY_SEALING", "false")

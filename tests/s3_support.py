@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from memstream.projections.store.object_paths import ObjectPath, as_path
-from memstream.settings import Settings, settings_env
+from memstream.settings.model import Settings, settings_env
 
 ENDPOINT = os.environ.get("MEMSTREAM_TEST_S3_ENDPOINT", "")
 BUCKET = os.environ.get("MEMSTREAM_TEST_S3_BUCKET", "memstream-test")

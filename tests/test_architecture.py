@@ -33,17 +33,19 @@ PACKAGE_DIRS = {
 
 LAYERS: dict[str, int] = {
     "domain": 0,
-    "memstream": 1,
-    "codec": 2,
-    "memstream/codec": 2,
-    "memstream/sealing": 2,
-    "streams": 3,
-    "projections": 3,
-    "memstream/services": 4,
-    "memstream/interfaces": 5,
-    "memstream/sdk": 5,
-    "memstream/cli": 6,
-    "bench": 7,
+    "memstream/settings": 1,
+    "memstream": 2,
+    "codec": 3,
+    "memstream/codec": 3,
+    "memstream/sealing": 3,
+    "memstream/llm": 3,
+    "streams": 4,
+    "projections": 4,
+    "memstream/services": 5,
+    "memstream/interfaces": 6,
+    "memstream/sdk": 6,
+    "memstream/cli": 7,
+    "bench": 8,
 }
 """A group may import groups of a lower layer only (same layer: neither imports the
 other, so streams and projections stay independent)."""

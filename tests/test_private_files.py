@@ -16,8 +16,8 @@ import pytest
 
 from memstream.domain.events import MemoryAdded, Scope
 from memstream.private_files import private_by_default
-from memstream.settings import child_env
-from memstream.streams.producer import MemstreamProducer
+from memstream.settings.model import child_env
+from memstream.streams.producers.producer import MemstreamProducer
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -14,7 +14,7 @@ _ENTITY_KINDS = [k.value for k in EntityKind]
 _KNOWN_RELATIONS = [
     "supersedes", "preference_update", "contradicts", "same_entity", "narrative_continuation", "duplicates"
 ]
-"""What a new memory may say of a known one (``memstream.domain.known`` reads them)."""
+"""What a new memory may say of a known one (``memstream.domain.extraction.known`` reads them)."""
 
 EXTRACTION_SCHEMA: dict[str, Any] = {
     "type": "object",

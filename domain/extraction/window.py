@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from memstream.domain.events import MessageObserved, Scope
-from memstream.domain.quality import GateResult, gate
+from memstream.domain.gate.quality import GateResult, gate
 
 __all__ = ["MAX_TURN_CHARS_IN_PROMPT", "WindowTurn", "Window", "build_window", "render_turns"]
 

@@ -4,7 +4,7 @@
 reason code and stage. Sealed reasons and values are opened with the master key of
 the host it runs on (the worker's: ``MEMSTREAM_HOME/master.key`` or
 ``MEMSTREAM_SECURITY_MASTER_KEY``); without it they are listed as sealed. Codes are the stable
-ones of docs/producers.md (:mod:`memstream.streams.dead_letter_reasons`).
+ones of docs/producers.md (:mod:`memstream.streams.dead_letters.reasons`).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ async def _keyring(settings):  # type: ignore[no-untyped-def]
     """The keyring that opens sealed letters, or None (sealing off, or no master key
     here: the letters are then listed sealed, with a warning)."""
     from memstream.sealing import MasterKeyError
-    from memstream.streams.keys import SubjectKeys
+    from memstream.streams.sealing.keys import SubjectKeys
 
     if not settings.security.sealing:
         yield None
@@ -80,7 +80,7 @@ def _letters(
 ) -> Callable[[Callable[[object], None]], None]:
     """A runner feeding each matching letter to a callback (Kafka errors as one line)."""
     from memstream.settings import get_settings
-    from memstream.streams.dead_letter_reader import LetterFilter, read_letters
+    from memstream.streams.dead_letters.reader import LetterFilter, read_letters
     from memstream.streams.topics import Topics
 
     settings = get_settings()

@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # the Kafka side is imported where a command runs, not for `-
     from aiokafka import ConsumerRecord
 
     from memstream.domain.log import LogPosition
-    from memstream.streams.producer import MemstreamProducer
+    from memstream.streams.producers.producer import MemstreamProducer
 
 __all__ = ["register", "produce", "tail"]
 
@@ -113,7 +113,7 @@ async def _produce(source: _LineSource, topic: str | None, settings: Settings) -
     from aiokafka.errors import KafkaConnectionError, KafkaError
 
     from memstream.codec.wire import DecodeError, EncodeError, decode_record, encode_event
-    from memstream.streams.producer import MemstreamProducer
+    from memstream.streams.producers.producer import MemstreamProducer
     from memstream.streams.topics import Topics
 
     topics = Topics.from_settings(settings.broker)
@@ -232,8 +232,8 @@ def _print_record(console: Console, rec: ConsumerRecord[bytes, bytes], raw: bool
     from rich.json import JSON
 
     from memstream.domain.log import PositionedEvent
-    from memstream.streams.deadletter import is_dead_letter, parse_dead_letter
-    from memstream.streams.record_codec import read_record
+    from memstream.streams.dead_letters.publisher import is_dead_letter, parse_dead_letter
+    from memstream.streams.records.codec import read_record
 
     if raw:
         value = rec.value.decode("utf-8", "backslashreplace") if rec.value is not None else ""

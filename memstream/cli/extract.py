@@ -33,7 +33,7 @@ from rich.table import Table
 from memstream.cli._common import jsonable, open_store, scope_from_options
 from memstream.cli._errors import CLIError
 from memstream.settings import Settings, get_settings
-from memstream.streams.worker_identity import worker_key
+from memstream.streams.trust.worker_identity import worker_key
 
 __all__ = ["register", "provenance_cmd", "extract_cmd"]
 
@@ -221,7 +221,7 @@ async def _extract(settings: Settings, store: Any, new: list[Any], background: l
     from memstream.llm import build_llm
     from memstream.projections.embedders import build_embedder
     from memstream.services.extraction import Extractor
-    from memstream.streams.producer import MemstreamProducer
+    from memstream.streams.producers.producer import MemstreamProducer
 
     llm = build_llm(settings)
     embedder = build_embedder(settings.embeddings)
@@ -277,7 +277,7 @@ async def _retry(settings: Settings, store: Any, windows: list[Any]) -> Any:
     from memstream.services.extraction import retry_windows
     from memstream.llm import build_llm
     from memstream.projections.embedders import build_embedder
-    from memstream.streams.producer import MemstreamProducer
+    from memstream.streams.producers.producer import MemstreamProducer
 
     llm = build_llm(settings)
     if llm is None:

@@ -19,7 +19,7 @@ from pydantic import SecretStr
 from pydantic.fields import FieldInfo
 
 from memstream.settings import HOME_RELATIVE_PATHS, Settings, setting_fields, settings_env
-from memstream.settings_legacy import env_name
+from memstream.settings import env_name
 
 __all__ = ["mcp_command", "mcp_snippet", "snippet_json", "secrets_left_out"]
 

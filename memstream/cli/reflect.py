@@ -80,7 +80,7 @@ def _parse_time(text: str, what: str) -> datetime:
 async def _send(settings: Settings, build):  # type: ignore[no-untyped-def]
     from aiokafka.errors import KafkaError
 
-    from memstream.streams.producer import MemstreamProducer
+    from memstream.streams.producers.producer import MemstreamProducer
 
     try:
         async with MemstreamProducer(streams=settings.streams, client_id="memstream-cli") as producer:

@@ -27,7 +27,7 @@ def reseal_command() -> None:
     copied, sealed, to a staging topic and back (same partitions and offsets). Stop the
     worker first; an interrupted run resumes where it stopped."""
     from memstream.sealing import MasterKeyError
-    from memstream.streams.reseal import STATE_FILE, ResealError, reseal
+    from memstream.streams.sealing.reseal import STATE_FILE, ResealError, reseal
 
     settings = get_settings()
     try:
@@ -60,7 +60,7 @@ def forget_command(
     if not yes and not typer.confirm(f"Forget {what}? This cannot be undone", default=False):
         raise typer.Abort()
     from memstream.sealing import MasterKeyError
-    from memstream.streams.forget import forget
+    from memstream.streams.sealing.forget import forget
 
     settings = get_settings()
     try:

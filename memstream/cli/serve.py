@@ -10,7 +10,7 @@ started it (``--keep-broker`` leaves it running); a broker that was already runn
 is never touched.
 
 Children get the supervisor's settings as ``MEMSTREAM_*`` environment variables
-(:func:`memstream.settings.settings_env`), so every process agrees on broker, topics and directories.
+(:func:`memstream.settings.model.settings_env`), so every process agrees on broker, topics and directories.
 They run in their own process sessions: the terminal's Ctrl-C reaches only the
 supervisor, which stops them in order.
 """

@@ -1,5 +1,5 @@
 """``memstream trust-legacy``: the operator's explicit trust in a log's unsigned past
-(:mod:`memstream.streams.legacy_trust`, docs/security.md)."""
+(:mod:`memstream.streams.trust.legacy_trust`, docs/security.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from aiokafka.errors import KafkaError
 
 from memstream.cli._errors import CLIError
 from memstream.settings import get_settings
-from memstream.streams.legacy_trust import LegacyTrustError, legacy_trust_path, load_legacy_trust, record_legacy_trust
+from memstream.streams.trust.legacy_trust import LegacyTrustError, legacy_trust_path, load_legacy_trust, record_legacy_trust
 
 __all__ = ["register"]
 

@@ -36,7 +36,7 @@ from memstream.interfaces.api_requests import append, event_from, rating, servic
 from memstream.interfaces.errors import ERROR_RESPONSES, ApiError, ErrorResponse
 from memstream.interfaces.guards import check_client_event, check_owners, forbidden, write_scope
 from memstream.interfaces.service import default_deadline
-from memstream.streams.producer import ProduceError
+from memstream.streams.producers.producer import ProduceError
 from memstream.codec.wire import EncodeError
 
 __all__ = ["router", "EVENT_SCHEMA", "write_memory", "write_messages"]

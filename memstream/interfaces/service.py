@@ -52,9 +52,9 @@ from memstream.projections.store import CurrentStore, LanceStore, ShardedStore
 from memstream.services.shards import open_store, store_for
 from memstream.settings import Settings
 from memstream.streams.connect import kafka_options
-from memstream.streams.producer import MemstreamProducer
+from memstream.streams.producers.producer import MemstreamProducer
 from memstream.streams.topics import Topics
-from memstream.streams.worker_identity import memory_ids_key
+from memstream.streams.trust.worker_identity import memory_ids_key
 
 __all__ = [
     "MemoryService",

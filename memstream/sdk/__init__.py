@@ -44,15 +44,15 @@ from memstream.domain.events import (
 from memstream.domain.log import LogPosition, PositionedEvent
 from memstream.settings import Settings, get_settings
 from memstream.streams.consumer import ConsumedBatch, EventConsumer, decode_or_dead_letter
-from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher, parse_dead_letter
-from memstream.streams.producer import (
+from memstream.streams.dead_letters.publisher import DeadLetter, DeadLetterPublisher, parse_dead_letter
+from memstream.streams.producers.producer import (
     MemstreamProducer,
     NotSentError,
     ProduceError,
     ProducerClosedError,
     Sent,
 )
-from memstream.streams.sync_producer import SyncProducer
+from memstream.streams.producers.sync_producer import SyncProducer
 from memstream.codec.wire import (
     DecodeError,
     EncodedRecord,

@@ -3,7 +3,7 @@ subject (a memory space: team and user), and forgetting the subject destroys its
 
 This package is the pure part (AES-GCM from ``cryptography``, no Kafka, no settings):
 the master key and its wrapper (``master``), the keyring of data keys (``keyring``) and
-the sealed record format (``envelope``). ``memstream.streams.keys`` follows the
+the sealed record format (``envelope``). ``memstream.streams.sealing.keys`` follows the
 compacted key topic on Kafka; docs/security.md lists what is sealed.
 """
 

@@ -41,8 +41,8 @@ from memstream.services.shards import projects_sharded
 from memstream.settings import BrokerSettings, Settings
 from memstream.streams.admin import topic_partitions
 from memstream.streams.connect import kafka_options
-from memstream.streams.inflation_bound import bound_inflation
-from memstream.streams.sealer import register_sealer
+from memstream.streams.records.inflation_bound import bound_inflation
+from memstream.streams.sealing.sealer import register_sealer
 from memstream.streams.topics import Topics
 
 __all__ = [

@@ -23,8 +23,8 @@ pytestmark = pytest.mark.timeout(900)
 
 
 def test_bad_records_cover_every_kind_and_never_decode() -> None:
-    from memstream.streams.deadletter import DeadLetter
-    from memstream.streams.record_codec import read_record
+    from memstream.streams.dead_letters.publisher import DeadLetter
+    from memstream.streams.records.codec import read_record
 
     topics = Topics(prefix="x.")
     records = make_bad_records(70, random.Random(1), topics, tenants=3)

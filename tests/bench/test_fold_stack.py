@@ -39,7 +39,7 @@ from memstream.bench.fold_stack import (
     FoldStack,
     new_stack,
 )
-from memstream.settings import Settings
+from memstream.settings.model import Settings
 from memstream.streams.topics import Topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

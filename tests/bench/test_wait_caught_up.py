@@ -11,7 +11,7 @@ import pytest
 
 from memstream.bench import _common
 from memstream.bench._common import CatchUp, wait_caught_up
-from memstream.settings import Settings
+from memstream.settings.model import Settings
 
 M, E = ("memstream.messages", 0), ("memstream.events", 0)
 

@@ -19,7 +19,7 @@ from memstream.domain.events import Scope
 from memstream.projections.embedders.factory import LocalEmbedder
 from memstream.projections.projector.projector import Projector
 from memstream.projections.store.lance_store import LanceStore
-from memstream.settings import get_settings
+from memstream.settings.model import get_settings
 
 ALICE = Scope(team_id="acme", user_id="alice")
 

@@ -13,7 +13,7 @@ import pytest
 
 from memstream.cli._common import jsonable, open_store, scope_from_options
 from memstream.cli._errors import CLIError
-from memstream.settings import Settings
+from memstream.settings.model import Settings
 
 
 def test_a_command_never_runs_without_a_team() -> None:

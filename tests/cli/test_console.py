@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from memstream.interfaces.console.session import ensure_operator_token, matches_operator_token, operator_token_path
-from memstream.settings import Settings
+from memstream.settings.model import Settings
 
 
 def run(home: Path, *args: str) -> subprocess.CompletedProcess[str]:

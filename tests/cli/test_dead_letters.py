@@ -17,10 +17,10 @@ from typer.testing import CliRunner, Result
 
 from memstream.cli import CLIError, app
 from memstream.cli.dead_letters import parse_time
-from memstream.settings import Settings, get_settings, settings_env
+from memstream.settings.model import Settings, get_settings, settings_env
 from memstream.streams.consumer import EventConsumer
-from memstream.streams.keys import SubjectKeys
-from memstream.streams.sealer import IngressSealer
+from memstream.streams.sealing.keys import SubjectKeys
+from memstream.streams.sealing.sealer import IngressSealer
 from memstream.streams.topics import Topics
 
 pytestmark = [pytest.mark.kafka]

@@ -7,7 +7,7 @@ import typer
 from pydantic import ValidationError
 
 from memstream.cli._errors import CLIError, run_cli, validation_line
-from memstream.settings import Settings
+from memstream.settings.model import Settings
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from memstream.cli.mcp_config import mcp_snippet, secrets_left_out, snippet_json
-from memstream.settings import Settings
+from memstream.settings.model import Settings
 
 
 @pytest.fixture(autouse=True)

@@ -11,8 +11,8 @@ import pytest
 
 from memstream.bench._common import WorkerProcess
 from memstream.domain.events import MemoryAdded, Scope
-from memstream.settings import child_env
-from memstream.streams.producer import MemstreamProducer
+from memstream.settings.model import child_env
+from memstream.streams.producers.producer import MemstreamProducer
 from memstream.streams.topics import Topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

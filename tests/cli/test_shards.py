@@ -15,7 +15,7 @@ from tests.services.shards.test_e2e import produce
 from tests.support import free_port
 
 from memstream.services.replay.rebuild import replay
-from memstream.settings import Settings, child_env
+from memstream.settings.model import Settings, child_env
 from memstream.streams.topics import Topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

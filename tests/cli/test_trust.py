@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from memstream.domain.events import MemoryAdded, Scope
-from memstream.settings import settings_env
-from memstream.streams.producer import MemstreamProducer
+from memstream.settings.model import settings_env
+from memstream.streams.producers.producer import MemstreamProducer
 from memstream.streams.topics import Topics
 
 pytestmark = pytest.mark.kafka

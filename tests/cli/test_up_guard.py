@@ -12,7 +12,7 @@ import pytest
 
 from memstream.cli._errors import CLIError
 from memstream.cli.up_guard import claim_topics, cluster_id, hold_home
-from memstream.settings import Settings
+from memstream.settings.model import Settings
 
 pytestmark = [pytest.mark.kafka]
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from memstream.bench.openai_fake import OpenAICompatServer
-from memstream.settings import Settings
+from memstream.settings.model import Settings
 from memstream.streams.topics import Topics
 
 __all__ = ["BANKS", "Stack", "start_process", "stop_process"]

@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from memstream.domain.log import LogPosition
 from memstream import metrics
 from memstream.interfaces.api import openapi_spec
-from memstream.settings import Settings
+from memstream.settings.model import Settings
 
 from tests.interfaces.iface_stack import Stack
 

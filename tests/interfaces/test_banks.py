@@ -26,7 +26,7 @@ from memstream.banks import (
     write_default_bank,
 )
 from memstream.domain.events import Scope
-from memstream.settings import Settings, child_env
+from memstream.settings.model import Settings, child_env
 
 BANKS_TOML = """
 [banks.support]
@@ -257,7 +257,7 @@ def test_add_bank_appends_a_parseable_table(tmp_path: Path) -> None:
 def test_cli_banks_add_then_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """In process, through the real entry point (``memstream.cli.main``)."""
     from memstream.cli import main
-    from memstream.settings import get_settings
+    from memstream.settings.model import get_settings
 
     for name in ("API_BANKS_FILE", "API_KEYS_FILE"):
         monkeypatch.delenv(f"MEMSTREAM_{name}", raising=False)

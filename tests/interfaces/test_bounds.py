@@ -12,7 +12,7 @@ import pytest
 from memstream.banks import create_key
 from memstream.interfaces.api import create_api
 from memstream.interfaces.ratelimit import RateLimiter
-from memstream.settings import Settings
+from memstream.settings.model import Settings
 from tests.interfaces.iface_stack import Stack
 
 DEEP = 100_000

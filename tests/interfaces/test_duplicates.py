@@ -20,7 +20,7 @@ from memstream.banks import RegistrySource
 from memstream.domain.events import Scope
 from memstream.interfaces.mcp_server import build_mcp_server
 from memstream.projections.store.lance_store import LanceStore
-from memstream.streams.producer import MemstreamProducer
+from memstream.streams.producers.producer import MemstreamProducer
 from tests.interfaces.iface_stack import Stack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

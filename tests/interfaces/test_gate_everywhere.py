@@ -18,8 +18,8 @@ from mcp import Client
 from memstream.banks import load_registry
 from memstream.domain.events import DecisionRecorded, EventBase, MemoryAdded, Scope
 from memstream.interfaces.mcp_server import build_mcp_server
-from memstream.streams.deadletter import parse_dead_letter
-from memstream.streams.producer import MemstreamProducer
+from memstream.streams.dead_letters.publisher import parse_dead_letter
+from memstream.streams.producers.producer import MemstreamProducer
 from memstream.codec.wire import EncodeError, encode_event
 from tests.interfaces.iface_stack import Stack
 

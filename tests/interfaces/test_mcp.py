@@ -23,7 +23,7 @@ from memstream.banks import load_registry
 from memstream.domain.events import Scope
 from memstream.interfaces.mcp_server import AUTO_TRIGGER, build_mcp_server
 from memstream.projections.store.lance_store import LanceStore
-from memstream.streams.producer import MemstreamProducer
+from memstream.streams.producers.producer import MemstreamProducer
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

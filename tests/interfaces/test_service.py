@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from memstream.interfaces.service import MemoryService
-from memstream.settings import SEARCH_CACHE_ROWS, SEARCH_CACHE_VECTORS, Settings
+from memstream.settings.model import SEARCH_CACHE_ROWS, SEARCH_CACHE_VECTORS, Settings
 
 
 def test_the_search_caches_take_their_bounds_from_the_settings(

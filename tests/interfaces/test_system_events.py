@@ -15,9 +15,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from memstream.domain.events import MemoryReflected, Rating, Scope
-from memstream.streams.deadletter import parse_dead_letter
-from memstream.streams.producer import MemstreamProducer
-from memstream.streams.worker_identity import worker_key
+from memstream.streams.dead_letters.publisher import parse_dead_letter
+from memstream.streams.producers.producer import MemstreamProducer
+from memstream.streams.trust.worker_identity import worker_key
 from tests.interfaces.iface_stack import Stack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

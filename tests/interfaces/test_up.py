@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from memstream.settings import Settings, child_env
+from memstream.settings.model import Settings, child_env
 from memstream.streams.broker.local import bootstrap_reachable
 from tests.support import free_port
 

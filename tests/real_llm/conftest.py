@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from memstream.llm_check import ServerDown, check_chat, server_fate
+from memstream.llm.check import ServerDown, check_chat, server_fate
 
 URL = os.environ.get("MEMSTREAM_TEST_LLM_URL", "").strip()
 MODEL = os.environ.get("MEMSTREAM_TEST_LLM_MODEL", "").strip() or "smollm2"
@@ -24,12 +24,12 @@ PREFLIGHT_TIMEOUT_S = 180.0
 """A loaded 2-core machine answers a 32-token completion in seconds; this is slack."""
 
 
-def _fate() -> str | None:
+def _fate(die_within_s: float = 0.0) -> str | None:
     pid = os.environ.get("MEMSTREAM_TEST_LLM_PID", "").strip()
     if not pid:
         return None
     exit_file = os.environ.get("MEMSTREAM_TEST_LLM_EXIT_FILE", "").strip()
-    return server_fate(int(pid), Path(exit_file) if exit_file else None)
+    return server_fate(int(pid), Path(exit_file) if exit_file else None, die_within_s=die_within_s)
 
 
 def _fail_if_dead(when: str) -> None:
@@ -46,7 +46,7 @@ def model_answers() -> None:
     try:
         check_chat(URL, MODEL, timeout_s=PREFLIGHT_TIMEOUT_S)
     except ServerDown as exc:
-        fate = _fate()
+        fate = _fate(die_within_s=5.0)  # a crash drops the connection before the process is reaped
         pytest.fail(f"{exc}" + (f"; the model server {fate}" if fate else ""), pytrace=False)
 
 

@@ -44,13 +44,13 @@ from memstream.domain.events import MemoryAdded, MemoryReflected, MemoryType, Sc
 from memstream.domain.extraction import compact_extraction_schema
 from memstream.domain.reflection import parse_reflection_text
 from memstream.domain.repair import repair_json
-from memstream.llm import LLMClient, LLMError
+from memstream.llm.client import LLMClient, LLMError
 from memstream.projections.embedders.factory import LocalEmbedder
 from memstream.projections.store.lance_store import LanceStore
-from memstream.settings import Settings
+from memstream.settings.model import Settings
 from memstream.services.app import build_app
 from memstream.services.extraction.service import ExtractorRunner
-from memstream.streams.producer import MemstreamProducer
+from memstream.streams.producers.producer import MemstreamProducer
 from memstream.codec.wire import DecodeError, decode_record
 from memstream.streams.topics import Topics
 

@@ -10,7 +10,7 @@ import pytest
 
 from memstream.services.app import MemstreamApp, build_app
 from memstream.services.reflection.agent import state_topics, work_topic_name
-from memstream.settings import Settings
+from memstream.settings.model import Settings
 from memstream.streams.admin import topic_partitions
 from memstream.streams.topics import Topics
 

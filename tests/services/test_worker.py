@@ -33,10 +33,10 @@ from memstream.services.replay.rebuild import replay
 from memstream.projections.search.hybrid import search
 from memstream.projections.store.lance_store import LanceStore
 from memstream.projections.store.positions import VERSION_TOPIC
-from memstream.settings import Settings
+from memstream.settings.model import Settings
 from memstream.projections.schema import scoped_key
-from memstream.streams.deadletter import parse_dead_letter
-from memstream.streams.producer import MemstreamProducer
+from memstream.streams.dead_letters.publisher import parse_dead_letter
+from memstream.streams.producers.producer import MemstreamProducer
 from memstream.projections.store.dir_lock import LanceDirLock
 from memstream.services.projector.service import projector_group
 from memstream.streams.topics import Topics

@@ -18,10 +18,10 @@ from aiokafka.partitioner import DefaultPartitioner
 from tests.support import SAFETY_S, read_records
 
 from memstream.domain.events import MemoryAdded, MessageObserved, Scope
-from memstream.settings import Settings
+from memstream.settings.model import Settings
 from memstream.streams.consumer import EventConsumer
-from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher
-from memstream.streams.producer import MemstreamProducer
+from memstream.streams.dead_letters.publisher import DeadLetter, DeadLetterPublisher
+from memstream.streams.producers.producer import MemstreamProducer
 from memstream.codec.wire import decode_record, encode_event
 from memstream.streams.topics import Topics
 

@@ -10,7 +10,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from memstream.domain.events import MessageObserved, Scope
-from memstream.streams.producer import MemstreamProducer
+from memstream.streams.producers.producer import MemstreamProducer
 from memstream.streams.projector_feed import FeedBatch, ProjectorFeed
 from memstream.streams.topics import Topics
 

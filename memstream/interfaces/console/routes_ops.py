@@ -18,7 +18,7 @@ from memstream.domain.log import LogPosition
 from memstream.interfaces.console.pages import PAGE_SIZE, checked_id, page_number, render, service_of
 from memstream.interfaces.console.session import ConsoleError, check_csrf, require_operator
 from memstream.services.log_reads import forget_positions, progress, recent_dead_letters
-from memstream.streams.forget import forget
+from memstream.streams.sealing.forget import forget
 
 __all__ = ["router", "SAMPLES"]
 

@@ -11,7 +11,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError, RebalanceInProgressError
 
-from memstream.domain.resume_marks import decode_mark
+from memstream.domain.extraction.resume_marks import decode_mark
 from memstream.services.extraction.turn_buffer import TurnBuffer
 from memstream.settings import Settings
 from memstream.streams.connect import kafka_options

@@ -24,7 +24,7 @@ produce: without an LLM those round trips were nearly all of a window's cost.
 Failure rules: a failed extraction call, an unreadable memory space or events that
 cannot be produced make the outcome ``failed`` with every new turn *kept* for the next
 run (:class:`~memstream.services.extraction.turn_buffer.TurnBuffer`); a window the model cannot
-take falls back to the heuristic (:mod:`memstream.domain.fallback`), as does one it
+take falls back to the heuristic (:mod:`memstream.domain.extraction.fallback`), as does one it
 declares empty while its turns state facts (``extract_declared_empty_fallback``). No
 turn is lost or silently skipped; ids are content-derived, so a repeat re-sends them.
 
@@ -74,8 +74,8 @@ from memstream.domain.extraction import (
     store_all,
 )
 from memstream.domain.extraction.stateable import declared_empty_with_facts
-from memstream.domain.fallback import FALLBACK_STATUS, FallbackReason, fallback_reason, fallback_record
-from memstream.domain.known import decide_by_links, pick_known, read_known_links, render_known, uncertain
+from memstream.domain.extraction.fallback import FALLBACK_STATUS, FallbackReason, fallback_reason, fallback_record
+from memstream.domain.extraction.known import decide_by_links, pick_known, read_known_links, render_known, uncertain
 from memstream.domain.prompts import PromptError, PromptLibrary
 from memstream.llm import ChatModel, LLMError
 from memstream.metrics import record_extraction_fallback
@@ -93,7 +93,7 @@ from memstream.services.extraction.run import (
 )
 from memstream.settings import Settings
 from memstream.streams.log_ids import log_id
-from memstream.streams.worker_identity import worker_key
+from memstream.streams.trust.worker_identity import worker_key
 
 __all__ = [
     "Extractor",

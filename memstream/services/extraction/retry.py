@@ -1,7 +1,7 @@
 """``memstream extract --retry-failed``: redo the windows the extractor stored by its
 fallback, once the model can take them.
 
-A window the model failed (see :mod:`memstream.domain.fallback`) was stored turn by
+A window the model failed (see :mod:`memstream.domain.extraction.fallback`) was stored turn by
 turn by the heuristic, and each of those memories' provenance names the run, the
 reason and the window's turn ids. This service finds those windows in the projection
 (:func:`find_windows`, optionally only the ones recorded since a time, leaving out
@@ -22,7 +22,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from memstream.domain.events import EventBase, Provenance, utcnow
-from memstream.domain.fallback import (
+from memstream.domain.extraction.fallback import (
     FALLBACK_STATUS,
     RETRY_KEY,
     FallbackWindow,

@@ -11,7 +11,7 @@ import numpy as np
 
 from memstream.domain.events import EventBase, MemoryAdded, MemoryLinked, MessageObserved, Scope
 from memstream.domain.extraction import Candidate, Decision, DraftIssue, MemoryDraft, StageReport, Window
-from memstream.domain.fallback import FallbackReason
+from memstream.domain.extraction.fallback import FallbackReason
 from memstream.domain.log import LogPosition
 from memstream.projections.embedders import embed_array
 

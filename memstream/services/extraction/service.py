@@ -36,14 +36,14 @@ from memstream.services.extraction.turn_buffer import TurnBuffer, WindowJob
 from memstream.sealing import Subject
 from memstream.settings import Settings
 from memstream.streams.connect import kafka_options, until_started
-from memstream.streams.record_codec import read_record
-from memstream.streams.deadletter import DeadLetter
-from memstream.streams.producer import MemstreamProducer
-from memstream.streams.keys import SubjectKeys
+from memstream.streams.records.codec import read_record
+from memstream.streams.dead_letters.publisher import DeadLetter
+from memstream.streams.producers.producer import MemstreamProducer
+from memstream.streams.sealing.keys import SubjectKeys
 from memstream.streams.rerouting import is_misrouted
-from memstream.streams.sealed_records import RecordOpener
+from memstream.streams.sealing.sealed_records import RecordOpener
 from memstream.streams.topics import Topics
-from memstream.streams.worker_identity import worker_key
+from memstream.streams.trust.worker_identity import worker_key
 
 __all__ = [
     "MAX_PENDING_TURNS",
@@ -109,7 +109,7 @@ class _Listener(ConsumerRebalanceListener):
 class ExtractorRunner:
     """Consume turns, schedule windows, run the :class:`Extractor`, commit safely.
 
-    Components default to what ``settings`` configures (:func:`memstream.llm.build_llm`,
+    Components default to what ``settings`` configures (:func:`memstream.llm.client.build_llm`,
     ``build_embedder``, ``LanceStore.from_settings``, a ``MemstreamProducer``); tests and
     the bench may pass their own. The LanceDB store is opened on first use, in a thread.
     """

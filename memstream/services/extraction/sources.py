@@ -20,8 +20,8 @@ from collections.abc import Iterable
 
 from memstream.domain.events import Scope
 from memstream.sealing import is_sealed, sealed_kid
-from memstream.streams.keys import SubjectKeys
-from memstream.streams.sealed_records import subject_of
+from memstream.streams.sealing.keys import SubjectKeys
+from memstream.streams.sealing.sealed_records import subject_of
 
 __all__ = ["SourceKeys", "kid_of"]
 

@@ -14,7 +14,7 @@ from typing import Literal
 
 from memstream.domain.events import MessageObserved, Scope
 from memstream.domain.log import LogPosition
-from memstream.domain.resume_marks import ResumeMark, WindowBudget, encode_mark
+from memstream.domain.extraction.resume_marks import ResumeMark, WindowBudget, encode_mark
 from memstream.services.extraction.run import ExtractionOutcome
 
 __all__ = ["RECENT_IDS", "SessionKey", "TurnBuffer", "WindowJob"]
@@ -388,7 +388,7 @@ class TurnBuffer:
             self._carried[partition] = dict(mark.budgets)
 
     def commit_marks(self, offsets: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], str]:
-        """The :mod:`~memstream.domain.resume_marks` metadata to commit with each of
+        """The :mod:`~memstream.domain.extraction.resume_marks` metadata to commit with each of
         ``offsets``: which turns read after the offset are still pending."""
         pending: dict[tuple[str, int], list[int]] = {}
         budgets: dict[tuple[str, int], dict[int, WindowBudget]] = {}

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 
 from memstream.streams.log_tail import LogTail
 from memstream.settings import Settings
-from memstream.streams.deadletter import NotADeadLetter, parse_dead_letter
+from memstream.streams.dead_letters.publisher import NotADeadLetter, parse_dead_letter
 from memstream.streams.topics import Topics
 
 __all__ = ["DeadLetterRow", "DeadLetterPage", "recent_dead_letters"]

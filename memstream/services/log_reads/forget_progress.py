@@ -22,9 +22,9 @@ from memstream.services.shards import routing as shard_routing
 from memstream.settings import Settings
 from memstream.streams.admin import topic_partitions
 from memstream.streams.connect import kafka_options
-from memstream.streams.key_records import forget_order
+from memstream.streams.sealing.key_records import forget_order
 from memstream.streams.topics import Topics
-from memstream.streams.worker_identity import worker_key
+from memstream.streams.trust.worker_identity import worker_key
 
 __all__ = ["ForgetProgress", "progress", "forget_positions", "wait_applied"]
 

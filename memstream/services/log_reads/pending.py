@@ -23,8 +23,8 @@ from memstream.domain.events import DecisionRecorded, EventBase, OutcomeObserved
 from memstream.domain.reflection import match_outcome
 from memstream.streams.log_tail import LogTail
 from memstream.settings import Settings
-from memstream.streams.record_codec import read_record
-from memstream.streams.sealed_records import RecordOpener
+from memstream.streams.records.codec import read_record
+from memstream.streams.sealing.sealed_records import RecordOpener
 from memstream.streams.topics import Topics
 
 __all__ = ["OutcomeSoFar", "PendingDecision", "PendingScan", "pair_outcomes", "in_scope", "read_pending"]

@@ -20,9 +20,9 @@ from memstream.domain.log import PositionedEvent
 from memstream.projections.store import TableSets
 from memstream.services.shards import open_projector, open_store
 from memstream.settings import Settings
-from memstream.streams.deadletter import DeadLetter, DeadLetterPublisher
+from memstream.streams.dead_letters.publisher import DeadLetter, DeadLetterPublisher
 from memstream.streams.projector_feed import FeedBatch
-from memstream.streams.record_batches import DecodedBatch, RawRecord, project_dead_letters
+from memstream.streams.records.batches import DecodedBatch, RawRecord, project_dead_letters
 from memstream.streams.rerouting import Rerouter
 from memstream.streams.topics import Topics
 

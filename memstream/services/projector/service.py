@@ -53,11 +53,11 @@ from memstream.services.projector.runtime import ProjectorRuntime
 from memstream.settings import Settings
 from memstream.streams.admin import topic_partitions
 from memstream.streams.connect import kafka_options, until_started
-from memstream.streams.keys import SubjectKeys
+from memstream.streams.sealing.keys import SubjectKeys
 from memstream.streams.projector_feed import FeedBatch, ProjectorFeed
 from memstream.streams.topics import Topics
-from memstream.streams.legacy_trust import load_legacy_trust
-from memstream.streams.worker_identity import worker_key
+from memstream.streams.trust.legacy_trust import load_legacy_trust
+from memstream.streams.trust.worker_identity import worker_key
 
 
 __all__ = [

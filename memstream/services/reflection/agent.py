@@ -35,13 +35,13 @@ from memstream.services.reflection.writers import ReflectionWriter, build_reflec
 from memstream.services.reflection.reflector import ReflectorCore, ReflectorPolicy, SettledDecision
 from memstream.sealing import Subject, is_sealed
 from memstream.settings import Settings
-from memstream.streams.record_codec import read_record, screen
-from memstream.streams.deadletter import DeadLetter, dead_letter_record, seal_dead_letter
-from memstream.streams.keys import LazyKeys
-from memstream.streams.sealed_records import NotAnEvent, RecordOpener, header_of, ingress_header, seal_value, subject_of
+from memstream.streams.records.codec import read_record, screen
+from memstream.streams.dead_letters.publisher import DeadLetter, dead_letter_record, seal_dead_letter
+from memstream.streams.sealing.keys import LazyKeys
+from memstream.streams.sealing.sealed_records import NotAnEvent, RecordOpener, header_of, ingress_header, seal_value, subject_of
 from memstream.codec.wire import encode_event
 from memstream.streams.topics import Topics
-from memstream.streams.worker_identity import signed_headers, verifier, worker_key
+from memstream.streams.trust.worker_identity import signed_headers, verifier, worker_key
 
 __all__ = [
     "clock",

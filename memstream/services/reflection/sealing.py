@@ -33,8 +33,8 @@ from memstream.domain.events import Scope
 from memstream.domain.reflection import decision_key as plain_decision_key
 from memstream.domain.reflection import subject_key as plain_subject_key
 from memstream.sealing import DataKey, SealedHeader, TamperedRecord, UnreadableRecord, open_sealed, seal
-from memstream.streams.keys import SubjectKeys
-from memstream.streams.sealed_records import subject_of
+from memstream.streams.sealing.keys import SubjectKeys
+from memstream.streams.sealing.sealed_records import subject_of
 
 __all__ = ["SubjectGone", "ReflectorSeal", "SealedEntries", "DECISION_FIELDS"]
 

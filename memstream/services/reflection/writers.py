@@ -132,7 +132,7 @@ class LLMReflectionWriter:
     team or agent may override it); its id, version and file hash, the model, latency
     and token usage go into the reflection's provenance. A model that cannot be reached
     (timeout, connection error, 429, 5xx) raises, and the :class:`ReflectionRunner`
-    retries the decision later; within one attempt :func:`memstream.llm.call_with_retry`
+    retries the decision later; within one attempt :func:`memstream.llm.client.call_with_retry`
     already retries ``retries`` times. A model that answers but never usably (empty,
     refused, not 2-4 sentences of reflection, after those retries) gets the templated
     reflection instead, its provenance note naming the model and the errors: asking

@@ -70,14 +70,14 @@ from memstream.services.shards import routing as shard_routing
 from memstream.settings import Settings
 from memstream.streams.admin import topic_partitions
 from memstream.streams.connect import kafka_options
-from memstream.streams.inflation_bound import bound_inflation
-from memstream.streams.keys import SubjectKeys
-from memstream.streams.legacy_trust import LegacyTrust, LegacyTrustError, load_legacy_trust
-from memstream.streams.producer import create_kafka_producer
+from memstream.streams.records.inflation_bound import bound_inflation
+from memstream.streams.sealing.keys import SubjectKeys
+from memstream.streams.trust.legacy_trust import LegacyTrust, LegacyTrustError, load_legacy_trust
+from memstream.streams.producers.producer import create_kafka_producer
 from memstream.streams.projector_feed import FeedBatch, ProjectorFeed
 from memstream.streams.rerouting import Rerouter
 from memstream.streams.topics import Topics
-from memstream.streams.worker_identity import worker_key as load_worker_key
+from memstream.streams.trust.worker_identity import worker_key as load_worker_key
 
 __all__ = [
     "ReplayError",

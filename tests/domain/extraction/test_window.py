@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from memstream.domain.extraction.window import build_window, render_turns
-from memstream.domain.quality import GateRule
+from memstream.domain.gate.quality import GateRule
 from tests.domain.extraction.helpers import SCOPE, turn, window
 
 

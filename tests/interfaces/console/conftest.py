@@ -18,7 +18,7 @@ from tests.support import free_port
 
 from memstream.banks import create_key
 from memstream.projections.store.lance_store import LanceStore
-from memstream.settings import Settings, child_env
+from memstream.settings.model import Settings, child_env
 from memstream.streams.admin import ensure_topics
 from memstream.streams.topics import Topics
 

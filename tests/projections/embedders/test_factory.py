@@ -18,7 +18,7 @@ from memstream.projections.embedders.factory import (
     build_embedder,
     embed_array,
 )
-from memstream.settings import Settings
+from memstream.settings.model import Settings
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ from memstream.projections.embedders.onnx_models import (
 from memstream.projections.projector.projector import Projector
 from memstream.projections.search.hybrid import search, vector_search
 from memstream.projections.store.lance_store import EmbedderMismatchError, LanceStore
-from memstream.settings import Settings
+from memstream.settings.model import Settings
 
 ALICE = Scope(team_id="acme", user_id="alice")
 

@@ -31,7 +31,7 @@ from memstream.projections.embedders.onnx_models import (
 from memstream.projections.embedders.onnx_build import BUILTIN_MODEL_SHA256
 from memstream.projections.projector.projector import Projector
 from memstream.projections.store.lance_store import EmbedderMismatchError, LanceStore
-from memstream.settings import Settings
+from memstream.settings.model import Settings
 
 ALICE = Scope(team_id="acme", user_id="alice")
 

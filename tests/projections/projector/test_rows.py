@@ -20,7 +20,7 @@ from memstream.projections.schema import POSITIONS, TABLE_NAMES
 from memstream.projections.store.lance_store import LanceStore
 from memstream.projections.store.positions import VERSION_TOPIC
 from memstream.services.projector.runtime import apply_decoded
-from memstream.streams.record_batches import DecodedBatch, RawRecord, decode_batch
+from memstream.streams.records.batches import DecodedBatch, RawRecord, decode_batch
 from tests.projections.projection_helpers import DIM, EVENTS_TOPIC, T0, carried, link, memory
 
 EMBEDDER = LocalEmbedder(DIM)

@@ -20,7 +20,7 @@ from memstream.projections.embedders.factory import LocalEmbedder
 from memstream.projections.projector.projector import Projector
 from memstream.projections.reads.reflections import context_for, list_reflections
 from memstream.projections.store.lance_store import LanceStore, ScopeRequiredError
-from memstream.settings import get_settings
+from memstream.settings.model import get_settings
 
 ANA = Scope(team_id="acme", user_id="ana", agent_id="trader")
 ANA_RISK = Scope(team_id="acme", user_id="ana", agent_id="risk")

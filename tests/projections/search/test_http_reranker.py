@@ -17,7 +17,7 @@ from memstream.projections.search.http_reranker import HttpReranker, build_reran
 from memstream.projections.projector.projector import Projector
 from memstream.projections.search.hybrid import search
 from memstream.projections.store.lance_store import LanceStore
-from memstream.settings import Settings
+from memstream.settings.model import Settings
 
 EMB = LocalEmbedder(DIM)
 ALICE = Scope(team_id="acme", user_id="alice")

@@ -63,7 +63,7 @@ def test_priority_never_outweighs_relevance(tmp_path: Path) -> None:
 
 def test_explain_shows_the_priority_factor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from memstream.cli import app
-    from memstream.settings import get_settings
+    from memstream.settings.model import get_settings
 
     _project(tmp_path, [memory(ALICE, "m", "answer in French about invoices", priority=90)])
     monkeypatch.setenv("MEMSTREAM_EMBEDDINGS_PROVIDER", "local")  # the lexical embedder at the tables' small width

@@ -21,7 +21,7 @@ from memstream.projections.schema import MEMORIES
 from memstream.projections.search.hybrid import text_search, vector_search
 from memstream.projections.store.lance_store import LanceStore
 from memstream.projections.store.maintenance import compaction_target, replaced_versions
-from memstream.settings import Settings
+from memstream.settings.model import Settings
 
 ALICE = Scope(team_id="acme", user_id="alice")
 

@@ -20,7 +20,7 @@ from memstream.projections.store.object_paths import (
 )
 from memstream.projections.store.shards import init_layout, is_sharded, shard_count, shard_dir
 from memstream.projections.store.table_sets import TableSets
-from memstream.settings import ObjectRoot
+from memstream.settings.model import ObjectRoot
 
 
 def test_a_local_root_is_a_plain_path_with_no_storage_options(tmp_path: Path) -> None:

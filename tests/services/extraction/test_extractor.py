@@ -36,18 +36,18 @@ from memstream.domain.content import content_hash
 from memstream.domain.events import EmbeddingPayload, LinkRelation, MemoryAdded, MemoryLinked, MessageObserved, Scope
 from memstream.domain.extraction import EXTRACTION_SCHEMA, memory_id_for
 from memstream.domain.log import LogPosition, PositionedEvent
-from memstream.llm import LLMClient
+from memstream.llm.client import LLMClient
 from memstream.projections.embedders.factory import LocalEmbedder
 from memstream.projections.projector.projector import Projector
 from memstream.projections.search.hybrid import SearchFilters, search
 from memstream.projections.schema import MEMORIES
 from memstream.projections.store.lance_store import LanceStore, space_where
-from memstream.settings import Settings, child_env
+from memstream.settings.model import Settings, child_env
 from memstream.streams.consumer import decode_or_dead_letter
 from memstream.services.extraction.extractor import Extractor
 from memstream.services.extraction.run import ExtractionOutcome, WindowInput
 from memstream.services.extraction.service import ExtractorRunner, consumer_group
-from memstream.streams.producer import MemstreamProducer
+from memstream.streams.producers.producer import MemstreamProducer
 from memstream.codec.wire import decode_record, encode_event
 from memstream.streams.topics import Topics
 

@@ -35,8 +35,8 @@ from tests.support import wait_until
 from memstream.codec.wire import record_key
 from memstream.domain.events import MessageObserved, Scope
 from memstream.domain.log import LogPosition
-from memstream.domain.resume_marks import decode_mark
-from memstream.llm import LLMClient
+from memstream.domain.extraction.resume_marks import decode_mark
+from memstream.llm.client import LLMClient
 from memstream.services.extraction.run import ExtractionOutcome
 from memstream.services.extraction.service import ExtractorRunner
 from memstream.services.extraction.turn_buffer import TurnBuffer, WindowJob

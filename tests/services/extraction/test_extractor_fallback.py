@@ -260,7 +260,7 @@ async def test_retry_failed_redoes_fallback_windows_add_only_and_links_them(
     from typer.testing import CliRunner
 
     from memstream.cli import app
-    from memstream.settings import get_settings, settings_env
+    from memstream.settings.model import get_settings, settings_env
 
     turns = [turn("m1", "I love green tea"), turn("m2", "I live in Porto", minutes=1)]
     await produce_turns(env, turns)  # the L0 turns, projected below

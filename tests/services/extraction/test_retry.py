@@ -16,7 +16,7 @@ from tests.services.extraction.test_extractor import (  # noqa: F401 - env is a 
 )
 
 from memstream.domain.events import MemoryAdded, Provenance
-from memstream.domain.fallback import FALLBACK_STATUS, FallbackReason, fallback_record
+from memstream.domain.extraction.fallback import FALLBACK_STATUS, FallbackReason, fallback_record
 from memstream.projections.projector.projector import Projector
 from memstream.services.extraction.retry import find_windows, retry_windows
 

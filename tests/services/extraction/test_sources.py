@@ -19,15 +19,15 @@ from tests.fakes.openai_server import FakeOpenAI, Reply, fake_llm  # noqa: F401 
 from tests.support import read_to_end, wait_until
 
 from memstream.domain.events import MessageObserved, Scope
-from memstream.llm import LLMClient
+from memstream.llm.client import LLMClient
 from memstream.projections.embedders.factory import LocalEmbedder
 from memstream.projections.store.lance_store import LanceStore
 from memstream.sealing import Subject, is_sealed, sealed_header, sealed_kid
 from memstream.services.extraction.service import ExtractorRunner
-from memstream.settings import Settings
-from memstream.streams.forget import forget
-from memstream.streams.keys import SubjectKeys
-from memstream.streams.producer import MemstreamProducer
+from memstream.settings.model import Settings
+from memstream.streams.sealing.forget import forget
+from memstream.streams.sealing.keys import SubjectKeys
+from memstream.streams.producers.producer import MemstreamProducer
 from memstream.streams.topics import Topics
 
 pytestmark = [pytest.mark.kafka]

@@ -17,8 +17,8 @@ from memstream.projections.projector.projector import Projector
 from memstream.projections.store.lance_store import LanceStore
 from memstream.services.projector.runtime import ProjectorRuntime
 from memstream.services.worker import worker_settings
-from memstream.settings import Settings
-from memstream.streams.record_batches import RawRecord
+from memstream.settings.model import Settings
+from memstream.streams.records.batches import RawRecord
 from memstream.streams.topics import Topics
 
 ALICE = Scope(team_id="acme", user_id="alice")

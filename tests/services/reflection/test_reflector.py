@@ -41,17 +41,17 @@ from memstream.domain.reflection import (
     reflection_event_id,
     reflection_id_for,
 )
-from memstream.llm import LLMClient, LLMError
-from memstream.settings import Settings
+from memstream.llm.client import LLMClient, LLMError
+from memstream.settings.model import Settings
 from memstream.services.reflection import agent as reflector_agent
 from memstream.services.app import build_app
 from memstream.services.reflection.outcomes import OutcomeProviderError, PriceFileProvider, load_price_file
-from memstream.streams.producer import MemstreamProducer
+from memstream.streams.producers.producer import MemstreamProducer
 from memstream.services.reflection.reflector import DecisionState, ReflectorCore, ReflectorPolicy, SettledDecision
 from memstream.services.reflection.runner import Backoff, ReflectionRunner
 from memstream.services.reflection.writers import LLMReflectionWriter, TemplateReflectionWriter
 from memstream.services.reflection.agent import ReflectorHandle, register_reflector
-from memstream.streams.deadletter import is_dead_letter, parse_dead_letter
+from memstream.streams.dead_letters.publisher import is_dead_letter, parse_dead_letter
 from memstream.codec.wire import DecodeError, decode_record
 from memstream.streams.topics import Topics
 
@@ -814,7 +814,7 @@ def test_cli_decide_and_outcome_write_to_the_log(
 
     from memstream.cli import reflect
     from memstream.cli._errors import CLIError
-    from memstream.settings import get_settings
+    from memstream.settings.model import get_settings
     from memstream.streams.admin import ensure_topics
 
     topics = Topics(prefix=topic_prefix, partitions=3)

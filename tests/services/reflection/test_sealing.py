@@ -17,9 +17,9 @@ from tests.support import read_to_end, record_bytes
 from memstream.domain.events import Scope, utcnow
 from memstream.services.reflection.reflector import DecisionState
 from memstream.services.reflection.agent import state_topics
-from memstream.settings import Settings
-from memstream.streams.forget import forget
-from memstream.streams.producer import MemstreamProducer
+from memstream.settings.model import Settings
+from memstream.streams.sealing.forget import forget
+from memstream.streams.producers.producer import MemstreamProducer
 from memstream.streams.topics import Topics
 
 pytestmark = [pytest.mark.kafka]

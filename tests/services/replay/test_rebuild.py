@@ -27,8 +27,8 @@ from memstream.services.replay.rebuild import PHASE_COMPACT, PHASE_SWAP, PHASE_V
 from memstream.services.replay.report import PHASE_TIMES, ReplayProgress
 from memstream.projections.store.lance_store import LanceStore
 from memstream.projections.store.table_sets import TableSets
-from memstream.settings import Settings, child_env
-from memstream.streams.producer import MemstreamProducer
+from memstream.settings.model import Settings, child_env
+from memstream.streams.producers.producer import MemstreamProducer
 from memstream.projections.store.dir_lock import LanceDirBusyError, LanceDirLock
 from memstream.streams.topics import Topics
 

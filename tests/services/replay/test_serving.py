@@ -22,8 +22,8 @@ from memstream.interfaces.service import MemoryService
 from memstream.services.replay.rebuild import replay
 from memstream.projections.search.hybrid import SearchFilters
 from memstream.projections.store.table_sets import TableSets
-from memstream.settings import Settings, child_env
-from memstream.streams.producer import MemstreamProducer
+from memstream.settings.model import Settings, child_env
+from memstream.streams.producers.producer import MemstreamProducer
 from memstream.projections.store.dir_lock import LanceDirLock
 from memstream.streams.topics import Topics
 

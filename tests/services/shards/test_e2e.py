@@ -20,8 +20,8 @@ from memstream.projections.store.lance_store import StoreError
 from memstream.projections.store.table_sets import TableSets
 from memstream.services.replay.rebuild import replay
 from memstream.services.shards.routing import open_store, space_partition
-from memstream.settings import Settings
-from memstream.streams.producer import MemstreamProducer
+from memstream.settings.model import Settings
+from memstream.streams.producers.producer import MemstreamProducer
 from memstream.streams.topics import Topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

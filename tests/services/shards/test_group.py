@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from tests.services.projector.test_runtime import assert_maintenance_drops_old_versions
 from tests.services.test_worker import WorkerProcess, end_offsets
-from tests.streams.test_producers_contract import documented_kcat_flags, kcat
+from tests.streams.producers.test_contract import documented_kcat_flags, kcat
 
 from memstream.domain.events import MemoryAdded, Scope
 from memstream.interfaces.service import MemoryService
@@ -33,9 +33,9 @@ from memstream.projections.store.table_sets import TableSets
 from memstream.services.replay.rebuild import ReplayError, replay
 from memstream.services.projector.shard_owner import GroupRuntime
 from memstream.services.shards.routing import open_store, space_partition
-from memstream.settings import Settings, child_env
+from memstream.settings.model import Settings, child_env
 from memstream.streams.admin import ensure_topics
-from memstream.streams.producer import MemstreamProducer
+from memstream.streams.producers.producer import MemstreamProducer
 from memstream.codec.wire import encode_event
 from memstream.streams.topics import Topics
 

@@ -42,7 +42,7 @@ from memstream.interfaces.service import MemoryService
 from memstream.sdk import Scope
 from memstream.services.shards.routing import space_partition
 from memstream.services.shards.status import shard_statuses
-from memstream.settings import Settings
+from memstream.settings.model import Settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -29,7 +29,7 @@ from memstream.services.replay.rebuild import replay
 from memstream.services.projector.shard_owner import ShardLeases, ShardLostError
 from memstream.services.shards.routing import open_store
 from memstream.services.shards.status import NotShardedError, shard_statuses
-from memstream.settings import Settings
+from memstream.settings.model import Settings
 from memstream.streams.topics import Topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, *needs_s3]

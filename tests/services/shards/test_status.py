@@ -15,7 +15,7 @@ from memstream.services.replay.rebuild import replay
 from memstream.services.projector.shard_owner import ShardLeases
 from memstream.services.shards.routing import space_partition
 from memstream.services.shards.status import NotShardedError, end_offsets, shard_statuses
-from memstream.settings import Settings
+from memstream.settings.model import Settings
 from memstream.streams.topics import Topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tests.support import free_port
 
-from memstream.settings import Settings
+from memstream.settings.model import Settings
 
 
 def broker_settings(tmp_path: Path, **overrides: object) -> Settings:

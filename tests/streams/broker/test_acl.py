@@ -26,12 +26,12 @@ from aiokafka.structs import TopicPartition
 from memstream.cli.serve import api_settings
 from memstream.domain.events import MemoryAdded, Scope
 from memstream.projections.store.lance_store import LanceStore
-from memstream.settings import Settings, child_env
+from memstream.settings.model import Settings, child_env
 from memstream.streams.admin import ensure_topics
 from memstream.streams.broker import acl, local
 from memstream.streams.connect import kafka_options
-from memstream.streams.kafka_producer import create_kafka_producer
-from memstream.streams.producer import MemstreamProducer
+from memstream.streams.producers.kafka_producer import create_kafka_producer
+from memstream.streams.producers.producer import MemstreamProducer
 from memstream.streams.topics import Topics
 from memstream.codec.wire import encode_event
 from tests.streams.broker.helpers import broker_settings

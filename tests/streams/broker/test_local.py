@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from memstream.settings import Settings, child_env
+from memstream.settings.model import Settings, child_env
 from memstream.streams.admin import ensure_topics
 from memstream.streams.broker import local
 from memstream.streams.topics import Topics
