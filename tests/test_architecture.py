@@ -213,7 +213,7 @@ def _raw_kafka_clients(path: Path, root: Path = ROOT) -> list[str]:
     """Where ``path`` imports, names or builds an aiokafka client class itself (or
     calls one of the annotation aliases), rather than through a streams factory."""
     rel = str(path.relative_to(root))
-    found = []
+    found: list[str] = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "aiokafka":
             found.extend(f"{rel}:{node.lineno} imports {a.name}" for a in node.names if a.name in KAFKA_CLIENTS)
