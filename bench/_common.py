@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from rich.console import Console
 from rich.progress import (
@@ -52,6 +52,7 @@ from rich.table import Table
 
 from memstream.services.extraction import consumer_group
 from memstream.settings import Settings, settings_env
+from memstream.streams.clients import create_admin, create_consumer
 from memstream.streams.topics import Topics
 
 __all__ = [
@@ -272,6 +273,7 @@ class WorkerProcess:
 # ------------------------------------------------------------------------------ offsets
 async def group_offsets(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
     """The offsets consumer group ``group`` committed (``{}`` if it has none)."""
+    # raw on purpose: given only an address (the bench broker, plaintext)
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
@@ -284,6 +286,7 @@ async def group_offsets(bootstrap: str, group: str) -> dict[tuple[str, int], int
 async def delete_topics(bootstrap: str, topics: Topics, app_id: str | None = None) -> list[str]:
     """Delete a private run's topics: every topic under ``topics.prefix`` and, with
     ``app_id``, Faust's internal topics of that app (``<app_id>-...``)."""
+    # raw on purpose: given only an address (the bench broker, plaintext)
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
@@ -330,8 +333,8 @@ class LogWatch:
     def __init__(self, settings: Settings) -> None:
         self.topics = Topics.from_settings(settings.broker)
         self.group = consumer_group(settings)
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=settings.broker.bootstrap_servers, enable_auto_commit=False)
-        self.admin = AIOKafkaAdminClient(bootstrap_servers=settings.broker.bootstrap_servers)
+        self.consumer = create_consumer(settings.broker, client_id="memstream-bench-watch", enable_auto_commit=False)
+        self.admin = create_admin(settings.broker, client_id="memstream-bench-watch")
 
     async def __aenter__(self) -> "LogWatch":
         await self.consumer.start()

@@ -309,7 +309,7 @@ async def raw_consume(settings: Settings, topic: str, expected: int) -> ConsumeS
     """The consume ceiling: aiokafka reading ``topic`` from its beginning to its end
     offsets, decoding nothing (the same fetch sizes as ``memstream replay``). The clock
     starts at the first fetch, after connecting and assigning."""
-    consumer = AIOKafkaConsumer(
+    consumer = AIOKafkaConsumer(  # raw on purpose: the bare aiokafka ceiling replay is measured against
         bootstrap_servers=settings.broker.bootstrap_servers,
         group_id=None,
         enable_auto_commit=False,

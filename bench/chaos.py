@@ -120,7 +120,7 @@ __all__ = [
 # ------------------------------------------------------------------------------ running
 async def _read_topics(bootstrap: str, names: Sequence[str]) -> list[Any]:
     """Every record of ``names`` up to their current end."""
-    consumer = AIOKafkaConsumer(
+    consumer = AIOKafkaConsumer(  # raw on purpose: given only an address (the bench broker, plaintext)
         bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
         max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024,
     )

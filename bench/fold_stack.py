@@ -25,7 +25,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from memstream.bench._common import WorkerProcess
 from memstream.domain.access import ReadScope
@@ -47,6 +47,7 @@ from memstream.projections.search import SearchFilters
 from memstream.services.replay import ReplayError, replay
 from memstream.settings import Settings
 from memstream.streams.admin import ensure_topics
+from memstream.streams.clients import KafkaConsumer, create_consumer
 from memstream.streams.sealing.forget import forget
 from memstream.streams.sealing.keys import SubjectKeys
 from memstream.streams.records.codec import read_record
@@ -115,7 +116,7 @@ class FoldStack:
     worker_log: dict[tuple[int, int], EventBase] = field(default_factory=dict)
     """What the workers wrote to the events topic (lessons, expiries), by (partition, offset)."""
     keys: SubjectKeys | None = None
-    _consumer: AIOKafkaConsumer | None = None
+    _consumer: KafkaConsumer | None = None
     _read_to: dict[int, int] = field(default_factory=dict)
     steps: list[str] = field(default_factory=list)
     reads: int = 0
@@ -127,8 +128,8 @@ class FoldStack:
     async def start(self) -> None:
         self.keys = SubjectKeys(self.settings.streams, client_id="fold-machine-keys")
         await self.keys.start()
-        self._consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.broker.bootstrap_servers, group_id=None,
-                                          enable_auto_commit=False)
+        self._consumer = create_consumer(self.settings.broker, client_id="fold-machine", group_id=None,
+                                         enable_auto_commit=False)
         await self._consumer.start()
         self.workers.append(self._worker("w0"))
         self.workers[0].start()

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 
 from memstream.bench._common import percentile
 from memstream.bench._events import BenchWorkdir, WorkerProcess, bench_settings, machine_info, print_table, status
@@ -47,6 +47,7 @@ from memstream.services.reflection import state_topics
 from memstream.services.replay import replay
 from memstream.settings import Settings
 from memstream.streams.admin import ensure_topics
+from memstream.streams.clients import create_consumer
 from memstream.streams.sealing.forget import forget
 from memstream.streams.producers.producer import MemstreamProducer
 from memstream.streams.topics import Topics
@@ -110,6 +111,7 @@ async def _produce(settings: Settings, events: list[Any], ingress: list[Any]) ->
     async with MemstreamProducer(settings.streams, client_id="memstream-bench-forget") as producer:
         await producer.send_many(events)
     topics = Topics.from_settings(settings.broker)
+    # raw on purpose: an outside writer's unsealed ingress records, not memstream's producer
     raw = AIOKafkaProducer(bootstrap_servers=settings.broker.bootstrap_servers, acks="all")
     await raw.start()
     try:
@@ -162,7 +164,7 @@ async def _raw_hits(settings: Settings, needles: list[bytes]) -> tuple[int, int]
     """(records holding a needle, records read) over every kept-forever topic and the
     reflector's state topics."""
     topics = Topics.from_settings(settings.broker)
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.broker.bootstrap_servers, group_id=None, enable_auto_commit=False)
+    consumer = create_consumer(settings.broker, client_id="memstream-bench-forget", group_id=None, enable_auto_commit=False)
     await consumer.start()
     hits = read = 0
     try:

@@ -32,8 +32,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
-from aiokafka.admin import AIOKafkaAdminClient
 
 from memstream.domain.events import DecisionRecorded, EventBase, OutcomeObserved, Rating, Scope, utcnow
 from memstream.llm import ChatResult
@@ -41,6 +39,7 @@ from memstream.services.app import build_app
 from memstream.services.reflection import LLMReflectionWriter, ReflectorHandle, register_reflector
 from memstream.settings import Settings, get_settings
 from memstream.streams.admin import ensure_topics
+from memstream.streams.clients import create_admin, create_consumer
 from memstream.streams.producers.producer import MemstreamProducer
 from memstream.streams.topics import Topics
 
@@ -126,7 +125,7 @@ def _scope(i: int) -> Scope:
 
 
 async def _count_reflections(settings: Settings, topic: str, expected: int) -> int:
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=settings.broker.bootstrap_servers, auto_offset_reset="earliest")
+    consumer = create_consumer(settings.broker, topic, client_id="memstream-bench", auto_offset_reset="earliest")
     await consumer.start()
     ids: set[bytes] = set()
     try:
@@ -150,7 +149,7 @@ async def _count_reflections(settings: Settings, topic: str, expected: int) -> i
 
 
 async def _delete_topics(settings: Settings, prefix: str, app_id: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.broker.bootstrap_servers, client_id="memstream-bench")
+    admin = create_admin(settings.broker, client_id="memstream-bench")
     await admin.start()
     try:
         names = [t for t in await admin.list_topics() if t.startswith(prefix) or t.startswith(f"{app_id}-")]

@@ -139,6 +139,7 @@ def _misrouted(i: int, partitions: int) -> MemoryAdded:
 
 async def _send_crc32(settings: Settings, topics: Topics, events: list[MemoryAdded]) -> None:
     """What kcat without ``-X topic.partitioner=murmur2_random`` does: crc32 of the key."""
+    # raw on purpose: kcat's crc32 placement, not memstream's producer and partitioner
     raw = AIOKafkaProducer(bootstrap_servers=settings.broker.bootstrap_servers, acks="all")
     await raw.start()
     try:

@@ -51,6 +51,13 @@ LAYERS: dict[str, int] = {
 other, so streams and projections stay independent)."""
 
 MAX_LINES = 600
+KAFKA_CLIENTS = {"AIOKafkaConsumer", "AIOKafkaProducer", "AIOKafkaAdminClient"}
+"""The aiokafka client classes: only ``streams/`` builds them, through the factories
+of ``streams/clients.py``, which apply the broker's address and security to each."""
+KAFKA_CLIENT_ALIASES = {"KafkaConsumer", "KafkaProducer", "KafkaAdmin"}
+"""The names ``streams/clients.py`` gives them for annotations: not to be called."""
+RAW_KAFKA_ALLOWED = {"streams", "bench"}
+"""``bench/`` measures raw aiokafka ceilings and forges records no memstream client writes."""
 LAZY_IMPORTS_ALLOWED = {"memstream/cli"}
 """The CLI imports what a command needs when it runs, so ``memstream --help`` stays fast."""
 
@@ -202,8 +209,40 @@ def test_no_module_over_600_lines() -> None:
     assert not big, f"modules over {MAX_LINES} lines:\n" + "\n".join(big)
 
 
+def _raw_kafka_clients(path: Path, root: Path = ROOT) -> list[str]:
+    """Where ``path`` imports, names or builds an aiokafka client class itself (or
+    calls one of the annotation aliases), rather than through a streams factory."""
+    rel = str(path.relative_to(root))
+    found: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "aiokafka":
+            found.extend(f"{rel}:{node.lineno} imports {a.name}" for a in node.names if a.name in KAFKA_CLIENTS)
+        elif isinstance(node, (ast.Name, ast.Attribute)):
+            name = node.id if isinstance(node, ast.Name) else node.attr
+            if name in KAFKA_CLIENTS:
+                found.append(f"{rel}:{node.lineno} names {name}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)):
+            name = node.func.id if isinstance(node.func, ast.Name) else node.func.attr
+            if name in KAFKA_CLIENT_ALIASES:
+                found.append(f"{rel}:{node.lineno} builds {name}")
+    return found
+
+
+def test_only_streams_builds_kafka_clients() -> None:
+    """streams/ owns Kafka: every consumer, producer and admin client comes from its
+    factories, so none can be built without the broker's SASL/TLS settings."""
+    raw = [
+        where
+        for path in _modules()
+        if _group_of_path(path.relative_to(ROOT)) not in RAW_KAFKA_ALLOWED
+        for where in _raw_kafka_clients(path)
+    ]
+    assert not raw, "Kafka clients built outside streams/ (use memstream.streams.clients):\n" + "\n".join(raw)
+
+
 def test_the_rules_catch_what_they_are_for(tmp_path: Path) -> None:
-    """The checks themselves: a cycle, an outward edge and a lazy import are found."""
+    """The checks themselves: a cycle, an outward edge, a lazy import and a Kafka
+    client built by hand are found."""
     edges = {("streams", "projections"): ["a"], ("projections", "streams"): ["b"], ("domain", "streams"): ["c"]}
     assert _cycles(edges) == [["projections", "streams", "projections"]]
     outward = _outward({**edges, ("memstream/services", "streams"): ["d"]})
@@ -216,4 +255,13 @@ def test_the_rules_catch_what_they_are_for(tmp_path: Path) -> None:
     )
     found = {(i.module, i.top_level) for i in _imports(module, tmp_path)}
     assert found == {("memstream.settings", True), ("memstream.streams", False)}
+    client = tmp_path / "c.py"
+    client.write_text(
+        "import aiokafka\nfrom aiokafka.admin import AIOKafkaAdminClient, NewTopic\n"
+        "from memstream.streams.clients import KafkaConsumer, create_consumer\n"
+        "def f(c: KafkaConsumer):\n    aiokafka.AIOKafkaProducer()\n    KafkaConsumer()\n    create_consumer()\n"
+    )
+    assert sorted(w.split(" ", 1)[1] for w in _raw_kafka_clients(client, tmp_path)) == [
+        "builds KafkaConsumer", "imports AIOKafkaAdminClient", "names AIOKafkaProducer"
+    ]
 

@@ -305,10 +305,10 @@ async def _tail(
     raw: bool,
     settings: Settings,
 ) -> int:
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import TopicPartition
     from aiokafka.errors import KafkaConnectionError, KafkaError
 
-    from memstream.streams.connect import kafka_options
+    from memstream.streams.clients import create_consumer
 
     console = Console(highlight=False, soft_wrap=True)
     parts = await _partitions(topic, settings)
@@ -316,8 +316,8 @@ async def _tail(
         if partition not in parts:
             raise CLIError(f"topic {topic} has no partition {partition} (it has {len(parts)})")
         parts = [partition]
-    consumer = AIOKafkaConsumer(
-        **kafka_options(settings.broker),
+    consumer = create_consumer(
+        settings.broker,
         client_id="memstream-tail",
         group_id=None,
         enable_auto_commit=False,

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka import TopicPartition
+from aiokafka.admin import NewTopic
 
 from memstream.cli._errors import CLIError
 from memstream.settings import Settings
 from memstream.streams.admin import topic_partitions
-from memstream.streams.connect import kafka_options
+from memstream.streams.clients import create_admin, create_consumer, create_producer
 
 __all__ = ["UpLock", "hold_home", "cluster_id", "claim_topics", "home_topic"]
 
@@ -84,7 +84,7 @@ def _home_id(settings: Settings) -> str:
 
 
 async def _cluster_id(settings: Settings) -> str:
-    admin = AIOKafkaAdminClient(**kafka_options(settings.broker), client_id="memstream-up")
+    admin = create_admin(settings.broker, client_id="memstream-up")
     await admin.start()
     try:
         return str((await admin.describe_cluster())["cluster_id"])
@@ -104,7 +104,7 @@ async def _read_owner(settings: Settings) -> dict[str, str] | None:
     topic = home_topic(settings)
     if not (await topic_partitions(settings.broker, [topic], client_id="memstream-up")).get(topic):
         return None
-    consumer = AIOKafkaConsumer(**kafka_options(settings.broker), client_id="memstream-up", group_id=None, enable_auto_commit=False)
+    consumer = create_consumer(settings.broker, client_id="memstream-up", group_id=None, enable_auto_commit=False)
     await consumer.start()
     try:
         tp = TopicPartition(topic, 0)
@@ -126,7 +126,7 @@ async def _read_owner(settings: Settings) -> dict[str, str] | None:
 
 
 async def _write_owner(settings: Settings, me: dict[str, str]) -> None:
-    admin = AIOKafkaAdminClient(**kafka_options(settings.broker), client_id="memstream-up")
+    admin = create_admin(settings.broker, client_id="memstream-up")
     await admin.start()
     try:
         if home_topic(settings) not in await admin.list_topics():
@@ -134,7 +134,7 @@ async def _write_owner(settings: Settings, me: dict[str, str]) -> None:
             await admin.create_topics([NewTopic(home_topic(settings), 1, settings.broker.replication_factor, topic_configs=config)])
     finally:
         await admin.close()
-    producer = AIOKafkaProducer(**kafka_options(settings.broker), client_id="memstream-up", acks="all")
+    producer = create_producer(settings.broker, client_id="memstream-up", acks="all")
     await producer.start()
     try:
         await producer.send_and_wait(home_topic(settings), json.dumps(me).encode(), key=b"home")

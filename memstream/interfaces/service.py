@@ -25,7 +25,7 @@ from datetime import date, datetime, timedelta
 from enum import Enum
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -51,7 +51,7 @@ from memstream.projections.search import (
 from memstream.projections.store import CurrentStore, LanceStore, ShardedStore
 from memstream.services.shards import open_store, store_for
 from memstream.settings import Settings
-from memstream.streams.connect import kafka_options
+from memstream.streams.clients import KafkaConsumer, create_consumer
 from memstream.streams.producers.producer import MemstreamProducer
 from memstream.streams.topics import Topics
 from memstream.streams.trust.worker_identity import memory_ids_key
@@ -128,7 +128,7 @@ class MemoryService:
         self.search_cache = SearchCache(settings.storage.search_cache_rows, settings.storage.search_cache_vectors)
         self.owners = MemoryOwners(self.search_cache)  # the owner check's id -> agent, per space
         self.reranker: HttpReranker | None = build_reranker(settings.embeddings)
-        self._offsets: AIOKafkaConsumer | None = None
+        self._offsets: KafkaConsumer | None = None
         self._offsets_lock = asyncio.Lock()
         self._partitions: dict[str, tuple[int, ...]] = {}  # per topic, from the last metadata read
         self._positions: tuple[LanceStore, int, dict[tuple[str, int], int]] | None = None
@@ -369,11 +369,11 @@ class MemoryService:
 
     # --- health and metrics ----------------------------------------------------------------
 
-    async def _offsets_client(self) -> AIOKafkaConsumer:
+    async def _offsets_client(self) -> KafkaConsumer:
         async with self._offsets_lock:
             if self._offsets is None:
-                consumer = AIOKafkaConsumer(
-                    **kafka_options(self.settings.broker),
+                consumer = create_consumer(
+                    self.settings.broker,
                     client_id=f"{self.client_id}-offsets",
                     enable_auto_commit=False,
                     group_id=None,

@@ -8,7 +8,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 
 from memstream.settings import BrokerSettings
-from memstream.streams.connect import kafka_options
+from memstream.streams.clients import create_producer
 
 __all__ = ["KeyPartitioner", "create_kafka_producer"]
 
@@ -57,8 +57,9 @@ def create_kafka_producer(
     kwargs: dict[str, Any] = {}
     if transactional_id is not None:
         kwargs["transactional_id"] = transactional_id
-    return AIOKafkaProducer(
-        **kafka_options(broker, bootstrap_servers=bootstrap_servers),
+    return create_producer(
+        broker,
+        bootstrap_servers=bootstrap_servers,
         client_id=client_id,
         enable_idempotence=True,
         acks="all",

@@ -7,14 +7,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka import TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError, RebalanceInProgressError
 
 from memstream.domain.extraction.resume_marks import decode_mark
 from memstream.services.extraction.turn_buffer import TurnBuffer
 from memstream.settings import Settings
-from memstream.streams.connect import kafka_options
+from memstream.streams.clients import KafkaAdmin, KafkaConsumer, create_admin
 
 __all__ = ["ExtractorCommits", "consumer_group"]
 
@@ -38,7 +37,7 @@ class ExtractorCommits:
         self.marks: dict[tuple[str, int], str] = {}
         self.marks_read: set[tuple[str, int]] = set()
         """Partitions whose resume marks were read since they were assigned."""
-        self._admin: AIOKafkaAdminClient | None = None
+        self._admin: KafkaAdmin | None = None
         self._last_commit = 0.0
         self._lock = asyncio.Lock()
 
@@ -58,9 +57,7 @@ class ExtractorCommits:
             return
         try:
             if self._admin is None:
-                admin = AIOKafkaAdminClient(
-                    **kafka_options(self.settings.broker), client_id="memstream-extractor-admin"
-                )
+                admin = create_admin(self.settings.broker, client_id="memstream-extractor-admin")
                 await admin.start()
                 self._admin = admin
             committed = await self._admin.list_consumer_group_offsets(
@@ -81,7 +78,7 @@ class ExtractorCommits:
                     tp.topic, tp.partition, meta.offset, mark.end - meta.offset - len(mark.pending),
                 )
 
-    async def commit(self, consumer: AIOKafkaConsumer | None, *, force: bool = False) -> None:
+    async def commit(self, consumer: KafkaConsumer | None, *, force: bool = False) -> None:
         if consumer is None:
             return
         loop = asyncio.get_running_loop()
@@ -110,7 +107,7 @@ class ExtractorCommits:
                 self.offsets[(tp.topic, tp.partition)] = off
                 self.marks[(tp.topic, tp.partition)] = mark
 
-    async def on_revoked(self, consumer: AIOKafkaConsumer | None, revoked: list[TopicPartition]) -> None:
+    async def on_revoked(self, consumer: KafkaConsumer | None, revoked: list[TopicPartition]) -> None:
         if consumer is not None and revoked:
             await self.commit(consumer, force=True)
         gone = [(tp.topic, tp.partition) for tp in revoked]

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import IllegalStateError, KafkaError
 from mode import Service
@@ -35,7 +35,8 @@ from memstream.services.extraction.tables import ExtractorTables
 from memstream.services.extraction.turn_buffer import TurnBuffer, WindowJob
 from memstream.sealing import Subject
 from memstream.settings import Settings
-from memstream.streams.connect import kafka_options, until_started
+from memstream.streams.clients import KafkaConsumer, create_consumer
+from memstream.streams.connect import until_started
 from memstream.streams.records.codec import read_record
 from memstream.streams.dead_letters.publisher import DeadLetter
 from memstream.streams.producers.producer import MemstreamProducer
@@ -157,7 +158,7 @@ class ExtractorRunner:
         )
         self.stats = ExtractorStats()
         self.extractor: Extractor | None = None
-        self._consumer: AIOKafkaConsumer | None = None
+        self._consumer: KafkaConsumer | None = None
         self._jobs: dict[asyncio.Task[None], list[WindowJob]] = {}
         self._computing: set[asyncio.Task[None]] = set()
         """The jobs still extracting (not yet only waiting for the produce to be
@@ -226,9 +227,9 @@ class ExtractorRunner:
         if self._store is not None:
             self.tables.attach(self._store)
 
-        def make_consumer() -> AIOKafkaConsumer:
-            consumer = AIOKafkaConsumer(
-                **kafka_options(settings.broker),
+        def make_consumer() -> KafkaConsumer:
+            consumer = create_consumer(
+                settings.broker,
                 group_id=consumer_group(settings),
                 client_id="memstream-extractor",
                 enable_auto_commit=False,

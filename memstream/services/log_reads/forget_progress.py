@@ -14,14 +14,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from memstream.domain.log import LogPosition
 from memstream.projections.store import StoreError, TableSets
 from memstream.services.shards import routing as shard_routing
 from memstream.settings import Settings
 from memstream.streams.admin import topic_partitions
-from memstream.streams.connect import kafka_options
+from memstream.streams.clients import create_consumer
 from memstream.streams.sealing.key_records import forget_order
 from memstream.streams.topics import Topics
 from memstream.streams.trust.worker_identity import worker_key
@@ -77,8 +77,8 @@ async def forget_positions(settings: Settings, team_id: str, user_id: str | None
     signed count (a forged one forgets nothing, so it must not read as progress)."""
     topics = Topics.from_settings(settings.broker)
     key = worker_key(settings.resolved_worker_key_file, create=False) if settings.resolved_worker_key_file.exists() else None
-    consumer = AIOKafkaConsumer(**kafka_options(settings.broker), group_id=None,
-                                enable_auto_commit=False, client_id="memstream-forget-status")
+    consumer = create_consumer(settings.broker, group_id=None,
+                               enable_auto_commit=False, client_id="memstream-forget-status")
     await consumer.start()
     try:
         names = (topics.events, topics.messages)

@@ -52,7 +52,8 @@ from memstream.projections.store import SwapRequest, TableSets
 from memstream.services.projector.runtime import ProjectorRuntime
 from memstream.settings import Settings
 from memstream.streams.admin import topic_partitions
-from memstream.streams.connect import kafka_options, until_started
+from memstream.streams.clients import KafkaConsumer, create_consumer
+from memstream.streams.connect import until_started
 from memstream.streams.sealing.keys import SubjectKeys
 from memstream.streams.projector_feed import FeedBatch, ProjectorFeed
 from memstream.streams.topics import Topics
@@ -99,14 +100,12 @@ def mark_ready(settings: Settings, partitions: int) -> None:
     path.write_text(json.dumps({"pid": os.getpid(), "partitions": partitions}) + "\n", encoding="utf-8")
 
 
-def feed_consumer(settings: Settings, client_id: str, *, group_id: str | None = None) -> Any:
+def feed_consumer(settings: Settings, client_id: str, *, group_id: str | None = None) -> KafkaConsumer:
     """The projector's Kafka consumer: manual assignment (positions are kept with the
     rows; ``group_id`` only names where progress hints are committed), big fetches,
     metadata refreshed often enough to see new partitions."""
-    from aiokafka import AIOKafkaConsumer
-
-    return AIOKafkaConsumer(
-        **kafka_options(settings.broker),
+    return create_consumer(
+        settings.broker,
         group_id=group_id,
         enable_auto_commit=False,
         auto_offset_reset="earliest",

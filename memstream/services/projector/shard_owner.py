@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import faust
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from prometheus_client import Counter, Gauge
 
@@ -43,7 +43,8 @@ from memstream.services.projector.runtime import ProjectorRuntime
 from memstream.services.projector.service import ProjectorService, add_projector, feed_consumer, projector_group
 from memstream.services.shards import open_projector, open_shards
 from memstream.settings import Settings
-from memstream.streams.connect import kafka_options, until_started
+from memstream.streams.clients import KafkaConsumer, create_consumer
+from memstream.streams.connect import until_started
 from memstream.streams.projector_feed import FeedBatch
 from memstream.streams.topics import Topics
 
@@ -171,10 +172,10 @@ class _Listener(ConsumerRebalanceListener):
         await self.service.on_assigned(assigned)
 
 
-def member_consumer(settings: Settings, client_id: str) -> AIOKafkaConsumer:
+def member_consumer(settings: Settings, client_id: str) -> KafkaConsumer:
     """The group membership consumer (it reads nothing: its partitions stay paused)."""
-    return AIOKafkaConsumer(
-        **kafka_options(settings.broker),
+    return create_consumer(
+        settings.broker,
         group_id=projector_group(settings),
         client_id=client_id,
         enable_auto_commit=False,
@@ -187,7 +188,7 @@ def member_consumer(settings: Settings, client_id: str) -> AIOKafkaConsumer:
     )
 
 
-async def _topics_known(consumer: AIOKafkaConsumer, topics: Any, wait_s: float = 60.0) -> None:
+async def _topics_known(consumer: KafkaConsumer, topics: Any, wait_s: float = 60.0) -> None:
     """Wait (bounded) until the broker's metadata lists ``topics``: a member that joins
     before it does is assigned nothing until its metadata next refreshes (minutes)."""
     deadline = time.monotonic() + wait_s
@@ -201,7 +202,7 @@ class GroupProjectorService(ProjectorService):
     def __init__(self, app: faust.App, runtime: GroupRuntime) -> None:
         super().__init__(app, runtime)
         self.runtime: GroupRuntime = runtime
-        self._members: AIOKafkaConsumer | None = None
+        self._members: KafkaConsumer | None = None
         self._membership: asyncio.Task[None] | None = None
         self._leases = ShardLeases(
             runtime.set_dir, f"memstream worker {runtime.settings.worker.app_id}", runtime.settings.storage.lease_ttl_s

@@ -47,7 +47,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
 from memstream.codec.fast_decode import FastMemoryDecoder
@@ -69,7 +69,7 @@ from memstream.services.replay.report import ReplayProgress, ReplayReport
 from memstream.services.shards import routing as shard_routing
 from memstream.settings import Settings
 from memstream.streams.admin import topic_partitions
-from memstream.streams.connect import kafka_options
+from memstream.streams.clients import KafkaConsumer, create_consumer
 from memstream.streams.records.inflation_bound import bound_inflation
 from memstream.streams.sealing.keys import SubjectKeys
 from memstream.streams.trust.legacy_trust import LegacyTrust, LegacyTrustError, load_legacy_trust
@@ -133,7 +133,7 @@ async def _listed(partitions: Sequence[TopicPartition]) -> dict[str, list[int]]:
 
 
 async def _consume_into(
-    consumer: AIOKafkaConsumer,
+    consumer: KafkaConsumer,
     partitions: list[TopicPartition],
     begins: Mapping[TopicPartition, int],
     ends: Mapping[TopicPartition, int],
@@ -348,7 +348,7 @@ class _Build:
         self.expected = 0
         self.store: Any = None
         self.projector: Any = None
-        self.consumer: AIOKafkaConsumer | None = None
+        self.consumer: KafkaConsumer | None = None
         self.partitions: list[TopicPartition] = []
         self.rerouter: _MisroutedBeyond | None = None
         self.keys: SubjectKeys | None = None
@@ -365,8 +365,8 @@ class _Build:
             self.legacy_trust = load_legacy_trust(self.settings.resolved_worker_key_file)
         except LegacyTrustError as exc:
             raise ReplayError(str(exc)) from None
-        self.consumer = AIOKafkaConsumer(
-            **kafka_options(self.settings.broker), group_id=None, enable_auto_commit=False,
+        self.consumer = create_consumer(
+            self.settings.broker, group_id=None, enable_auto_commit=False,
             auto_offset_reset="earliest", client_id="memstream-replay",
             max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024,
         )

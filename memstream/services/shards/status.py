@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from memstream.projections.schema import POSITIONS, TABLE_NAMES
 from memstream.projections.store import LanceDirLock, ShardedStore, TableSets, is_sharded, shard_dir
 from memstream.services.shards.routing import open_store
 from memstream.settings import Settings
-from memstream.streams.connect import kafka_options
+from memstream.streams.clients import create_consumer
 from memstream.streams.topics import Topics
 
 __all__ = ["ShardStatus", "NotShardedError", "shard_statuses", "end_offsets"]
@@ -37,7 +37,7 @@ class ShardStatus:
 
 
 async def end_offsets(settings: Settings, topics: list[str], partitions: int) -> dict[tuple[str, int], int]:
-    consumer = AIOKafkaConsumer(**kafka_options(settings.broker), client_id=f"{settings.worker.app_id}-shards")
+    consumer = create_consumer(settings.broker, client_id=f"{settings.worker.app_id}-shards")
     await consumer.start()
     try:
         ends = await consumer.end_offsets([TopicPartition(t, p) for t in topics for p in range(partitions)])
