@@ -13,6 +13,7 @@ What must hold:
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import random
 import signal
