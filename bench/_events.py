@@ -71,6 +71,7 @@ from memstream.domain.events import MemoryAdded
 from memstream.projections.embedders import LocalEmbedder
 from memstream.settings import Settings
 from memstream.streams.admin import ensure_topics
+from memstream.streams.producers.kafka_producer import Batching
 from memstream.streams.producers.producer import MemstreamProducer
 from memstream.streams.topics import Topics
 
@@ -210,11 +211,8 @@ class ProduceStats:
         return self.events / self.seconds if self.seconds > 0 else 0.0
 
 
-def _producer_settings(settings: Settings) -> Settings:
-    """Bulk loading: bigger client batches and a little linger (acks stay ``all``)."""
-    return settings.model_copy(
-        update={"producer_linger_ms": 20, "producer_max_batch_bytes": 1_048_576, "producer_max_in_flight": 20_000}
-    )
+BULK_BATCHING = Batching(linger_ms=20, max_batch_bytes=1_048_576, max_in_flight=20_000)
+"""Bulk loading: bigger client batches and a little linger (acks stay ``all``)."""
 
 
 async def produce_events(
@@ -239,7 +237,7 @@ async def produce_events(
             key = (p.topic, p.partition)
             ends[key] = max(ends.get(key, 0), p.offset + 1)
 
-    async with MemstreamProducer(_producer_settings(settings).streams, client_id="memstream-bench") as producer:
+    async with MemstreamProducer(settings.streams, client_id="memstream-bench", batching=BULK_BATCHING) as producer:
         with progress_bar() as bar:
             task = bar.add_task(label, total=total)
             for event in events:

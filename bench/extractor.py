@@ -45,6 +45,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from memstream.bench._events import bench_settings, create_topics, delete_topics, machine_info, print_table, status
 from memstream.domain.events import MemoryAdded, MessageObserved, Scope
@@ -54,6 +55,8 @@ from memstream.projections.embedders import build_embedder
 from memstream.projections.projector import Projector
 from memstream.projections.store import LanceStore
 from memstream.services.extraction import ExtractorRunner
+from memstream.services.extraction import extractor as extractor_module
+from memstream.services.extraction.extractor import KNOWN_MEMORIES
 from memstream.settings import Settings
 from memstream.streams.producers.producer import MemstreamProducer
 
@@ -315,7 +318,7 @@ async def _measure(settings: Settings, n: int) -> dict[str, Any]:
 
 def run_known_ab(quick: bool = False, turns: int | None = None) -> dict[str, Any]:
     """``--known-ab``: the same turns without and with the known memories in the
-    extraction call (``extract_known_memories`` 0, then the default), side by side."""
+    extraction call (``KNOWN_MEMORIES`` 0, then the default), side by side."""
     without = run(quick, turns, known=0)
     with_known = run(quick, turns)
     keys = ("llm_calls_per_100_messages", "tokens_per_100_messages", "judgment_calls", "memories_added")
@@ -328,13 +331,14 @@ def run_known_ab(quick: bool = False, turns: int | None = None) -> dict[str, Any
 
 def run(quick: bool = False, turns: int | None = None, known: int | None = None) -> dict[str, Any]:
     """Run the benchmark; prints a table and returns the figures (JSON-able). ``known``
-    overrides ``extract_known_memories``."""
+    overrides the extractor's ``KNOWN_MEMORIES``."""
     n = turns or (QUICK_TURNS if quick else DEFAULT_TURNS)
     workdir = Path(tempfile.mkdtemp(prefix="memstream-bench-extractor-"))
-    extra = {} if known is None else {"extract_known_memories": known}
-    settings = bench_settings(workdir, extract_idle_seconds=0.2, **extra)
+    settings = bench_settings(workdir, extract_idle_seconds=0.2)
+    shown = KNOWN_MEMORIES if known is None else known
     try:
-        figures = asyncio.run(_measure(settings, n))
+        with mock.patch.object(extractor_module, "KNOWN_MEMORIES", shown):  # every extractor the runner makes
+            figures = asyncio.run(_measure(settings, n))
     finally:
         try:
             asyncio.run(delete_topics(settings))
@@ -343,7 +347,7 @@ def run(quick: bool = False, turns: int | None = None, known: int | None = None)
         shutil.rmtree(workdir, ignore_errors=True)
     figures["machine"] = machine_info()
     figures["window_turns"] = settings.extraction.max_new_turns
-    figures["known_memories_shown"] = settings.extraction.known_memories
+    figures["known_memories_shown"] = shown
     print_table(
         f"extractor pipeline, {n:,} turns, instant scripted LLM",
         [

@@ -22,6 +22,7 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from memstream.bench._events import bench_settings, create_topics, delete_topics, machine_info, print_table, status
 from memstream.bench.extractor import ScriptedExtractionModel
@@ -32,6 +33,8 @@ from memstream.projections.embedders import build_embedder
 from memstream.projections.projector import Projector
 from memstream.projections.store import LanceStore
 from memstream.services.extraction import ExtractorRunner
+from memstream.services.extraction import extractor as extractor_module
+from memstream.services.extraction.extractor import KNOWN_MEMORIES
 from memstream.settings import Settings
 from memstream.streams.producers.producer import MemstreamProducer
 
@@ -110,12 +113,13 @@ def run(data: Path, conversations: int = 2) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     for label, known in (("without_known", 0), ("with_known", None)):
         workdir = Path(tempfile.mkdtemp(prefix="memstream-bench-replay-"))
-        extra = {} if known is None else {"extract_known_memories": known}
-        settings = bench_settings(workdir, extract_idle_seconds=0.3, **extra)
+        settings = bench_settings(workdir, extract_idle_seconds=0.3)
         status(f"replaying {sum(map(len, sessions)):,} turns in {len(sessions)} sessions ({label})")
         try:
-            figures[label] = asyncio.run(_replay(settings, sessions))
-            figures[label]["known_memories_shown"] = settings.extraction.known_memories
+            shown = KNOWN_MEMORIES if known is None else known
+            with mock.patch.object(extractor_module, "KNOWN_MEMORIES", shown):  # every extractor the runner makes
+                figures[label] = asyncio.run(_replay(settings, sessions))
+            figures[label]["known_memories_shown"] = shown
         finally:
             try:
                 asyncio.run(delete_topics(settings))

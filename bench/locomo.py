@@ -441,7 +441,7 @@ def _reranker(url: str | None) -> Iterator[Any]:
     with contextlib.ExitStack() as stack:
         if url == "fake":
             url = stack.enter_context(OpenAICompatServer()).base_url
-        reranker = HttpReranker(url, top_n=Settings().embeddings.rerank_candidates)
+        reranker = HttpReranker(url)
         stack.callback(reranker.close)
         yield reranker
 

@@ -48,6 +48,7 @@ from memstream.bench._events import (
     status,
     wait_for_count,
 )
+from memstream.services.projector.service import BATCH_SIZE as PROJECTOR_BATCH_SIZE
 from memstream.settings import Settings
 
 __all__ = [
@@ -234,7 +235,7 @@ def _result(
             "projector_eps": [x["eps"] for x in runs],
         },
         "settings": {
-            "projector_batch_size": settings.worker.projector_batch_size,
+            "projector_batch_size": PROJECTOR_BATCH_SIZE,
             "projector_batch_seconds": settings.worker.projector_batch_seconds,
             "optimize_every_s": settings.storage.optimize_every_s,
         },

@@ -227,11 +227,11 @@ class LogStateCollector(Collector):
 _SEARCH_CACHE_GAUGES = (
     ("spaces", "memstream_search_cache_spaces", "Memory spaces with rows kept for conversation-aware ranking."),
     ("rows", "memstream_search_cache_rows", "Memory rows and turns kept for conversation-aware ranking."),
-    ("rows_max", "memstream_search_cache_rows_max", "Their bound (MEMSTREAM_STORAGE_SEARCH_CACHE_ROWS)."),
+    ("rows_max", "memstream_search_cache_rows_max", "Their bound."),
     ("change_steps", "memstream_search_change_steps", "Table commits whose changes are kept to carry the caches."),
     ("kept_spaces", "memstream_search_kept_spaces", "Memory spaces whose vectors and BM25 index are kept."),
     ("kept_memories", "memstream_search_kept_memories", "Memories whose vector and BM25 postings are kept."),
-    ("kept_memories_max", "memstream_search_kept_memories_max", "Their bound (MEMSTREAM_STORAGE_SEARCH_CACHE_VECTORS)."),
+    ("kept_memories_max", "memstream_search_kept_memories_max", "Their bound."),
     ("kept_bytes", "memstream_search_kept_bytes", "Bytes of the kept vectors, postings and ids."),
 )
 

@@ -155,7 +155,7 @@ class EventConsumer:
             "isolation_level": self._isolation_level,
         }
         options.update(self._consumer_options)
-        bound_inflation(self.streams.broker.max_inflated_batch_bytes)
+        bound_inflation()
         if self.streams.security.sealing and self._keys is None:  # the log is sealed: open what is read
             self._keys = await SubjectKeys(self.streams, client_id=f"{self._client_id}-keys").start()
             self.opener = RecordOpener(self._keys.keyring)

@@ -20,13 +20,16 @@ from memstream.domain.events import (
 )
 from memstream.settings import BrokerSettings
 
-__all__ = ["SHORT_NAMES", "TopicSpec", "Topics", "topic_for", "topic_for_type", "keys_topic_config"]
+__all__ = ["KEYS_SEGMENT_MS", "SHORT_NAMES", "TopicSpec", "Topics", "topic_for", "topic_for_type", "keys_topic_config"]
 
 SHORT_NAMES = ("events", "messages", "pending-reflections", "outcomes", "dead-letter", "ingress", "keys")
 """Every catalogue topic's name without the prefix (what commands accept)."""
 
 _FOREVER = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
 _WEEK_MS = 7 * 24 * 3600 * 1000
+KEYS_SEGMENT_MS = 60_000
+"""Segment roll of the key topic: a forgotten key leaves the broker's disk about a
+minute later (docs/security.md), at the cost of a small segment a minute."""
 
 
 def _finite(retention_ms: int) -> dict[str, str]:
@@ -69,7 +72,7 @@ class Topics:
     partitions: int = 3
     replication_factor: int = 1
     ingress_retention_ms: int = _WEEK_MS
-    keys_segment_ms: int = 60_000
+    keys_segment_ms: int = KEYS_SEGMENT_MS
 
     @classmethod
     def from_settings(cls, broker: BrokerSettings) -> "Topics":
@@ -78,7 +81,6 @@ class Topics:
             broker.partitions,
             broker.replication_factor,
             broker.ingress_retention_ms,
-            broker.keys_segment_ms,
         )
 
     @property

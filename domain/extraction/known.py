@@ -4,7 +4,7 @@ Mem0's phase 1 shows the model the existing memories most similar to the new tur
 the extraction call itself, so it does not extract again what is known and can link a
 new memory to a known one at once. Here the extractor recalls them (the judgment's
 own candidate recall, in the window's scope), :func:`pick_known` keeps the best
-``extract_known_memories`` of them, :func:`render_known` shows them as ``[k1]``...
+``KNOWN_MEMORIES`` (the extractor's) of them, :func:`render_known` shows them as ``[k1]``...
 and :func:`read_known_links` reads the links the model named (``"links": [{"known":
 "k2", "relation": "supersedes"}]`` on a memory). :func:`decide_by_links` turns those
 into the decisions the judgment would otherwise make; the judgment call is kept for the

@@ -125,7 +125,7 @@ class MemoryService:
         self._store: CurrentStore[LanceStore] | None = None  # follows a replay's swap
         self.embedder: Embedder | None = None
         # what searches read, kept between them
-        self.search_cache = SearchCache(settings.storage.search_cache_rows, settings.storage.search_cache_vectors)
+        self.search_cache = SearchCache()
         self.owners = MemoryOwners(self.search_cache)  # the owner check's id -> agent, per space
         self.reranker: HttpReranker | None = build_reranker(settings.embeddings)
         self._offsets: KafkaConsumer | None = None

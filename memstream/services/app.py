@@ -41,6 +41,7 @@ from memstream.services.shards import projects_sharded
 from memstream.settings import BrokerSettings, Settings
 from memstream.streams.admin import topic_partitions
 from memstream.streams.connect import kafka_options
+from memstream.streams.producers.kafka_producer import LINGER_MS, MAX_BATCH_BYTES
 from memstream.streams.records.inflation_bound import bound_inflation
 from memstream.streams.sealing.sealer import register_sealer
 from memstream.streams.topics import Topics
@@ -159,7 +160,7 @@ def build_app(
         raise ValueError(f"unknown service(s) {', '.join(unknown)} (known: {', '.join(SERVICE_NAMES)})")
 
     topics = Topics.from_settings(settings.broker)
-    bound_inflation(settings.broker.max_inflated_batch_bytes)  # every consumer of the worker
+    bound_inflation()  # every consumer of the worker
     app = MemstreamApp(
         settings.worker.app_id,
         broker=broker_urls(settings.broker.bootstrap_servers),
@@ -178,8 +179,8 @@ def build_app(
         producer_acks=-1,
         # Agents emit many small records (reflections, expiries, re-keyed work); a
         # short linger lets the producer batch them instead of one request each.
-        producer_linger=settings.broker.producer_linger_ms / 1000.0,
-        producer_max_batch_size=settings.broker.producer_max_batch_bytes,
+        producer_linger=LINGER_MS / 1000.0,
+        producer_max_batch_size=MAX_BATCH_BYTES,
         web_enabled=False,
         loop=loop,
     )

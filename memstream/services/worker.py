@@ -39,7 +39,7 @@ from memstream.streams.admin import TopicCreationError, ensure_topics
 from memstream.streams.connect import until_reachable
 from memstream.streams.topics import Topics
 
-__all__ = ["WorkerError", "logging_config", "run_worker", "worker_settings", "main"]
+__all__ = ["WorkerError", "logging_config", "run_worker", "main"]
 
 log = logging.getLogger("memstream.services.worker")
 
@@ -104,13 +104,6 @@ def logging_config(level: int) -> dict[str, object]:
     }
 
 
-def worker_settings(settings: Settings) -> Settings:
-    """The settings a worker process opens its tables with: LanceDB's metadata cache
-    bounded by ``worker_lance_metadata_cache_mb`` (the writer reads at its newest
-    version; old versions' manifests in a larger cache are only memory)."""
-    return settings.model_copy(update={"storage.lance_metadata_cache_mb": settings.storage.worker_lance_metadata_cache_mb})
-
-
 def run_worker(
     settings: Settings,
     *,
@@ -125,7 +118,6 @@ def run_worker(
         level = parse_log_level(loglevel)
     except ValueError as exc:
         raise WorkerError(str(exc)) from None
-    settings = worker_settings(settings)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     topics = Topics.from_settings(settings.broker)

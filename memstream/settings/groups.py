@@ -23,13 +23,9 @@ __all__ = [
     "BrokerSettings",
     "EmbeddingSettings",
     "ExtractionSettings",
-    "LANCE_INDEX_CACHE_MB",
-    "LANCE_METADATA_CACHE_MB",
     "OBJECT_SCHEMES",
     "ObjectRoot",
     "READER_GRACE_S",
-    "SEARCH_CACHE_ROWS",
-    "SEARCH_CACHE_VECTORS",
     "SecuritySettings",
     "StorageSettings",
     "WorkerSettings",
@@ -41,18 +37,6 @@ ADVANCED = "advanced"
 
 READER_GRACE_S = 30.0
 """Default of ``storage.reader_grace_s`` (also what a table set opened without settings keeps)."""
-
-LANCE_METADATA_CACHE_MB = 16
-"""Default of ``storage.lance_metadata_cache_mb`` (also what a table set opened without settings keeps)."""
-
-LANCE_INDEX_CACHE_MB = 16
-"""Default of ``storage.lance_index_cache_mb`` (also what a table set opened without settings keeps)."""
-
-SEARCH_CACHE_ROWS = 30_000
-"""Default of ``storage.search_cache_rows``."""
-
-SEARCH_CACHE_VECTORS = 60_000
-"""Default of ``storage.search_cache_vectors``."""
 
 OBJECT_SCHEMES = ("s3://",)
 """Storage roots on an object store (``storage.root``). Only S3 and S3-compatible stores:
@@ -124,21 +108,10 @@ class BrokerSettings(_Group):
     """How long `memstream broker start` waits for the broker to answer."""
     auto_create_topics: bool = advanced(False)
     """Let the local broker create topics on first write (off: a mistyped topic fails loudly)."""
-    producer_linger_ms: int = advanced(5, ge=0)
-    """How long a producer waits to fill a batch."""
-    producer_max_batch_bytes: int = advanced(256 * 1024, ge=1024)
-    """Largest batch a producer sends to one partition."""
-    producer_max_in_flight: int = advanced(10_000, ge=1)
-    """Back-pressure bound: at most this many un-acknowledged sends per SDK producer."""
     max_request_bytes: int = advanced(1_048_576, ge=1024)
     """Largest produce request (and so the largest event)."""
-    max_inflated_batch_bytes: int = advanced(64 * 1024 * 1024, ge=1024 * 1024)
-    """Most that a consumer inflates from one fetch of one partition; a compressed batch
-    past it alone is dead-lettered, not inflated."""
     ingress_retention_ms: int = advanced(7 * 24 * 3600 * 1000, ge=60_000)
     """How long the plaintext ingress topic (and the dead-letter topic) keep records."""
-    keys_segment_ms: int = advanced(60_000, ge=1_000)
-    """Segment roll of the key topic: bounds how long a forgotten key stays on the broker's disk."""
 
     @model_validator(mode="before")
     @classmethod
@@ -180,18 +153,6 @@ class StorageSettings(_Group):
     """Memories in a table before it gets a vector index."""
     optimize_every_s: float = advanced(10.0, gt=0)
     """How often the worker compacts recent fragments and updates the indexes."""
-    compact_after_commits: int = advanced(8, ge=1)
-    """Between maintenance runs, the projector also compacts after this many commits."""
-    lance_metadata_cache_mb: int = advanced(LANCE_METADATA_CACHE_MB, ge=1)
-    """LanceDB metadata cache per open table set in a serving process (docs/benchmarks-history.md)."""
-    lance_index_cache_mb: int = advanced(LANCE_INDEX_CACHE_MB, ge=1)
-    """LanceDB index cache per open table set (raise it when the current indexes are larger)."""
-    worker_lance_metadata_cache_mb: int = advanced(16, ge=1)
-    """LanceDB metadata cache per open table set in the worker."""
-    search_cache_rows: int = advanced(SEARCH_CACHE_ROWS, ge=0)
-    """Memory rows and turns a serving process keeps for conversation-aware ranking (about 0.9 KB each)."""
-    search_cache_vectors: int = advanced(SEARCH_CACHE_VECTORS, ge=0)
-    """Memories whose vector, text and postings a serving process keeps (about 1.7 KB each)."""
 
     @field_validator("root", mode="before")
     @classmethod
@@ -271,12 +232,8 @@ class WorkerSettings(_Group):
     ``<app_id>@<host>[-<instance>]``)."""
     session_timeout_s: float = advanced(10.0, gt=0)
     """With a sharded set: a worker silent this long loses its shards to the others."""
-    projector_batch_size: int = advanced(10_000, ge=1)
-    """Most records the projector writes in one LanceDB commit."""
     projector_batch_seconds: float = advanced(0.2, gt=0)
     """Longest wait of one fetch for new records when the projector is caught up."""
-    projector_linger_s: float = advanced(0.5, ge=0)
-    """While keeping up with a trickle of writes, the projector commits at most this often (0: no linger)."""
     reflection_poll_seconds: float = advanced(5.0, gt=0)
     """How often the reflector looks for decisions with a known outcome."""
     outcome_prices_path: Path | None = advanced(None)
@@ -318,14 +275,10 @@ class ExtractionSettings(_Group):
     """Earlier turns shown to the LLM as context."""
     max_new_turns: int = advanced(10, ge=1)
     """At most this many new turns go into one extraction."""
-    batch_turns: int = advanced(500, ge=1)
-    """Without an LLM: about this many new turns go through the extractor together."""
     max_attempts: int = advanced(5, ge=1)
     """With an LLM: a window that failed this often is stored as the heuristic would store it."""
     retry_budget_s: float = advanced(120.0, gt=0)
     """The longest one window may hold its partition's commit before it falls back."""
-    known_memories: int = advanced(10, ge=0)
-    """Similar existing memories shown in the extraction call (0: none)."""
     prompts_dir: Path | None = advanced(None)
     """A directory of prompt files overriding the built-in ones."""
 
@@ -354,10 +307,6 @@ class EmbeddingSettings(_Group):
     """The reranker's model name."""
     rerank_api_key: SecretStr | None = advanced(None)
     """The reranker's API key."""
-    rerank_candidates: int = advanced(20, ge=2, le=200)
-    """How many of memstream's top results the reranker orders (the rest follow)."""
-    rerank_timeout_s: float = advanced(10.0, gt=0)
-    """Timeout of one rerank call."""
 
     @field_validator("provider", mode="before")
     @classmethod

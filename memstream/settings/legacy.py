@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 __all__ = [
     "RENAMED",
+    "REMOVED",
     "GROUPS",
     "SettingDeprecationWarning",
     "LegacyEnvSource",
@@ -54,11 +55,11 @@ RENAMED: dict[str, str | None] = {
     "kafka_cache_dir": "broker.kafka_cache_dir",
     "broker_start_timeout_s": "broker.start_timeout_s",
     "broker_auto_create_topics": "broker.auto_create_topics",
-    "producer_linger_ms": "broker.producer_linger_ms",
-    "producer_max_batch_bytes": "broker.producer_max_batch_bytes",
-    "producer_max_in_flight": "broker.producer_max_in_flight",
+    "producer_linger_ms": None,
+    "producer_max_batch_bytes": None,
+    "producer_max_in_flight": None,
     "max_request_bytes": "broker.max_request_bytes",
-    "max_inflated_batch_bytes": "broker.max_inflated_batch_bytes",
+    "max_inflated_batch_bytes": None,
     "broker_stop_timeout_s": None,
     "kafka_fetch_timeout_s": None,
     # storage
@@ -74,12 +75,12 @@ RENAMED: dict[str, str | None] = {
     "reader_grace_s": "storage.reader_grace_s",
     "vector_index_threshold": "storage.vector_index_threshold",
     "optimize_every_s": "storage.optimize_every_s",
-    "compact_after_commits": "storage.compact_after_commits",
-    "lance_metadata_cache_mb": "storage.lance_metadata_cache_mb",
-    "lance_index_cache_mb": "storage.lance_index_cache_mb",
-    "worker_lance_metadata_cache_mb": "storage.worker_lance_metadata_cache_mb",
-    "search_cache_rows": "storage.search_cache_rows",
-    "search_cache_vectors": "storage.search_cache_vectors",
+    "compact_after_commits": None,
+    "lance_metadata_cache_mb": None,
+    "lance_index_cache_mb": None,
+    "worker_lance_metadata_cache_mb": None,
+    "search_cache_rows": None,
+    "search_cache_vectors": None,
     # api
     "api_host": "api.host",
     "api_port": "api.port",
@@ -96,9 +97,9 @@ RENAMED: dict[str, str | None] = {
     "app_id": "worker.app_id",
     "worker_instance": "worker.instance",
     "worker_session_timeout_s": "worker.session_timeout_s",
-    "projector_batch_size": "worker.projector_batch_size",
+    "projector_batch_size": None,
     "projector_batch_seconds": "worker.projector_batch_seconds",
-    "projector_linger_s": "worker.projector_linger_s",
+    "projector_linger_s": None,
     "projector_decode_process": None,
     "reflection_poll_seconds": "worker.reflection_poll_seconds",
     "outcome_prices_path": "worker.outcome_prices_path",
@@ -124,10 +125,10 @@ RENAMED: dict[str, str | None] = {
     "extract_idle_seconds": "extraction.idle_seconds",
     "extract_background_turns": "extraction.background_turns",
     "extract_max_new_turns": "extraction.max_new_turns",
-    "extract_batch_turns": "extraction.batch_turns",
+    "extract_batch_turns": None,
     "extract_max_attempts": "extraction.max_attempts",
     "extract_retry_budget_s": "extraction.retry_budget_s",
-    "extract_known_memories": "extraction.known_memories",
+    "extract_known_memories": None,
     "prompts_dir": "extraction.prompts_dir",
     "llm_mode_ttl_s": None,
     "dedup_candidates_k": None,
@@ -142,8 +143,8 @@ RENAMED: dict[str, str | None] = {
     "rerank_url": "embeddings.rerank_url",
     "rerank_model": "embeddings.rerank_model",
     "rerank_api_key": "embeddings.rerank_api_key",
-    "rerank_candidates": "embeddings.rerank_candidates",
-    "rerank_timeout_s": "embeddings.rerank_timeout_s",
+    "rerank_candidates": None,
+    "rerank_timeout_s": None,
     "embedding_threads": None,
     "embedding_parallel_runs": None,
     # security
@@ -153,8 +154,32 @@ RENAMED: dict[str, str | None] = {
     "master_key_file": "security.master_key_file",
     "worker_key_file": "security.worker_key_file",
     "ingress_retention_ms": "broker.ingress_retention_ms",
-    "keys_segment_ms": "broker.keys_segment_ms",
+    "keys_segment_ms": None,
 }
+
+REMOVED = (
+    "broker.producer_linger_ms",
+    "broker.producer_max_batch_bytes",
+    "broker.producer_max_in_flight",
+    "broker.max_inflated_batch_bytes",
+    "broker.keys_segment_ms",
+    "storage.compact_after_commits",
+    "storage.lance_metadata_cache_mb",
+    "storage.lance_index_cache_mb",
+    "storage.worker_lance_metadata_cache_mb",
+    "storage.search_cache_rows",
+    "storage.search_cache_vectors",
+    "worker.projector_batch_size",
+    "worker.projector_linger_s",
+    "extraction.batch_turns",
+    "extraction.known_memories",
+    "embeddings.rerank_candidates",
+    "embeddings.rerank_timeout_s",
+)
+"""Grouped settings of the last release that became constants in the module that uses
+them: their variables (``MEMSTREAM_BROKER_PRODUCER_LINGER_MS``) are ignored with a
+warning too, not silently."""
+RENAMED.update({path.replace(".", "_"): None for path in REMOVED})
 
 
 class SettingDeprecationWarning(FutureWarning):

@@ -35,12 +35,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from memstream.settings.groups import (
     ADVANCED,
-    LANCE_INDEX_CACHE_MB,
-    LANCE_METADATA_CACHE_MB,
     OBJECT_SCHEMES,
     READER_GRACE_S,
-    SEARCH_CACHE_ROWS,
-    SEARCH_CACHE_VECTORS,
     ApiSettings,
     BrokerSettings,
     EmbeddingSettings,
@@ -77,10 +73,6 @@ __all__ = [
     "CONFIG_FILE",
     "HOME_RELATIVE_PATHS",
     "READER_GRACE_S",
-    "LANCE_INDEX_CACHE_MB",
-    "LANCE_METADATA_CACHE_MB",
-    "SEARCH_CACHE_ROWS",
-    "SEARCH_CACHE_VECTORS",
 ]
 
 ENV_PREFIX = "MEMSTREAM_"

@@ -42,9 +42,8 @@ from memstream.domain.events import Scope
 from memstream.projections.schema import ENTITIES, MEMORIES, MESSAGES
 from memstream.projections.search.results import READ_COLUMNS, rows_of, shared
 from memstream.projections.search.turns import SessionMemories, SessionTurns, Turn
-from memstream.projections.search.vectors import VectorCache
+from memstream.projections.search.vectors import VECTORS_MAX_ROWS, VectorCache
 from memstream.projections.search.table_changes import Changes, SpaceChanges, TableChanges
-from memstream.settings import SEARCH_CACHE_ROWS, SEARCH_CACHE_VECTORS
 
 __all__ = [
     "READ_NOT_BEFORE",
@@ -91,10 +90,9 @@ _UNTOUCHED = SpaceChanges(frozenset(), frozenset())
 SpaceKey = tuple[str, str, str, str]
 """(store directory, team, user, pinned agent or ""): what one cache entry belongs to."""
 
-CACHE_MAX_ROWS = SEARCH_CACHE_ROWS
+CACHE_MAX_ROWS = 30_000
 """Memory rows and turns kept over every memory space together by default (about 0.9
-KB of Python objects each, turns and memories together: about 27 MB;
-``storage.search_cache_rows``)."""
+KB of Python objects each, turns and memories together: about 27 MB)."""
 
 FACTS_MAX = 4096
 """Most memory spaces whose speakers and counts are kept (and entity names per space)."""
@@ -215,7 +213,7 @@ class SearchCache:
     facts (speakers, sizes, entity counts): the state hybrid search keeps between
     searches. One per serving process; results are the same with a cold one."""
 
-    def __init__(self, max_rows: int = CACHE_MAX_ROWS, max_vectors: int = SEARCH_CACHE_VECTORS) -> None:
+    def __init__(self, max_rows: int = CACHE_MAX_ROWS, max_vectors: int = VECTORS_MAX_ROWS) -> None:
         self.max_rows = max_rows
         self._lock = threading.Lock()
         self._spaces = _Registry()

@@ -26,7 +26,13 @@ import httpx
 from memstream.projections.search.results import SearchResult
 from memstream.settings import EmbeddingSettings
 
-__all__ = ["HttpReranker", "RerankError", "build_reranker", "rerank_endpoint"]
+__all__ = ["RERANK_CANDIDATES", "RERANK_TIMEOUT_S", "HttpReranker", "RerankError", "build_reranker", "rerank_endpoint"]
+
+RERANK_CANDIDATES = 20
+"""How many of memstream's top results the reranker orders (the rest follow): a cross-
+encoder's cost grows with each one, and a search rarely asks for more than ten."""
+RERANK_TIMEOUT_S = 10.0
+"""Timeout of one rerank call; past it memstream's own order is kept (logged)."""
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +77,8 @@ class HttpReranker:
         *,
         model: str | None = None,
         api_key: str | None = None,
-        top_n: int = 20,
-        timeout_s: float = 10.0,
+        top_n: int = RERANK_CANDIDATES,
+        timeout_s: float = RERANK_TIMEOUT_S,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.endpoint = rerank_endpoint(url)
@@ -119,10 +125,4 @@ def build_reranker(config: EmbeddingSettings) -> HttpReranker | None:
     if not config.rerank_url:
         return None
     key = config.rerank_api_key.get_secret_value() if config.rerank_api_key is not None else None
-    return HttpReranker(
-        config.rerank_url,
-        model=config.rerank_model,
-        api_key=key,
-        top_n=config.rerank_candidates,
-        timeout_s=config.rerank_timeout_s,
-    )
+    return HttpReranker(config.rerank_url, model=config.rerank_model, api_key=key)

@@ -34,15 +34,14 @@ from memstream.projections.search.growing import Buffer
 from memstream.projections.schema import MEMORIES
 from memstream.projections.search.lexical import SpaceText, best_rows
 from memstream.projections.store import LanceStore, space_where
-from memstream.settings import SEARCH_CACHE_VECTORS
 
 __all__ = ["SPACE_MAX_VECTORS", "VECTORS_MAX_ROWS", "SpaceVectors", "VectorCache", "read_space_vectors"]
 
 SPACE_MAX_VECTORS = 20_000
 """Largest space whose vectors are kept (a bigger one is searched by LanceDB)."""
-VECTORS_MAX_ROWS = SEARCH_CACHE_VECTORS
+VECTORS_MAX_ROWS = 60_000
 """Memories kept over every space together by default (a vector of 384 float32, its
-text and about a dozen BM25 postings each: about 100 MB; ``storage.search_cache_vectors``)."""
+text and about a dozen BM25 postings each: about 100 MB in a serving process)."""
 
 _COLUMNS = ("memory_id", "session_id", "source_message_ids", "content", "vector")
 

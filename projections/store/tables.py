@@ -23,9 +23,17 @@ from memstream.projections.store.object_paths import RootPath, as_path, lance_op
 from memstream.projections.schema import MEMORIES, TABLE_NAMES, schema_for
 from memstream.projections.store.filters import EmbedderMismatchError, StoreError, chunked, in_list
 from memstream.projections.store.table_sets import TableSets
-from memstream.settings import LANCE_INDEX_CACHE_MB, LANCE_METADATA_CACHE_MB, READER_GRACE_S, StorageSettings
+from memstream.settings import READER_GRACE_S, StorageSettings
 
-__all__ = ["StoreTables", "json_or_none"]
+__all__ = ["LANCE_INDEX_CACHE_MB", "LANCE_METADATA_CACHE_MB", "StoreTables", "json_or_none"]
+
+LANCE_METADATA_CACHE_MB = 16
+"""LanceDB's metadata cache per open table set, reader or writer: both read at the newest
+version, so old versions' manifests in a larger cache are only memory (the growth it
+stopped is in docs/benchmarks-history.md)."""
+LANCE_INDEX_CACHE_MB = 16
+"""LanceDB's index cache per open table set: 64 MB searched no faster on 100,000
+memories and kept growing (docs/benchmarks-history.md)."""
 
 
 def json_or_none(text: str | None) -> Any:
@@ -62,8 +70,7 @@ class StoreTables:
         tables beside the writer without racing it to create them. ``reader_grace``:
         how long a replaced table version stays for readers (``storage.reader_grace_s``);
         ``metadata_cache_bytes`` / ``index_cache_bytes``: the bounds of LanceDB's
-        metadata and index caches for these tables (``storage.lance_metadata_cache_mb``,
-        ``storage.lance_index_cache_mb``)."""
+        metadata and index caches for these tables."""
         self.root: RootPath = as_path(root)
         if create:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -127,8 +134,6 @@ class StoreTables:
             vector_index_threshold=storage.vector_index_threshold,
             reader_grace=timedelta(seconds=storage.reader_grace_s),
             create=create,
-            metadata_cache_bytes=storage.lance_metadata_cache_mb << 20,
-            index_cache_bytes=storage.lance_index_cache_mb << 20,
         )
 
     def _open(self, name: str) -> Any | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -10,7 +11,27 @@ from aiokafka.partitioner import DefaultPartitioner, murmur2
 from memstream.settings import BrokerSettings
 from memstream.streams.clients import create_producer
 
-__all__ = ["KeyPartitioner", "create_kafka_producer"]
+__all__ = ["LINGER_MS", "MAX_BATCH_BYTES", "MAX_IN_FLIGHT", "Batching", "KeyPartitioner", "create_kafka_producer"]
+
+LINGER_MS = 5
+"""How long a producer waits to fill a batch: a burst of small events shares a request,
+while a lone write waits only a few milliseconds."""
+MAX_BATCH_BYTES = 256 * 1024
+"""Largest batch a producer sends to one partition: many small events per request, well
+under the broker's request bound (``broker.max_request_bytes``)."""
+MAX_IN_FLIGHT = 10_000
+"""Back-pressure bound of one SDK producer: a fleet's burst is pipelined, yet what it
+buffers stays a few MB instead of growing without limit."""
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How a producer batches its sends and how many it leaves un-acknowledged (the
+    constants above; a bulk loader or a test passes its own)."""
+
+    linger_ms: int = LINGER_MS
+    max_batch_bytes: int = MAX_BATCH_BYTES
+    max_in_flight: int = MAX_IN_FLIGHT
 
 
 class KeyPartitioner:
@@ -45,6 +66,7 @@ def create_kafka_producer(
     compression_type: str | None = None,
     transactional_id: str | None = None,
     partitioner: KeyPartitioner | None = None,
+    batching: Batching = Batching(),
 ) -> AIOKafkaProducer:
     """The one aiokafka producer configuration memstream writes with.
 
@@ -63,8 +85,8 @@ def create_kafka_producer(
         client_id=client_id,
         enable_idempotence=True,
         acks="all",
-        linger_ms=broker.producer_linger_ms,
-        max_batch_size=broker.producer_max_batch_bytes,
+        linger_ms=batching.linger_ms,
+        max_batch_size=batching.max_batch_bytes,
         max_request_size=broker.max_request_bytes,
         compression_type=compression_type,
         partitioner=partitioner or KeyPartitioner(),

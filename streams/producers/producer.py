@@ -2,11 +2,10 @@
 
 Why a wrapper around aiokafka rather than "use any Kafka client": the log is the source
 of truth, so every write must be *durable* (idempotent producer, ``acks=all``, the call
-returns only once the broker has the record), must use the one wire format
-(:mod:`memstream.codec.wire`) and key (the memory space, so one space stays
-ordered), and a fast agent fleet must not be able to buffer without limit: at most
-``settings.broker.producer_max_in_flight`` sends are un-acknowledged at any time, and further
-sends wait (back-pressure) instead of growing memory.
+returns only once the broker has the record), must use the one wire format and key
+(:mod:`memstream.codec.wire`; the memory space, so one space stays ordered), and a fast
+agent fleet must not buffer without limit: at most ``Batching.max_in_flight`` sends
+are un-acknowledged at any time, further ones wait (back-pressure).
 
 Two front doors share one implementation:
 
@@ -52,7 +51,7 @@ from memstream.streams.sealing.sealed_records import PLAIN_TYPES, header_of, sea
 from memstream.codec.wire import EncodedRecord, EncodeError, encode_event
 from memstream.domain.extraction.dedup import content_memory_id
 from memstream.streams.trust.worker_identity import memory_ids_key, signed_headers
-from memstream.streams.producers.kafka_producer import KeyPartitioner, create_kafka_producer
+from memstream.streams.producers.kafka_producer import Batching, KeyPartitioner, create_kafka_producer
 from memstream.streams.topics import Topics, topic_for
 
 __all__ = [
@@ -141,6 +140,7 @@ class MemstreamProducer:
         compression_type: str | None = None,
         signing_key: bytes | None = None,
         keys: SubjectKeys | None = None,
+        batching: Batching = Batching(),
     ) -> None:
         """``streams``: ``Settings.streams`` (default: the ``MEMSTREAM_*`` settings). ``signing_key``:
         the worker's key (``memstream.streams.trust.worker_identity``); only the worker passes it, so
@@ -150,7 +150,7 @@ class MemstreamProducer:
         self.bootstrap_servers = bootstrap_servers or self.streams.broker.bootstrap_servers
         self.topics = topics or Topics.from_settings(self.streams.broker)
         self.client_id = client_id
-        self._compression_type = compression_type
+        self._compression_type, self._batching = compression_type, batching
         self._signing_key = signing_key
         # a client that may write only the ingress: plaintext there, sealed by the worker
         self._via_ingress = self.streams.security.produce_via_ingress and signing_key is None
@@ -184,7 +184,7 @@ class MemstreamProducer:
             bootstrap_servers=self.bootstrap_servers,
             client_id=self.client_id,
             compression_type=self._compression_type,
-            partitioner=self._partitioner,
+            partitioner=self._partitioner, batching=self._batching,
         )
         try:
             if self._own_keys:
@@ -194,7 +194,7 @@ class MemstreamProducer:
             await producer.stop()
             await self._stop_keys()
             raise
-        self._in_flight = asyncio.Semaphore(self.streams.broker.producer_max_in_flight)
+        self._in_flight = asyncio.Semaphore(self._batching.max_in_flight)
         self._producer = producer
         log.debug("producer %s connected to %s", self.client_id, self.bootstrap_servers)
 
@@ -283,7 +283,7 @@ class MemstreamProducer:
     async def send_encoded(self, topic: str, record: EncodedRecord) -> asyncio.Future[LogPosition]:
         """Enqueue an already encoded record; the returned future resolves on the ack.
 
-        Blocks (back-pressure) while ``producer_max_in_flight`` sends are
+        Blocks (back-pressure) while ``batching.max_in_flight`` sends are
         un-acknowledged. Use :meth:`send_nowait` unless you hold raw records.
         """
         producer = self._require()

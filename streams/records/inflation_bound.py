@@ -5,7 +5,7 @@ zeros gzip to about 200 KB. aiokafka inflates a whole batch inside its fetcher, 
 any of our code sees a record, so a size check on records comes too late. This module
 replaces the one step where aiokafka parses a fetch response into batches
 (:class:`BoundedMemoryRecords` in place of ``MemoryRecords``): a compressed v2 batch is
-inflated here first, under ``MEMSTREAM_BROKER_MAX_INFLATED_BATCH_BYTES``.
+inflated here first, under :data:`MAX_INFLATED_BATCH_BYTES`.
 
 * gzip is inflated incrementally (``zlib`` with ``max_length``) and given up the moment
   the output passes the bound; a batch within it is handed on already inflated, so
@@ -35,9 +35,13 @@ from aiokafka import codec as _codecs
 from aiokafka.record.default_records import DefaultRecord, DefaultRecordBatch
 from aiokafka.record.memory_records import MemoryRecords
 
-__all__ = ["HEADER", "BoundedMemoryRecords", "Refused", "bound_inflation", "inflate_batch", "refusal"]
+__all__ = ["HEADER", "MAX_INFLATED_BATCH_BYTES", "BoundedMemoryRecords", "Refused", "bound_inflation", "inflate_batch", "refusal"]
 
 HEADER = "memstream-inflation-refused"
+
+MAX_INFLATED_BATCH_BYTES = 64 * 1024 * 1024
+"""Most one fetch of one partition inflates to: 64 times the default largest request
+(``broker.max_request_bytes``), far above real events' batches, and all a bomb can cost."""
 
 _CODECS = {1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
 # The most one compressed byte can become (snappy: a 3-byte copy tag makes 64 bytes; lz4:
@@ -85,7 +89,7 @@ def inflate_batch(batch: bytes | memoryview, limit: int) -> bytearray | Refused 
         if worst > limit:
             return Refused(
                 f"a {name} batch of {len(body)} bytes may inflate past the bound of {limit} bytes "
-                f"(MEMSTREAM_BROKER_MAX_INFLATED_BATCH_BYTES; only gzip is inflated under a bound)",
+                "(only gzip is inflated under a bound)",
                 True,
             )
         return worst
@@ -95,7 +99,7 @@ def inflate_batch(batch: bytes | memoryview, limit: int) -> bytearray | Refused 
     except zlib.error as exc:
         return Refused(f"a gzip batch that does not inflate: {exc}", False)
     if not done:
-        return Refused(f"a gzip batch inflating past the bound of {limit} bytes (MEMSTREAM_BROKER_MAX_INFLATED_BATCH_BYTES)", True)
+        return Refused(f"a gzip batch inflating past the bound of {limit} bytes", True)
     attributes = struct.unpack_from(">h", out, _ATTRIBUTES_AT)[0]
     struct.pack_into(">h", out, _ATTRIBUTES_AT, attributes & ~_CODEC_MASK)
     struct.pack_into(">i", out, _LENGTH_AT, len(out) - _LOG_OVERHEAD)
@@ -169,7 +173,7 @@ class BoundedMemoryRecords:
     the next one starts at that batch, with the whole bound; a batch past the whole
     bound is refused."""
 
-    limit = 64 * 1024 * 1024
+    limit = MAX_INFLATED_BATCH_BYTES
 
     def __init__(self, bytes_data: bytes) -> None:
         self._buffer = bytes_data
@@ -217,14 +221,15 @@ class BoundedMemoryRecords:
         return _Inflated(batch, got)
 
 
-def bound_inflation(limit: int) -> None:
+def bound_inflation(limit: int | None = None) -> None:
     """Make every aiokafka consumer of this process read through
-    :class:`BoundedMemoryRecords`, bounded at ``limit`` bytes per batch (idempotent)."""
+    :class:`BoundedMemoryRecords`, bounded at ``limit`` bytes per batch (default:
+    :data:`MAX_INFLATED_BATCH_BYTES`, read at each call; idempotent)."""
     # The one hook into aiokafka: its fetcher parses each response with the name
     # MemoryRecords it imported (aiokafka 0.14, consumer/fetcher.py; pinned <0.15 in
     # pyproject.toml, and tests/streams/records/test_inflation_bound.py fails when that changes).
     current = getattr(_fetcher, "MemoryRecords", None)
     if current is not MemoryRecords and current is not BoundedMemoryRecords:
         raise RuntimeError("aiokafka's fetcher no longer parses with MemoryRecords: the inflation bound cannot apply")
-    BoundedMemoryRecords.limit = limit
+    BoundedMemoryRecords.limit = MAX_INFLATED_BATCH_BYTES if limit is None else limit
     _fetcher.MemoryRecords = BoundedMemoryRecords  # type: ignore[misc]

@@ -329,7 +329,7 @@ class SubjectKeys:
             self._roll = asyncio.create_task(self._roll_later(), name="memstream-keys-roll")
 
     async def _roll_later(self) -> None:
-        await asyncio.sleep(self._streams.broker.keys_segment_ms / 1000 + 1)
+        await asyncio.sleep(self._topics.keys_segment_ms / 1000 + 1)
         try:
             await self._send(ROLL_KEY, b"{}")
         except Exception:

@@ -36,6 +36,7 @@ from memstream.streams.sealing.keys import SubjectKeys
 from memstream.streams.records.codec import refused_letter, screen
 from memstream.streams.trust.worker_identity import HEADER as SIGNATURE_HEADER
 from memstream.streams.sealing.sealed_records import PLAIN_TYPES, NotAnEvent, ingress_header, seal_value
+from memstream.streams.producers.kafka_producer import LINGER_MS
 from memstream.sealing import Subject
 from memstream.streams.topics import Topics, topic_for_type
 
@@ -65,7 +66,7 @@ class IngressSealer:
     async def run(self, *, until_idle: bool = False) -> None:
         """Seal until cancelled (or, with ``until_idle``, until a poll finds nothing)."""
         broker = self._streams.broker
-        bound_inflation(broker.max_inflated_batch_bytes)
+        bound_inflation()
         consumer = AIOKafkaConsumer(
             self._topics.ingress,
             **kafka_options(broker),
@@ -79,7 +80,7 @@ class IngressSealer:
             client_id="memstream-sealer",
             enable_idempotence=True,
             acks="all",
-            linger_ms=broker.producer_linger_ms,
+            linger_ms=LINGER_MS,
             max_request_size=broker.max_request_bytes,
         )
         admin = AIOKafkaAdminClient(**kafka_options(broker), client_id="memstream-sealer-admin")

@@ -18,6 +18,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from memstream.domain.log import LogPosition
 from memstream import metrics
 from memstream.interfaces.api import openapi_spec
+from memstream.projections.search.cache import CACHE_MAX_ROWS
+from memstream.projections.search.vectors import VECTORS_MAX_ROWS
 from memstream.settings.model import Settings
 
 from tests.interfaces.iface_stack import Stack
@@ -313,8 +315,8 @@ async def test_health_metrics_and_unknown_routes(stack: Stack, client: httpx.Asy
     assert gauges["memstream_search_kept_memories"] >= 1 and gauges["memstream_search_kept_bytes"] > 0
     assert gauges["memstream_search_kept_spaces"] >= 1 and gauges["memstream_search_cache_spaces"] >= 1
     assert "memstream_search_change_steps" in gauges
-    assert gauges["memstream_search_cache_rows_max"] == stack.settings.storage.search_cache_rows
-    assert gauges["memstream_search_kept_memories_max"] == stack.settings.storage.search_cache_vectors
+    assert gauges["memstream_search_cache_rows_max"] == CACHE_MAX_ROWS
+    assert gauges["memstream_search_kept_memories_max"] == VECTORS_MAX_ROWS
     assert 'memstream_events_in_total{interface="api",type="MemoryAdded"}' in text
     events = stack.topics.events
     assert f'memstream_log_end_offset{{partition="0",topic="{events}"}}' in text

@@ -13,6 +13,7 @@ What must hold:
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import random
 import signal
@@ -20,7 +21,9 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import lancedb
 import pytest
@@ -49,13 +52,21 @@ CATCH_UP_TIMEOUT_S = 90.0
 # --- helpers ---------------------------------------------------------------------------
 
 
+PROJECTOR = "memstream.services.projector.service"
+RUNTIME = "memstream.services.projector.runtime"
+
+
 class WorkerProcess:
     """``python -m memstream.services.worker`` for one settings object, started and
-    stopped (or killed) on demand; its log goes to a file for post-mortems."""
+    stopped (or killed) on demand; its log goes to a file for post-mortems.
+    ``constants`` (``{"module:NAME": value}``) are set in the worker process before it
+    runs, as ``monkeypatch.setattr`` would in this one (a tuning constant a test needs
+    smaller or larger)."""
 
-    def __init__(self, settings: Settings, workdir: Path) -> None:
+    def __init__(self, settings: Settings, workdir: Path, constants: Mapping[str, Any] | None = None) -> None:
         self.settings = settings
         self.workdir = workdir
+        self.constants = dict(constants or {})
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -69,23 +80,32 @@ class WorkerProcess:
             MEMSTREAM_WORKER_APP_ID=s.worker.app_id,
             MEMSTREAM_STORAGE_ROOT=str(s.storage.root),
             MEMSTREAM_HOME=str(s.home),
-            MEMSTREAM_WORKER_PROJECTOR_BATCH_SIZE=str(s.worker.projector_batch_size),
             MEMSTREAM_WORKER_PROJECTOR_BATCH_SECONDS=str(s.worker.projector_batch_seconds),
             MEMSTREAM_STORAGE_OPTIMIZE_EVERY_S=str(s.storage.optimize_every_s),
-            MEMSTREAM_STORAGE_COMPACT_AFTER_COMMITS=str(s.storage.compact_after_commits),
-            MEMSTREAM_WORKER_PROJECTOR_LINGER_S=str(s.worker.projector_linger_s),
             MEMSTREAM_STORAGE_READER_GRACE_S=str(s.storage.reader_grace_s),
             MEMSTREAM_EMBEDDINGS_PROVIDER=s.embeddings.provider,
             MEMSTREAM_EMBEDDINGS_DIM=str(s.embeddings.dim),
         )
         return env
 
+    def command(self) -> list[str]:
+        args = ["--services", "projector"]
+        if not self.constants:
+            return [sys.executable, "-m", "memstream.services.worker", *args]
+        lines = ["import importlib, sys", "from memstream.services.worker import main"]
+        for target, value in self.constants.items():
+            module, name = target.split(":")
+            assert hasattr(importlib.import_module(module), name), target  # a stale name fails here, not silently
+            lines.append(f"setattr(importlib.import_module({module!r}), {name!r}, {value!r})")
+        lines.append(f"sys.exit(main({args!r}))")
+        return [sys.executable, "-c", "\n".join(lines)]
+
     def start(self) -> None:
         assert self.proc is None or self.proc.poll() is not None
         self.starts += 1
         log = open(self.workdir / f"worker-{self.starts}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "memstream.services.worker", "--services", "projector"],
+            self.command(),
             cwd=self.workdir,  # no stray .env file is read
             env=self.env(),
             stdout=log,
@@ -255,8 +275,8 @@ async def read_dead_letters(settings: Settings, topic: str) -> list:
 def make_worker(tmp_path: Path):  # type: ignore[no-untyped-def]
     workers: list[WorkerProcess] = []
 
-    def make(settings: Settings) -> WorkerProcess:
-        w = WorkerProcess(settings, tmp_path)
+    def make(settings: Settings, constants: Mapping[str, Any] | None = None) -> WorkerProcess:
+        w = WorkerProcess(settings, tmp_path, constants)
         workers.append(w)
         return w
 
@@ -271,8 +291,8 @@ def make_worker(tmp_path: Path):  # type: ignore[no-untyped-def]
 async def test_events_become_searchable_bad_records_are_dead_lettered(
     fresh_topics: Topics, settings_for, make_worker  # type: ignore[no-untyped-def]
 ) -> None:
-    settings = settings_for(fresh_topics, projector_batch_size=200, projector_batch_seconds=0.1)
-    worker = make_worker(settings)
+    settings = settings_for(fresh_topics, projector_batch_seconds=0.1)
+    worker = make_worker(settings, {f"{PROJECTOR}:BATCH_SIZE": 200})
     worker.start()
 
     alice = Scope(team_id="acme", user_id="alice")
@@ -413,13 +433,12 @@ async def test_sigkill_under_load_equals_a_full_replay(
 ) -> None:
     settings = settings_for(
         fresh_topics,
-        projector_batch_size=300,
         projector_batch_seconds=0.1,
         optimize_every_s=2.0,  # maintenance runs (and may get killed) too:
         reader_grace_s=10.0,  # compactions, index updates beside the writer, cleanups
         embedder="local",  # thousands of memories to project between kills: the fast one
     )
-    worker = make_worker(settings)
+    worker = make_worker(settings, {f"{PROJECTOR}:BATCH_SIZE": 300})
     expected: dict[str, set[str]] = {"memories": set(), "messages": set()}
     bad: list[tuple[int, int]] = []
     kills_done = asyncio.Event()
@@ -488,10 +507,8 @@ async def test_a_trickle_of_writes_is_committed_together_within_the_linger(
     fresh_topics: Topics, settings_for, make_worker  # type: ignore[no-untyped-def]
 ) -> None:
     # Maintenance (which prunes position rows) never runs here: every commit keeps its row.
-    settings = settings_for(
-        fresh_topics, projector_linger_s=5.0, optimize_every_s=600.0, compact_after_commits=1_000, embedder="local"
-    )
-    worker = make_worker(settings)
+    settings = settings_for(fresh_topics, optimize_every_s=600.0, embedder="local")
+    worker = make_worker(settings, {f"{PROJECTOR}:LINGER_S": 5.0, f"{RUNTIME}:COMPACT_AFTER_COMMITS": 1_000})
     worker.start()
     alice = Scope(team_id="acme", user_id="alice")
     async with MemstreamProducer(settings.streams) as producer:

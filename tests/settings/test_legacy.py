@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from memstream.settings.model import Settings, load_settings
-from memstream.settings.legacy import RENAMED, SettingDeprecationWarning, env_name
+from memstream.settings.legacy import REMOVED, RENAMED, SettingDeprecationWarning, env_name
 
 
 @pytest.fixture
@@ -63,10 +63,18 @@ def test_the_new_name_wins_over_the_old_one(clean_env: Path, monkeypatch: pytest
         assert Settings().broker.partitions == 9
 
 
-def test_a_removed_setting_is_ignored_with_a_warning(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MEMSTREAM_GC_THRESHOLD", "1")
-    with pytest.warns(SettingDeprecationWarning, match="no longer a setting"):
+@pytest.mark.parametrize("removed", sorted(o for o, new in RENAMED.items() if new is None))
+def test_a_removed_setting_is_ignored_with_a_warning(removed: str, clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(f"MEMSTREAM_{removed.upper()}", "1")
+    with pytest.warns(SettingDeprecationWarning, match=f"MEMSTREAM_{removed.upper()} is deprecated: it is no longer a setting"):
         assert Settings() == Settings.model_validate({})
+
+
+@pytest.mark.parametrize("path", REMOVED)
+def test_a_setting_turned_constant_is_gone_from_its_group_and_its_grouped_name_warns(path: str) -> None:
+    group, name = path.split(".")
+    assert name not in type(getattr(Settings.model_construct(), group)).model_fields
+    assert RENAMED[path.replace(".", "_")] is None  # so the test above warns for MEMSTREAM_<GROUP>_<FIELD>
 
 
 def test_old_names_in_the_home_config_file_are_read_too(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -97,8 +105,8 @@ def test_an_old_keyword_beats_a_new_variable_as_any_keyword_beats_the_environmen
 
 
 def test_old_keywords_attributes_and_copies_reach_the_groups(clean_env: Path) -> None:
-    settings = Settings(partitions=6, embedder="local", extract_known_memories=2)
-    assert (settings.broker.partitions, settings.embeddings.provider, settings.extraction.known_memories) == (6, "local", 2)
+    settings = Settings(partitions=6, embedder="local", extract_max_attempts=2)
+    assert (settings.broker.partitions, settings.embeddings.provider, settings.extraction.max_attempts) == (6, "local", 2)
     assert settings.partitions == 6  # type: ignore[attr-defined]
     copy = settings.model_copy(update={"partitions": 4, "storage.sharded": True})
     assert (copy.broker.partitions, copy.storage.sharded, settings.broker.partitions) == (4, True, 6)

@@ -102,6 +102,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+KNOWN_MEMORIES = 10
+"""Similar existing memories shown in the extraction call: enough to link and skip repeats."""
 
 
 class Extractor:
@@ -138,6 +140,7 @@ class Extractor:
         self.embedder = embedder
         self.store = store
         self.producer = producer
+        self.known_memories = KNOWN_MEMORIES  # a test or benchmark may show fewer (0: none)
         self.sources: SourceKeys | None = None
         """With sealing on: the check that a window's keys are still held before its
         events are sealed (set by the runner, which shares the producer's keyring)."""
@@ -318,7 +321,7 @@ class Extractor:
         """The memories of the turns' agent closest to the window's new turns, for the
         extraction call: the judgment's candidate recall (same scope), by the turns' vectors (one
         embedding call) else by full text; none if recall is off or fails."""
-        limit = self.settings.extraction.known_memories
+        limit = self.known_memories
         turns = run.window.new_turns
         if not limit or self._recall is None or not turns:
             return []

@@ -69,6 +69,9 @@ MAX_CONCURRENT_BATCHES = 3
 but for its lookup, embedding call and produce; other batches fill those waits, and
 beyond that they only take turns on the interpreter lock (the choice is measured in
 docs/benchmarks-history.md)."""
+BATCH_TURNS = 500
+"""Without an LLM: about this many new turns go through the extractor together (one
+lookup, embedding call and produce per batch instead of per window)."""
 _POLL_MS = 200
 _STOP_GRACE_S = 5.0
 
@@ -213,13 +216,13 @@ class ExtractorRunner:
             # until a session has enough of them, or falls idle, would only delay them
             # (by up to ``extract_idle_seconds``). Every turn read is due at once, and
             # the turns read together are extracted together, across sessions, in
-            # batches of about ``extract_batch_turns``. A session's pending turns go
+            # batches of about ``BATCH_TURNS``. A session's pending turns go
             # in one window, not ``extract_max_new_turns`` at a time (a bound the
             # LLM's prompt needs): one session at a time is in flight, so a session
             # read in one burst would be extracted in a chain of sequential batches,
             # and the longest session would set the pace.
             self.buffer.min_new = 1
-            self.buffer.max_new = max(self.buffer.max_new, settings.extraction.batch_turns)
+            self.buffer.max_new = max(self.buffer.max_new, BATCH_TURNS)
             self.buffer.retry_budget_s = None  # the heuristic makes no call that could stall
             self._batching = True
             if self._concurrency_arg is None:
@@ -379,7 +382,7 @@ class ExtractorRunner:
                 started.append(self._start_job([job]))
         while len(self._computing) < self.concurrency and len(self._jobs) < 2 * self.concurrency:
             if self._batching:
-                jobs = self.buffer.due(flush=flush, max_turns=self.settings.extraction.batch_turns)
+                jobs = self.buffer.due(flush=flush, max_turns=BATCH_TURNS)
             else:
                 jobs = self.buffer.due(flush=flush, limit=1)
             if not jobs:

@@ -93,8 +93,11 @@ def apply_decoded(projector: _Projector, decoded: DecodedBatch) -> _ApplyResult:
 
 
 _SMALL_BATCH = 500
-"""A batch of fewer records counts towards ``compact_after_commits``: what a steady
+"""A batch of fewer records counts towards :data:`COMPACT_AFTER_COMMITS`: what a steady
 stream of agents' writes commits (a bulk load's batches hold thousands)."""
+COMPACT_AFTER_COMMITS = 8
+"""Between maintenance runs, the projector also compacts after this many small commits:
+a steady stream's recent fragments stay few (every query opens each one)."""
 
 
 class ProjectorRuntime:
@@ -254,7 +257,7 @@ class ProjectorRuntime:
         self._count(outcome)
         if outcome.records < _SMALL_BATCH:
             self._commits_since_compaction += 1
-        if self._commits_since_compaction >= self.settings.storage.compact_after_commits:
+        if self._commits_since_compaction >= COMPACT_AFTER_COMMITS:
             await self.maintain(indexes=False)
         return outcome
 
@@ -324,7 +327,7 @@ class ProjectorRuntime:
         conflicting write (an upsert of known keys) is simply retried at the next call.
         Nothing starts while the indexer is busy.
 
-        Between two timer calls, every ``compact_after_commits`` small batches
+        Between two timer calls, every :data:`COMPACT_AFTER_COMMITS` small batches
         (fewer than ``_SMALL_BATCH`` records: a bulk load's are large) the writer
         committed also start a compaction (``indexes=False``: without the index
         update, whose cost grows with the table): under a steady stream of writes

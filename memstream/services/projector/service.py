@@ -15,7 +15,7 @@ decode and write overlap) and handed over per batch to the
 3. events the projector could not apply become dead letters (stage ``project``).
 
 While the projector keeps up with a trickle of writes, a small batch is followed by a
-linger (``projector_linger_s``): what arrives meanwhile is written in the next commit,
+linger (:data:`LINGER_S`): what arrives meanwhile is written in the next commit,
 so a steady stream makes a few commits a second, not one per fetch (each commit costs
 the writer and every reader a new table version).
 
@@ -73,6 +73,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+BATCH_SIZE = 10_000
+"""Most records the projector writes in one LanceDB commit: a backlog goes in few large
+commits (few table versions) while one batch's memory stays bounded."""
+LINGER_S = 0.5
+"""While keeping up with a trickle of writes, the projector commits at most this often:
+a steady stream makes a couple of commits a second, and a write waits at most this long."""
 _HINT_EVERY_S = 1.0
 _SWAP_POLL_S = 0.1
 _LINGER_CHECK_S = 0.05
@@ -210,8 +216,8 @@ class ProjectorService(Service):
             list_partitions=lambda names: topic_partitions(
                 rt.settings.broker, names, client_id=f"{rt.settings.worker.app_id}-projector-admin"
             ),
-            max_batch=rt.settings.worker.projector_batch_size,
-            fetch_records=min(2_000, rt.settings.worker.projector_batch_size),
+            max_batch=BATCH_SIZE,
+            fetch_records=min(2_000, BATCH_SIZE),
             poll_ms=max(1, int(rt.settings.worker.projector_batch_seconds * 1000)),
             fast_decoder=FastMemoryDecoder.for_projector(rt.projector),
             reroute=True,
@@ -234,17 +240,16 @@ class ProjectorService(Service):
 
     async def _linger(self, records: int, started: float) -> None:
         """After a small batch while the projector keeps up, hold the next write until
-        ``projector_linger_s`` after this one started, less by the batch's share of
-        ``projector_linger_below`` (250 records of 500: half the linger): the feed
+        :data:`LINGER_S` after this one started, less by the batch's share of
+        :data:`LINGER_BELOW` (250 records of 500: half the linger): the feed
         meanwhile fetches and decodes what arrives, and the next batch takes it all in
         one commit. A record thus waits at most the linger longer than without it. No linger after a large
-        batch, nor once the records waiting on the log reach ``projector_linger_below``
+        batch, nor once the records waiting on the log reach :data:`LINGER_BELOW`
         or outnumber the batch just written (behind: the feed's queue could not hold
         what a linger collects, and lingering would only fall further behind)."""
-        settings = self.runtime.settings
         below = LINGER_BELOW
         # shorter as the batch grows: a trickle waits it all, a fast stream a fraction
-        deadline = started + settings.worker.projector_linger_s * (1 - records / below)
+        deadline = started + LINGER_S * (1 - records / below)
         if records >= below or self._waiting() > records:
             return
         while (rest := deadline - time.monotonic()) > 0:

@@ -360,7 +360,7 @@ class _Build:
     async def open(self, topics: Topics, handled: Mapping[tuple[str, int], int]) -> dict[TopicPartition, int]:
         loop = asyncio.get_running_loop()
         self.partitions = await _partitions(self.settings, (topics.messages, topics.events))
-        bound_inflation(self.settings.broker.max_inflated_batch_bytes)
+        bound_inflation()
         try:
             self.legacy_trust = load_legacy_trust(self.settings.resolved_worker_key_file)
         except LegacyTrustError as exc:

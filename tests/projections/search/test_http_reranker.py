@@ -13,7 +13,7 @@ from tests.projections.projection_helpers import DIM, memory, positioned
 
 from memstream.domain.events import Scope
 from memstream.projections.embedders.factory import LocalEmbedder
-from memstream.projections.search.http_reranker import HttpReranker, build_reranker, rerank_endpoint
+from memstream.projections.search.http_reranker import RERANK_CANDIDATES, HttpReranker, build_reranker, rerank_endpoint
 from memstream.projections.projector.projector import Projector
 from memstream.projections.search.hybrid import search
 from memstream.projections.store.lance_store import LanceStore
@@ -124,9 +124,9 @@ def test_a_bare_list_answer_with_score_is_read_too(fake_llm: FakeOpenAI) -> None
 
 def test_settings_build_a_reranker_only_when_a_url_is_set(fake_llm: FakeOpenAI) -> None:
     assert build_reranker(Settings(rerank_url=None).embeddings) is None
-    built = build_reranker(Settings(rerank_url=fake_llm.base_url, rerank_candidates=7, rerank_model="m").embeddings)
+    built = build_reranker(Settings(rerank_url=fake_llm.base_url, rerank_model="m").embeddings)
     assert built is not None
     try:
-        assert (built.endpoint, built.top_n, built.model) == (fake_llm.base_url + "/rerank", 7, "m")
+        assert (built.endpoint, built.top_n, built.model) == (fake_llm.base_url + "/rerank", RERANK_CANDIDATES, "m")
     finally:
         built.close()

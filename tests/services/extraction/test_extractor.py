@@ -44,6 +44,8 @@ from memstream.projections.schema import MEMORIES
 from memstream.projections.store.lance_store import LanceStore, space_where
 from memstream.settings.model import Settings, child_env
 from memstream.streams.consumer import decode_or_dead_letter
+from memstream.services.extraction import extractor as extractor_module
+from memstream.services.extraction import service as extraction_service
 from memstream.services.extraction.extractor import Extractor
 from memstream.services.extraction.run import ExtractionOutcome, WindowInput
 from memstream.services.extraction.service import ExtractorRunner, consumer_group
@@ -96,7 +98,7 @@ class Env:
 
 
 @pytest.fixture
-async def env(fresh_topics: Topics, settings_for: Any, fake_llm: FakeOpenAI) -> AsyncIterator[Env]:  # noqa: F811
+async def env(fresh_topics: Topics, settings_for: Any, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Env]:  # noqa: F811
     settings = settings_for(
         fresh_topics,
         llm_base_url=fake_llm.base_url,
@@ -105,10 +107,10 @@ async def env(fresh_topics: Topics, settings_for: Any, fake_llm: FakeOpenAI) -> 
         extract_min_new_turns=3,
         extract_max_new_turns=10,
         extract_idle_seconds=0.3,
-        # these tests are about the judgment: the extraction call is shown no known
-        # memories (tests/services/extraction/test_extractor_known.py covers that path)
-        extract_known_memories=0,
     )
+    # these tests are about the judgment: the extraction call is shown no known
+    # memories (tests/services/extraction/test_extractor_known.py covers that path)
+    monkeypatch.setattr(extractor_module, "KNOWN_MEMORIES", 0)
     store = await asyncio.to_thread(LanceStore.from_settings, settings.storage, settings.embeddings.dim)
     producer = MemstreamProducer(settings.streams, topics=fresh_topics, client_id="test-extractor")
     await producer.start()
@@ -783,8 +785,11 @@ class GatedSink:
         return list(await self.inner.send_many(events))
 
 
-async def test_the_next_batch_is_extracted_while_a_produce_awaits_its_acknowledgements(env: Env) -> None:
-    settings = env.settings.model_copy(update={"extract_batch_turns": 1})
+async def test_the_next_batch_is_extracted_while_a_produce_awaits_its_acknowledgements(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(extraction_service, "BATCH_TURNS", 1)
+    settings = env.settings
     sink = GatedSink(env.producer)
     runner = ExtractorRunner(settings, env.topics, llm=None, embedder=env.embedder, producer=sink, concurrency=1)
     await runner.start()

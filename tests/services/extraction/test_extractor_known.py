@@ -18,8 +18,9 @@ pytestmark = [pytest.mark.kafka]
 
 
 def informed(env: Env, known: int = 10) -> Extractor:
-    settings = env.settings.model_copy(update={"extract_known_memories": known})
-    return Extractor(settings, env.llm, env.embedder, env.store, env.producer)
+    extractor = Extractor(env.settings, env.llm, env.embedder, env.store, env.producer)
+    extractor.known_memories = known
+    return extractor
 
 
 def user_prompt(env: Env, index: int = -1) -> str:

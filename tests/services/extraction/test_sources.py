@@ -23,6 +23,7 @@ from memstream.llm.client import LLMClient
 from memstream.projections.embedders.factory import LocalEmbedder
 from memstream.projections.store.lance_store import LanceStore
 from memstream.sealing import Subject, is_sealed, sealed_header, sealed_kid
+from memstream.services.extraction import extractor as extractor_module
 from memstream.services.extraction.service import ExtractorRunner
 from memstream.settings.model import Settings
 from memstream.streams.sealing.forget import forget
@@ -85,7 +86,7 @@ def _sealed_memories(records: list[tuple[bytes, bytes]], space: bytes) -> list[b
 
 
 @pytest.fixture
-async def sealed(fresh_topics: Topics, settings_for: Any, fake_llm: FakeOpenAI) -> AsyncIterator[tuple[Settings, FakeOpenAI]]:  # noqa: F811
+async def sealed(fresh_topics: Topics, settings_for: Any, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[Settings, FakeOpenAI]]:  # noqa: F811
     settings = settings_for(
         fresh_topics,
         sealing=True,
@@ -94,8 +95,8 @@ async def sealed(fresh_topics: Topics, settings_for: Any, fake_llm: FakeOpenAI) 
         llm_timeout_s=20.0,
         extract_min_new_turns=2,
         extract_idle_seconds=600.0,  # a lone turn waits: held in memory
-        extract_known_memories=0,
     )
+    monkeypatch.setattr(extractor_module, "KNOWN_MEMORIES", 0)
     yield settings, fake_llm
 
 

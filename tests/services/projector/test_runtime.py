@@ -16,7 +16,6 @@ from memstream.projections.embedders.factory import LocalEmbedder
 from memstream.projections.projector.projector import Projector
 from memstream.projections.store.lance_store import LanceStore
 from memstream.services.projector.runtime import ProjectorRuntime
-from memstream.services.worker import worker_settings
 from memstream.settings.model import Settings
 from memstream.streams.records.batches import RawRecord
 from memstream.streams.topics import Topics
@@ -55,11 +54,8 @@ def test_the_worker_writing_many_commits_keeps_lancedbs_metadata_cache_within_it
     # The writer commits a version a fraction of a second under a trickle; each
     # version's manifest stayed in a cache bounded for readers (64 MB): the worker's
     # memory grew by several MB a minute (docs/benchmarks-history.md).
-    settings = worker_settings(
-        Settings(home=tmp_path, embedding_dim=DIM, embedder="local", worker_lance_metadata_cache_mb=1)
-    )
-    bounded = LanceStore.from_settings(settings.storage, settings.embeddings.dim, tmp_path / "bounded")
-    reader_bound = LanceStore(tmp_path / "default", embedding_dim=DIM)  # Settings' default bound
+    bounded = LanceStore(tmp_path / "bounded", embedding_dim=DIM, metadata_cache_bytes=1 << 20)
+    reader_bound = LanceStore(tmp_path / "default", embedding_dim=DIM)  # LANCE_METADATA_CACHE_MB
     for store in (bounded, reader_bound):
         projector = Projector(store, LocalEmbedder(DIM))
         for i in range(120):
@@ -74,7 +70,7 @@ async def test_a_failing_write_is_retried_with_back_off_until_it_succeeds_and_st
     # Giving up on a batch would let the next batch's positions pass it: the runtime
     # retries until the write succeeds, and only the worker stopping (cancellation) ends it.
     topics = Topics(prefix="retry.", partitions=1, replication_factor=1)
-    rt = ProjectorRuntime(worker_settings(Settings(home=tmp_path, embedding_dim=DIM, embedder="local")), topics)
+    rt = ProjectorRuntime(Settings(home=tmp_path, embedding_dim=DIM, embedder="local"), topics)
     records = [RawRecord(topics.events, 0, 7, None, b"{}", ())]
     calls = 0
 

@@ -30,6 +30,7 @@ from memstream.streams.producers.producer import (
     ProduceError,
     ProducerClosedError,
 )
+from memstream.streams.producers.kafka_producer import Batching
 from memstream.streams.producers.sync_producer import SyncProducer
 from memstream.codec.wire import EncodeError, decode_record, encode_event
 from memstream.streams.topics import Topics
@@ -165,9 +166,10 @@ async def test_back_pressure_bounds_the_sends_in_flight(
 ) -> None:
     """With one send allowed in flight, the next send_nowait returns only after the
     previous one was acknowledged."""
-    settings = settings_for(fresh_topics, producer_max_in_flight=1, producer_linger_ms=50)
+    settings = settings_for(fresh_topics)
     events = memories(5, spaces=2)
-    async with MemstreamProducer(settings.streams, topics=fresh_topics) as producer:
+    one = Batching(linger_ms=50, max_in_flight=1)
+    async with MemstreamProducer(settings.streams, topics=fresh_topics, batching=one) as producer:
         futures = []
         for event in events:
             futures.append(await producer.send_nowait(event))
@@ -176,8 +178,8 @@ async def test_back_pressure_bounds_the_sends_in_flight(
     assert len({(p.partition, p.offset) for p in positions}) == 5
 
     # and with a generous bound, sends really are pipelined (not one at a time)
-    settings = settings_for(fresh_topics, producer_max_in_flight=100, producer_linger_ms=50)
-    async with MemstreamProducer(settings.streams, topics=fresh_topics) as producer:
+    generous = Batching(linger_ms=50, max_in_flight=100)
+    async with MemstreamProducer(settings.streams, topics=fresh_topics, batching=generous) as producer:
         futures = [await producer.send_nowait(e) for e in memories(20, spaces=2)]
         assert not all(f.done() for f in futures), "linger batches several sends together"
         await producer.flush()
@@ -222,9 +224,10 @@ async def test_send_many_positions_name_each_event_whatever_the_batching(
     """``send_many`` builds record batches per partition: small batches (several per
     partition) and a bound below the batch's size (sent in parts, never stuck) still
     give every event the position it landed at, in order within its memory space."""
-    settings = settings_for(fresh_topics, producer_max_in_flight=in_flight, producer_max_batch_bytes=batch_bytes)
+    settings = settings_for(fresh_topics)
     events = memories(60, spaces=4)
-    async with MemstreamProducer(settings.streams, topics=fresh_topics) as producer:
+    batching = Batching(max_batch_bytes=batch_bytes, max_in_flight=in_flight)
+    async with MemstreamProducer(settings.streams, topics=fresh_topics, batching=batching) as producer:
         positions = await producer.send_many(events)
         assert producer._in_flight is not None and producer._in_flight._value == in_flight  # every permit returned
     records = await read_records(kafka_bootstrap, fresh_topics.events, len(events))

@@ -1,5 +1,5 @@
 """The inflation bound: a compressed batch that would inflate past
-``MEMSTREAM_BROKER_MAX_INFLATED_BATCH_BYTES`` is dead-lettered without being inflated whole,
+``MAX_INFLATED_BATCH_BYTES`` is dead-lettered without being inflated whole,
 and the records after it are read as before.
 
 * the parsing step alone (batches built with aiokafka's own builder);
@@ -30,13 +30,14 @@ from memstream.domain.events import MemoryAdded, Scope
 from memstream.projections.store.lance_store import LanceStore
 from memstream.settings.model import Settings
 from memstream.streams.consumer import EventConsumer
+from memstream.streams.records import inflation_bound
 from memstream.streams.records.inflation_bound import BoundedMemoryRecords, Refused, bound_inflation, inflate_batch, refusal
 from memstream.codec.wire import encode_event
 from memstream.streams.sealing.keys import SubjectKeys
 from memstream.streams.producers.producer import MemstreamProducer
 from memstream.streams.sealing.sealer import IngressSealer
 from memstream.streams.topics import Topics
-from tests.services.test_worker import WorkerProcess, read_dead_letters, send_raw, wait_caught_up
+from tests.services.test_worker import PROJECTOR, WorkerProcess, read_dead_letters, send_raw, wait_caught_up
 
 MiB = 1024 * 1024
 ALICE = Scope(team_id="acme", user_id="alice")
@@ -149,8 +150,9 @@ async def send_bomb(settings: Settings, topic: str, size: int) -> None:
 
 
 @pytest.mark.kafka
-async def test_an_event_consumer_dead_letters_a_bomb_and_reads_on(fresh_topics: Topics, settings_for) -> None:  # type: ignore[no-untyped-def]
-    settings = settings_for(fresh_topics, max_inflated_batch_bytes=4 * MiB)
+async def test_an_event_consumer_dead_letters_a_bomb_and_reads_on(fresh_topics: Topics, settings_for, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(inflation_bound, "MAX_INFLATED_BATCH_BYTES", 4 * MiB)
+    settings = settings_for(fresh_topics)
     async with MemstreamProducer(settings.streams) as producer:
         await producer.send(MemoryAdded(scope=ALICE, memory_id="before", content="Alice likes tea"))
     await send_bomb(settings, fresh_topics.events, 32 * MiB)
@@ -174,8 +176,9 @@ async def test_an_event_consumer_dead_letters_a_bomb_and_reads_on(fresh_topics: 
 
 
 @pytest.mark.kafka
-async def test_the_sealer_dead_letters_a_bomb_on_the_ingress_and_seals_on(fresh_topics: Topics, settings_for) -> None:  # type: ignore[no-untyped-def]
-    settings = settings_for(fresh_topics, max_inflated_batch_bytes=4 * MiB)
+async def test_the_sealer_dead_letters_a_bomb_on_the_ingress_and_seals_on(fresh_topics: Topics, settings_for, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(inflation_bound, "MAX_INFLATED_BATCH_BYTES", 4 * MiB)
+    settings = settings_for(fresh_topics)
     await send_bomb(settings, fresh_topics.ingress, 32 * MiB)
     after = encode_event(MemoryAdded(scope=ALICE, memory_id="after", content="Alice likes jazz"))
     await send_raw(settings, fresh_topics.ingress, [(after.key, after.value)])
@@ -197,15 +200,6 @@ def reset_peak(pid: int) -> None:
     Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := VmRSS (Linux >= 4.0)
 
 
-class BoundedWorker(WorkerProcess):
-    def __init__(self, settings: Settings, workdir: Path, bound: int) -> None:
-        super().__init__(settings, workdir)
-        self.bound = bound
-
-    def env(self) -> dict[str, str]:
-        return {**super().env(), "MEMSTREAM_BROKER_MAX_INFLATED_BATCH_BYTES": str(self.bound)}
-
-
 @pytest.mark.kafka
 @pytest.mark.slow
 async def test_a_worker_dead_letters_a_200_mib_bomb_within_its_bound(
@@ -214,8 +208,9 @@ async def test_a_worker_dead_letters_a_200_mib_bomb_within_its_bound(
     # The margin is the worker's own work on one batch (positions written, a dead letter
     # sent). Unbounded, this bomb grew the worker by over 400 MiB.
     bound, margin = 16 * MiB, 48 * MiB
-    settings = settings_for(fresh_topics, projector_batch_size=100, projector_batch_seconds=0.1)
-    worker = BoundedWorker(settings, tmp_path, bound)
+    settings = settings_for(fresh_topics, projector_batch_seconds=0.1)
+    bounded = {f"{inflation_bound.__name__}:MAX_INFLATED_BATCH_BYTES": bound, f"{PROJECTOR}:BATCH_SIZE": 100}
+    worker = WorkerProcess(settings, tmp_path, bounded)
     worker.start()
     try:
         async with MemstreamProducer(settings.streams) as producer:

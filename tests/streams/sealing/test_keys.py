@@ -89,7 +89,7 @@ async def test_a_lost_master_key_is_an_error_at_start_never_a_new_key(
 @pytest.mark.slow
 async def test_a_forgotten_key_leaves_the_brokers_disk_within_the_bound(topic_prefix: str, settings_for) -> None:  # type: ignore[no-untyped-def]
     """The bound of docs/security.md, on the local broker's files: segment roll
-    (``keys_segment_ms``) + the roll record's second + the cleaner's back-off (15 s) +
+    (``Topics.keys_segment_ms``, here 3 s) + the roll record's second + the cleaner's back-off (15 s) +
     ``file.delete.delay.ms`` (1 s)."""
     env = Settings()
     if not local.is_local_bootstrap(env.broker):
@@ -97,13 +97,13 @@ async def test_a_forgotten_key_leaves_the_brokers_disk_within_the_bound(topic_pr
     segment_ms = 3000
     topics = Topics(topic_prefix, 3, 1, keys_segment_ms=segment_ms)
     await ensure_topics(env.bootstrap_servers, topics)
-    settings = settings_for(topics, keys_segment_ms=segment_ms)
+    settings = settings_for(topics)
     partition_dir = local.BrokerPaths.at(env.resolved_broker_dir).data_dir / f"{topics.keys}-0"
 
     def holding(needle: bytes) -> list[str]:
         return [p.name for p in partition_dir.iterdir() if p.is_file() and needle in p.read_bytes()]
 
-    async with SubjectKeys(settings.streams) as node:
+    async with SubjectKeys(settings.streams, topics) as node:
         await node.key_for(BOB)
         key = await node.key_for(ALICE)
         wrapped = next(v for k, v in await _key_records(settings.broker.bootstrap_servers, topics.keys) if k and key.kid.hex().encode() in k)
