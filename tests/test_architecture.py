@@ -35,7 +35,6 @@ LAYERS: dict[str, int] = {
     "domain": 0,
     "memstream/settings": 1,
     "memstream": 2,
-    "codec": 3,
     "memstream/codec": 3,
     "memstream/sealing": 3,
     "memstream/llm": 3,
