@@ -46,6 +46,7 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
     "streams/records/batches.py": ("tests/streams/records/test_codec.py", PART),
     "streams/rerouting.py": ("tests/streams/producers/test_contract.py", PART),
     "streams/sealing/sealed_records.py": ("tests/streams/sealing/test_reseal.py", PART),
+    "streams/producers/typed_writes.py": ("tests/streams/producers/test_producer.py", PART),
     "streams/producers/sync_producer.py": ("tests/streams/producers/test_producer.py", PART),
     "streams/topics.py": ("tests/streams/sealing/test_keys.py", PART),
     "projections/store/dir_lock.py": ("tests/projections/store/test_object_lease.py", PART),

@@ -12,6 +12,9 @@ Two front doors share one implementation:
 * :class:`MemstreamProducer` for asyncio code (``async with MemstreamProducer() as p``),
 * :class:`SyncProducer` for everything else (the async one on a background loop).
 
+The typed writes (``add_memory``, ``observe_message``, ``record_decision``,
+``observe_outcome``) are in :mod:`memstream.streams.producers.typed_writes`.
+
 Retries: a failed call may have written some of its events; sending them again is safe
 (every event has a unique ``event_id``; every reader applies an event at most once).
 """
@@ -19,39 +22,25 @@ Retries: a failed call may have written some of its events; sending them again i
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import uuid
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from datetime import datetime
+from collections.abc import Iterable
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from memstream.domain.access import client_content_problem
-from memstream.domain.events import (
-    DecisionRecorded,
-    EventBase,
-    EventValidationError,
-    MemoryAdded,
-    MessageObserved,
-    OutcomeObserved,
-    Scope,
-    build_event,
-)
+from memstream.domain.events import EventBase
 from memstream.domain.log import LogPosition
-from memstream.domain.reflection import RatingParseError, parse_rating
 from memstream.settings import StreamsConfig, get_settings
 from memstream.streams.sealing.keys import SubjectKeys
 from memstream.streams.sealing.sealed_records import PLAIN_TYPES, header_of, seal_value, subject_of
 from memstream.codec.wire import EncodedRecord, EncodeError, encode_event
-from memstream.domain.extraction.dedup import content_memory_id
 from memstream.streams.trust.worker_identity import memory_ids_key, signed_headers
 from memstream.streams.producers.kafka_producer import Batching, KeyPartitioner, create_kafka_producer
+from memstream.streams.producers.typed_writes import Sent, TypedWrites
 from memstream.streams.topics import Topics, topic_for
 
 __all__ = [
@@ -65,8 +54,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-E = TypeVar("E", bound=EventBase)
 
 
 class ProduceError(RuntimeError):
@@ -95,30 +82,7 @@ class ProducerClosedError(RuntimeError):
     """The producer was used before ``start()`` or after ``stop()``."""
 
 
-@dataclass(frozen=True)
-class Sent(Generic[E]):
-    """An event the broker acknowledged, and where it landed (for read-your-writes:
-    a view that reached ``position`` holds the event)."""
-
-    event: E
-    position: LogPosition
-
-    def __str__(self) -> str:
-        """``topic:partition:offset``, what a log line about a write wants to show."""
-        return str(self.position)
-
-
-def _scope_input(scope: Scope | Mapping[str, Any]) -> Scope | dict[str, Any]:
-    """A Scope, or a plain mapping that validation turns into one (with the same
-    one-line errors as any other field)."""
-    return scope if isinstance(scope, Scope) else dict(scope)
-
-
-def _new_id() -> str:
-    return uuid.uuid4().hex
-
-
-class MemstreamProducer:
+class MemstreamProducer(TypedWrites):
     """Asynchronous, durable, back-pressured event producer.
 
     >>> async with MemstreamProducer() as producer:          # doctest: +SKIP
@@ -477,123 +441,3 @@ class MemstreamProducer:
 
         future.add_done_callback(_release)
         return future
-
-    # --- conveniences ------------------------------------------------------------------
-
-    def _build(self, cls: type[E], scope: Scope | Mapping[str, Any], fields: dict[str, Any]) -> E:
-        given = {k: v for k, v in fields.items() if v is not None}  # None: the model's default
-        return build_event(cls, **{"scope": _scope_input(scope), "producer": self.client_id, **given})
-
-    async def _send_built(self, event: E, topic: str | None) -> Sent[E]:
-        return Sent(event=event, position=await self.send(event, topic=topic))
-
-    async def add_memory(
-        self,
-        scope: Scope | Mapping[str, Any],
-        content: str,
-        *,
-        memory_id: str | None = None,
-        topic: str | None = None,
-        **fields: Any,
-    ) -> Sent[MemoryAdded]:
-        """Write one memory (``MemoryAdded``); ``fields`` are any of its other fields
-        (``memory_type``, ``priority``, ``scene``, ``entities``, ``metadata``, ...).
-        Raises :class:`~memstream.domain.events.EventValidationError` for bad input."""
-        if memory_id is None and self._id_key is not None:  # the same content in one scope: one memory
-            with contextlib.suppress(ValueError):  # a bad scope: building the event says why
-                memory_id = content_memory_id(Scope.model_validate(_scope_input(scope)), content, self._id_key)
-        event = self._build(MemoryAdded, scope, {"memory_id": memory_id or _new_id(), "content": content, **fields})
-        return await self._send_built(event, topic)
-
-    async def observe_message(
-        self,
-        scope: Scope | Mapping[str, Any],
-        message_id: str,
-        content: str,
-        *,
-        role: str = "user",
-        speaker: str | None = None,
-        session_id: str | None = None,
-        topic: str | None = None,
-        **fields: Any,
-    ) -> Sent[MessageObserved]:
-        """Write one conversation turn (``MessageObserved``) for the extractor."""
-        event = self._build(
-            MessageObserved,
-            scope,
-            {
-                "message_id": message_id,
-                "content": content,
-                "role": role,
-                "speaker": speaker,
-                "session_id": session_id,
-                **fields,
-            },
-        )
-        return await self._send_built(event, topic)
-
-    async def record_decision(
-        self,
-        scope: Scope | Mapping[str, Any],
-        decision_id: str,
-        subject: str,
-        rating: str,
-        decision_text: str,
-        deadline: datetime,
-        *,
-        horizon_days: int = 5,
-        topic: str | None = None,
-        **fields: Any,
-    ) -> Sent[DecisionRecorded]:
-        """Write a pending decision (``DecisionRecorded``) that waits for its outcome.
-
-        ``rating`` is read leniently ("Strong Buy", "Rating: Overweight", "neutral"; see
-        :func:`memstream.domain.reflection.parse_rating`); the event carries the exact
-        5-level value."""
-        try:
-            rating = parse_rating(rating).value
-        except RatingParseError as exc:
-            raise EventValidationError(f"rating: {exc.reason}") from None
-        event = self._build(
-            DecisionRecorded,
-            scope,
-            {
-                "decision_id": decision_id,
-                "subject": subject,
-                "rating": rating,
-                "decision_text": decision_text,
-                "deadline": deadline,
-                "horizon_days": horizon_days,
-                **fields,
-            },
-        )
-        return await self._send_built(event, topic)
-
-    async def observe_outcome(
-        self,
-        scope: Scope | Mapping[str, Any],
-        outcome_id: str,
-        subject: str,
-        raw_return: float,
-        horizon_days: int,
-        *,
-        decision_id: str | None = None,
-        benchmark_return: float | None = None,
-        topic: str | None = None,
-        **fields: Any,
-    ) -> Sent[OutcomeObserved]:
-        """Write an observed outcome (``OutcomeObserved``); settles matching decisions."""
-        event = self._build(
-            OutcomeObserved,
-            scope,
-            {
-                "outcome_id": outcome_id,
-                "subject": subject,
-                "raw_return": raw_return,
-                "horizon_days": horizon_days,
-                "decision_id": decision_id,
-                "benchmark_return": benchmark_return,
-                **fields,
-            },
-        )
-        return await self._send_built(event, topic)
