@@ -96,5 +96,5 @@ class ApiProcess:
 def broker_pid(settings: Settings) -> int | None:
     """The local broker's process id (``None``: an external broker). The benchmark's
     settings have a home of their own: the broker's is the environment's."""
-    found = broker_status(Settings(broker={"bootstrap_servers": settings.broker.bootstrap_servers}))
+    found = broker_status(Settings(broker={"bootstrap_servers": settings.broker.bootstrap_servers}).local_broker)
     return found.pid if found.state == "running" else None

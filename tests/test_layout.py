@@ -79,6 +79,7 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
     "memstream/cli/projector.py": ("tests/interfaces/test_any_cwd.py", CLI),
     "memstream/cli/reflect.py": ("tests/services/reflection/test_reflector.py", CLI),
     "memstream/cli/serve.py": ("tests/interfaces/test_mcp.py", CLI),
+    "memstream/cli/banks.py": ("tests/interfaces/test_banks.py", CLI),
     "memstream/codec/batch.py": ("tests/projections/store/test_shards.py", PART),
     "memstream/codec/values.py": ("tests/codec/test_fast_decode.py", PART),
     "memstream/interfaces/api_auth.py": ("tests/interfaces/test_api.py", HTTP),

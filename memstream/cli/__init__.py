@@ -15,6 +15,7 @@ from rich.logging import RichHandler
 
 from memstream.cli import (
     analytics,
+    banks,
     bench,
     broker,
     console,
@@ -42,7 +43,7 @@ app = typer.Typer(
     add_completion=False,
 )
 
-for module in (broker, console, events, dead_letters, projector, shards, analytics, extract, reflect, serve, sealing, trust, bench):
+for module in (broker, console, events, dead_letters, projector, shards, analytics, extract, reflect, serve, banks, sealing, trust, bench):
     module.register(app)
 
 

@@ -32,27 +32,20 @@ from pathlib import Path
 from typing import IO, Annotated, Any
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 from rich.text import Text
 
 from memstream.banks import (
-    Bank,
-    BankConfigError,
-    BankRegistry,
     RegistrySource,
     UnknownBankError,
-    add_bank,
     banks_path,
     create_key,
     keys_path,
-    load_registry,
-    revoke_key,
     write_default_bank,
 )
 from memstream.cli._errors import CLIError
+from memstream.cli.banks import registry_or_fail
 from memstream.cli.console import prepare_console
 from memstream.settings import Settings, child_env, get_settings, load_settings, parse_log_level, settings_env
 from memstream.streams.broker import acl
@@ -65,13 +58,6 @@ console = Console(stderr=True, highlight=False, soft_wrap=True)
 def _with(settings: Settings, **updates: Any) -> Settings:
     changes = {k: v for k, v in updates.items() if v is not None}
     return settings.model_copy(update=changes) if changes else settings
-
-
-def _registry_or_fail(settings: Settings) -> BankRegistry:
-    try:
-        return load_registry(settings)
-    except BankConfigError as exc:
-        raise CLIError(str(exc)) from None
 
 
 # --- api ---------------------------------------------------------------------------------
@@ -102,7 +88,7 @@ def run_api(settings: Settings) -> None:
 
     from memstream.interfaces.api import create_api
 
-    _registry_or_fail(settings)
+    registry_or_fail(settings)
     app = create_api(settings)
     uvicorn.run(
         app,
@@ -128,7 +114,7 @@ def run_mcp_stdio(settings: Settings, bank_name: str) -> None:
     from memstream.interfaces.mcp_server import build_mcp_server
     from memstream.projections.store import TableSets
 
-    registry = _registry_or_fail(settings)
+    registry = registry_or_fail(settings)
     try:
         bank = registry.bank(bank_name)
     except UnknownBankError as exc:
@@ -154,7 +140,7 @@ def _print_mcp_config(settings: Settings, bank_name: str) -> None:
     paste it and what was left out on stderr."""
     from memstream.cli.mcp_config import secrets_left_out, snippet_json
 
-    registry = _registry_or_fail(settings)
+    registry = registry_or_fail(settings)
     try:
         registry.bank(bank_name)
     except UnknownBankError as exc:
@@ -343,7 +329,7 @@ def _ensure_bank(settings: Settings) -> None:
         )
         print(raw, flush=True)
         return
-    registry = _registry_or_fail(settings)
+    registry = registry_or_fail(settings)
     names = ", ".join(sorted(registry.banks)) or "none"
     console.print(f"Banks: {escape(names)} ({len(registry.keys)} key(s)) from {escape(str(path))}")
     if not registry.keys:
@@ -457,132 +443,63 @@ def _serve(settings: Settings, loglevel: str, *, stops_broker: bool) -> int:
     )
 
 
-# --- registration -----------------------------------------------------------------------------
+# --- commands -----------------------------------------------------------------------------------
+
+
+def api_cmd(
+    host: Annotated[str | None, typer.Option(help="Bind address (MEMSTREAM_API_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (MEMSTREAM_API_PORT).")] = None,
+) -> None:
+    """Serve the HTTP API, with MCP over streamable HTTP at /mcp."""
+    run_api(_with(get_settings(), **{"api.host": host, "api.port": port}))
+
+
+def mcp_cmd(
+    bank: Annotated[str, typer.Option("--bank", help="The memory bank to serve (from the banks file).")],
+    bootstrap_servers: Annotated[
+        str | None, typer.Option("--bootstrap-servers", help="Kafka brokers (MEMSTREAM_BROKER_BOOTSTRAP_SERVERS).")
+    ] = None,
+    print_config: Annotated[
+        bool, typer.Option("--print-config", help="Print the JSON snippet for an MCP host's config and exit.")
+    ] = False,
+) -> None:
+    """Serve one memory bank as an MCP server over stdio (for MCP clients' config)."""
+    settings = _with(get_settings(), **{"broker.bootstrap_servers": bootstrap_servers})
+    if print_config:
+        _print_mcp_config(settings, bank)
+        return
+    run_mcp_stdio(settings, bank)
+
+
+def up_cmd(
+    keep_broker: Annotated[
+        bool, typer.Option("--keep-broker", help="Leave a broker that up started running on exit.")
+    ] = False,
+    host: Annotated[str | None, typer.Option(help="API bind address.")] = None,
+    port: Annotated[int | None, typer.Option(help="API port.")] = None,
+    loglevel: Annotated[str, typer.Option(help="Worker log level.")] = "info",
+    acl_mode: Annotated[
+        bool,
+        typer.Option(
+            "--acl",
+            help="Kafka enforces who writes what (MEMSTREAM_BROKER_ACL=true): the local broker runs SASL + "
+            "ACLs, the worker acts as the worker principal, the API as a producer that writes only the "
+            "ingress (docs/security.md).",
+        ),
+    ] = False,
+    share_broker: Annotated[
+        bool, typer.Option("--share-broker", help="Serve topics another memstream home on this broker serves too.")
+    ] = False,
+) -> None:
+    """Run everything one machine needs: broker, topics, worker and API (Ctrl-C stops)."""
+    base = load_settings(broker_acl=True) if acl_mode else get_settings()
+    code = run_up(_with(base, **{"api.host": host, "api.port": port}), keep_broker=keep_broker, loglevel=loglevel, share_broker=share_broker)
+    if code:
+        raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the main app."""
-
-    @app.command("api")
-    def api_cmd(
-        host: Annotated[str | None, typer.Option(help="Bind address (MEMSTREAM_API_HOST).")] = None,
-        port: Annotated[int | None, typer.Option(help="Port (MEMSTREAM_API_PORT).")] = None,
-    ) -> None:
-        """Serve the HTTP API, with MCP over streamable HTTP at /mcp."""
-        run_api(_with(get_settings(), **{"api.host": host, "api.port": port}))
-
-    @app.command("mcp")
-    def mcp_cmd(
-        bank: Annotated[str, typer.Option("--bank", help="The memory bank to serve (from the banks file).")],
-        bootstrap_servers: Annotated[
-            str | None, typer.Option("--bootstrap-servers", help="Kafka brokers (MEMSTREAM_BROKER_BOOTSTRAP_SERVERS).")
-        ] = None,
-        print_config: Annotated[
-            bool, typer.Option("--print-config", help="Print the JSON snippet for an MCP host's config and exit.")
-        ] = False,
-    ) -> None:
-        """Serve one memory bank as an MCP server over stdio (for MCP clients' config)."""
-        settings = _with(get_settings(), **{"broker.bootstrap_servers": bootstrap_servers})
-        if print_config:
-            _print_mcp_config(settings, bank)
-            return
-        run_mcp_stdio(settings, bank)
-
-    @app.command("up")
-    def up_cmd(
-        keep_broker: Annotated[
-            bool, typer.Option("--keep-broker", help="Leave a broker that up started running on exit.")
-        ] = False,
-        host: Annotated[str | None, typer.Option(help="API bind address.")] = None,
-        port: Annotated[int | None, typer.Option(help="API port.")] = None,
-        loglevel: Annotated[str, typer.Option(help="Worker log level.")] = "info",
-        acl_mode: Annotated[
-            bool,
-            typer.Option(
-                "--acl",
-                help="Kafka enforces who writes what (MEMSTREAM_BROKER_ACL=true): the local broker runs SASL + "
-                "ACLs, the worker acts as the worker principal, the API as a producer that writes only the "
-                "ingress (docs/security.md).",
-            ),
-        ] = False,
-        share_broker: Annotated[
-            bool, typer.Option("--share-broker", help="Serve topics another memstream home on this broker serves too.")
-        ] = False,
-    ) -> None:
-        """Run everything one machine needs: broker, topics, worker and API (Ctrl-C stops)."""
-        base = load_settings(broker_acl=True) if acl_mode else get_settings()
-        code = run_up(_with(base, **{"api.host": host, "api.port": port}), keep_broker=keep_broker, loglevel=loglevel, share_broker=share_broker)
-        if code:
-            raise typer.Exit(code)
-
-    keys = typer.Typer(help="API keys bound to memory banks (only hashes are stored).", no_args_is_help=True)
-    app.add_typer(keys, name="keys")
-
-    @keys.command("create")
-    def keys_create(
-        bank: Annotated[str, typer.Option("--bank", help="The bank the key is bound to.")],
-        label: Annotated[str, typer.Option(help="A note to tell keys apart.")] = "",
-    ) -> None:
-        """Create a key for a bank and print it once (store it now: it cannot be shown again)."""
-        settings = get_settings()
-        try:
-            raw, record = create_key(settings, bank, label=label)
-        except (BankConfigError, UnknownBankError) as exc:
-            raise CLIError(str(exc)) from None
-        console.print(f"key {record.key_id} for bank {bank!r} stored (hash only) in {keys_path(settings)}")
-        print(raw)
-
-    @keys.command("list")
-    def keys_list() -> None:
-        """List keys (their ids and banks; never the keys)."""
-        registry = _registry_or_fail(get_settings())
-        table = Table("key id", "bank", "label", "created")
-        for record in sorted(registry.keys.values(), key=lambda r: (r.bank, r.key_id)):
-            table.add_row(record.key_id, record.bank, record.label, str(record.created_at or ""))
-        Console().print(table)
-
-    @keys.command("revoke")
-    def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key id shown by `keys list`.")]) -> None:
-        """Remove a key from the keys file (a running server stops accepting it)."""
-        try:
-            record = revoke_key(get_settings(), key_id)
-        except BankConfigError as exc:
-            raise CLIError(str(exc)) from None
-        console.print(f"revoked key {record.key_id} (bank {record.bank!r})")
-
-    banks = typer.Typer(help="Memory banks: named memory spaces that keys and MCP servers bind to.", no_args_is_help=True)
-    app.add_typer(banks, name="banks")
-
-    @banks.command("list")
-    def banks_list() -> None:
-        """List the declared memory banks."""
-        settings = get_settings()
-        registry = _registry_or_fail(settings)
-        if not registry.banks:
-            raise CLIError(f"no banks declared in {banks_path(settings)}")
-        table = Table("bank", "team", "user", "agent", "keys", "description")
-        for bank in sorted(registry.banks.values(), key=lambda b: b.name):
-            n = sum(1 for r in registry.keys.values() if r.bank == bank.name)
-            table.add_row(bank.name, bank.team_id, bank.user_id or "*", bank.agent_id or "*", str(n), bank.description)
-        Console().print(table)
-
-    @banks.command("add")
-    def banks_add(
-        name: Annotated[str, typer.Argument(help="The bank's name.")],
-        team: Annotated[str, typer.Option("--team", help="Team id (tenant).")],
-        description: Annotated[str, typer.Option("--description", help="What belongs in this bank (the model reads it).")],
-        user: Annotated[str | None, typer.Option("--user", help="Pin one user (else the whole team).")] = None,
-        agent: Annotated[str | None, typer.Option("--agent", help="Pin one agent.")] = None,
-        template: Annotated[str | None, typer.Option("--template", help="MCP memory template, e.g. '{content} (noted {now:%Y-%m-%d})'.")] = None,
-    ) -> None:
-        """Declare a bank in the banks file (then: `memstream keys create --bank NAME`)."""
-        settings = get_settings()
-        try:
-            bank = Bank(name=name, team_id=team, user_id=user, agent_id=agent, description=description, memory_template=template)
-        except ValidationError as exc:
-            raise CLIError(f"invalid bank: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}") from None
-        try:
-            path = add_bank(settings, bank)
-        except BankConfigError as exc:
-            raise CLIError(str(exc)) from None
-        console.print(f"bank {name!r} ({bank.access.describe()}) added to {path}")
+    """Add ``api``, ``mcp`` and ``up`` to the main app."""
+    app.command("api")(api_cmd)
+    app.command("mcp")(mcp_cmd)
+    app.command("up")(up_cmd)
