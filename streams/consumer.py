@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, Literal
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
@@ -35,6 +34,7 @@ from memstream.streams.sealing.sealed_records import RecordOpener
 from memstream.codec.wire import MAX_RECORD_BYTES, encode_event
 from memstream.streams.topics import Topics
 from memstream.streams.connect import kafka_options
+from memstream.streams.lifecycle import StartStop
 
 __all__ = ["ConsumedBatch", "decode_or_dead_letter", "EventConsumer"]
 
@@ -78,7 +78,7 @@ class _Rebalance(ConsumerRebalanceListener):
         self._owner._seek_start(assigned)
 
 
-class EventConsumer:
+class EventConsumer(StartStop):
     """An aiokafka consumer that yields decoded events in batches.
 
     >>> async with EventConsumer(topics.events, group_id="projector") as consumer:  # doctest: +SKIP
@@ -188,17 +188,6 @@ class EventConsumer:
                 publisher, self._dead_letters = self._dead_letters, None
                 await publisher.stop()
 
-    async def __aenter__(self) -> "EventConsumer":
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     def _seek_start(self, partitions: list[TopicPartition]) -> None:
         # Each start offset applies once: after a rebalance the committed offset (or

@@ -55,6 +55,7 @@ from memstream.streams.clients import KafkaConsumer, create_consumer
 from memstream.streams.producers.producer import MemstreamProducer
 from memstream.streams.topics import Topics
 from memstream.streams.trust.worker_identity import memory_ids_key
+from memstream.streams.lifecycle import StartStop
 
 __all__ = [
     "MemoryService",
@@ -110,7 +111,7 @@ class RerankUnavailable(ValueError):
     """A search asked for reranking and no reranker is configured."""
 
 
-class MemoryService:
+class MemoryService(StartStop):
     """Producer + read-only store + embedder, started and stopped together.
 
     Each call names its ``interface`` ("api", "mcp"), the label of the metrics it
@@ -174,12 +175,6 @@ class MemoryService:
             if callable(close):
                 await asyncio.to_thread(close)
 
-    async def __aenter__(self) -> "MemoryService":
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     @property
     def store(self) -> LanceStore | ShardedStore:

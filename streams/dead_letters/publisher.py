@@ -35,7 +35,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from types import TracebackType
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import MessageSizeTooLargeError
@@ -51,6 +50,7 @@ from memstream.streams.sealing.keys import LazyKeys, SubjectKeys
 from memstream.streams.sealing.sealed_records import OPENED_HEADER, NotAnEvent, ingress_header
 from memstream.streams.topics import Topics
 from memstream.streams.trust.worker_identity import HEADER as SIGNATURE_HEADER
+from memstream.streams.lifecycle import StartStop
 
 __all__ = [
     "HEADER_DLQ_REASON",
@@ -236,7 +236,7 @@ async def _held_key(keys: SubjectKeys, kid: bytes) -> DataKey | None:
     return ring.by_kid(kid)
 
 
-class DeadLetterPublisher:
+class DeadLetterPublisher(StartStop):
     """Publishes dead letters durably (idempotent producer, ``acks=all``).
 
     Give it a running ``producer`` to share one connection (it is then not stopped
@@ -282,17 +282,6 @@ class DeadLetterPublisher:
             self._producer, self._started = None, False
             await producer.stop()
 
-    async def __aenter__(self) -> "DeadLetterPublisher":
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     @property
     def producer(self) -> AIOKafkaProducer:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
-from types import TracebackType
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -42,6 +41,7 @@ from memstream.streams.trust.worker_identity import memory_ids_key, signed_heade
 from memstream.streams.producers.kafka_producer import Batching, KeyPartitioner, create_kafka_producer
 from memstream.streams.producers.typed_writes import Sent, TypedWrites
 from memstream.streams.topics import Topics, topic_for
+from memstream.streams.lifecycle import StartStop
 
 __all__ = [
     "MemstreamProducer",
@@ -82,7 +82,7 @@ class ProducerClosedError(RuntimeError):
     """The producer was used before ``start()`` or after ``stop()``."""
 
 
-class MemstreamProducer(TypedWrites):
+class MemstreamProducer(StartStop, TypedWrites):
     """Asynchronous, durable, back-pressured event producer.
 
     >>> async with MemstreamProducer() as producer:          # doctest: +SKIP
@@ -188,17 +188,6 @@ class MemstreamProducer(TypedWrites):
             keys, self._keys = self._keys, None
             await keys.stop()
 
-    async def __aenter__(self) -> "MemstreamProducer":
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     def _require(self) -> AIOKafkaProducer:
         if self._producer is None:

@@ -39,6 +39,7 @@ from memstream.streams.trust.legacy_trust import LegacyTrustError, load_legacy_t
 from memstream.streams.topics import Topics
 from memstream.streams.trust.worker_identity import HEADER as SIGNATURE_HEADER, key_record_signature, worker_key
 from memstream.streams.connect import kafka_options
+from memstream.streams.lifecycle import StartStop
 
 __all__ = ["SubjectKeys", "LazyKeys", "MasterKeyError", "forgotten_keys"]
 
@@ -71,7 +72,7 @@ def _master_key(streams: StreamsConfig, keys_exist: bool) -> bytes:
     return write_master_key_file(path, new_master_key())
 
 
-class SubjectKeys:
+class SubjectKeys(StartStop):
     """This node's keyring, following the key topic; creates and forgets keys."""
 
     def __init__(
@@ -172,11 +173,6 @@ class SubjectKeys:
             await self._producer.stop()
         self._consumer = self._producer = None
 
-    async def __aenter__(self) -> "SubjectKeys":
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     # ------------------------------------------------------------------ reading
     async def _read_to_end(self) -> list[tuple[bytes | None, bytes | None, bool, int]]:

@@ -29,7 +29,6 @@ from memstream.domain.extraction.dedup import memory_id_key
 
 __all__ = [
     "HEADER",
-    "worker_key_path",
     "worker_key",
     "memory_ids_key",
     "signature",
